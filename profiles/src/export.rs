@@ -1,0 +1,255 @@
+//! Renders a profile for the tools people run llama.cpp with: a shell line, a llama-server
+//! `--models-preset` INI section, a llama-swap `models:` entry, an Ollama Modelfile, or JSON.
+//!
+//! One function per format. All of them are made from `server_options` (the same list as the profile's
+//! `server_args`), so an export cannot say something the profile does not.
+
+use crate::error::{ProfileError, Result};
+use crate::profile::Profile;
+use crate::server_args::{server_options, shell_quote};
+use search_space::{CacheType, FlashAttn, KernelChoice};
+use std::fmt;
+use std::fmt::Write as _;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExportFormat {
+    /// `llama-server` and its arguments on one shell line.
+    Args,
+    /// An INI section for llama-server's router (`llama-server --models-preset FILE`).
+    Presets,
+    /// A `models:` entry for llama-swap's config.yaml.
+    LlamaSwap,
+    /// An Ollama Modelfile (with comments for what Ollama cannot express).
+    Ollama,
+    /// The whole profile as JSON.
+    Json,
+}
+
+impl ExportFormat {
+    pub const ALL: [ExportFormat; 5] =
+        [ExportFormat::Args, ExportFormat::Presets, ExportFormat::LlamaSwap, ExportFormat::Ollama, ExportFormat::Json];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExportFormat::Args => "args",
+            ExportFormat::Presets => "presets",
+            ExportFormat::LlamaSwap => "llama-swap",
+            ExportFormat::Ollama => "ollama",
+            ExportFormat::Json => "json",
+        }
+    }
+}
+
+impl fmt::Display for ExportFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown export format '{0}' (expected one of: args, presets, llama-swap, ollama, json)")]
+pub struct UnknownExportFormat(pub String);
+
+impl FromStr for ExportFormat {
+    type Err = UnknownExportFormat;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "args" | "shell" | "cmd" => Ok(ExportFormat::Args),
+            "presets" | "preset" | "ini" | "models-preset" => Ok(ExportFormat::Presets),
+            "llama-swap" | "llamaswap" | "llama_swap" => Ok(ExportFormat::LlamaSwap),
+            "ollama" | "modelfile" => Ok(ExportFormat::Ollama),
+            "json" => Ok(ExportFormat::Json),
+            _ => Err(UnknownExportFormat(s.to_string())),
+        }
+    }
+}
+
+/// The profile in format `f`, ending in a newline. Expects a validated profile.
+pub fn export(p: &Profile, f: ExportFormat) -> Result<String> {
+    match f {
+        ExportFormat::Args => Ok(export_args(p)),
+        ExportFormat::Presets => Ok(export_presets(p)),
+        ExportFormat::LlamaSwap => Ok(export_llama_swap(p)),
+        ExportFormat::Ollama => Ok(export_ollama(p)),
+        ExportFormat::Json => export_json(p),
+    }
+}
+
+fn options(p: &Profile) -> Vec<crate::server_args::ServerOption> {
+    server_options(&p.winner, &p.model.path, &p.workload)
+}
+
+fn origin(p: &Profile) -> String {
+    format!(
+        "autotune profile for {} on {} (llama.cpp {}): {:.1} t/s prompt, {:.1} t/s generation",
+        p.model.file_name, p.machine.hostname, p.llama.version, p.figures.pp_tps, p.figures.tg_tps
+    )
+}
+
+/// `llama-server -m ... -ngl N` on one line.
+pub fn export_args(p: &Profile) -> String {
+    let mut argv = vec!["llama-server".to_string()];
+    argv.extend(p.server_args.iter().cloned());
+    format!("{}\n", shell_quote(&argv))
+}
+
+/// A section for `llama-server --models-preset FILE`. Keys are llama-server's long option names without
+/// dashes; the file has no quoting, and `;` or `#` start a comment anywhere in a value.
+pub fn export_presets(p: &Profile) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "; {}", origin(p));
+    let _ = writeln!(out, "; use with: llama-server --models-preset FILE");
+    let model = p.model.path.to_string_lossy();
+    if model.contains([';', '#']) {
+        let _ = writeln!(
+            out,
+            "; autotune: the model path contains ';' or '#', which this file format reads as a comment: \
+             rename the file or pass -m on the command line"
+        );
+    }
+    let _ = writeln!(out, "version = 1\n\n[{}]", p.model_stem());
+    for o in options(p) {
+        let _ = writeln!(out, "{} = {}", o.long, o.value.as_deref().unwrap_or("true"));
+    }
+    out
+}
+
+/// A llama-swap `models:` entry; llama-swap fills in `${PORT}` and splits `cmd` like a shell.
+pub fn export_llama_swap(p: &Profile) -> String {
+    // ${PORT} stays unquoted for llama-swap to substitute it; the rest is quoted where needed.
+    let cmd = format!("llama-server --port ${{PORT}} {}", shell_quote(&p.server_args));
+    let mut out = String::new();
+    let _ = writeln!(out, "# {}", origin(p));
+    let _ = writeln!(out, "models:\n  \"{}\":\n    cmd: |\n      {}", p.model_stem(), cmd);
+    out
+}
+
+/// An Ollama Modelfile. Ollama takes context, threads, batch and GPU layers per model; the KV cache type
+/// and flash attention are server-wide environment variables there, and the rest cannot be set: those
+/// are written as `# autotune:` comments so nothing measured is silently dropped.
+pub fn export_ollama(p: &Profile) -> String {
+    let c = &p.winner;
+    let mut out = String::new();
+    let _ = writeln!(out, "# {}", origin(p));
+    let model = p.model.path.to_string_lossy();
+    if model.contains(char::is_whitespace) {
+        let _ = writeln!(out, "FROM \"{model}\"");
+    } else {
+        let _ = writeln!(out, "FROM {model}");
+    }
+    let _ = writeln!(out, "PARAMETER num_ctx {}", p.workload.n_ctx);
+    let _ = writeln!(out, "PARAMETER num_thread {}", c.threads);
+    let _ = writeln!(out, "PARAMETER num_batch {}", c.n_batch);
+    let _ = writeln!(out, "PARAMETER num_gpu {}", c.n_gpu_layers);
+
+    let ollama_kv = [CacheType::F16, CacheType::Q8_0, CacheType::Q4_0];
+    if c.type_k == c.type_v && ollama_kv.contains(&c.type_k) {
+        let _ = writeln!(out, "# autotune: KV cache {}: set OLLAMA_KV_CACHE_TYPE={} for the Ollama server", c.type_k, c.type_k);
+    } else {
+        let _ = writeln!(
+            out,
+            "# autotune: KV cache K={} V={}: Ollama has one OLLAMA_KV_CACHE_TYPE for K and V (f16, q8_0 or q4_0) \
+             and cannot express this",
+            c.type_k, c.type_v
+        );
+    }
+    match c.flash_attn {
+        FlashAttn::On => {
+            let _ = writeln!(out, "# autotune: flash attention on: set OLLAMA_FLASH_ATTENTION=1 for the Ollama server");
+        }
+        FlashAttn::Off => {
+            let _ = writeln!(out, "# autotune: flash attention off: set OLLAMA_FLASH_ATTENTION=0 for the Ollama server");
+        }
+        FlashAttn::Auto => {
+            let _ = writeln!(out, "# autotune: flash attention auto: leave OLLAMA_FLASH_ATTENTION unset");
+        }
+    }
+    let _ = writeln!(out, "# autotune: ubatch {} (llama.cpp -ub): Ollama cannot set this", c.n_ubatch);
+    if c.kernels == KernelChoice::Plain {
+        let _ = writeln!(out, "# autotune: --no-repack (plain CPU kernels): Ollama cannot set this");
+    }
+    if !c.devices.is_empty() {
+        let _ = writeln!(
+            out,
+            "# autotune: devices {}: Ollama picks GPUs itself (limit them with CUDA_VISIBLE_DEVICES or similar)",
+            c.devices.join(",")
+        );
+    }
+    out
+}
+
+/// The whole profile as pretty JSON.
+pub fn export_json(p: &Profile) -> Result<String> {
+    let mut s = serde_json::to_string_pretty(p).map_err(|e| ProfileError::Serialize { message: e.to_string() })?;
+    s.push('\n');
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::example_profile;
+
+    fn cpu_only() -> Profile {
+        let mut p = example_profile();
+        p.model.path = "/home/me/My Models/tiny it's.gguf".into();
+        p.model.file_name = "tiny it's.gguf".into();
+        p.winner = search_space::Candidate::llama_default(6, 0);
+        p.winner.type_k = CacheType::Q8_0;
+        p.refresh_server_args();
+        p.validate(false).unwrap();
+        p
+    }
+
+    #[test]
+    fn args_snapshot() {
+        insta::assert_snapshot!("args", export(&example_profile(), ExportFormat::Args).unwrap());
+        insta::assert_snapshot!("args_quoted", export(&cpu_only(), ExportFormat::Args).unwrap());
+    }
+
+    #[test]
+    fn presets_snapshot() {
+        insta::assert_snapshot!("presets", export(&example_profile(), ExportFormat::Presets).unwrap());
+    }
+
+    #[test]
+    fn presets_warn_about_comment_characters_in_the_path() {
+        let mut p = example_profile();
+        p.model.path = "/models/a;b.gguf".into();
+        p.refresh_server_args();
+        assert!(export_presets(&p).contains("; autotune: the model path contains ';' or '#'"));
+        assert!(!export_presets(&example_profile()).contains("autotune:"));
+    }
+
+    #[test]
+    fn llama_swap_snapshot() {
+        insta::assert_snapshot!("llama_swap", export(&example_profile(), ExportFormat::LlamaSwap).unwrap());
+        insta::assert_snapshot!("llama_swap_quoted", export(&cpu_only(), ExportFormat::LlamaSwap).unwrap());
+    }
+
+    #[test]
+    fn ollama_snapshot() {
+        insta::assert_snapshot!("ollama", export(&example_profile(), ExportFormat::Ollama).unwrap());
+        insta::assert_snapshot!("ollama_cpu", export(&cpu_only(), ExportFormat::Ollama).unwrap());
+    }
+
+    #[test]
+    fn json_snapshot_and_round_trip() {
+        let p = example_profile();
+        let json = export(&p, ExportFormat::Json).unwrap();
+        let back: Profile = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, p);
+        insta::assert_snapshot!("json", json);
+    }
+
+    #[test]
+    fn formats_round_trip_through_their_names() {
+        for f in ExportFormat::ALL {
+            assert_eq!(f.to_string().parse::<ExportFormat>().unwrap(), f);
+        }
+        assert_eq!("Modelfile".parse::<ExportFormat>().unwrap(), ExportFormat::Ollama);
+        let err = "yaml".parse::<ExportFormat>().unwrap_err();
+        assert!(err.to_string().contains("llama-swap"), "{err}");
+    }
+}

@@ -1,0 +1,32 @@
+//! Tuning results as TOML profiles: reading, checking and storing them, and turning one into the
+//! llama-server command line (or a llama-swap, Ollama or preset entry) it stands for.
+//!
+//! A profile is treated as input: [`Profile::validate`] rejects anything that could put more on
+//! llama-server's command line than the winning configuration, and the server is always started with
+//! [`Profile::server_args`] as an argv, never through a shell.
+
+mod error;
+mod export;
+mod profile;
+mod server_args;
+mod store;
+mod validate;
+
+#[cfg(any(test, feature = "test-support"))]
+mod fixture;
+
+pub use error::{ProfileError, Result};
+pub use export::{
+    export, export_args, export_json, export_llama_swap, export_ollama, export_presets, ExportFormat,
+    UnknownExportFormat,
+};
+pub use profile::{
+    DeviceRef, Figures, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef, Profile, ProfileSummary, Workload,
+    SCHEMA_VERSION,
+};
+pub use server_args::{server_args, server_options, shell_quote, ServerOption};
+pub use store::{write_atomic, Store, StoreEntry, StoreLock, StoredProfile, PROFILE_DIR_ENV};
+pub use validate::{is_device_name, MAX_BATCH, MAX_CTX, MAX_GPU_LAYERS, MAX_THREADS};
+
+#[cfg(any(test, feature = "test-support"))]
+pub use fixture::example_profile;

@@ -1,0 +1,390 @@
+//! `Profile`: the TOML file that records the fastest llama.cpp configuration for one model on one machine.
+//!
+//! The file is typed (serde) and versioned (`schema_version`). Reading it reports keys this version does
+//! not know as warnings instead of failing, so a profile edited by hand or written by a newer patch release
+//! still loads; a different `schema_version` is refused with a message naming both versions, because the
+//! meaning of the keys may have changed.
+
+use crate::error::{ProfileError, Result};
+use crate::server_args::server_args;
+use search_space::Candidate;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The profile layout this crate reads and writes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Comment lines written above every profile, for whoever opens it in an editor.
+const HEADER: &str = "\
+# autotune profile: the fastest llama.cpp configuration measured for one model on one machine.
+# server_args is derived from [winner], [workload] and model.path. After editing those, delete the
+# server_args line and autotune derives it again; a server_args that does not match is refused.
+";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    pub schema_version: u32,
+    /// When the tuning run finished (seconds since the Unix epoch).
+    pub created_unix: u64,
+    pub autotune_version: String,
+    /// The llama-server argv (without the program name) that reproduces `winner`.
+    #[serde(default)]
+    pub server_args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    pub model: ModelRef,
+    pub machine: MachineRef,
+    pub llama: LlamaBuild,
+    pub workload: Workload,
+    pub winner: Candidate,
+    pub figures: Figures,
+    /// llama.cpp's defaults measured in the same run, for the speed-up a user gets from this profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<Figures>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leaderboard: Vec<LeaderboardEntry>,
+}
+
+/// The GGUF file the profile was measured with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelRef {
+    pub path: PathBuf,
+    pub file_name: String,
+    /// 64 hex digits identifying the model's content.
+    pub fingerprint: String,
+    pub size_bytes: u64,
+    pub architecture: String,
+    /// The quantization, as the GGUF names it (e.g. `Q4_K_M`), where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_type: Option<String>,
+}
+
+/// The machine the profile was measured on. A profile is only applied on the machine it was made on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineRef {
+    pub fingerprint: String,
+    pub hostname: String,
+    pub cpu: String,
+    pub physical_cores: u32,
+    pub logical_cpus: u32,
+    pub ram_bytes: u64,
+    pub os: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceRef>,
+}
+
+/// One llama.cpp device (`--list-devices`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceRef {
+    /// llama.cpp's device name, as `--device` takes it (e.g. `CUDA0`).
+    pub name: String,
+    pub description: String,
+    /// `cpu`, `gpu`, `igpu` or `accel`.
+    pub kind: String,
+    /// The ggml backend (e.g. `CUDA`, `Vulkan`, `CPU`).
+    pub backend: String,
+    pub memory_total: u64,
+}
+
+/// The llama.cpp build that was measured: a profile from another build may no longer be the fastest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LlamaBuild {
+    pub version: String,
+    pub commit: String,
+    #[serde(default)]
+    pub backends: Vec<String>,
+    /// The CPU backend variant loaded (e.g. `haswell`, `sapphirerapids`), with dynamic backends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_variant: Option<String>,
+    pub system_info: String,
+}
+
+/// What was measured: the context size the server is started with, and the benchmark shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Workload {
+    pub n_ctx: u32,
+    pub n_prompt: u32,
+    pub n_gen: u32,
+    /// Tokens already in the context when generation at depth is measured.
+    pub depth: u32,
+    pub name: String,
+}
+
+/// The measured speed and memory of one configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Figures {
+    /// Prompt processing, tokens per second.
+    pub pp_tps: f64,
+    /// Generation, tokens per second.
+    pub tg_tps: f64,
+    /// Generation with `depth` tokens already in the context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tg_depth_tps: Option<f64>,
+    /// Time to first token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    /// The workload's modelled duration in seconds (lower is better): what candidates are ranked by.
+    pub score_s: f64,
+    pub mem_bytes: u64,
+    /// Confidence interval of `pp_tps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp_ci: Option<[f64; 2]>,
+    /// Confidence interval of `tg_tps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tg_ci: Option<[f64; 2]>,
+    pub repetitions: u32,
+}
+
+/// One row of the ranking: every candidate tried, with its outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaderboardEntry {
+    pub rank: u32,
+    /// Not distinguishable from the row above (confidence intervals overlap).
+    #[serde(default)]
+    pub tie_with_previous: bool,
+    /// `ok`, `failed: <reason>` or `pruned: <reason>`.
+    pub status: String,
+    pub candidate: Candidate,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub figures: Option<Figures>,
+}
+
+/// A few lines about a profile, for `autotune profiles list`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProfileSummary {
+    pub model_file: String,
+    pub model_fingerprint: String,
+    pub machine_fingerprint: String,
+    pub hostname: String,
+    pub created_unix: u64,
+    pub workload: String,
+    /// `Candidate::label()` of the winner.
+    pub winner: String,
+    pub pp_tps: f64,
+    pub tg_tps: f64,
+    /// Generation speed relative to llama.cpp's defaults, where the baseline was measured.
+    pub tg_speedup: Option<f64>,
+}
+
+impl Profile {
+    /// The profile as TOML, with a short comment header.
+    pub fn to_toml(&self) -> Result<String> {
+        let body = toml::to_string(self).map_err(|e| ProfileError::Serialize { message: e.to_string() })?;
+        Ok(format!("{HEADER}\n{body}"))
+    }
+
+    /// Reads a profile. Returns it with warnings for keys this version does not know (they are ignored).
+    ///
+    /// Only parses: call [`Profile::validate`] before using what it says.
+    pub fn from_toml(text: &str) -> Result<(Profile, Vec<String>)> {
+        // Look at the version first: a profile of another version may not deserialize at all, and
+        // "wrong version" is the message that helps then, not "missing field".
+        #[derive(Deserialize)]
+        struct Probe {
+            schema_version: Option<toml::Value>,
+            server_args: Option<toml::Value>,
+        }
+        let probe: Probe = toml::from_str(text).map_err(|e| parse_error(text, &e))?;
+        match probe.schema_version {
+            None => {
+                return Err(ProfileError::Parse {
+                    path: None,
+                    message: "missing key `schema_version` (not an autotune profile?)".into(),
+                })
+            }
+            Some(toml::Value::Integer(v)) if v == i64::from(SCHEMA_VERSION) => {}
+            Some(toml::Value::Integer(found)) => {
+                return Err(ProfileError::SchemaVersion { path: None, found, supported: SCHEMA_VERSION })
+            }
+            Some(other) => {
+                return Err(ProfileError::Parse {
+                    path: None,
+                    message: format!("`schema_version` must be an integer, found {}", other.type_str()),
+                })
+            }
+        }
+
+        let mut warnings = Vec::new();
+        let de = toml::Deserializer::new(text);
+        let mut profile: Profile =
+            serde_ignored::deserialize(de, |path| warnings.push(format!("unknown key `{path}` ignored")))
+                .map_err(|e| parse_error(text, &e))?;
+        if probe.server_args.is_none() {
+            profile.refresh_server_args();
+            warnings.push("no `server_args` in the profile: derived them from [winner]".into());
+        }
+        Ok((profile, warnings))
+    }
+
+    /// The llama-server argv this profile's winner, workload and model stand for.
+    pub fn expected_server_args(&self) -> Vec<String> {
+        server_args(&self.winner, &self.model.path, &self.workload)
+    }
+
+    /// Sets `server_args` from the winner (call after changing `winner`, `workload` or `model.path`).
+    pub fn refresh_server_args(&mut self) {
+        self.server_args = self.expected_server_args();
+    }
+
+    /// The model's file name without `.gguf`, reduced to `[A-Za-z0-9._-]`: safe as a file name, an INI
+    /// section, a YAML key and a model name in API requests.
+    pub fn model_stem(&self) -> String {
+        let name = if self.model.file_name.is_empty() {
+            self.model.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        } else {
+            self.model.file_name.clone()
+        };
+        let stem = Path::new(&name).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let safe: String = stem
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+            .collect();
+        let safe = safe.trim_start_matches(['.', '-']);
+        if safe.is_empty() { "model".into() } else { safe.into() }
+    }
+
+    pub fn summary(&self) -> ProfileSummary {
+        ProfileSummary {
+            model_file: self.model.file_name.clone(),
+            model_fingerprint: self.model.fingerprint.clone(),
+            machine_fingerprint: self.machine.fingerprint.clone(),
+            hostname: self.machine.hostname.clone(),
+            created_unix: self.created_unix,
+            workload: self.workload.name.clone(),
+            winner: self.winner.label(),
+            pp_tps: self.figures.pp_tps,
+            tg_tps: self.figures.tg_tps,
+            tg_speedup: self
+                .baseline
+                .as_ref()
+                .filter(|b| b.tg_tps > 0.0)
+                .map(|b| self.figures.tg_tps / b.tg_tps),
+        }
+    }
+}
+
+/// Turns a TOML error into a message that names the line and the key, e.g.
+/// ``line 31, key `winner.threads`: invalid type: string "4; rm -rf /", expected u32``.
+fn parse_error(text: &str, err: &toml::de::Error) -> ProfileError {
+    let message = err.message().trim_end().to_string();
+    let Some(span) = err.span() else {
+        return ProfileError::Parse { path: None, message };
+    };
+    let start = span.start.min(text.len());
+    let line_no = text[..start].matches('\n').count() + 1;
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or("").trim_end();
+    let key = key_of_line(line).map(|k| match table_above(&text[..line_start]) {
+        Some(table) => format!("{table}.{k}"),
+        None => k.to_string(),
+    });
+    let located = match key {
+        Some(key) => format!("line {line_no}, key `{key}`"),
+        None => format!("line {line_no}"),
+    };
+    ProfileError::Parse { path: None, message: format!("{located}: {message}\n  {line_no} | {line}") }
+}
+
+/// The key of a `key = value` line, if the line is one.
+fn key_of_line(line: &str) -> Option<&str> {
+    let (key, _) = line.split_once('=')?;
+    let key = key.trim();
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"' | '\'' | ' ');
+    (!key.is_empty() && !key.starts_with('[') && key.chars().all(plain)).then_some(key)
+}
+
+/// The name of the last `[table]` or `[[array]]` header in `before`.
+fn table_above(before: &str) -> Option<&str> {
+    before.lines().rev().map(str::trim).find(|l| l.starts_with('[')).map(|l| {
+        let l = l.split('#').next().unwrap_or(l).trim();
+        l.trim_start_matches('[').trim_end_matches(']').trim()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::example_profile;
+
+    #[test]
+    fn round_trips_through_toml() {
+        let p = example_profile();
+        let text = p.to_toml().unwrap();
+        let (back, warnings) = Profile::from_toml(&text).unwrap();
+        assert_eq!(back, p);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        back.validate(false).unwrap();
+    }
+
+    #[test]
+    fn toml_snapshot() {
+        insta::assert_snapshot!("profile_toml", example_profile().to_toml().unwrap());
+    }
+
+    #[test]
+    fn unknown_keys_are_warnings() {
+        let text = example_profile().to_toml().unwrap();
+        let text = text.replacen("[winner]\n", "[winner]\nturbo = true\n", 1);
+        let text = text.replacen("schema_version = 1\n", "schema_version = 1\ncolour = \"blue\"\n", 1);
+        let (p, warnings) = Profile::from_toml(&text).unwrap();
+        assert_eq!(p, example_profile());
+        assert_eq!(warnings, ["unknown key `colour` ignored", "unknown key `winner.turbo` ignored"]);
+    }
+
+    #[test]
+    fn other_schema_version_is_refused_by_name() {
+        let text = example_profile().to_toml().unwrap().replacen("schema_version = 1", "schema_version = 2", 1);
+        // Also break the layout: the version message must win over "missing field".
+        let text = text.replacen("[winner]", "[winning]", 1);
+        let err = Profile::from_toml(&text).unwrap_err();
+        assert!(matches!(err, ProfileError::SchemaVersion { found: 2, supported: 1, .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("schema_version 2") && msg.contains("schema_version 1"), "{msg}");
+    }
+
+    #[test]
+    fn missing_schema_version_is_not_a_profile() {
+        let err = Profile::from_toml("title = \"hello\"\n").unwrap_err();
+        assert!(err.to_string().contains("missing key `schema_version`"), "{err}");
+    }
+
+    #[test]
+    fn a_string_where_a_number_belongs_names_the_key_and_line() {
+        let text = example_profile().to_toml().unwrap().replacen("threads = 8", "threads = \"4; rm -rf /\"", 1);
+        let line = text.lines().position(|l| l.contains("rm -rf")).unwrap() + 1;
+        let err = Profile::from_toml(&text).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, ProfileError::Parse { .. }), "{err:?}");
+        assert!(msg.contains(&format!("line {line}, key `winner.threads`")), "{msg}");
+        assert!(msg.contains("expected u32"), "{msg}");
+    }
+
+    #[test]
+    fn missing_server_args_are_derived_with_a_warning() {
+        let text = example_profile().to_toml().unwrap();
+        let text: String = text.lines().filter(|l| !l.starts_with("server_args")).map(|l| format!("{l}\n")).collect();
+        assert!(!text.contains("server_args = "));
+        let (p, warnings) = Profile::from_toml(&text).unwrap();
+        assert_eq!(p.server_args, example_profile().server_args);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+    }
+
+    #[test]
+    fn summary_reports_the_speedup_over_the_baseline() {
+        let s = example_profile().summary();
+        assert_eq!(s.winner, example_profile().winner.label());
+        let speedup = s.tg_speedup.unwrap();
+        assert!((speedup - 118.25 / 104.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn model_stem_is_safe_everywhere() {
+        let mut p = example_profile();
+        assert_eq!(p.model_stem(), "Qwen3-4B-Q4_K_M");
+        p.model.file_name = "../my model]:v2.gguf".into();
+        assert_eq!(p.model_stem(), "my_model__v2");
+        p.model.file_name = String::new();
+        p.model.path = "/".into();
+        assert_eq!(p.model_stem(), "model");
+    }
+}

@@ -1,0 +1,110 @@
+//! The llama-server command line a `Candidate` stands for, and shell quoting for showing it.
+//!
+//! The server is always started with an argv (never through a shell), so `server_args` is the single
+//! source of truth; `shell_quote` only renders it for a human to copy.
+
+use crate::profile::Workload;
+use search_space::{Candidate, KernelChoice};
+use std::path::Path;
+
+/// One llama-server option: its short flag, its long name (the key in a `--models-preset` file) and its
+/// value (`None` for a flag that takes none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerOption {
+    pub short: &'static str,
+    pub long: &'static str,
+    pub value: Option<String>,
+}
+
+/// The options `c` stands for, in the order they are passed. The one list both the argv and the
+/// exported formats are made from, so they cannot drift apart.
+///
+/// Every knob is passed explicitly, including the ones equal to llama.cpp's defaults: defaults change
+/// between llama.cpp releases (`-ngl` became `auto`, `-fa` became `auto`), and a profile must mean the
+/// configuration that was measured.
+pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOption> {
+    let opt = |short, long, value: String| ServerOption { short, long, value: Some(value) };
+    let mut opts = vec![
+        opt("-m", "model", model.to_string_lossy().into_owned()),
+        opt("-c", "ctx-size", w.n_ctx.to_string()),
+        opt("-t", "threads", c.threads.to_string()),
+        opt("-tb", "threads-batch", c.threads.to_string()),
+        opt("-b", "batch-size", c.n_batch.to_string()),
+        opt("-ub", "ubatch-size", c.n_ubatch.to_string()),
+        opt("-ctk", "cache-type-k", c.type_k.as_str().into()),
+        opt("-ctv", "cache-type-v", c.type_v.as_str().into()),
+        opt("-fa", "flash-attn", c.flash_attn.as_str().into()),
+        opt("-ngl", "n-gpu-layers", c.n_gpu_layers.to_string()),
+    ];
+    if c.kernels == KernelChoice::Plain {
+        opts.push(ServerOption { short: "--no-repack", long: "no-repack", value: None });
+    }
+    if !c.devices.is_empty() {
+        opts.push(ServerOption { short: "--device", long: "device", value: Some(c.devices.join(",")) });
+    }
+    opts
+}
+
+/// llama-server's arguments (without the program name) for `c` on `model` with the workload's context:
+/// `-m PATH -c N_CTX -t T -tb T -b B -ub UB -ctk K -ctv V -fa on|off|auto -ngl N [--no-repack]
+/// [--device A,B]`.
+pub fn server_args(c: &Candidate, model: &Path, w: &Workload) -> Vec<String> {
+    server_options(c, model, w)
+        .into_iter()
+        .flat_map(|o| std::iter::once(o.short.to_string()).chain(o.value))
+        .collect()
+}
+
+/// `args` as one POSIX shell line, each word quoted only where it needs to be. For display only.
+pub fn shell_quote<S: AsRef<str>>(args: &[S]) -> String {
+    args.iter().map(|a| quote_word(a.as_ref())).collect::<Vec<_>>().join(" ")
+}
+
+fn quote_word(word: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "_-+=:,./@%".contains(c);
+    if !word.is_empty() && word.chars().all(safe) {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use search_space::{CacheType, FlashAttn};
+
+    fn workload() -> Workload {
+        Workload { n_ctx: 4096, n_prompt: 512, n_gen: 128, depth: 0, name: "chat".into() }
+    }
+
+    #[test]
+    fn defaults_are_spelled_out() {
+        let c = Candidate::llama_default(8, 0);
+        let args = server_args(&c, Path::new("/m/model.gguf"), &workload());
+        assert_eq!(
+            shell_quote(&args),
+            "-m /m/model.gguf -c 4096 -t 8 -tb 8 -b 2048 -ub 512 -ctk f16 -ctv f16 -fa auto -ngl 0"
+        );
+    }
+
+    #[test]
+    fn plain_kernels_and_devices_add_flags() {
+        let mut c = Candidate::llama_default(4, 99);
+        c.kernels = KernelChoice::Plain;
+        c.devices = vec!["CUDA0".into(), "CUDA1".into()];
+        c.type_k = CacheType::Q8_0;
+        c.type_v = CacheType::Q8_0;
+        c.flash_attn = FlashAttn::On;
+        let args = server_args(&c, Path::new("m.gguf"), &workload());
+        assert_eq!(&args[args.len() - 3..], ["--no-repack", "--device", "CUDA0,CUDA1"]);
+        assert!(args.windows(2).any(|w| w == ["-fa", "on"]));
+        assert!(args.windows(2).any(|w| w == ["-ctv", "q8_0"]));
+    }
+
+    #[test]
+    fn quoting_survives_spaces_and_quotes() {
+        assert_eq!(shell_quote(&["a b", "it's", "", "plain-1.gguf"]), r"'a b' 'it'\''s' '' plain-1.gguf");
+        assert_eq!(shell_quote(&["$(rm -rf /)"]), "'$(rm -rf /)'");
+    }
+}

@@ -1,0 +1,410 @@
+//! Checks a profile before anything in it reaches llama-server or the file system.
+//!
+//! A profile is a file in the user's data folder that anyone can edit, so it is treated as input:
+//! numbers must be in ranges llama.cpp accepts, names must look like names (a device called `--rpc`
+//! would be read by llama-server as a flag), no string may carry a NUL or a line break, and
+//! `server_args` must be exactly what the winner stands for, so nothing can be smuggled into the argv.
+
+use crate::error::{ProfileError, Result};
+use crate::profile::{Figures, Profile, SCHEMA_VERSION};
+
+pub const MAX_THREADS: u32 = 1024;
+pub const MAX_BATCH: u32 = 1 << 20;
+pub const MAX_GPU_LAYERS: u32 = 10_000;
+pub const MAX_CTX: u32 = 1 << 24;
+
+impl Profile {
+    /// Rejects anything a hand-edited profile could abuse. With `check_paths`, the model file must also
+    /// exist (leave it off for listing profiles, where a missing model is not an error).
+    pub fn validate(&self, check_paths: bool) -> Result<()> {
+        if self.schema_version != SCHEMA_VERSION {
+            return Err(ProfileError::SchemaVersion {
+                path: None,
+                found: self.schema_version.into(),
+                supported: SCHEMA_VERSION,
+            });
+        }
+        check_strings(self)?;
+        check_model(self, check_paths)?;
+        check_fingerprint("machine.fingerprint", &self.machine.fingerprint, |c| {
+            c.is_ascii_alphanumeric() || c == '_' || c == '-'
+        })?;
+        in_range("workload.n_ctx", self.workload.n_ctx, 1, MAX_CTX)?;
+        check_winner(self)?;
+        check_figures("figures", &self.figures)?;
+        if let Some(b) = &self.baseline {
+            check_figures("baseline", b)?;
+        }
+        check_server_args(&self.expected_server_args(), &self.server_args)
+    }
+}
+
+/// No NUL or line break in any string of the profile. Walks the serialized form so that a field added
+/// later is covered without anyone remembering to add it here.
+fn check_strings(p: &Profile) -> Result<()> {
+    let value = serde_json::to_value(p)
+        .map_err(|e| ProfileError::invalid("profile", format!("cannot be represented: {e}")))?;
+    walk(&value, &mut String::new())
+}
+
+fn walk(v: &serde_json::Value, path: &mut String) -> Result<()> {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => {
+            if let Some(c) = s.chars().find(|c| matches!(c, '\0' | '\n' | '\r')) {
+                let what = match c {
+                    '\0' => "a NUL character",
+                    '\n' => "a line break",
+                    _ => "a carriage return",
+                };
+                return Err(ProfileError::invalid(path.clone(), format!("contains {what}")));
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                walk(item, path)?;
+                path.truncate(len);
+            }
+        }
+        Value::Object(map) => {
+            for (key, item) in map {
+                let len = path.len();
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(key);
+                walk(item, path)?;
+                path.truncate(len);
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn check_model(p: &Profile, check_paths: bool) -> Result<()> {
+    let path = &p.model.path;
+    let text = path.to_str().ok_or_else(|| ProfileError::invalid("model.path", "is not valid UTF-8"))?;
+    if text.is_empty() {
+        return Err(ProfileError::invalid("model.path", "is empty"));
+    }
+    if text.starts_with('-') {
+        return Err(ProfileError::invalid(
+            "model.path",
+            format!("'{text}' starts with '-' (write it as ./{text})"),
+        ));
+    }
+    check_fingerprint("model.fingerprint", &p.model.fingerprint, |c| c.is_ascii_hexdigit())?;
+    if p.model.fingerprint.len() != 64 {
+        return Err(ProfileError::invalid(
+            "model.fingerprint",
+            format!("must be 64 hex digits (found {})", p.model.fingerprint.len()),
+        ));
+    }
+    if check_paths && !path.is_file() {
+        return Err(ProfileError::invalid(
+            "model.path",
+            format!("{} does not exist or is not a file (moved? re-run `autotune tune` on it)", path.display()),
+        ));
+    }
+    Ok(())
+}
+
+fn check_fingerprint(field: &str, value: &str, allowed: impl Fn(char) -> bool) -> Result<()> {
+    if value.is_empty() {
+        return Err(ProfileError::invalid(field, "is empty"));
+    }
+    if let Some(c) = value.chars().find(|c| !allowed(*c)) {
+        return Err(ProfileError::invalid(field, format!("contains '{c}', which no fingerprint has")));
+    }
+    Ok(())
+}
+
+fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<()> {
+    if value < min || value > max {
+        return Err(ProfileError::invalid(field, format!("must be between {min} and {max} (found {value})")));
+    }
+    Ok(())
+}
+
+fn check_winner(p: &Profile) -> Result<()> {
+    let c = &p.winner;
+    in_range("winner.threads", c.threads, 1, MAX_THREADS)?;
+    in_range("winner.n_batch", c.n_batch, 1, MAX_BATCH)?;
+    in_range("winner.n_ubatch", c.n_ubatch, 1, MAX_BATCH)?;
+    if c.n_ubatch > c.n_batch {
+        return Err(ProfileError::invalid(
+            "winner.n_ubatch",
+            format!("({}) must not exceed n_batch ({})", c.n_ubatch, c.n_batch),
+        ));
+    }
+    in_range("winner.n_gpu_layers", c.n_gpu_layers, 0, MAX_GPU_LAYERS)?;
+    for (i, name) in c.devices.iter().enumerate() {
+        if !is_device_name(name) {
+            return Err(ProfileError::invalid(
+                format!("winner.devices[{i}]"),
+                format!(
+                    "'{name}' is not a device name (expected letters, digits and _ . : [ ] / -, \
+                     not starting with '-'; see llama-server --list-devices)"
+                ),
+            ));
+        }
+    }
+    c.validate().map_err(|e| ProfileError::invalid("winner", format!("is not runnable: {e}")))
+}
+
+/// llama.cpp device names: `CPU`, `CUDA0`, `Vulkan1`, `Metal`, `RPC[host:port]`, ...
+pub fn is_device_name(name: &str) -> bool {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "_.:[]/-".contains(c);
+    !name.is_empty() && !name.starts_with('-') && name.chars().all(allowed)
+}
+
+fn check_figures(field: &str, f: &Figures) -> Result<()> {
+    let mut values = vec![("pp_tps", f.pp_tps), ("tg_tps", f.tg_tps), ("score_s", f.score_s)];
+    values.extend(f.tg_depth_tps.map(|v| ("tg_depth_tps", v)));
+    values.extend(f.ttft_ms.map(|v| ("ttft_ms", v)));
+    values.extend(f.pp_ci.into_iter().flatten().map(|v| ("pp_ci", v)));
+    values.extend(f.tg_ci.into_iter().flatten().map(|v| ("tg_ci", v)));
+    match values.into_iter().find(|(_, v)| !v.is_finite()) {
+        Some((name, v)) => Err(ProfileError::invalid(format!("{field}.{name}"), format!("must be a finite number (found {v})"))),
+        None => Ok(()),
+    }
+}
+
+/// `found` must equal `expected`; the error names the first word that differs.
+fn check_server_args(expected: &[String], found: &[String]) -> Result<()> {
+    if expected == found {
+        return Ok(());
+    }
+    Err(ProfileError::invalid(
+        "server_args",
+        format!(
+            "do not match the winning configuration: {}; to change the configuration, edit [winner] \
+             and delete server_args",
+            describe_mismatch(expected, found)
+        ),
+    ))
+}
+
+fn describe_mismatch(expected: &[String], found: &[String]) -> String {
+    let count = |list: &[String], word: &String| list.iter().filter(|w| *w == word).count();
+    let after = |list: &[String], i: usize| match i.checked_sub(1).and_then(|j| list.get(j)) {
+        Some(prev) => format!(" (after '{prev}')"),
+        None => String::new(),
+    };
+    if let Some(i) = (0..found.len()).find(|&i| count(found, &found[i]) > count(expected, &found[i])) {
+        return format!("unexpected '{}'{}", found[i], after(found, i));
+    }
+    if let Some(i) = (0..expected.len()).find(|&i| count(expected, &expected[i]) > count(found, &expected[i])) {
+        return format!("missing '{}'{}", expected[i], after(expected, i));
+    }
+    let i = expected.iter().zip(found).position(|(e, f)| e != f).unwrap_or(0);
+    format!("'{}' where '{}' was expected (argument {})", found[i], expected[i], i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::example_profile;
+    use proptest::prelude::*;
+    use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
+
+    fn invalid(p: &Profile) -> String {
+        let err = p.validate(false).unwrap_err();
+        assert!(matches!(err, ProfileError::Invalid { .. }), "{err:?}");
+        err.to_string()
+    }
+
+    #[test]
+    fn the_example_is_valid() {
+        example_profile().validate(false).unwrap();
+    }
+
+    #[test]
+    fn a_smuggled_flag_in_server_args_is_named() {
+        let mut p = example_profile();
+        p.server_args.push("--foo".into());
+        let msg = invalid(&p);
+        assert!(msg.contains("server_args do not match the winning configuration: unexpected '--foo'"), "{msg}");
+
+        let mut p = example_profile();
+        let t = p.server_args.iter().position(|a| a == "-t").unwrap();
+        p.server_args[t] = "-t; rm".into();
+        let msg = invalid(&p);
+        assert!(msg.contains("unexpected '-t; rm'"), "{msg}");
+
+        let mut p = example_profile();
+        p.server_args.truncate(4);
+        assert!(invalid(&p).contains("missing '-t'"));
+    }
+
+    #[test]
+    fn a_flag_as_a_device_name_is_refused() {
+        let mut p = example_profile();
+        p.winner.devices = vec!["--rpc".into()];
+        p.refresh_server_args();
+        let msg = invalid(&p);
+        assert!(msg.contains("winner.devices[0] '--rpc' is not a device name"), "{msg}");
+
+        p.winner.devices = vec!["CUDA0,CUDA1".into()];
+        p.refresh_server_args();
+        assert!(invalid(&p).contains("is not a device name"));
+    }
+
+    #[test]
+    fn nul_and_line_breaks_are_refused_anywhere() {
+        let mut p = example_profile();
+        p.model.path = "/models/a\0.gguf".into();
+        let msg = invalid(&p);
+        assert!(msg.contains("model.path contains a NUL character"), "{msg}");
+
+        let mut p = example_profile();
+        p.machine.devices[1].description = "x\nLD_PRELOAD=evil.so".into();
+        let msg = invalid(&p);
+        assert!(msg.contains("machine.devices[1].description contains a line break"), "{msg}");
+
+        let mut p = example_profile();
+        p.server_args[1] = "m.gguf\r".into();
+        assert!(invalid(&p).contains("server_args[1] contains a carriage return"));
+    }
+
+    #[test]
+    fn numbers_out_of_range_are_refused() {
+        let cases: [(fn(&mut Profile), &str); 8] = [
+            (|p| p.winner.threads = 0, "winner.threads must be between 1 and 1024 (found 0)"),
+            (|p| p.winner.threads = 5000, "winner.threads must be between 1 and 1024"),
+            (|p| p.winner.n_batch = 0, "winner.n_batch must be between 1"),
+            (|p| p.winner.n_ubatch = (1 << 20) + 1, "winner.n_ubatch must be between 1 and 1048576"),
+            (|p| p.winner.n_ubatch = 4096, "winner.n_ubatch (4096) must not exceed n_batch (2048)"),
+            (|p| p.winner.n_gpu_layers = 10_001, "winner.n_gpu_layers must be between 0 and 10000"),
+            (|p| p.workload.n_ctx = 0, "workload.n_ctx must be between 1"),
+            (|p| p.workload.n_ctx = (1 << 24) + 1, "workload.n_ctx must be between 1 and 16777216"),
+        ];
+        for (edit, expected) in cases {
+            let mut p = example_profile();
+            edit(&mut p);
+            p.refresh_server_args();
+            let msg = invalid(&p);
+            assert!(msg.contains(expected), "{msg} (expected {expected})");
+        }
+    }
+
+    #[test]
+    fn candidate_rules_apply_too() {
+        let mut p = example_profile();
+        p.winner.flash_attn = FlashAttn::Off;
+        p.refresh_server_args();
+        assert!(invalid(&p).contains("needs flash attention"));
+    }
+
+    #[test]
+    fn fingerprints_and_paths_are_checked() {
+        let mut p = example_profile();
+        p.model.fingerprint = "abc".into();
+        assert!(invalid(&p).contains("model.fingerprint must be 64 hex digits"));
+
+        let mut p = example_profile();
+        p.machine.fingerprint = "../../etc".into();
+        assert!(invalid(&p).contains("machine.fingerprint contains '.'"));
+
+        let mut p = example_profile();
+        p.model.path = "-rf.gguf".into();
+        p.refresh_server_args();
+        assert!(invalid(&p).contains("starts with '-'"));
+
+        let p = example_profile();
+        p.validate(false).unwrap();
+        let msg = invalid_with_paths(&p);
+        assert!(msg.contains("does not exist"), "{msg}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("m.gguf");
+        std::fs::write(&model, b"GGUF").unwrap();
+        let mut p = example_profile();
+        p.model.path = model;
+        p.refresh_server_args();
+        p.validate(true).unwrap();
+    }
+
+    fn invalid_with_paths(p: &Profile) -> String {
+        p.validate(true).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn figures_must_be_finite() {
+        let mut p = example_profile();
+        p.figures.tg_tps = f64::NAN;
+        assert!(invalid(&p).contains("figures.tg_tps must be a finite number"));
+    }
+
+    fn candidate() -> impl Strategy<Value = Candidate> {
+        let cache = proptest::sample::select(CacheType::ALL.to_vec());
+        let flash = proptest::sample::select(vec![FlashAttn::Off, FlashAttn::On, FlashAttn::Auto]);
+        let kernels = proptest::sample::select(vec![KernelChoice::Repack, KernelChoice::Plain]);
+        let device = "[A-Za-z][A-Za-z0-9_.:/-]{0,12}";
+        (
+            0..=MAX_GPU_LAYERS,
+            proptest::collection::vec(device, 0..3),
+            kernels,
+            1..=MAX_THREADS,
+            1..=MAX_BATCH,
+            any::<u32>(),
+            (cache.clone(), cache, flash),
+        )
+            .prop_map(|(ngl, devices, kernels, threads, n_batch, ub, (type_k, type_v, flash_attn))| {
+                let flash_attn =
+                    if type_v.is_quantized() && flash_attn == FlashAttn::Off { FlashAttn::On } else { flash_attn };
+                Candidate {
+                    n_gpu_layers: ngl,
+                    devices,
+                    kernels,
+                    threads,
+                    n_batch,
+                    n_ubatch: 1 + ub % n_batch,
+                    type_k,
+                    type_v,
+                    flash_attn,
+                }
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn any_valid_candidate_round_trips_and_validates(c in candidate(), n_ctx in 1..=MAX_CTX) {
+            let mut p = example_profile();
+            p.winner = c;
+            p.workload.n_ctx = n_ctx;
+            p.refresh_server_args();
+            p.validate(false).unwrap();
+            let (back, warnings) = Profile::from_toml(&p.to_toml().unwrap()).unwrap();
+            prop_assert!(warnings.is_empty());
+            back.validate(false).unwrap();
+            prop_assert_eq!(back, p);
+        }
+    }
+
+    fn words(s: &str) -> Vec<String> {
+        s.split(' ').map(String::from).collect()
+    }
+
+    #[test]
+    fn mismatch_names_the_extra_the_missing_and_the_moved_word() {
+        let exp = words("-m a -t 4");
+        assert_eq!(describe_mismatch(&exp, &words("-m a -t 4 --foo")), "unexpected '--foo' (after '4')");
+        assert_eq!(describe_mismatch(&exp, &words("-m a -t; 4")), "unexpected '-t;' (after 'a')");
+        assert_eq!(describe_mismatch(&exp, &words("-m a 4")), "missing '-t' (after 'a')");
+        assert_eq!(describe_mismatch(&exp, &words("-t 4 -m a")), "'-t' where '-m' was expected (argument 1)");
+    }
+
+    #[test]
+    fn device_names() {
+        for ok in ["CUDA0", "Vulkan1", "Metal", "CPU", "RPC[10.0.0.2:50052]", "SYCL0", "BLAS"] {
+            assert!(is_device_name(ok), "{ok}");
+        }
+        for bad in ["", "--rpc", "-x", "CUDA0,CUDA1", "a b", "x;y", "$(id)"] {
+            assert!(!is_device_name(bad), "{bad}");
+        }
+    }
+}

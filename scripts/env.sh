@@ -1,0 +1,39 @@
+# Sourced by the scripts: shared build settings and the system prerequisites check.
+# The cargo target dir lives in the user cache, outside the checkout, so a fresh clone on the same
+# machine reuses the ~15-minute llama.cpp build.
+export AUTOTUNE_CACHE_DIR="${AUTOTUNE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/autotune}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$AUTOTUNE_CACHE_DIR/target}"
+export GGML_RPC=ON
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+AUTOTUNE_BIN="$CARGO_TARGET_DIR/release/autotune"
+
+have_libclang() {
+  ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so* /usr/lib/libclang*.so* >/dev/null 2>&1
+}
+
+# Installs what building llama.cpp needs (cmake, a C++ compiler, libclang for bindgen) when missing.
+ensure_prerequisites() {
+  local missing=()
+  command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+  command -v c++ >/dev/null 2>&1 || missing+=(g++)
+  have_libclang || missing+=(libclang-dev)
+  command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing system prerequisites: ${missing[*]}" >&2
+    local sudo=""
+    if [ "$(id -u)" != 0 ]; then
+      if command -v sudo >/dev/null 2>&1; then sudo=sudo; else
+        echo "error: missing ${missing[*]}; install them with your package manager (apt-get install ${missing[*]})" >&2
+        exit 1
+      fi
+    fi
+    $sudo apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >&2
+  fi
+  command -v cargo >/dev/null 2>&1 || { echo "error: cargo not found: install Rust (rustup) first" >&2; exit 1; }
+}
+
+build_release() {
+  echo "building autotune (the first build compiles llama.cpp with every CPU variant: ~15 min on 2 cores)" >&2
+  cargo build --release --locked -p tuner >&2
+}

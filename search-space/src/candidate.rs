@@ -1,0 +1,343 @@
+//! One configuration to measure (`Candidate`) and the typed values of its knobs.
+//!
+//! Names and values mirror llama.cpp's (`-t`, `-b`, `-ub`, `-ctk`, `-ctv`, `-fa`, `-ngl`, `--no-repack`)
+//! so a user can read a candidate as the llama-server flags it stands for.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// A KV-cache element type, as llama.cpp's `--cache-type-k/-v` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheType {
+    F32,
+    F16,
+    Bf16,
+    Q8_0,
+    Q5_1,
+    Q5_0,
+    Q4_1,
+    Q4_0,
+    Iq4Nl,
+}
+
+impl CacheType {
+    pub const ALL: [CacheType; 9] = [
+        CacheType::F32,
+        CacheType::F16,
+        CacheType::Bf16,
+        CacheType::Q8_0,
+        CacheType::Q5_1,
+        CacheType::Q5_0,
+        CacheType::Q4_1,
+        CacheType::Q4_0,
+        CacheType::Iq4Nl,
+    ];
+
+    /// The name llama.cpp's command line uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheType::F32 => "f32",
+            CacheType::F16 => "f16",
+            CacheType::Bf16 => "bf16",
+            CacheType::Q8_0 => "q8_0",
+            CacheType::Q5_1 => "q5_1",
+            CacheType::Q5_0 => "q5_0",
+            CacheType::Q4_1 => "q4_1",
+            CacheType::Q4_0 => "q4_0",
+            CacheType::Iq4Nl => "iq4_nl",
+        }
+    }
+
+    /// Bits per element, for ordering by memory (ties are broken toward less memory).
+    pub fn bits_per_element(self) -> f64 {
+        match self {
+            CacheType::F32 => 32.0,
+            CacheType::F16 | CacheType::Bf16 => 16.0,
+            CacheType::Q8_0 => 8.5,
+            CacheType::Q5_1 => 6.0,
+            CacheType::Q5_0 => 5.5,
+            CacheType::Q4_1 => 5.0,
+            CacheType::Q4_0 | CacheType::Iq4Nl => 4.5,
+        }
+    }
+
+    /// A quantized cache type needs flash attention for the V cache in llama.cpp.
+    pub fn is_quantized(self) -> bool {
+        !matches!(self, CacheType::F32 | CacheType::F16 | CacheType::Bf16)
+    }
+}
+
+impl fmt::Display for CacheType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An unknown name for a knob value; the message lists the accepted ones.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} '{value}' (expected one of: {expected})")]
+pub struct ParseKnobError {
+    pub what: &'static str,
+    pub value: String,
+    pub expected: String,
+}
+
+impl FromStr for CacheType {
+    type Err = ParseKnobError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let lower = s.trim().to_ascii_lowercase();
+        CacheType::ALL
+            .into_iter()
+            .find(|t| t.as_str() == lower)
+            .ok_or_else(|| ParseKnobError {
+                what: "cache type",
+                value: s.to_string(),
+                expected: CacheType::ALL.map(|t| t.as_str()).join(", "),
+            })
+    }
+}
+
+/// Flash attention, as llama.cpp's `-fa on|off|auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlashAttn {
+    Off,
+    On,
+    Auto,
+}
+
+impl FlashAttn {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlashAttn::Off => "off",
+            FlashAttn::On => "on",
+            FlashAttn::Auto => "auto",
+        }
+    }
+}
+
+impl fmt::Display for FlashAttn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for FlashAttn {
+    type Err = ParseKnobError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "0" | "false" => Ok(FlashAttn::Off),
+            "on" | "1" | "true" => Ok(FlashAttn::On),
+            "auto" => Ok(FlashAttn::Auto),
+            _ => Err(ParseKnobError {
+                what: "flash attention setting",
+                value: s.to_string(),
+                expected: "on, off, auto".into(),
+            }),
+        }
+    }
+}
+
+/// The CPU kernel choice: llama.cpp's "extra buffer types" (weight repacking into interleaved layouts,
+/// and the AMX kernels on CPUs that have AMX). `Repack` is llama.cpp's default; `Plain` is what
+/// llama-server's `--no-repack` and llama-bench's `--repack 0` select. On some machines the extra
+/// kernels are faster, on others they are slower, and on some they crash (SIGILL in an AMX kernel when
+/// the OS has not enabled AMX tiles): so this is a knob to measure, not an assumption.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelChoice {
+    Repack,
+    Plain,
+}
+
+impl KernelChoice {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KernelChoice::Repack => "repack",
+            KernelChoice::Plain => "plain",
+        }
+    }
+    pub fn use_extra_bufts(self) -> bool {
+        matches!(self, KernelChoice::Repack)
+    }
+}
+
+impl fmt::Display for KernelChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for KernelChoice {
+    type Err = ParseKnobError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "repack" | "on" | "1" => Ok(KernelChoice::Repack),
+            "plain" | "no-repack" | "off" | "0" => Ok(KernelChoice::Plain),
+            _ => Err(ParseKnobError {
+                what: "kernel choice",
+                value: s.to_string(),
+                expected: "repack, plain".into(),
+            }),
+        }
+    }
+}
+
+/// One configuration of llama.cpp to measure: model-side settings (which need a model load) and
+/// context-side settings (which only need a new context on an already loaded model).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Candidate {
+    /// Layers offloaded to the non-CPU devices (`-ngl`); 0 on a CPU-only machine.
+    pub n_gpu_layers: u32,
+    /// Devices to use, by llama.cpp's device name (`--device`); empty = llama.cpp's default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+    /// Extra CPU buffer types (weight repack / AMX) or plain kernels (`--no-repack`).
+    pub kernels: KernelChoice,
+    /// Generation threads (`-t`); prompt processing uses the same count (`-tb`).
+    pub threads: u32,
+    /// Logical batch size (`-b`).
+    pub n_batch: u32,
+    /// Physical batch size (`-ub`).
+    pub n_ubatch: u32,
+    /// K cache type (`-ctk`).
+    pub type_k: CacheType,
+    /// V cache type (`-ctv`).
+    pub type_v: CacheType,
+    /// Flash attention (`-fa`).
+    pub flash_attn: FlashAttn,
+}
+
+/// Why a candidate cannot be run at all (independent of the machine).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidCandidate {
+    #[error("threads must be at least 1")]
+    ZeroThreads,
+    #[error("batch sizes must be at least 1 (n_batch={n_batch}, n_ubatch={n_ubatch})")]
+    ZeroBatch { n_batch: u32, n_ubatch: u32 },
+    #[error("n_ubatch ({n_ubatch}) cannot exceed n_batch ({n_batch})")]
+    UbatchOverBatch { n_batch: u32, n_ubatch: u32 },
+    #[error("a quantized V cache ({type_v}) needs flash attention; use -fa on or auto")]
+    QuantizedVWithoutFlashAttn { type_v: CacheType },
+}
+
+impl Candidate {
+    /// llama.cpp's defaults for a context on this machine: what a user gets without tuning
+    /// (`llama-server -m model.gguf -t THREADS`), the baseline every result is compared with.
+    pub fn llama_default(threads: u32, n_gpu_layers: u32) -> Self {
+        Candidate {
+            n_gpu_layers,
+            devices: Vec::new(),
+            kernels: KernelChoice::Repack,
+            threads,
+            n_batch: 2048,
+            n_ubatch: 512,
+            type_k: CacheType::F16,
+            type_v: CacheType::F16,
+            flash_attn: FlashAttn::Auto,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), InvalidCandidate> {
+        if self.threads == 0 {
+            return Err(InvalidCandidate::ZeroThreads);
+        }
+        if self.n_batch == 0 || self.n_ubatch == 0 {
+            return Err(InvalidCandidate::ZeroBatch { n_batch: self.n_batch, n_ubatch: self.n_ubatch });
+        }
+        if self.n_ubatch > self.n_batch {
+            return Err(InvalidCandidate::UbatchOverBatch { n_batch: self.n_batch, n_ubatch: self.n_ubatch });
+        }
+        if self.type_v.is_quantized() && self.flash_attn == FlashAttn::Off {
+            return Err(InvalidCandidate::QuantizedVWithoutFlashAttn { type_v: self.type_v });
+        }
+        Ok(())
+    }
+
+    /// The settings that need a model (re)load: candidates equal in this key share a loaded model.
+    pub fn model_key(&self) -> (u32, &[String], KernelChoice) {
+        (self.n_gpu_layers, &self.devices, self.kernels)
+    }
+
+    /// A short human label, e.g. `ngl=0 t=2 b=2048/512 kv=f16/f16 fa=auto repack`.
+    pub fn label(&self) -> String {
+        let dev = if self.devices.is_empty() { String::new() } else { format!(" dev={}", self.devices.join(",")) };
+        format!(
+            "ngl={}{} t={} b={}/{} kv={}/{} fa={} {}",
+            self.n_gpu_layers,
+            dev,
+            self.threads,
+            self.n_batch,
+            self.n_ubatch,
+            self.type_k,
+            self.type_v,
+            self.flash_attn,
+            self.kernels
+        )
+    }
+
+    /// How far this candidate is from llama.cpp's defaults (number of knobs changed): ties are broken
+    /// toward the simpler configuration.
+    pub fn complexity(&self) -> u32 {
+        let d = Candidate::llama_default(self.threads, self.n_gpu_layers);
+        [
+            self.kernels != d.kernels,
+            self.n_batch != d.n_batch,
+            self.n_ubatch != d.n_ubatch,
+            self.type_k != d.type_k,
+            self.type_v != d.type_v,
+            self.flash_attn != d.flash_attn,
+            !self.devices.is_empty(),
+        ]
+        .iter()
+        .filter(|b| **b)
+        .count() as u32
+    }
+
+    /// Relative KV-cache memory (f16/f16 = 1.0), for breaking ties toward less memory.
+    pub fn kv_bytes_factor(&self) -> f64 {
+        (self.type_k.bits_per_element() + self.type_v.bits_per_element()) / 32.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_types_round_trip_through_their_names() {
+        for t in CacheType::ALL {
+            assert_eq!(t.as_str().parse::<CacheType>().unwrap(), t);
+        }
+        let err = "q3_x".parse::<CacheType>().unwrap_err();
+        assert!(err.to_string().contains("q8_0"), "{err}");
+    }
+
+    #[test]
+    fn quantized_v_cache_needs_flash_attention() {
+        let mut c = Candidate::llama_default(2, 0);
+        c.type_v = CacheType::Q4_0;
+        c.flash_attn = FlashAttn::Off;
+        assert!(matches!(c.validate(), Err(InvalidCandidate::QuantizedVWithoutFlashAttn { .. })));
+        c.flash_attn = FlashAttn::On;
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn default_is_simplest() {
+        let d = Candidate::llama_default(4, 0);
+        assert_eq!(d.complexity(), 0);
+        let mut c = d.clone();
+        c.type_k = CacheType::Q8_0;
+        assert_eq!(c.complexity(), 1);
+    }
+
+    #[test]
+    fn ubatch_over_batch_is_rejected() {
+        let mut c = Candidate::llama_default(2, 0);
+        c.n_ubatch = 4096;
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,237 @@
+//! Command-line flags as clap parses them ("low args"); `commands::*` turns them into validated
+//! settings ("high args"). Flag names mirror llama.cpp's where they overlap.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "autotune",
+    version,
+    about = "Finds the fastest way to run a GGUF model with llama.cpp on this machine",
+    long_about = "Finds the fastest way to run a GGUF model with llama.cpp on this machine.\n\n\
+        `autotune model.gguf` is short for `autotune tune model.gguf`: it measures real configurations \
+        through linked llama.cpp and saves the fastest that fits as a profile.",
+    after_help = "Exit codes: 0 ok, 1 error, 2 bad usage, 3 bad model file, 4 nothing could be measured, \
+        5 bad profile or store, 130 interrupted."
+)]
+pub struct Cli {
+    /// Print llama.cpp's own log lines on stderr (useful when a trial fails)
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
+
+    /// No progress bar
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Measure configurations of MODEL and save the fastest as a profile (the default command)
+    Tune(TuneArgs),
+    /// Show llama.cpp's devices, backends, CPU variant and system info
+    Doctor(DoctorArgs),
+    /// List stored profiles, or print one (by model file or profile path)
+    Show(ShowArgs),
+    /// Internal: the worker process that runs trials
+    #[command(name = "__worker", hide = true)]
+    Worker,
+}
+
+#[derive(Debug, Args)]
+pub struct TuneArgs {
+    /// The GGUF model file to tune
+    pub model: PathBuf,
+
+    /// Context size the server will run with (llama.cpp's -c); measured at this size
+    #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
+    pub ctx: u32,
+
+    /// Prompt tokens of a representative request (prompt processing is measured at this length)
+    #[arg(short = 'p', long, default_value_t = 512)]
+    pub prompt: u32,
+
+    /// Tokens generated per request (generation speed is measured over this many)
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub gen: u32,
+
+    /// Tokens already in the KV cache when generation is measured (a long chat); 0 = none
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub depth: u32,
+
+    /// Thread counts to try, comma separated (default: 1, half the cores, the cores, all CPUs)
+    #[arg(short = 't', long, value_delimiter = ',')]
+    pub threads: Option<Vec<u32>>,
+
+    /// KV cache types to try (applied to K and V together), e.g. f16,q8_0,q4_0
+    #[arg(long = "cache-types", value_delimiter = ',', default_value = "f16,q8_0,q4_0")]
+    pub cache_types: Vec<String>,
+
+    /// Flash attention settings to try: on, off, auto
+    #[arg(long = "flash-attn", value_delimiter = ',', default_value = "auto,on,off")]
+    pub flash_attn: Vec<String>,
+
+    /// CPU kernel choices to try: repack (llama.cpp's extra buffer types: weight repack / AMX) and
+    /// plain (llama-server's --no-repack)
+    #[arg(long, value_delimiter = ',', default_value = "repack,plain")]
+    pub kernels: Vec<String>,
+
+    /// Physical batch sizes (-ub) to try
+    #[arg(long, value_delimiter = ',', default_value = "512,256,128")]
+    pub ubatch: Vec<u32>,
+
+    /// Layers to offload to non-CPU devices (-ngl); default: all when such a device exists, else 0
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
+    pub n_gpu_layers: Option<u32>,
+
+    /// Time budget for the whole run, e.g. 90s, 5m, 1h
+    #[arg(long, default_value = "10m")]
+    pub budget: String,
+
+    /// About a minute: fewer repetitions, shorter generation
+    #[arg(long, conflicts_with = "thorough")]
+    pub quick: bool,
+
+    /// Longer: more repetitions and a tighter stopping rule (use on a quiet machine)
+    #[arg(long)]
+    pub thorough: bool,
+
+    /// Relative difference below which two configurations are called a tie
+    #[arg(long, default_value_t = 0.02)]
+    pub noise: f64,
+
+    /// Minimum measured repetitions per configuration (after a discarded warm-up)
+    #[arg(long = "min-reps", default_value_t = 3)]
+    pub min_reps: u32,
+
+    /// Maximum repetitions per configuration
+    #[arg(long = "max-reps", default_value_t = 10)]
+    pub max_reps: u32,
+
+    /// Seed of the candidate order shuffle and the prompt tokens (recorded in the report)
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// A trial that gives no answer within this time is killed and recorded as timed out
+    #[arg(long = "trial-timeout", default_value = "5m")]
+    pub trial_timeout: String,
+
+    /// Ignore measurements of earlier runs (by default they are reused when still valid)
+    #[arg(long)]
+    pub fresh: bool,
+
+    /// Also write the profile to this file
+    #[arg(short, long)]
+    pub out: Option<PathBuf>,
+
+    /// Do not save the profile in the profile store
+    #[arg(long = "no-save")]
+    pub no_save: bool,
+
+    /// Print the report as JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+
+    /// Rows of the leaderboard to print
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Print the report as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// A model file (its profile for this machine) or a profile file; none = list the store
+    pub target: Option<PathBuf>,
+    /// Print as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The subcommand names, for the `autotune model.gguf` short form.
+pub const SUBCOMMANDS: &[&str] = &["tune", "doctor", "show", "__worker", "help"];
+
+/// `autotune model.gguf …` → `autotune tune model.gguf …`.
+pub fn with_default_subcommand(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let has_sub = args.iter().skip(1).any(|a| a.to_str().is_some_and(|s| SUBCOMMANDS.contains(&s)));
+    let wants_help_or_version = args.iter().skip(1).any(|a| {
+        matches!(a.to_str(), Some("-h" | "--help" | "-V" | "--version"))
+    });
+    let has_positional = args.iter().skip(1).any(|a| !a.to_string_lossy().starts_with('-'));
+    if !has_sub && has_positional && !(wants_help_or_version && args.len() == 2) {
+        args.insert(1, "tune".into());
+    }
+    args
+}
+
+/// Parses `90s`, `5m`, `1h`, `1h30m` or plain seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err(format!("invalid duration '{s}': write e.g. 90s, 5m, 1h"));
+    }
+    if let Ok(secs) = t.parse::<f64>() {
+        if secs.is_finite() && secs > 0.0 {
+            return Ok(std::time::Duration::from_secs_f64(secs));
+        }
+        return Err(format!("invalid duration '{s}': it must be positive"));
+    }
+    let mut total = 0.0;
+    let mut num = String::new();
+    for ch in t.chars() {
+        if ch.is_ascii_digit() || ch == '.' {
+            num.push(ch);
+            continue;
+        }
+        let v: f64 = num.parse().map_err(|_| format!("invalid duration '{s}': write e.g. 90s, 5m, 1h"))?;
+        num.clear();
+        total += v * match ch {
+            's' => 1.0,
+            'm' => 60.0,
+            'h' => 3600.0,
+            _ => return Err(format!("invalid duration '{s}': unknown unit '{ch}' (use s, m, h)")),
+        };
+    }
+    if !num.is_empty() {
+        return Err(format!("invalid duration '{s}': a number needs a unit (s, m, h)"));
+    }
+    if total <= 0.0 {
+        return Err(format!("invalid duration '{s}': it must be positive"));
+    }
+    Ok(std::time::Duration::from_secs_f64(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_form_inserts_tune() {
+        let a = with_default_subcommand(vec!["autotune".into(), "m.gguf".into(), "--quick".into()]);
+        assert_eq!(a[1], "tune");
+        let a = with_default_subcommand(vec!["autotune".into(), "doctor".into()]);
+        assert_eq!(a[1], "doctor");
+        let a = with_default_subcommand(vec!["autotune".into(), "--help".into()]);
+        assert_eq!(a.len(), 2);
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s").unwrap().as_secs(), 90);
+        assert_eq!(parse_duration("5m").unwrap().as_secs(), 300);
+        assert_eq!(parse_duration("1h30m").unwrap().as_secs(), 5400);
+        assert_eq!(parse_duration("12").unwrap().as_secs(), 12);
+        assert!(parse_duration("-5m").is_err());
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("5").is_ok());
+    }
+}

@@ -1,0 +1,59 @@
+//! `autotune doctor`: what llama.cpp sees on this machine — devices, backends, the CPU variant it
+//! loaded, and its system info line (which SIMD kernels are in use).
+
+use crate::cli::{Cli, DoctorArgs};
+use crate::{exit, llama, machine::Machine};
+use search_space::size::format_size;
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub struct Doctor {
+    pub machine: Machine,
+    pub backends: Vec<String>,
+    pub cpu_variant: Option<String>,
+    pub system_info: String,
+    pub llama_version: String,
+}
+
+pub fn probe(verbose: bool) -> Doctor {
+    llama::init(verbose);
+    let log = llama::take_log();
+    let devices = llama::devices();
+    Doctor {
+        machine: Machine::probe(devices),
+        backends: llama::backends(),
+        cpu_variant: llama::cpu_variant(&log),
+        system_info: llama::system_info(),
+        llama_version: llama::build_info().0,
+    }
+}
+
+pub fn run(cli: &Cli, args: &DoctorArgs) -> anyhow::Result<i32> {
+    let d = probe(cli.verbose);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&d)?);
+        return Ok(exit::OK);
+    }
+    let m = &d.machine;
+    println!("cpu          {} ({} cores, {} logical CPUs)", m.cpu, m.physical_cores, m.logical_cpus);
+    println!("memory       {} total, {} available", format_size(m.ram_bytes), format_size(m.ram_available_bytes));
+    println!("os           {}", m.os);
+    println!("llama.cpp    {}", d.llama_version);
+    println!("backends     {}", d.backends.join(", "));
+    println!("cpu variant  {}", d.cpu_variant.as_deref().unwrap_or("(static build)"));
+    println!("system info  {}", d.system_info);
+    println!("devices");
+    for dev in &m.devices {
+        println!(
+            "  {:<12} {:<6} {:<5} {} free of {}  {}",
+            dev.name,
+            dev.backend,
+            dev.kind,
+            format_size(dev.memory_free),
+            format_size(dev.memory_total),
+            dev.description
+        );
+    }
+    println!("fingerprint  {}", &m.fingerprint[..16]);
+    Ok(exit::OK)
+}

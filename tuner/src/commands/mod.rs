@@ -1,0 +1,5 @@
+//! One module per subcommand.
+
+pub mod doctor;
+pub mod show;
+pub mod tune;

@@ -1,0 +1,69 @@
+//! `autotune show`: list the profile store, or print one profile (for a model file on this machine,
+//! or a profile file).
+
+use crate::cli::{Cli, ShowArgs};
+use crate::exit::{self, Exit};
+use profiles::{Store, StoredProfile};
+use search_space::identity::ModelIdentity;
+
+pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
+    let store = Store::open(Store::default_dir()?)?;
+    let Some(target) = &args.target else {
+        let entries = store.list()?;
+        if args.json {
+            let v: Vec<serde_json::Value> = entries
+                .iter()
+                .map(|e| match &e.result {
+                    Ok(s) => serde_json::json!({"path": e.path, "summary": s}),
+                    Err(err) => serde_json::json!({"path": e.path, "error": err}),
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            return Ok(exit::OK);
+        }
+        if entries.is_empty() {
+            println!("no profiles in {} yet: run `autotune MODEL.gguf`", store.dir().display());
+        }
+        for e in &entries {
+            match &e.result {
+                Ok(s) => println!(
+                    "{}  {}  pp {:.1} t/s  tg {:.1} t/s{}  {}",
+                    s.model_file,
+                    s.winner,
+                    s.pp_tps,
+                    s.tg_tps,
+                    s.tg_speedup.map(|x| format!(" ({:+.0}% vs defaults)", (x - 1.0) * 100.0)).unwrap_or_default(),
+                    e.path.display()
+                ),
+                Err(err) => eprintln!("autotune: warning: {}: {err}", e.path.display()),
+            }
+        }
+        return Ok(exit::OK);
+    };
+    let stored = if target.extension().is_some_and(|e| e == "toml") {
+        StoredProfile::read(target).map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?
+    } else {
+        crate::commands::tune::inspect_model(target)?;
+        let id = ModelIdentity::of_file(target)?;
+        let doctor = crate::commands::doctor::probe(cli.verbose);
+        match store.find(&doctor.machine.fingerprint, &id.fingerprint)? {
+            Some(p) => p,
+            None => {
+                return Err(Exit::new(
+                    exit::BAD_PROFILE,
+                    format!("{}: no profile for this model on this machine; run `autotune {}` first", target.display(), target.display()),
+                ))
+            }
+        }
+    };
+    for w in &stored.warnings {
+        eprintln!("autotune: warning: {}: {w}", stored.path.display());
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&stored.profile)?);
+    } else {
+        println!("# {}", stored.path.display());
+        print!("{}", stored.profile.to_toml()?);
+    }
+    Ok(exit::OK)
+}

@@ -1,0 +1,407 @@
+//! `autotune tune MODEL` (and the short form `autotune MODEL`): check the model, measure
+//! configurations in worker processes, print the leaderboard, and save the winner as a profile.
+
+use crate::cli::{parse_duration, Cli, TuneArgs};
+use crate::engine::{Engine, Progress, TuneSettings};
+use crate::exit::{self, Exit};
+use crate::measurements::{self, MeasurementLog};
+use crate::pool::WorkerPool;
+use crate::report::{self, ModelSummary, Report};
+use crate::worker::{Repetition, Workload};
+use crate::{commands::doctor, machine::Machine};
+use anyhow::Context as _;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use profiles::{Figures, Profile, Store};
+use search_space::gguf::GgufInfo;
+use search_space::identity::ModelIdentity;
+use search_space::{CacheType, FlashAttn, KernelChoice};
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Reads and validates the flags into the engine's settings ("low args" → "high args").
+fn settings(args: &TuneArgs, model: &std::path::Path, machine: &Machine, n_gpu_layers: u32) -> anyhow::Result<TuneSettings> {
+    let usage = |m: String| Exit::new(exit::USAGE, m);
+    if args.ctx == 0 {
+        return Err(usage("--ctx must be at least 1".into()));
+    }
+    if args.prompt == 0 || args.gen == 0 {
+        return Err(usage("--prompt and --gen must be at least 1 token".into()));
+    }
+    if args.prompt as u64 + args.depth as u64 > args.ctx as u64 || args.gen as u64 + args.depth as u64 > args.ctx as u64 {
+        return Err(usage(format!(
+            "--depth {} plus --prompt {} or --gen {} does not fit in --ctx {}: raise --ctx or lower them",
+            args.depth, args.prompt, args.gen, args.ctx
+        )));
+    }
+    if !(args.noise > 0.0 && args.noise < 1.0) {
+        return Err(usage(format!("--noise {} must be between 0 and 1 (e.g. 0.02 for 2%)", args.noise)));
+    }
+    if args.min_reps < 2 || args.max_reps < args.min_reps {
+        return Err(usage("--min-reps must be at least 2 and --max-reps at least --min-reps".into()));
+    }
+    let budget = parse_duration(&args.budget).map_err(|e| usage(format!("--budget: {e}")))?;
+    let trial_timeout = parse_duration(&args.trial_timeout).map_err(|e| usage(format!("--trial-timeout: {e}")))?;
+    let _ = trial_timeout;
+    let cache_types = args
+        .cache_types
+        .iter()
+        .map(|s| s.parse::<CacheType>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| usage(format!("--cache-types: {e}")))?;
+    let flash_attn = args
+        .flash_attn
+        .iter()
+        .map(|s| s.parse::<FlashAttn>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| usage(format!("--flash-attn: {e}")))?;
+    let kernels = args
+        .kernels
+        .iter()
+        .map(|s| s.parse::<KernelChoice>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| usage(format!("--kernels: {e}")))?;
+    if args.ubatch.iter().any(|&u| u == 0) {
+        return Err(usage("--ubatch sizes must be at least 1".into()));
+    }
+    let logical = machine.logical_cpus.max(1);
+    let physical = machine.physical_cores.max(1);
+    let threads_options = match &args.threads {
+        Some(t) => {
+            if t.iter().any(|&x| x == 0) {
+                return Err(usage("--threads must be at least 1".into()));
+            }
+            if let Some(&x) = t.iter().find(|&&x| x > 1024) {
+                return Err(usage(format!("--threads {x} is more than 1024")));
+            }
+            t.clone()
+        }
+        None => {
+            let mut v = vec![1, (physical / 2).max(1), physical, logical];
+            v.sort_unstable();
+            v.dedup();
+            v
+        }
+    };
+    // llama.cpp's default thread count is the number of physical cores (its "math" cores).
+    let default_threads = if threads_options.contains(&physical) { physical } else { threads_options[0] };
+    let (min_reps, max_reps, mut noise) = if args.quick {
+        (args.min_reps.min(3), args.max_reps.min(4), args.noise)
+    } else if args.thorough {
+        (args.min_reps.max(5), args.max_reps.max(20), args.noise)
+    } else {
+        (args.min_reps, args.max_reps, args.noise)
+    };
+    if args.thorough {
+        noise = noise.min(0.02);
+    }
+    let per_candidate = if args.quick { 8 } else if args.thorough { 120 } else { 40 };
+    Ok(TuneSettings {
+        model: model.to_path_buf(),
+        workload: Workload {
+            n_ctx: args.ctx,
+            n_prompt: args.prompt,
+            n_gen: if args.quick { args.gen.min(64) } else { args.gen },
+            depth: args.depth,
+        },
+        noise,
+        min_reps,
+        max_reps,
+        candidate_cap: Duration::from_secs(per_candidate),
+        budget: if args.quick { budget.min(Duration::from_secs(75)) } else { budget },
+        seed: args.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(1)
+        }),
+        threads_options,
+        default_threads,
+        n_gpu_layers,
+        kernels,
+        cache_types,
+        flash_attn,
+        ubatch_options: args.ubatch.clone(),
+    })
+}
+
+/// Inspects the model header safely before llama.cpp sees the file.
+pub fn inspect_model(path: &std::path::Path) -> anyhow::Result<GgufInfo> {
+    GgufInfo::inspect(path).map_err(|e| Exit::new(exit::BAD_MODEL, e.to_string()))
+}
+
+struct Bar(Option<ProgressBar>);
+
+impl Progress for Bar {
+    fn candidate_started(&self, label: &str, axis: &str) {
+        if let Some(b) = &self.0 {
+            b.set_prefix(axis.to_string());
+            b.set_message(label.to_string());
+        }
+    }
+    fn repetition(&self, _label: &str, rep: &Repetition) {
+        if let Some(b) = &self.0 {
+            b.inc(1);
+            b.set_prefix(format!("pp {:.0} tg {:.1}", rep.pp_tps, rep.tg_tps));
+        }
+    }
+    fn failed(&self, label: &str, failure: &str) {
+        match &self.0 {
+            Some(b) => b.println(format!("trial failed: {label}: {failure}")),
+            None => eprintln!("autotune: trial failed: {label}: {failure}"),
+        }
+    }
+    fn best(&self, label: &str, margin: Option<f64>, elapsed: Duration, budget: Duration) {
+        let left = budget.saturating_sub(elapsed).as_secs();
+        let m = margin.map(|m| format!(", {:+.1}% over the runner-up", m * 100.0)).unwrap_or_default();
+        if let Some(b) = &self.0 {
+            b.println(format!("best so far: {label}{m} ({left} s of budget left)"));
+        }
+    }
+}
+
+pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
+    let info = inspect_model(&args.model)?;
+    let model_path = std::fs::canonicalize(&args.model).with_context(|| format!("{}: cannot resolve path", args.model.display()))?;
+    let identity = ModelIdentity::of_file(&model_path).with_context(|| format!("{}: cannot read", model_path.display()))?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("cannot install the interrupt handler")?;
+    }
+
+    let doctor = doctor::probe(cli.verbose);
+    let machine = doctor.machine.clone();
+    let offload = !machine.offload_devices().is_empty();
+    let n_layers = info.block_count.unwrap_or(0);
+    let n_gpu_layers = args.n_gpu_layers.unwrap_or(if offload { n_layers + 1 } else { 0 });
+    let settings = settings(args, &model_path, &machine, n_gpu_layers)?;
+    let workload_name = if args.quick { "quick" } else { "custom" };
+
+    let llama_build = profiles::LlamaBuild {
+        version: doctor.llama_version.clone(),
+        commit: crate::llama::build_info().1,
+        backends: doctor.backends.clone(),
+        cpu_variant: doctor.cpu_variant.clone(),
+        system_info: doctor.system_info.clone(),
+    };
+
+    let store = Store::open(Store::default_dir()?).context("cannot open the profile store")?;
+    let _lock = match store.try_lock()? {
+        Some(g) => g,
+        None => {
+            eprintln!("autotune: another autotune run holds the store lock; waiting for it to finish");
+            store.lock()?
+        }
+    };
+
+    let log_path = cache_dir().join("measurements").join(format!("{}.jsonl", identity.short()));
+    let log_context = measurements::Context {
+        model: identity.fingerprint.clone(),
+        llama: format!("{} {}", llama_build.version, llama_build.cpu_variant.clone().unwrap_or_default()),
+        machine: machine.fingerprint.clone(),
+        workload: settings.workload.clone(),
+    };
+    let mut log = MeasurementLog::open(&log_path, log_context, !args.fresh)
+        .with_context(|| format!("cannot open the measurement log {}", log_path.display()))?;
+    let reused = log.previous_count();
+    if log.corrupt_lines > 0 {
+        eprintln!("autotune: warning: {} corrupt lines in {} were ignored", log.corrupt_lines, log_path.display());
+    }
+
+    let show_bar = !cli.quiet && std::io::stderr().is_terminal();
+    let bar = Bar(show_bar.then(|| {
+        let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        b.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {pos} reps · {prefix} · {wide_msg}").expect("valid template"));
+        b.enable_steady_tick(Duration::from_millis(200));
+        b
+    }));
+
+    // Two models loaded at once only when they fit comfortably in memory.
+    let max_alive = if info.file_size.saturating_mul(4) < machine.ram_available_bytes { 2 } else { 1 };
+    let timeout = parse_duration(&args.trial_timeout).map_err(|e| Exit::new(exit::USAGE, e))?;
+    let pool = WorkerPool::new(max_alive, timeout);
+    let stop_fn = {
+        let stop = Arc::clone(&stop);
+        move || stop.load(Ordering::Relaxed)
+    };
+    let budget = settings.budget;
+    let seed = settings.seed;
+    let noise = settings.noise;
+    let workload = settings.workload.clone();
+    let started = std::time::Instant::now();
+    let mut engine = Engine::new(settings, pool, Some(&mut log), &stop_fn, &bar);
+    let baseline = engine.baseline();
+    let mut winner = engine.run();
+    let mut confirm_drift = Vec::new();
+    if let Some(w) = winner.clone() {
+        if !engine.interrupted {
+            let board = report::leaderboard(&engine.results, &workload, noise, seed);
+            let runner_up = board.iter().filter(|e| e.figures.is_some()).map(|e| e.candidate.clone()).find(|c| c != &w);
+            // The confirmation round gets a little time beyond the budget so it always runs.
+            engine.settings.budget = engine.settings.budget.max(started.elapsed() + Duration::from_secs(60));
+            confirm_drift = engine.confirm(&w, runner_up.as_ref()).into_iter().map(|(c, d)| (c.label(), d)).collect();
+            engine.budget_spent = false;
+            if let Some(b) = engine.choose(&board.iter().filter(|e| e.figures.is_some()).map(|e| e.candidate.clone()).collect::<Vec<_>>()) {
+                winner = Some(b);
+            }
+        }
+    }
+    engine.shutdown();
+    let interrupted = engine.interrupted || stop.load(Ordering::Relaxed);
+    let budget_spent = engine.budget_spent;
+    let results = std::mem::take(&mut engine.results);
+    drop(engine);
+    if let Some(b) = &bar.0 {
+        b.finish_and_clear();
+    }
+
+    let board = report::leaderboard(&results, &workload, noise, seed);
+    let figures_of = |c: &search_space::Candidate| -> Option<Figures> {
+        results.iter().find(|r| &r.candidate == c).and_then(|r| report::figures(r, &workload))
+    };
+    let winner_figures = winner.as_ref().and_then(figures_of);
+    let baseline_figures = figures_of(&baseline);
+    let mut notes = Vec::new();
+    for r in results.iter().filter(|r| r.failure.is_some()) {
+        if let Some(crate::trial::TrialFailure::Crashed { name, .. }) = &r.failure {
+            notes.push(format!("{} crashed ({name}); recorded and skipped", r.candidate.label()));
+        }
+    }
+    if budget_spent {
+        notes.push(format!("the time budget ({} s) ran out before every candidate was measured; raise --budget", budget.as_secs()));
+    }
+
+    let mut report = Report {
+        model: ModelSummary {
+            path: model_path.clone(),
+            architecture: info.architecture.clone(),
+            file_type: info.file_type_name.clone(),
+            layers: info.block_count,
+            parameters: info.parameter_count,
+            size_bytes: info.file_size,
+            trained_context: info.context_length,
+            experts: info.expert_count,
+            fingerprint: identity.fingerprint.clone(),
+        },
+        machine: machine.clone(),
+        llama: llama_build.clone(),
+        workload: workload.clone(),
+        seed,
+        noise,
+        elapsed_s: started.elapsed().as_secs_f64(),
+        budget_s: budget.as_secs_f64(),
+        interrupted,
+        budget_spent,
+        measured: results.iter().filter(|r| r.ok()).count(),
+        failed: results.iter().filter(|r| r.failure.is_some()).count(),
+        reused_repetitions: reused,
+        leaderboard: board.clone(),
+        winner: winner.clone(),
+        winner_figures: winner_figures.clone(),
+        baseline: Some(baseline.clone()),
+        baseline_figures: baseline_figures.clone(),
+        confirm_drift,
+        profile_path: None,
+        measurement_log: Some(log.path().to_path_buf()),
+        notes,
+    };
+
+    if interrupted {
+        emit(&report, args)?;
+        eprintln!(
+            "autotune: interrupted; {} measurements kept in {}. Run the same command again to resume (it reuses them).",
+            log.appended + reused,
+            log.path().display()
+        );
+        return Ok(exit::INTERRUPTED);
+    }
+    let (Some(winner), Some(figures)) = (winner, winner_figures) else {
+        emit(&report, args)?;
+        return Err(Exit::new(
+            exit::NOTHING_MEASURED,
+            format!("{}: no configuration could be measured (see the statuses above)", model_path.display()),
+        ));
+    };
+
+    let profile_workload = profiles::Workload {
+        n_ctx: workload.n_ctx,
+        n_prompt: workload.n_prompt,
+        n_gen: workload.n_gen,
+        depth: workload.depth,
+        name: workload_name.to_string(),
+    };
+    let mut profile = Profile {
+        schema_version: profiles::SCHEMA_VERSION,
+        created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        autotune_version: env!("CARGO_PKG_VERSION").to_string(),
+        server_args: Vec::new(),
+        notes: report.notes.clone(),
+        model: profiles::ModelRef {
+            path: model_path.clone(),
+            file_name: identity.file_name.clone(),
+            fingerprint: identity.fingerprint.clone(),
+            size_bytes: identity.size_bytes,
+            architecture: info.architecture.clone(),
+            file_type: info.file_type_name.clone(),
+        },
+        machine: profiles::MachineRef {
+            fingerprint: machine.fingerprint.clone(),
+            hostname: machine.hostname.clone(),
+            cpu: machine.cpu.clone(),
+            physical_cores: machine.physical_cores,
+            logical_cpus: machine.logical_cpus,
+            ram_bytes: machine.ram_bytes,
+            os: machine.os.clone(),
+            devices: machine
+                .devices
+                .iter()
+                .map(|d| profiles::DeviceRef {
+                    name: d.name.clone(),
+                    description: d.description.clone(),
+                    kind: d.kind.clone(),
+                    backend: d.backend.clone(),
+                    memory_total: d.memory_total,
+                })
+                .collect(),
+        },
+        llama: llama_build,
+        workload: profile_workload,
+        winner,
+        figures,
+        baseline: baseline_figures,
+        leaderboard: board,
+    };
+    profile.refresh_server_args();
+    profile.validate(false).map_err(|e| anyhow::anyhow!("internal error: the new profile does not validate: {e}"))?;
+    if !args.no_save {
+        let path = store.save(&profile).context("cannot save the profile")?;
+        report.profile_path = Some(path);
+    }
+    if let Some(out) = &args.out {
+        let text = profile.to_toml()?;
+        profiles::write_atomic(out, &text).with_context(|| format!("cannot write {}", out.display()))?;
+        if report.profile_path.is_none() {
+            report.profile_path = Some(out.clone());
+        }
+    }
+    emit(&report, args)?;
+    Ok(exit::OK)
+}
+
+fn emit(report: &Report, args: &TuneArgs) -> anyhow::Result<()> {
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        print!("{}", report.render(args.top));
+    }
+    Ok(())
+}
+
+/// autotune's cache directory (measurement logs, demo model, built tools).
+pub fn cache_dir() -> std::path::PathBuf {
+    if let Some(d) = std::env::var_os("AUTOTUNE_CACHE_DIR") {
+        return d.into();
+    }
+    directories::ProjectDirs::from("", "", "autotune")
+        .map(|p| p.cache_dir().to_path_buf())
+        .unwrap_or_else(|| std::env::temp_dir().join("autotune-cache"))
+}

@@ -1,0 +1,403 @@
+//! The tuning run: measure llama.cpp's defaults, then walk the knobs one axis at a time (coordinate
+//! descent), measuring each axis's variants interleaved and shuffled, and keep a change only when it
+//! beats the current best beyond the noise threshold.
+//!
+//! Why coordinate descent: on a CPU the knobs interact weakly (threads and kernels set the compute
+//! rate, KV type and flash attention the attention cost, batch sizes the prompt throughput), so one
+//! pass along each axis from the defaults finds the grid's best in a small fraction of its size.
+//! Every candidate is measured in rounds: each round runs every unfinished candidate once, in a
+//! shuffled order (seeded, recorded), so slow drift of the machine hits all candidates alike.
+
+use crate::measurements::{MeasurementLog, Record};
+use crate::pool::WorkerPool;
+use crate::stats::{self, Sample, Summary, Verdict};
+use crate::trial::TrialFailure;
+use crate::worker::{LoadReport, MeasureRequest, Repetition, Request, Response, Workload};
+use crate::llama::{ContextSettings, ModelSettings};
+use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Everything a run needs to know, validated.
+#[derive(Debug, Clone)]
+pub struct TuneSettings {
+    pub model: PathBuf,
+    pub workload: Workload,
+    /// Relative difference below which two candidates are a tie (e.g. 0.02).
+    pub noise: f64,
+    pub min_reps: u32,
+    pub max_reps: u32,
+    /// Time one candidate may take in one axis before it stops repeating.
+    pub candidate_cap: Duration,
+    /// Total time for the run; what is not measured by then is reported as such.
+    pub budget: Duration,
+    pub seed: u64,
+    pub threads_options: Vec<u32>,
+    pub default_threads: u32,
+    pub n_gpu_layers: u32,
+    pub kernels: Vec<KernelChoice>,
+    pub cache_types: Vec<CacheType>,
+    pub flash_attn: Vec<FlashAttn>,
+    pub ubatch_options: Vec<u32>,
+}
+
+/// One candidate's outcome in the run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CandidateResult {
+    pub candidate: Candidate,
+    pub reps: Vec<Repetition>,
+    pub load: Option<LoadReport>,
+    pub failure: Option<TrialFailure>,
+    /// Why it was not measured (budget spent, placement skipped after crashes).
+    pub skipped: Option<String>,
+    pub seconds: f64,
+}
+
+impl CandidateResult {
+    fn new(candidate: Candidate) -> Self {
+        CandidateResult { candidate, reps: Vec::new(), load: None, failure: None, skipped: None, seconds: 0.0 }
+    }
+
+    pub fn ok(&self) -> bool {
+        self.failure.is_none() && self.skipped.is_none() && self.reps.len() >= 2
+    }
+
+    /// Seconds per request of the workload, per repetition (the objective, lower is better).
+    pub fn scores(&self, w: &Workload) -> Vec<f64> {
+        self.reps.iter().map(|r| score_seconds(r, w)).collect()
+    }
+
+    /// Requests per second per repetition (higher is better), for the statistics.
+    pub fn rate_sample(&self, w: &Workload) -> Option<Sample> {
+        Sample::new(self.scores(w).iter().map(|s| 1.0 / s).collect()).ok()
+    }
+
+    pub fn summary_of(&self, f: impl Fn(&Repetition) -> Option<f64>) -> Option<Summary> {
+        Sample::new(self.reps.iter().filter_map(f).collect()).ok().map(|s| s.summary())
+    }
+
+    pub fn mem_bytes(&self) -> u64 {
+        self.load.as_ref().map(|l| l.reported_bytes).unwrap_or(0)
+    }
+}
+
+/// The objective: expected seconds for one request of the workload,
+/// `n_prompt / pp + n_gen / tg`, with tg measured at depth when a depth is set.
+pub fn score_seconds(r: &Repetition, w: &Workload) -> f64 {
+    let tg = if w.depth > 0 { r.tg_depth_tps.unwrap_or(r.tg_tps) } else { r.tg_tps };
+    w.n_prompt as f64 / r.pp_tps.max(1e-9) + w.n_gen as f64 / tg.max(1e-9)
+}
+
+/// Progress callbacks, so the CLI can draw a bar without the engine knowing about terminals.
+pub trait Progress {
+    fn candidate_started(&self, label: &str, axis: &str);
+    fn repetition(&self, label: &str, rep: &Repetition);
+    fn failed(&self, label: &str, failure: &str);
+    fn best(&self, label: &str, margin: Option<f64>, elapsed: Duration, budget: Duration);
+}
+
+pub struct Engine<'a> {
+    pub settings: TuneSettings,
+    pub results: Vec<CandidateResult>,
+    pool: WorkerPool,
+    log: Option<&'a mut MeasurementLog>,
+    started: Instant,
+    round: u64,
+    stop: &'a dyn Fn() -> bool,
+    progress: &'a dyn Progress,
+    pub interrupted: bool,
+    pub budget_spent: bool,
+}
+
+impl<'a> Engine<'a> {
+    pub fn new(
+        settings: TuneSettings,
+        pool: WorkerPool,
+        log: Option<&'a mut MeasurementLog>,
+        stop: &'a dyn Fn() -> bool,
+        progress: &'a dyn Progress,
+    ) -> Self {
+        Engine { settings, results: Vec::new(), pool, log, started: Instant::now(), round: 0, stop, progress, interrupted: false, budget_spent: false }
+    }
+
+    pub fn baseline(&self) -> Candidate {
+        Candidate::llama_default(self.settings.default_threads, self.settings.n_gpu_layers)
+    }
+
+    fn index_of(&mut self, c: &Candidate) -> usize {
+        if let Some(i) = self.results.iter().position(|r| &r.candidate == c) {
+            return i;
+        }
+        let mut r = CandidateResult::new(c.clone());
+        if let Some(log) = self.log.as_deref() {
+            r.reps = log.previous_reps(c);
+        }
+        self.results.push(r);
+        self.results.len() - 1
+    }
+
+    fn out_of_time(&mut self) -> bool {
+        if (self.stop)() {
+            self.interrupted = true;
+        }
+        if self.started.elapsed() >= self.settings.budget {
+            self.budget_spent = true;
+        }
+        self.interrupted || self.budget_spent
+    }
+
+    fn request(&self, c: &Candidate) -> MeasureRequest {
+        MeasureRequest {
+            model: self.settings.model.clone(),
+            settings: ModelSettings {
+                n_gpu_layers: c.n_gpu_layers,
+                devices: c.devices.clone(),
+                use_extra_bufts: c.kernels.use_extra_bufts(),
+                no_alloc: false,
+            },
+            context: ContextSettings {
+                n_ctx: self.settings.workload.n_ctx,
+                n_batch: c.n_batch,
+                n_ubatch: c.n_ubatch,
+                threads: c.threads,
+                type_k: c.type_k,
+                type_v: c.type_v,
+                flash_attn: c.flash_attn,
+            },
+            workload: self.settings.workload.clone(),
+            seed: self.settings.seed ^ (self.round.wrapping_mul(0x100_0000_01B3)),
+        }
+    }
+
+    /// Whether a candidate needs more repetitions.
+    fn wants_more(&self, i: usize, spent: Duration) -> bool {
+        let r = &self.results[i];
+        if r.failure.is_some() || r.skipped.is_some() {
+            return false;
+        }
+        let n = r.reps.len() as u32;
+        if n < self.settings.min_reps {
+            return true;
+        }
+        if n >= self.settings.max_reps || spent >= self.settings.candidate_cap {
+            return false;
+        }
+        match r.rate_sample(&self.settings.workload) {
+            Some(s) => !stats::enough(&s, self.settings.noise),
+            None => true,
+        }
+    }
+
+    /// Measures a group of candidates in interleaved, shuffled rounds until each is precise enough,
+    /// capped, failed, or the run is out of time.
+    pub fn measure_group(&mut self, group: &[Candidate], axis: &str) {
+        let idx: Vec<usize> = group.iter().map(|c| self.index_of(c)).collect();
+        let mut spent = vec![Duration::ZERO; idx.len()];
+        loop {
+            let pending: Vec<usize> = (0..idx.len()).filter(|&k| self.wants_more(idx[k], spent[k])).collect();
+            if pending.is_empty() || self.out_of_time() {
+                break;
+            }
+            self.round += 1;
+            let order = stats::shuffled_order(pending.len(), self.settings.seed.wrapping_add(self.round));
+            for o in order {
+                if self.out_of_time() {
+                    break;
+                }
+                let k = pending[o];
+                let i = idx[k];
+                let t = Instant::now();
+                self.measure_once(i, axis);
+                spent[k] += t.elapsed();
+                self.results[i].seconds += t.elapsed().as_secs_f64();
+            }
+        }
+        if self.budget_spent || self.interrupted {
+            let why = if self.interrupted { "not measured: interrupted" } else { "not measured: time budget spent" };
+            for &i in &idx {
+                if self.results[i].reps.len() < 2 && self.results[i].failure.is_none() && self.results[i].skipped.is_none() {
+                    self.results[i].skipped = Some(why.to_string());
+                }
+            }
+        }
+    }
+
+    fn measure_once(&mut self, i: usize, axis: &str) {
+        let c = self.results[i].candidate.clone();
+        let label = c.label();
+        let req = self.request(&c);
+        if self.pool.crashes_for(&req) >= 2 {
+            self.results[i].skipped = Some("skipped: this placement and kernel choice crashed twice".into());
+            return;
+        }
+        self.progress.candidate_started(&label, axis);
+        let stop = self.stop;
+        match self.pool.call(&Request::Measure(req), stop) {
+            Ok(Response::Measured(rep)) => {
+                if let Some(l) = &rep.load {
+                    self.results[i].load = Some(l.clone());
+                }
+                if let Some(log) = self.log.as_deref_mut() {
+                    log.append(&Record::rep(&c, &rep));
+                }
+                self.progress.repetition(&label, &rep);
+                self.results[i].reps.push(rep);
+            }
+            Ok(_) => {}
+            Err(TrialFailure::Interrupted) => self.interrupted = true,
+            Err(f) => {
+                self.progress.failed(&label, &f.to_string());
+                if let Some(log) = self.log.as_deref_mut() {
+                    log.append(&Record::failure(&c, &f));
+                }
+                self.results[i].failure = Some(f);
+            }
+        }
+    }
+
+    /// Chooses among measured candidates: the best median rate, unless another is statistically
+    /// tied with it and uses less memory or is simpler (closer to llama.cpp's defaults).
+    pub fn choose(&self, among: &[Candidate]) -> Option<Candidate> {
+        let w = &self.settings.workload;
+        let measured: Vec<&CandidateResult> =
+            among.iter().filter_map(|c| self.results.iter().find(|r| &r.candidate == c)).filter(|r| r.ok()).collect();
+        let top = measured.iter().max_by(|a, b| {
+            let (ma, mb) = (a.rate_sample(w).map(|s| s.median()), b.rate_sample(w).map(|s| s.median()));
+            ma.partial_cmp(&mb).unwrap_or(std::cmp::Ordering::Equal)
+        })?;
+        let top_sample = top.rate_sample(w)?;
+        let tied = measured.iter().filter(|r| {
+            r.rate_sample(w)
+                .map(|s| stats::compare(&s, &top_sample, self.settings.noise, 0.95, self.settings.seed).verdict == Verdict::Tie)
+                .unwrap_or(false)
+                || std::ptr::eq(**r, *top)
+        });
+        tied.min_by(|a, b| tie_break(a, b)).map(|r| r.candidate.clone())
+    }
+
+    /// The coordinate-descent search. Returns the winner (if anything was measured).
+    pub fn run(&mut self) -> Option<Candidate> {
+        let base = self.baseline();
+        self.measure_group(std::slice::from_ref(&base), "defaults");
+        let mut best = if self.results.iter().any(|r| r.candidate == base && r.ok()) { Some(base.clone()) } else { None };
+        let axes: [(&str, fn(&TuneSettings, &Candidate) -> Vec<Candidate>); 5] = [
+            ("threads", vary_threads),
+            ("kernels", vary_kernels),
+            ("flash attention", vary_flash_attn),
+            ("kv cache", vary_cache),
+            ("batch", vary_batch),
+        ];
+        for (axis, vary) in axes {
+            if self.out_of_time() {
+                break;
+            }
+            let from = best.clone().unwrap_or_else(|| base.clone());
+            let mut group: Vec<Candidate> = vary(&self.settings, &from).into_iter().filter(|c| c.validate().is_ok()).collect();
+            if !group.contains(&from) {
+                group.insert(0, from.clone());
+            }
+            group.dedup();
+            if group.len() < 2 && best.is_some() {
+                continue;
+            }
+            self.measure_group(&group, axis);
+            if let Some(b) = self.choose(&group) {
+                best = Some(b);
+            }
+            if let Some(b) = &best {
+                let margin = self.margin_over_runner_up(b);
+                self.progress.best(&b.label(), margin, self.started.elapsed(), self.settings.budget);
+            }
+        }
+        best
+    }
+
+    /// Relative margin of `best` over the next-best measured candidate.
+    pub fn margin_over_runner_up(&self, best: &Candidate) -> Option<f64> {
+        let w = &self.settings.workload;
+        let b = self.results.iter().find(|r| &r.candidate == best)?.rate_sample(w)?.median();
+        let next = self
+            .results
+            .iter()
+            .filter(|r| &r.candidate != best && r.ok())
+            .filter_map(|r| r.rate_sample(w).map(|s| s.median()))
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))?;
+        Some(b / next - 1.0)
+    }
+
+    /// Re-measures the winner and the runner-up, interleaved, at the end of the run; returns the
+    /// relative drift of each (new median vs the run's median).
+    pub fn confirm(&mut self, winner: &Candidate, runner_up: Option<&Candidate>) -> Vec<(Candidate, f64)> {
+        let w = self.settings.workload.clone();
+        let mut group = vec![winner.clone()];
+        group.extend(runner_up.cloned());
+        let before: Vec<(Candidate, usize, Option<f64>)> = group
+            .iter()
+            .map(|c| {
+                let r = self.results.iter().find(|r| &r.candidate == c);
+                (c.clone(), r.map_or(0, |r| r.reps.len()), r.and_then(|r| r.rate_sample(&w)).map(|s| s.median()))
+            })
+            .collect();
+        for _ in 0..2 {
+            if self.out_of_time() {
+                break;
+            }
+            self.round += 1;
+            for o in stats::shuffled_order(group.len(), self.settings.seed.wrapping_add(self.round)) {
+                let i = self.index_of(&group[o]);
+                self.measure_once(i, "confirm");
+            }
+        }
+        before
+            .into_iter()
+            .filter_map(|(c, n0, old)| {
+                let r = self.results.iter().find(|r| r.candidate == c)?;
+                let new: Vec<f64> = r.reps[n0.min(r.reps.len())..].iter().map(|x| 1.0 / score_seconds(x, &w)).collect();
+                let new_median = Sample::new(new).ok()?.median();
+                Some((c, new_median / old? - 1.0))
+            })
+            .collect()
+    }
+
+    pub fn shutdown(&mut self) {
+        self.pool.shutdown();
+    }
+}
+
+fn vary_threads(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+    s.threads_options.iter().map(|&t| Candidate { threads: t, ..from.clone() }).collect()
+}
+fn vary_kernels(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+    s.kernels.iter().map(|&k| Candidate { kernels: k, ..from.clone() }).collect()
+}
+fn vary_flash_attn(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+    s.flash_attn.iter().map(|&f| Candidate { flash_attn: f, ..from.clone() }).collect()
+}
+fn vary_cache(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+    let fa = if from.flash_attn == FlashAttn::Off { FlashAttn::Auto } else { from.flash_attn };
+    s
+        .cache_types
+        .iter()
+        .map(|&t| {
+            let flash_attn = if t.is_quantized() { fa } else { from.flash_attn };
+            Candidate { type_k: t, type_v: t, flash_attn, ..from.clone() }
+        })
+        .collect()
+}
+fn vary_batch(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+    s
+        .ubatch_options
+        .iter()
+        .map(|&ub| Candidate { n_ubatch: ub, n_batch: from.n_batch.max(ub), ..from.clone() })
+        .collect()
+}
+
+/// Among tied candidates: less memory first, then fewer changed knobs, then the label (stable).
+fn tie_break(a: &CandidateResult, b: &CandidateResult) -> std::cmp::Ordering {
+    a.mem_bytes()
+        .cmp(&b.mem_bytes())
+        .then(a.candidate.kv_bytes_factor().total_cmp(&b.candidate.kv_bytes_factor()))
+        .then(a.candidate.complexity().cmp(&b.candidate.complexity()))
+        .then(a.candidate.cmp(&b.candidate))
+}

@@ -1,0 +1,30 @@
+//! Documented exit codes (also listed in `autotune --help` and the README).
+
+/// Everything went as asked.
+pub const OK: i32 = 0;
+/// An unexpected error (I/O, a bug): the message says what.
+pub const ERROR: i32 = 1;
+/// Bad usage: an unknown flag or an out-of-range value (clap uses 2 as well).
+pub const USAGE: i32 = 2;
+/// The model file is missing, unreadable, not GGUF, damaged or unsupported.
+pub const BAD_MODEL: i32 = 3;
+/// Nothing could be measured: every candidate failed, was pruned, or none fits.
+pub const NOTHING_MEASURED: i32 = 4;
+/// A profile or the profile store is corrupt, stale or invalid.
+pub const BAD_PROFILE: i32 = 5;
+/// Interrupted by SIGINT or SIGTERM (after keeping what was measured).
+pub const INTERRUPTED: i32 = 130;
+
+/// An error that carries its exit code through `anyhow`.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Exit {
+    pub code: i32,
+    pub message: String,
+}
+
+impl Exit {
+    pub fn new(code: i32, message: impl Into<String>) -> anyhow::Error {
+        anyhow::Error::new(Exit { code, message: message.into() })
+    }
+}

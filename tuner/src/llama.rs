@@ -1,0 +1,440 @@
+//! Safe wrappers over the few llama.cpp calls the tuner needs: backend start-up, devices, model and
+//! context lifetimes, timed decoding, and the log lines llama.cpp writes about its buffers.
+//!
+//! The measurement loop talks to the C API (`llama-cpp-sys-2`) directly, the way llama-bench does,
+//! because the knobs it measures (`use_extra_bufts`, `no_alloc`, flash-attention type) are not all
+//! exposed by the higher-level `llama-cpp-2` wrapper. Everything unsafe stays in this file.
+
+use llama_cpp_sys_2 as sys;
+use search_space::{CacheType, FlashAttn};
+use serde::{Deserialize, Serialize};
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A failure reported by llama.cpp (not a crash: crashes kill the worker process).
+#[derive(Debug, thiserror::Error)]
+pub enum LlamaError {
+    #[error("llama.cpp could not load the model: {0}")]
+    ModelLoad(String),
+    #[error("llama.cpp could not create a context: {0}")]
+    Context(String),
+    #[error("llama_decode failed with status {status}: {log}")]
+    Decode { status: i32, log: String },
+    #[error("unknown device '{0}' (see `autotune doctor` for the device names)")]
+    UnknownDevice(String),
+    #[error("path is not valid UTF-8 or contains NUL: {0}")]
+    BadPath(String),
+}
+
+/// Devices and backends as llama.cpp sees them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub description: String,
+    pub backend: String,
+    /// cpu, gpu, igpu, accel
+    pub kind: String,
+    pub memory_free: u64,
+    pub memory_total: u64,
+}
+
+static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static ECHO_LOG: OnceLock<bool> = OnceLock::new();
+static BACKEND: OnceLock<llama_cpp_2::llama_backend::LlamaBackend> = OnceLock::new();
+
+extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_char, _user: *mut c_void) {
+    if text.is_null() {
+        return;
+    }
+    // SAFETY: llama.cpp passes a NUL-terminated string valid for the duration of the call.
+    let line = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
+    if *ECHO_LOG.get().unwrap_or(&false) {
+        eprint!("{line}");
+    }
+    let _ = level;
+    if let Ok(mut log) = LOG.lock() {
+        // Continuation lines (level CONT) are appended to the previous entry.
+        if level == sys::GGML_LOG_LEVEL_CONT {
+            if let Some(last) = log.last_mut() {
+                last.push_str(&line);
+                return;
+            }
+        }
+        log.push(line);
+        if log.len() > 20_000 {
+            log.drain(..10_000);
+        }
+    }
+}
+
+/// Takes (and clears) what llama.cpp has logged since the last call.
+pub fn take_log() -> Vec<String> {
+    LOG.lock().map(|mut l| std::mem::take(&mut *l)).unwrap_or_default()
+}
+
+/// The last error-looking lines of a log, for failure reasons.
+pub fn log_tail(log: &[String]) -> String {
+    let errors: Vec<&str> = log
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| s.contains("error") || s.contains("failed") || s.contains("ERROR"))
+        .collect();
+    let lines = if errors.is_empty() { log.iter().map(|s| s.trim()).collect::<Vec<_>>() } else { errors };
+    lines.iter().rev().take(2).rev().cloned().collect::<Vec<_>>().join(" | ")
+}
+
+/// Starts llama.cpp once per process: routes its log into our buffer (echoed to stderr when `echo`),
+/// and loads every backend module present (CPU variants, CUDA, Vulkan, RPC, ...).
+pub fn init(echo: bool) {
+    let _ = ECHO_LOG.set(echo);
+    BACKEND.get_or_init(|| {
+        // SAFETY: the callback is a plain function that lives for the whole program.
+        unsafe { sys::llama_log_set(Some(log_callback), std::ptr::null_mut()) };
+        load_backend_modules();
+        llama_cpp_2::llama_backend::LlamaBackend::init().expect("llama.cpp backend initialises once")
+    });
+}
+
+/// Backend modules are looked for in `AUTOTUNE_BACKEND_DIR`, next to the executable (installed
+/// layout), and in the directory the build wrote them to.
+fn load_backend_modules() {
+    let mut dirs: Vec<std::path::PathBuf> = Vec::new();
+    if let Some(d) = std::env::var_os("AUTOTUNE_BACKEND_DIR") {
+        dirs.push(d.into());
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(parent) = exe.parent() {
+            dirs.push(parent.join("backends"));
+        }
+    }
+    if let Some(d) = sys::BACKENDS_DIR {
+        dirs.push(d.into());
+    }
+    for d in dirs {
+        let has_cpu = std::fs::read_dir(&d)
+            .map(|it| it.flatten().any(|e| e.file_name().to_string_lossy().contains("ggml-cpu")))
+            .unwrap_or(false);
+        if has_cpu {
+            llama_cpp_2::llama_backend::load_backends_from_path(&d);
+            return;
+        }
+    }
+    // SAFETY: plain call; searches ggml's default locations.
+    unsafe { sys::ggml_backend_load_all() };
+}
+
+pub fn devices() -> Vec<DeviceInfo> {
+    llama_cpp_2::list_llama_ggml_backend_devices()
+        .into_iter()
+        .map(|d| DeviceInfo {
+            name: d.name,
+            description: d.description,
+            backend: d.backend,
+            kind: match d.device_type {
+                llama_cpp_2::LlamaBackendDeviceType::Cpu => "cpu",
+                llama_cpp_2::LlamaBackendDeviceType::Gpu => "gpu",
+                llama_cpp_2::LlamaBackendDeviceType::IntegratedGpu => "igpu",
+                llama_cpp_2::LlamaBackendDeviceType::Accelerator => "accel",
+                _ => "unknown",
+            }
+            .to_string(),
+            memory_free: d.memory_free as u64,
+            memory_total: d.memory_total as u64,
+        })
+        .collect()
+}
+
+/// Names of the registered backends (`CPU`, `RPC`, `CUDA`, ...).
+pub fn backends() -> Vec<String> {
+    // SAFETY: plain getters over ggml's registry; names are static strings.
+    unsafe {
+        (0..sys::ggml_backend_reg_count())
+            .map(|i| cstr(sys::ggml_backend_reg_name(sys::ggml_backend_reg_get(i))))
+            .collect()
+    }
+}
+
+/// llama.cpp's own system information line (`CPU : SSE3 = 1 | AVX512 = 1 | AMX_INT8 = 1 | ...`).
+pub fn system_info() -> String {
+    // SAFETY: returns a static string.
+    unsafe { cstr(sys::llama_print_system_info()) }.trim().to_string()
+}
+
+/// The CPU variant ggml loaded (from the module file name it logged, or from system info).
+pub fn cpu_variant(log: &[String]) -> Option<String> {
+    log.iter().find_map(|l| {
+        let i = l.find("libggml-cpu-")?;
+        let rest = &l[i + "libggml-cpu-".len()..];
+        Some(rest.split(".so").next()?.to_string())
+    })
+}
+
+/// The llama.cpp build this binary links.
+pub fn build_info() -> (String, String) {
+    // llama-cpp-sys-2 vendors a specific llama.cpp; its crate version identifies the sources.
+    ("llama-cpp-sys-2 0.1.161".to_string(), option_env!("AUTOTUNE_LLAMA_COMMIT").unwrap_or("vendored").to_string())
+}
+
+unsafe fn cstr(p: *const c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        // SAFETY: caller passes a NUL-terminated string.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+/// Model-side settings: a change here needs a new model load.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ModelSettings {
+    pub n_gpu_layers: u32,
+    pub devices: Vec<String>,
+    pub use_extra_bufts: bool,
+    /// Only simulate allocations (dry run): sizes are logged, nothing is computed.
+    #[serde(default)]
+    pub no_alloc: bool,
+}
+
+/// Context-side settings: a change here needs only a new context.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ContextSettings {
+    pub n_ctx: u32,
+    pub n_batch: u32,
+    pub n_ubatch: u32,
+    pub threads: u32,
+    pub type_k: CacheType,
+    pub type_v: CacheType,
+    pub flash_attn: FlashAttn,
+}
+
+pub struct Model {
+    ptr: NonNull<sys::llama_model>,
+}
+
+// SAFETY: a llama_model is immutable after loading and may be shared between threads.
+unsafe impl Send for Model {}
+
+impl Model {
+    pub fn load(path: &Path, s: &ModelSettings) -> Result<Model, LlamaError> {
+        let cpath = path
+            .to_str()
+            .and_then(|p| CString::new(p).ok())
+            .ok_or_else(|| LlamaError::BadPath(path.display().to_string()))?;
+        let mut devs: Vec<sys::ggml_backend_dev_t> = Vec::new();
+        for name in &s.devices {
+            let cname = CString::new(name.as_str()).map_err(|_| LlamaError::UnknownDevice(name.clone()))?;
+            // SAFETY: looks a name up in ggml's device registry.
+            let dev = unsafe { sys::ggml_backend_dev_by_name(cname.as_ptr()) };
+            if dev.is_null() {
+                return Err(LlamaError::UnknownDevice(name.clone()));
+            }
+            devs.push(dev);
+        }
+        devs.push(std::ptr::null_mut());
+        // SAFETY: default params are plain data.
+        let mut p = unsafe { sys::llama_model_default_params() };
+        p.n_gpu_layers = s.n_gpu_layers.min(i32::MAX as u32) as i32;
+        p.use_extra_bufts = s.use_extra_bufts;
+        p.no_alloc = s.no_alloc;
+        if !s.devices.is_empty() {
+            p.devices = devs.as_mut_ptr();
+        }
+        take_log();
+        // SAFETY: path and device list outlive the call; llama.cpp copies what it keeps.
+        let ptr = unsafe { sys::llama_model_load_from_file(cpath.as_ptr(), p) };
+        NonNull::new(ptr).map(|ptr| Model { ptr }).ok_or_else(|| LlamaError::ModelLoad(log_tail(&take_log())))
+    }
+
+    pub fn n_vocab(&self) -> i32 {
+        // SAFETY: model pointer is valid for self's lifetime.
+        unsafe { sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(self.ptr.as_ptr())) }
+    }
+
+    pub fn bos(&self) -> i32 {
+        // SAFETY: as above.
+        unsafe { sys::llama_vocab_bos(sys::llama_model_get_vocab(self.ptr.as_ptr())) }
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        // SAFETY: as above.
+        unsafe { sys::llama_model_size(self.ptr.as_ptr()) }
+    }
+
+    pub fn n_layer(&self) -> i32 {
+        // SAFETY: as above.
+        unsafe { sys::llama_model_n_layer(self.ptr.as_ptr()) }
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        // SAFETY: we own the model; contexts borrow it and are dropped first.
+        unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
+    }
+}
+
+fn ggml_type(t: CacheType) -> sys::ggml_type {
+    match t {
+        CacheType::F32 => sys::GGML_TYPE_F32,
+        CacheType::F16 => sys::GGML_TYPE_F16,
+        CacheType::Bf16 => sys::GGML_TYPE_BF16,
+        CacheType::Q8_0 => sys::GGML_TYPE_Q8_0,
+        CacheType::Q5_1 => sys::GGML_TYPE_Q5_1,
+        CacheType::Q5_0 => sys::GGML_TYPE_Q5_0,
+        CacheType::Q4_1 => sys::GGML_TYPE_Q4_1,
+        CacheType::Q4_0 => sys::GGML_TYPE_Q4_0,
+        CacheType::Iq4Nl => sys::GGML_TYPE_IQ4_NL,
+    }
+}
+
+/// A llama.cpp context; it holds its model alive (`Arc`), so a worker can keep both across requests.
+pub struct Context {
+    ptr: NonNull<sys::llama_context>,
+    model: Arc<Model>,
+    n_batch: u32,
+}
+
+// SAFETY: a context is used from one thread at a time (the worker's loop).
+unsafe impl Send for Context {}
+
+impl Context {
+    pub fn new(model: &Arc<Model>, s: &ContextSettings) -> Result<Context, LlamaError> {
+        // SAFETY: default params are plain data.
+        let mut p = unsafe { sys::llama_context_default_params() };
+        p.n_ctx = s.n_ctx;
+        p.n_batch = s.n_batch;
+        p.n_ubatch = s.n_ubatch;
+        p.n_seq_max = 1;
+        p.n_threads = s.threads as i32;
+        p.n_threads_batch = s.threads as i32;
+        p.type_k = ggml_type(s.type_k);
+        p.type_v = ggml_type(s.type_v);
+        p.flash_attn_type = match s.flash_attn {
+            FlashAttn::Off => sys::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+            FlashAttn::On => sys::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            FlashAttn::Auto => sys::LLAMA_FLASH_ATTN_TYPE_AUTO,
+        };
+        p.no_perf = true;
+        take_log();
+        // SAFETY: model is valid and outlives the context (borrow).
+        let ptr = unsafe { sys::llama_init_from_model(model.ptr.as_ptr(), p) };
+        NonNull::new(ptr)
+            .map(|ptr| Context { ptr, model: Arc::clone(model), n_batch: s.n_batch })
+            .ok_or_else(|| LlamaError::Context(log_tail(&take_log())))
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Empties the KV cache.
+    pub fn clear(&mut self) {
+        // SAFETY: context is valid; memory handle belongs to it.
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true) }
+    }
+
+    /// Decodes `tokens` in chunks of n_batch, continuing the sequence in the KV cache.
+    pub fn decode(&mut self, tokens: &mut [i32]) -> Result<(), LlamaError> {
+        for chunk in tokens.chunks_mut(self.n_batch.max(1) as usize) {
+            // SAFETY: the batch views `chunk`, which outlives the call; positions are assigned by
+            // llama.cpp from the memory's current end.
+            let status =
+                unsafe { sys::llama_decode(self.ptr.as_ptr(), sys::llama_batch_get_one(chunk.as_mut_ptr(), chunk.len() as i32)) };
+            if status != 0 {
+                return Err(LlamaError::Decode { status, log: log_tail(&take_log()) });
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the device has really finished: without it an asynchronous backend "finishes"
+    /// a prompt at tens of thousands of tokens per second.
+    pub fn synchronize(&mut self) {
+        // SAFETY: context is valid.
+        unsafe { sys::llama_synchronize(self.ptr.as_ptr()) }
+    }
+
+    /// Logits of the last output (n_vocab floats).
+    pub fn last_logits(&self) -> &[f32] {
+        // SAFETY: llama.cpp keeps n_vocab logits for output -1 until the next decode.
+        unsafe {
+            let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), -1);
+            if p.is_null() {
+                &[]
+            } else {
+                std::slice::from_raw_parts(p, self.model.n_vocab() as usize)
+            }
+        }
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: we own the context.
+        unsafe { sys::llama_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// One buffer llama.cpp reported allocating, e.g. `CPU_Mapped model buffer size = 241.00 MiB`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BufferReport {
+    /// The buffer type's name (`CPU_Mapped`, `CPU_REPACK`, `CUDA0`, `RPC0[127.0.0.1:50052]`, ...).
+    pub buffer: String,
+    /// model, KV, compute, output, RS
+    pub what: String,
+    pub bytes: u64,
+}
+
+/// Reads the buffer sizes llama.cpp logs while loading a model and creating a context.
+pub fn parse_buffer_reports(log: &[String]) -> Vec<BufferReport> {
+    let mut out = Vec::new();
+    for line in log {
+        let Some(idx) = line.find(" buffer size") else { continue };
+        let Some(eq) = line[idx..].find('=') else { continue };
+        let head = line[..idx].trim();
+        let mut words = head.rsplitn(2, char::is_whitespace);
+        let what = words.next().unwrap_or("").to_string();
+        let buffer = words.next().unwrap_or("").rsplit(|c: char| c.is_whitespace()).next().unwrap_or("").to_string();
+        let tail = line[idx + eq + 1..].trim();
+        let mut parts = tail.split_whitespace();
+        let (Some(num), Some(unit)) = (parts.next(), parts.next()) else { continue };
+        let Ok(v) = num.parse::<f64>() else { continue };
+        let mult = match unit {
+            "MiB" => 1024.0 * 1024.0,
+            "KiB" => 1024.0,
+            "GiB" => 1024.0 * 1024.0 * 1024.0,
+            "B" => 1.0,
+            _ => continue,
+        };
+        if buffer.is_empty() || what.is_empty() {
+            continue;
+        }
+        out.push(BufferReport { buffer, what, bytes: (v * mult) as u64 });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_llama_buffer_lines() {
+        let log = vec![
+            "load_tensors:   CPU_Mapped model buffer size =   241.00 MiB\n".to_string(),
+            "llama_kv_cache:        CPU KV buffer size =    72.00 MiB\n".to_string(),
+            "sched_reserve:        CPU compute buffer size =   258.50 MiB\n".to_string(),
+            "load_tensors: RPC0[127.0.0.1:50052] model buffer size =    10.00 MiB\n".to_string(),
+            "unrelated line\n".to_string(),
+        ];
+        let r = parse_buffer_reports(&log);
+        assert_eq!(r.len(), 4);
+        assert_eq!(r[0].buffer, "CPU_Mapped");
+        assert_eq!(r[0].what, "model");
+        assert_eq!(r[0].bytes, 241 * 1024 * 1024);
+        assert_eq!(r[1].what, "KV");
+        assert_eq!(r[3].buffer, "RPC0[127.0.0.1:50052]");
+    }
+}

@@ -1,0 +1,88 @@
+//! Workers kept alive per model placement, so candidates that differ only in context settings share a
+//! loaded model, and a crashed worker is replaced transparently.
+
+use crate::trial::{TrialFailure, Worker};
+use crate::worker::{MeasureRequest, Request, Response};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Key of a loaded model in a worker: the file and the model-side settings.
+type ModelKey = String;
+
+pub struct WorkerPool {
+    workers: Vec<(ModelKey, Worker)>,
+    /// How many models may be loaded at once (each worker holds one).
+    max_alive: usize,
+    /// Crashes per model key: a placement that keeps crashing is skipped.
+    crashes: HashMap<ModelKey, u32>,
+    pub timeout: Duration,
+}
+
+impl WorkerPool {
+    pub fn new(max_alive: usize, timeout: Duration) -> Self {
+        WorkerPool { workers: Vec::new(), max_alive: max_alive.max(1), crashes: HashMap::new(), timeout }
+    }
+
+    fn key(m: &MeasureRequest) -> ModelKey {
+        format!("{}|{}", m.model.display(), serde_json::to_string(&m.settings).expect("serialises"))
+    }
+
+    pub fn crashes_for(&self, m: &MeasureRequest) -> u32 {
+        self.crashes.get(&Self::key(m)).copied().unwrap_or(0)
+    }
+
+    /// Sends a request to the worker holding this model (spawning or evicting as needed).
+    pub fn call(&mut self, request: &Request, stop: &dyn Fn() -> bool) -> Result<Response, TrialFailure> {
+        let m = match request {
+            Request::Measure(m) | Request::Footprint(m) => m,
+            Request::Quit => return Err(TrialFailure::Interrupted),
+        };
+        let key = Self::key(m);
+        let idx = match self.workers.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                while self.workers.len() >= self.max_alive {
+                    let (_, w) = self.workers.remove(0);
+                    w.quit();
+                }
+                let w = Worker::spawn().map_err(|e| TrialFailure::Exited { code: -1, stderr_tail: format!("cannot start worker: {e}") })?;
+                self.workers.push((key.clone(), w));
+                self.workers.len() - 1
+            }
+        };
+        let timeout = self.timeout;
+        let result = self.workers[idx].1.call(request, timeout, stop);
+        match &result {
+            Ok(_) | Err(TrialFailure::Refused { .. }) => {
+                // Most recently used last, so eviction takes the oldest.
+                let w = self.workers.remove(idx);
+                self.workers.push(w);
+            }
+            Err(failure) => {
+                // The worker is gone (crashed, killed or timed out): forget it.
+                self.workers.remove(idx);
+                if matches!(failure, TrialFailure::Crashed { .. } | TrialFailure::Exited { .. } | TrialFailure::TimedOut { .. }) {
+                    *self.crashes.entry(key).or_insert(0) += 1;
+                }
+            }
+        }
+        result
+    }
+
+    /// PIDs of live workers (the reliability tests kill one mid-trial).
+    pub fn pids(&self) -> Vec<u32> {
+        self.workers.iter().map(|(_, w)| w.pid()).collect()
+    }
+
+    pub fn shutdown(&mut self) {
+        for (_, w) in self.workers.drain(..) {
+            w.quit();
+        }
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

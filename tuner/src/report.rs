@@ -1,0 +1,231 @@
+//! The run's report: one `Serialize` value rendered either as a table (stdout) or as JSON (`--json`),
+//! and the leaderboard that goes into the profile.
+
+use crate::engine::{score_seconds, CandidateResult};
+use crate::stats::{self, Sample, Verdict};
+use crate::worker::Workload;
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
+use profiles::{Figures, LeaderboardEntry};
+use search_space::size::format_size;
+use search_space::Candidate;
+use serde::Serialize;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub model: ModelSummary,
+    pub machine: crate::machine::Machine,
+    pub llama: profiles::LlamaBuild,
+    pub workload: Workload,
+    pub seed: u64,
+    pub noise: f64,
+    pub elapsed_s: f64,
+    pub budget_s: f64,
+    pub interrupted: bool,
+    pub budget_spent: bool,
+    pub measured: usize,
+    pub failed: usize,
+    pub reused_repetitions: usize,
+    pub leaderboard: Vec<LeaderboardEntry>,
+    pub winner: Option<Candidate>,
+    pub winner_figures: Option<Figures>,
+    pub baseline: Option<Candidate>,
+    pub baseline_figures: Option<Figures>,
+    /// The winner and runner-up re-measured at the end: relative change of their medians.
+    pub confirm_drift: Vec<(String, f64)>,
+    pub profile_path: Option<PathBuf>,
+    pub measurement_log: Option<PathBuf>,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelSummary {
+    pub path: PathBuf,
+    pub architecture: String,
+    pub file_type: Option<String>,
+    pub layers: Option<u32>,
+    pub parameters: u64,
+    pub size_bytes: u64,
+    pub trained_context: Option<u64>,
+    pub experts: Option<u32>,
+    pub fingerprint: String,
+}
+
+/// Figures of a measured candidate (medians, with the 95% CI of the medians).
+pub fn figures(r: &CandidateResult, w: &Workload) -> Option<Figures> {
+    if !r.ok() {
+        return None;
+    }
+    let pp = Sample::new(r.reps.iter().map(|x| x.pp_tps).collect()).ok()?;
+    let tg = Sample::new(r.reps.iter().map(|x| x.tg_tps).collect()).ok()?;
+    let tg_depth = Sample::new(r.reps.iter().filter_map(|x| x.tg_depth_tps).collect()).ok();
+    let score = Sample::new(r.reps.iter().map(|x| score_seconds(x, w)).collect()).ok()?;
+    let (pp_lo, pp_hi) = pp.median_ci(0.95);
+    let (tg_lo, tg_hi) = tg.median_ci(0.95);
+    // Time to first token of the workload's request: its prompt, then one generated token.
+    let ttft_ms = (w.n_prompt as f64 / pp.median() + 1.0 / tg.median()) * 1000.0;
+    Some(Figures {
+        pp_tps: pp.median(),
+        tg_tps: tg.median(),
+        tg_depth_tps: tg_depth.map(|s| s.median()),
+        ttft_ms: Some(ttft_ms),
+        score_s: score.median(),
+        mem_bytes: r.mem_bytes(),
+        pp_ci: Some([pp_lo, pp_hi]),
+        tg_ci: Some([tg_lo, tg_hi]),
+        repetitions: r.reps.len() as u32,
+    })
+}
+
+/// Ranks every candidate: measured ones by median request rate (ties marked when the decision rule
+/// cannot separate a row from the one above), then failed and unmeasured ones with their reasons.
+pub fn leaderboard(results: &[CandidateResult], w: &Workload, noise: f64, seed: u64) -> Vec<LeaderboardEntry> {
+    let mut ok: Vec<(&CandidateResult, Sample)> =
+        results.iter().filter(|r| r.ok()).filter_map(|r| r.rate_sample(w).map(|s| (r, s))).collect();
+    ok.sort_by(|a, b| b.1.median().total_cmp(&a.1.median()));
+    let mut out = Vec::new();
+    for (i, (r, s)) in ok.iter().enumerate() {
+        let tie = i > 0 && stats::compare(&ok[i - 1].1, s, noise, 0.95, seed).verdict == Verdict::Tie;
+        out.push(LeaderboardEntry {
+            rank: (i + 1) as u32,
+            tie_with_previous: tie,
+            status: "ok".into(),
+            candidate: r.candidate.clone(),
+            figures: figures(r, w),
+        });
+    }
+    for r in results.iter().filter(|r| !r.ok()) {
+        let status = if let Some(f) = &r.failure {
+            format!("failed: {f}")
+        } else if let Some(s) = &r.skipped {
+            s.clone()
+        } else {
+            "not measured: too few repetitions".into()
+        };
+        out.push(LeaderboardEntry { rank: 0, tie_with_previous: false, status, candidate: r.candidate.clone(), figures: None });
+    }
+    out
+}
+
+fn ci(v: Option<[f64; 2]>, median: f64) -> String {
+    match v {
+        Some([lo, hi]) if median > 0.0 => format!("±{:.0}%", 50.0 * (hi - lo) / median),
+        _ => String::new(),
+    }
+}
+
+impl Report {
+    /// The human rendering: a header, the leaderboard table and a verdict.
+    pub fn render(&self, top: usize) -> String {
+        let mut s = String::new();
+        s.push_str(&format!(
+            "model   {} ({}, {}, {} layers, {})\n",
+            self.model.path.display(),
+            self.model.architecture,
+            self.model.file_type.as_deref().unwrap_or("?"),
+            self.model.layers.map_or("?".into(), |l| l.to_string()),
+            format_size(self.model.size_bytes)
+        ));
+        s.push_str(&format!(
+            "machine {} ({} cores / {} CPUs, {} RAM), llama.cpp {} [{}{}]\n",
+            self.machine.cpu,
+            self.machine.physical_cores,
+            self.machine.logical_cpus,
+            format_size(self.machine.ram_bytes),
+            self.llama.version,
+            self.llama.backends.join(", "),
+            self.llama.cpu_variant.as_ref().map(|v| format!(", CPU variant {v}")).unwrap_or_default()
+        ));
+        s.push_str(&format!(
+            "workload ctx {} · prompt {} · gen {}{} · noise ±{:.0}% · seed {} · {:.0} s\n\n",
+            self.workload.n_ctx,
+            self.workload.n_prompt,
+            self.workload.n_gen,
+            if self.workload.depth > 0 { format!(" · depth {}", self.workload.depth) } else { String::new() },
+            self.noise * 100.0,
+            self.seed,
+            self.elapsed_s
+        ));
+        let mut t = Table::new();
+        t.load_preset(UTF8_FULL_CONDENSED);
+        let depth = self.workload.depth > 0;
+        let mut header = vec!["#", "configuration", "pp t/s", "tg t/s"];
+        if depth {
+            header.push("tg@depth");
+        }
+        header.extend(["s/request", "memory", "n", "status"]);
+        t.set_header(header);
+        let baseline = self.baseline.as_ref();
+        for e in self.leaderboard.iter().take(top.max(1)) {
+            let rank = if e.rank == 0 { "-".to_string() } else if e.tie_with_previous { format!("={}", e.rank) } else { e.rank.to_string() };
+            let mut label = e.candidate.label();
+            if Some(&e.candidate) == baseline {
+                label.push_str("  (llama.cpp defaults)");
+            }
+            let mut row = vec![Cell::new(rank), Cell::new(label)];
+            match &e.figures {
+                Some(f) => {
+                    row.push(Cell::new(format!("{:.1} {}", f.pp_tps, ci(f.pp_ci, f.pp_tps))).set_alignment(CellAlignment::Right));
+                    row.push(Cell::new(format!("{:.1} {}", f.tg_tps, ci(f.tg_ci, f.tg_tps))).set_alignment(CellAlignment::Right));
+                    if depth {
+                        row.push(Cell::new(f.tg_depth_tps.map_or("-".into(), |v| format!("{v:.1}"))));
+                    }
+                    row.push(Cell::new(format!("{:.3}", f.score_s)).set_alignment(CellAlignment::Right));
+                    row.push(Cell::new(if f.mem_bytes > 0 { format_size(f.mem_bytes) } else { "-".into() }));
+                    row.push(Cell::new(f.repetitions));
+                    row.push(Cell::new(if e.tie_with_previous { "tie" } else { "ok" }));
+                }
+                None => {
+                    let blanks = if depth { 6 } else { 5 };
+                    for _ in 0..blanks {
+                        row.push(Cell::new("-"));
+                    }
+                    row.push(Cell::new(truncate(&e.status, 70)));
+                }
+            }
+            t.add_row(row);
+        }
+        s.push_str(&t.to_string());
+        s.push('\n');
+        if self.leaderboard.len() > top {
+            s.push_str(&format!("({} more rows in --json and in the profile)\n", self.leaderboard.len() - top));
+        }
+        if let (Some(w), Some(wf)) = (&self.winner, &self.winner_figures) {
+            s.push_str(&format!("\nwinner  {}\n", w.label()));
+            if let Some(bf) = &self.baseline_figures {
+                s.push_str(&format!(
+                    "        tg {:.1} t/s vs {:.1} with llama.cpp's defaults ({:+.1}%), pp {:.1} vs {:.1} ({:+.1}%), \
+                     {:.3} vs {:.3} s per request\n",
+                    wf.tg_tps,
+                    bf.tg_tps,
+                    (wf.tg_tps / bf.tg_tps - 1.0) * 100.0,
+                    wf.pp_tps,
+                    bf.pp_tps,
+                    (wf.pp_tps / bf.pp_tps - 1.0) * 100.0,
+                    wf.score_s,
+                    bf.score_s
+                ));
+            }
+        }
+        for (label, drift) in &self.confirm_drift {
+            if drift.abs() > self.noise {
+                s.push_str(&format!("drift   {label} re-measured at the end: {:+.1}% (beyond the ±{:.0}% noise threshold)\n", drift * 100.0, self.noise * 100.0));
+            }
+        }
+        for n in &self.notes {
+            s.push_str(&format!("note    {n}\n"));
+        }
+        if let Some(p) = &self.profile_path {
+            s.push_str(&format!("profile {}\n", p.display()));
+        }
+        s
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        format!("{}…", s.chars().take(n).collect::<String>())
+    }
+}

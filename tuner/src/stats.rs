@@ -1,0 +1,924 @@
+//! Statistics for noisy throughput figures: when to stop repeating a run, and which configuration is faster.
+//!
+//! Every figure here is a rate (tokens per second), so **higher is better**. The shared machine this runs on
+//! is noisy in ways that are neither normal nor stationary: a neighbour's job steals a core for a few runs,
+//! clocks ramp up and down, caches warm. So the module leans on the median and on distribution-free methods
+//! (order statistics, the bootstrap) rather than on mean ± t·σ, and it *reports* outliers (hyperfine's
+//! modified z-score) instead of silently dropping them.
+//!
+//! The two knobs, and what they trade:
+//!
+//! * `noise` (default [`DEFAULT_NOISE`], 2 %) is the smallest relative difference we are willing to call real.
+//!   Smaller values let the tuner pick up small wins, but each candidate needs more repetitions before its
+//!   confidence interval is tight enough ([`enough`]), and drift that the interleaving did not cancel is more
+//!   likely to be mistaken for an effect. Larger values make runs shorter and verdicts safer, but gains below
+//!   the threshold are reported as ties (and then ties are broken toward less memory / simpler settings).
+//! * `confidence` (default [`DEFAULT_CONFIDENCE`], 95 %) is the coverage of every interval. Higher confidence
+//!   means wider intervals: fewer false "faster" verdicts, more ties, and more runs before [`enough`] is
+//!   satisfied. Small samples cannot reach high confidence at all with order statistics; see
+//!   [`min_sample_size`].
+//!
+//! Randomness (bootstrap resampling, run order) always comes from a caller-supplied seed so a run can be
+//! recorded and reproduced. [`StdRng`] is used; its stream is stable for a given `rand` version, which
+//! `Cargo.lock` pins.
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+/// Default relative noise threshold: differences smaller than 2 % are ties. See the module docs for the trade-off.
+pub const DEFAULT_NOISE: f64 = 0.02;
+/// Default confidence level of every interval. See the module docs for the trade-off.
+pub const DEFAULT_CONFIDENCE: f64 = 0.95;
+/// Number of bootstrap resamples used by [`compare`] and [`compare_paired`]. 2000 keeps the Monte-Carlo error
+/// of a 95 % percentile bound well under the width of the interval while costing microseconds for samples of
+/// the size a tuner collects.
+pub const BOOTSTRAP_RESAMPLES: usize = 2000;
+/// Modified z-score above which a measurement is reported as an outlier (Iglewicz & Hoaglin; hyperfine).
+pub const OUTLIER_THRESHOLD: f64 = 3.5;
+/// Scales the raw MAD so it estimates σ for normal data (1 / Φ⁻¹(3/4)).
+const MAD_SCALE: f64 = 1.4826;
+/// Φ⁻¹(3/4), the constant of the modified z-score.
+const MODIFIED_Z_SCALE: f64 = 0.6745;
+
+/// Why a set of measurements cannot be used as a [`Sample`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SampleError {
+    #[error("need at least 2 measurements, got {n}; repeat the run before comparing it")]
+    TooFew { n: usize },
+    #[error("measurement {index} is {value}, not a finite number; check how the rate was computed (a zero duration?)")]
+    NotFinite { index: usize, value: f64 },
+    #[error("measurement {index} is negative ({value}); a rate in tokens per second cannot be below zero")]
+    Negative { index: usize, value: f64 },
+    #[error("paired measurements need as many values for a as for b, got {a} and {b}; drop the unpaired run")]
+    LengthMismatch { a: usize, b: usize },
+}
+
+/// Checks the invariants of a [`Sample`] without building one.
+fn validate(values: &[f64]) -> Result<(), SampleError> {
+    if values.len() < 2 {
+        return Err(SampleError::TooFew { n: values.len() });
+    }
+    for (index, &value) in values.iter().enumerate() {
+        if !value.is_finite() {
+            return Err(SampleError::NotFinite { index, value });
+        }
+        if value < 0.0 {
+            return Err(SampleError::Negative { index, value });
+        }
+    }
+    Ok(())
+}
+
+/// A set of at least two finite, non-negative measurements (tokens per second) of one configuration.
+///
+/// The measurements are kept in the order they were taken, so [`Outlier::index`] points at the run that
+/// misbehaved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    values: Vec<f64>,
+    sorted: Vec<f64>,
+}
+
+/// A measurement whose modified z-score exceeds [`OUTLIER_THRESHOLD`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outlier {
+    /// Position of the measurement in the order it was taken.
+    pub index: usize,
+    pub value: f64,
+    /// Modified z-score, `0.6745 · (value − median) / MAD`; negative for slow runs.
+    pub z: f64,
+}
+
+/// The figures a report shows for one sample. `ci_low..ci_high` is the [`DEFAULT_CONFIDENCE`] interval of the
+/// median from [`Sample::median_ci`]; `outliers` counts [`Sample::outliers`] (reported, never removed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub n: usize,
+    pub median: f64,
+    pub mean: f64,
+    pub sd: f64,
+    pub min: f64,
+    pub max: f64,
+    pub ci_low: f64,
+    pub ci_high: f64,
+    pub outliers: u32,
+}
+
+impl Sample {
+    /// Validates the measurements: at least 2, none NaN or infinite, none negative.
+    pub fn new(values: Vec<f64>) -> Result<Sample, SampleError> {
+        validate(&values)?;
+        let mut sorted = values.clone();
+        sorted.sort_by(f64::total_cmp);
+        Ok(Sample { values, sorted })
+    }
+
+    /// The measurements in the order they were taken.
+    pub fn values(&self) -> &[f64] {
+        &self.values
+    }
+
+    pub fn n(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn median(&self) -> f64 {
+        median_of_sorted(&self.sorted)
+    }
+
+    /// Arithmetic mean (computed incrementally, so it cannot overflow for finite input).
+    pub fn mean(&self) -> f64 {
+        self.welford().0
+    }
+
+    /// Sample standard deviation (divides by n − 1).
+    pub fn sd(&self) -> f64 {
+        let (_, m2) = self.welford();
+        (m2 / (self.n() - 1) as f64).sqrt()
+    }
+
+    pub fn min(&self) -> f64 {
+        self.sorted[0]
+    }
+
+    pub fn max(&self) -> f64 {
+        self.sorted[self.sorted.len() - 1]
+    }
+
+    /// Median absolute deviation, scaled by 1.4826 so it estimates σ for normal data.
+    pub fn mad(&self) -> f64 {
+        MAD_SCALE * self.raw_mad()
+    }
+
+    /// Measurements whose modified z-score `0.6745 · (x − median) / MAD` (raw, unscaled MAD) exceeds
+    /// [`OUTLIER_THRESHOLD`] in absolute value. When the MAD is 0 (more than half the runs identical) the
+    /// score is undefined and nothing is flagged. These are for warning the user, as hyperfine does; the
+    /// statistics here are median-based and need no outlier removal.
+    pub fn outliers(&self) -> Vec<Outlier> {
+        let median = self.median();
+        let mad = self.raw_mad();
+        if mad == 0.0 {
+            return Vec::new();
+        }
+        self.values
+            .iter()
+            .enumerate()
+            .map(|(index, &value)| Outlier {
+                index,
+                value,
+                z: MODIFIED_Z_SCALE * (value - median) / mad,
+            })
+            .filter(|o| o.z.abs() > OUTLIER_THRESHOLD)
+            .collect()
+    }
+
+    /// Distribution-free confidence interval of the median, `(low, high)`.
+    ///
+    /// For sorted measurements x₍₁₎ ≤ … ≤ x₍ₙ₎ the interval [x₍ₖ₎, x₍ₙ₋ₖ₊₁₎] covers the true median with
+    /// probability 1 − 2·P(B ≤ k − 1), B ~ Binomial(n, ½), whatever the distribution. We take the largest k
+    /// whose coverage is still at least `confidence`, so the interval is exact-or-conservative.
+    ///
+    /// **Small n:** when even [min, max] covers less than `confidence` (n < [`min_sample_size`], i.e. n < 6 at
+    /// 95 %), we return (min, max). A bootstrap was rejected for this case: with a handful of points the
+    /// bootstrap distribution of the median is a few atoms at the sample values, and its percentile interval
+    /// is *narrower* than (min, max) while claiming more coverage, which would let a noisy candidate look
+    /// settled. (min, max) is the widest interval the data supports; [`enough`] refuses to stop at such n.
+    ///
+    /// # Panics
+    /// If `confidence` is not strictly between 0 and 1.
+    pub fn median_ci(&self, confidence: f64) -> (f64, f64) {
+        assert_confidence(confidence);
+        let n = self.n();
+        match order_statistic_rank(n, confidence) {
+            Some(k) => (self.sorted[k - 1], self.sorted[n - k]),
+            None => (self.min(), self.max()),
+        }
+    }
+
+    /// Half the width of [`Sample::median_ci`] divided by the median (0.01 = ±1 %). A zero median gives 0
+    /// when the interval is a point and infinity otherwise.
+    ///
+    /// # Panics
+    /// If `confidence` is not strictly between 0 and 1.
+    pub fn relative_ci_halfwidth(&self, confidence: f64) -> f64 {
+        let (low, high) = self.median_ci(confidence);
+        let half = (high - low) / 2.0;
+        let median = self.median();
+        if median == 0.0 {
+            return if half == 0.0 { 0.0 } else { f64::INFINITY };
+        }
+        half / median
+    }
+
+    /// The figures a report shows, with the median's interval at [`DEFAULT_CONFIDENCE`].
+    pub fn summary(&self) -> Summary {
+        let (ci_low, ci_high) = self.median_ci(DEFAULT_CONFIDENCE);
+        Summary {
+            n: self.n(),
+            median: self.median(),
+            mean: self.mean(),
+            sd: self.sd(),
+            min: self.min(),
+            max: self.max(),
+            ci_low,
+            ci_high,
+            outliers: u32::try_from(self.outliers().len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// (mean, sum of squared deviations) by Welford's method, which stays finite where a naive sum overflows.
+    fn welford(&self) -> (f64, f64) {
+        let (mut mean, mut m2) = (0.0_f64, 0.0_f64);
+        for (i, &x) in self.values.iter().enumerate() {
+            let delta = x - mean;
+            mean += delta / (i + 1) as f64;
+            m2 += delta * (x - mean);
+        }
+        (mean, m2)
+    }
+
+    fn raw_mad(&self) -> f64 {
+        let median = self.median();
+        let mut deviations: Vec<f64> = self.sorted.iter().map(|x| (x - median).abs()).collect();
+        deviations.sort_by(f64::total_cmp);
+        median_of_sorted(&deviations)
+    }
+}
+
+/// Median of an already sorted, non-empty slice; the mean of the two middle values for even length.
+fn median_of_sorted(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        sorted[n / 2 - 1].midpoint(sorted[n / 2])
+    }
+}
+
+/// The largest k (1-based) such that [x₍ₖ₎, x₍ₙ₋ₖ₊₁₎] covers the median with probability ≥ `confidence`, or
+/// `None` when even k = 1 falls short. Binomial(n, ½) probabilities are built up in log space so large n does
+/// not underflow 0.5ⁿ.
+fn order_statistic_rank(n: usize, confidence: f64) -> Option<usize> {
+    let alpha = 1.0 - confidence;
+    let mut log_pmf = n as f64 * 0.5_f64.ln();
+    let mut cdf = 0.0;
+    let mut rank = None;
+    for j in 0..n {
+        cdf += log_pmf.exp();
+        if 2.0 * cdf > alpha {
+            break;
+        }
+        rank = Some(j + 1);
+        log_pmf += ((n - j) as f64 / (j + 1) as f64).ln();
+    }
+    rank
+}
+
+/// The fewest measurements for which [`Sample::median_ci`] can reach `confidence` (6 at 95 %, 8 at 99 %);
+/// below it the interval is just (min, max) and covers less than asked. Use it as the minimum run count.
+///
+/// # Panics
+/// If `confidence` is not strictly between 0 and 1.
+pub fn min_sample_size(confidence: f64) -> usize {
+    assert_confidence(confidence);
+    (2..)
+        .find(|&n| order_statistic_rank(n, confidence).is_some())
+        .expect("coverage of [min, max] tends to 1")
+}
+
+/// Stopping rule: true once the [`DEFAULT_CONFIDENCE`] interval of the median lies within ±`noise`/2 of the
+/// median, i.e. `low ≥ median·(1 − noise/2)` and `high ≤ median·(1 + noise/2)`.
+///
+/// Half the noise threshold leaves room for the other candidate's interval: two samples that each satisfy it
+/// can only be told apart when their medians differ by about `noise`, which is what [`compare`] asks. The
+/// rule is never satisfied below [`min_sample_size`] runs (6), because the interval would not have the
+/// stated coverage. The caller enforces the time cap; a sample that never gets tight is a noisy candidate.
+///
+/// # Panics
+/// If `noise` is negative or not finite.
+pub fn enough(sample: &Sample, noise: f64) -> bool {
+    assert_noise(noise);
+    if sample.n() < min_sample_size(DEFAULT_CONFIDENCE) {
+        return false;
+    }
+    let (low, high) = sample.median_ci(DEFAULT_CONFIDENCE);
+    let median = sample.median();
+    low >= median * (1.0 - noise / 2.0) && high <= median * (1.0 + noise / 2.0)
+}
+
+/// Outcome of comparing a against b. Higher rates are better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// a is faster than b by more than the noise threshold, with the requested confidence.
+    Faster,
+    /// a is slower than b by more than the noise threshold, with the requested confidence.
+    Slower,
+    /// No difference larger than the noise threshold was detected (criterion's "no change detected").
+    Tie,
+}
+
+impl Verdict {
+    /// The verdict with a and b swapped.
+    pub fn reversed(self) -> Verdict {
+        match self {
+            Verdict::Faster => Verdict::Slower,
+            Verdict::Slower => Verdict::Faster,
+            Verdict::Tie => Verdict::Tie,
+        }
+    }
+}
+
+/// Relative difference of a over b and its confidence interval.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    /// Point estimate of the relative difference r = median(a)/median(b) − 1 (0.05: a is 5 % faster).
+    pub ratio: f64,
+    /// Lower bound of the bootstrap interval of r.
+    pub ci_low: f64,
+    /// Upper bound of the bootstrap interval of r.
+    pub ci_high: f64,
+    pub verdict: Verdict,
+}
+
+/// Decides whether configuration a is faster than b from independent samples (criterion-style).
+///
+/// The relative difference r = median(a)/median(b) − 1 gets a percentile interval from a seeded bootstrap:
+/// each sample is resampled with replacement [`BOOTSTRAP_RESAMPLES`] times and the ratio of the resampled
+/// medians is recorded. The verdict is
+///
+/// * [`Verdict::Faster`] when the whole interval lies above +`noise`,
+/// * [`Verdict::Slower`] when the whole interval says b is faster than a by more than `noise`, i.e. it lies
+///   below 1/(1 + noise) − 1 (≈ −noise: −1.96 % for noise = 2 %). Using the mirror image of the "faster" test
+///   rather than exactly −noise makes `compare(b, a)` the exact mirror of `compare(a, b)`;
+/// * [`Verdict::Tie`] otherwise.
+///
+/// `noise` (default [`DEFAULT_NOISE`]) and `confidence` (default [`DEFAULT_CONFIDENCE`]) trade sensitivity
+/// for false alarms: a smaller threshold or lower confidence detects smaller gains but calls more noise a
+/// win; see the module docs. A noise threshold below the run-to-run drift of the machine is meaningless
+/// unless the runs are interleaved; for interleaved runs prefer [`compare_paired`].
+///
+/// Deterministic given `seed` and the data: the seed is mixed with a fingerprint of each sample's values, so
+/// each sample has its own resampling stream. That is what makes `compare(a, a)` an exact [`Verdict::Tie`]
+/// and `compare(b, a)` the exact mirror of `compare(a, b)` for the same seed. The bootstrap is computed on
+/// log ratios (percentile intervals are invariant under monotone maps), which keeps the mirroring exact in
+/// floating point.
+///
+/// # Panics
+/// If `noise` is negative or not finite, or `confidence` is not strictly between 0 and 1.
+pub fn compare(a: &Sample, b: &Sample, noise: f64, confidence: f64, seed: u64) -> Comparison {
+    assert_noise(noise);
+    assert_confidence(confidence);
+    let point = log_ratio(a.median(), b.median());
+    let medians_a = bootstrap_medians(&a.sorted, stream_seed(seed, &a.sorted));
+    let medians_b = bootstrap_medians(&b.sorted, stream_seed(seed, &b.sorted));
+    let distribution = medians_a
+        .iter()
+        .zip(&medians_b)
+        .map(|(&x, &y)| log_ratio(x, y))
+        .collect();
+    judge(point, distribution, noise, confidence)
+}
+
+/// Decides whether a is faster than b from interleaved, paired runs: `a[i]` and `b[i]` were measured back to
+/// back, so whatever the machine was doing at the time (clock ramp, a neighbour's load, thermal drift)
+/// affected both. Comparing within pairs cancels that drift, which [`compare`] would count as noise.
+///
+/// The relative difference is r = median over pairs of aᵢ/bᵢ, minus 1 (for an even number of pairs the two
+/// middle ratios are combined by their geometric mean, which keeps the a/b and b/a views exact mirrors). Its
+/// interval comes from a seeded bootstrap over pair indices, and the verdict follows the same rule as
+/// [`compare`] (see there for `noise` and `confidence`). `compare_paired(a, a, ..)` is always a tie.
+///
+/// # Errors
+/// When the slices differ in length, or either fails the checks of [`Sample::new`].
+///
+/// # Panics
+/// If `noise` is negative or not finite, or `confidence` is not strictly between 0 and 1.
+pub fn compare_paired(
+    a: &[f64],
+    b: &[f64],
+    noise: f64,
+    confidence: f64,
+    seed: u64,
+) -> Result<Comparison, SampleError> {
+    assert_noise(noise);
+    assert_confidence(confidence);
+    if a.len() != b.len() {
+        return Err(SampleError::LengthMismatch {
+            a: a.len(),
+            b: b.len(),
+        });
+    }
+    validate(a)?;
+    validate(b)?;
+    let log_ratios: Vec<f64> = a.iter().zip(b).map(|(&x, &y)| log_ratio(x, y)).collect();
+    let mut sorted = log_ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    let point = finite_or_zero(median_of_sorted(&sorted));
+
+    let n = log_ratios.len();
+    let mut rng = StdRng::seed_from_u64(splitmix64(seed));
+    let mut resample = vec![0.0; n];
+    let distribution = (0..BOOTSTRAP_RESAMPLES)
+        .map(|_| {
+            for slot in resample.iter_mut() {
+                *slot = log_ratios[rng.gen_range(0..n)];
+            }
+            resample.sort_by(f64::total_cmp);
+            finite_or_zero(median_of_sorted(&resample))
+        })
+        .collect();
+    Ok(judge(point, distribution, noise, confidence))
+}
+
+/// Turns a point estimate and bootstrap distribution of ln(a/b) into a [`Comparison`].
+fn judge(point: f64, mut distribution: Vec<f64>, noise: f64, confidence: f64) -> Comparison {
+    distribution.sort_by(f64::total_cmp);
+    let last = distribution.len() - 1;
+    // Symmetric order statistics: low and high swap exactly when a and b do.
+    let low_index =
+        (((1.0 - confidence) / 2.0 * distribution.len() as f64).floor() as usize).min(last / 2);
+    let (low, high) = (distribution[low_index], distribution[last - low_index]);
+    let threshold = noise.ln_1p();
+    let verdict = if low > threshold {
+        Verdict::Faster
+    } else if high < -threshold {
+        Verdict::Slower
+    } else {
+        Verdict::Tie
+    };
+    Comparison {
+        ratio: point.exp_m1(),
+        ci_low: low.exp_m1(),
+        ci_high: high.exp_m1(),
+        verdict,
+    }
+}
+
+/// ln(x/y) for non-negative rates; 0/0 counts as equal (0) and x/0 as +∞.
+fn log_ratio(x: f64, y: f64) -> f64 {
+    finite_or_zero(x.ln() - y.ln())
+}
+
+/// Maps NaN (from ∞ − ∞, i.e. two zero rates) to 0; keeps ±∞.
+fn finite_or_zero(x: f64) -> f64 {
+    if x.is_nan() {
+        0.0
+    } else {
+        x
+    }
+}
+
+/// Medians of [`BOOTSTRAP_RESAMPLES`] resamples (with replacement) of a sorted sample. Because the values are
+/// sorted, the median of a resample is found by sorting the drawn indices, which are cheap to compare.
+fn bootstrap_medians(sorted: &[f64], seed: u64) -> Vec<f64> {
+    let n = sorted.len();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut indices = vec![0usize; n];
+    (0..BOOTSTRAP_RESAMPLES)
+        .map(|_| {
+            for slot in indices.iter_mut() {
+                *slot = rng.gen_range(0..n);
+            }
+            indices.sort_unstable();
+            if n % 2 == 1 {
+                sorted[indices[n / 2]]
+            } else {
+                sorted[indices[n / 2 - 1]].midpoint(sorted[indices[n / 2]])
+            }
+        })
+        .collect()
+}
+
+/// Seed for one sample's resampling stream: the caller's seed mixed with the sample's values, so the stream
+/// does not depend on whether the sample is passed as a or as b.
+fn stream_seed(seed: u64, values: &[f64]) -> u64 {
+    values.iter().fold(splitmix64(seed), |hash, value| {
+        splitmix64(hash ^ value.to_bits())
+    })
+}
+
+/// SplitMix64 finaliser: a fixed, well-mixing u64 → u64 map (unlike `std`'s hasher, stable across releases).
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A seeded permutation of `0..n`: the order in which to run n candidates (or their repetitions) so that
+/// drift over time is spread across candidates instead of favouring whichever ran first. Record the seed
+/// with the results; the same seed (and `rand` version) gives the same order.
+pub fn shuffled_order(n: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(&mut StdRng::seed_from_u64(seed));
+    order
+}
+
+fn assert_confidence(confidence: f64) {
+    assert!(
+        confidence > 0.0 && confidence < 1.0,
+        "confidence must be strictly between 0 and 1, got {confidence}"
+    );
+}
+
+fn assert_noise(noise: f64) {
+    assert!(
+        noise.is_finite() && noise >= 0.0,
+        "noise must be a finite, non-negative fraction, got {noise}"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rand::Rng;
+
+    fn sample(values: &[f64]) -> Sample {
+        Sample::new(values.to_vec()).unwrap()
+    }
+
+    /// n draws from N(mean, sd²) by Box–Muller; a stand-in for a configuration's run-to-run noise.
+    fn normal_values(seed: u64, n: usize, mean: f64, sd: f64) -> Vec<f64> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        (0..n)
+            .map(|_| {
+                let u1: f64 = rng.gen::<f64>().max(f64::MIN_POSITIVE);
+                let u2: f64 = rng.gen();
+                mean + sd * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+            })
+            .collect()
+    }
+
+    fn normal_sample(seed: u64, n: usize, mean: f64, sd: f64) -> Sample {
+        Sample::new(normal_values(seed, n, mean, sd)).unwrap()
+    }
+
+    fn close(x: f64, y: f64) -> bool {
+        (x - y).abs() < 1e-9
+    }
+
+    #[test]
+    fn rejects_invalid_measurements() {
+        assert_eq!(Sample::new(vec![]), Err(SampleError::TooFew { n: 0 }));
+        assert_eq!(Sample::new(vec![1.0]), Err(SampleError::TooFew { n: 1 }));
+        assert!(matches!(
+            Sample::new(vec![1.0, f64::NAN]),
+            Err(SampleError::NotFinite { index: 1, .. })
+        ));
+        assert!(matches!(
+            Sample::new(vec![f64::INFINITY, 1.0]),
+            Err(SampleError::NotFinite { index: 0, .. })
+        ));
+        assert_eq!(
+            Sample::new(vec![1.0, 2.0, -0.5]),
+            Err(SampleError::Negative {
+                index: 2,
+                value: -0.5
+            })
+        );
+        assert!(Sample::new(vec![0.0, 0.0]).is_ok());
+    }
+
+    #[test]
+    fn error_messages_say_what_to_do() {
+        let message = SampleError::TooFew { n: 1 }.to_string();
+        assert!(message.starts_with("need at least 2"), "{message}");
+    }
+
+    #[test]
+    fn known_median_mean_sd() {
+        let s = sample(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]);
+        assert_eq!(s.n(), 8);
+        assert!(close(s.median(), 4.5));
+        assert!(close(s.mean(), 5.0));
+        assert!(close(s.sd(), (32.0_f64 / 7.0).sqrt()));
+        assert_eq!((s.min(), s.max()), (2.0, 9.0));
+
+        let odd = sample(&[3.0, 1.0, 2.0]);
+        assert!(close(odd.median(), 2.0));
+        assert!(close(odd.sd(), 1.0));
+        assert_eq!(odd.values(), &[3.0, 1.0, 2.0]);
+    }
+
+    #[test]
+    fn known_mad() {
+        // |x − 2| = [1, 1, 0, 0, 2, 4, 7] → raw MAD 1.
+        let s = sample(&[1.0, 1.0, 2.0, 2.0, 4.0, 6.0, 9.0]);
+        assert!(close(s.mad(), 1.4826));
+    }
+
+    #[test]
+    fn flags_a_wild_run_among_steady_ones() {
+        let s = sample(&[10.1, 9.9, 10.0, 10.2, 9.8, 100.0, 10.0, 10.1, 9.9, 10.0]);
+        let outliers = s.outliers();
+        assert_eq!(outliers.len(), 1);
+        assert_eq!(outliers[0].index, 5);
+        assert_eq!(outliers[0].value, 100.0);
+        assert!(outliers[0].z > OUTLIER_THRESHOLD);
+        assert_eq!(s.summary().outliers, 1);
+    }
+
+    #[test]
+    fn flags_nothing_in_uniform_or_constant_data() {
+        let uniform: Vec<f64> = (0..20).map(|i| 10.0 + 0.1 * i as f64).collect();
+        assert!(sample(&uniform).outliers().is_empty());
+        // MAD is 0 here, so the score is undefined and nothing is flagged.
+        assert!(sample(&[5.0, 5.0, 5.0, 5.0, 7.0]).outliers().is_empty());
+    }
+
+    #[test]
+    fn median_ci_by_order_statistics() {
+        // n = 10: 2·P(B ≤ 1) = 22/1024 ≤ 5 % < 2·P(B ≤ 2) = 112/1024, so [x₍₂₎, x₍₉₎].
+        let s = sample(&(1..=10).map(f64::from).collect::<Vec<_>>());
+        assert_eq!(s.median_ci(0.95), (2.0, 9.0));
+        // 99 % needs k = 1 there: 2·P(B = 0) = 2/1024 ≤ 1 %.
+        assert_eq!(s.median_ci(0.99), (1.0, 10.0));
+        assert!(close(s.relative_ci_halfwidth(0.95), 3.5 / 5.5));
+    }
+
+    #[test]
+    fn median_ci_falls_back_to_range_for_small_samples() {
+        assert_eq!(min_sample_size(0.95), 6);
+        assert_eq!(min_sample_size(0.99), 8);
+        let s = sample(&[3.0, 1.0, 4.0, 1.5, 5.0]);
+        assert_eq!(s.median_ci(0.95), (1.0, 5.0));
+        assert!(close(s.relative_ci_halfwidth(0.95), 2.0 / 3.0));
+    }
+
+    #[test]
+    fn median_ci_contains_true_median_and_narrows_with_n() {
+        let widths: Vec<f64> = [30, 300, 3000]
+            .iter()
+            .map(|&n| {
+                let s = normal_sample(7, n, 100.0, 5.0);
+                let (low, high) = s.median_ci(0.95);
+                assert!(low <= 100.0 && 100.0 <= high, "n = {n}: ({low}, {high})");
+                high - low
+            })
+            .collect();
+        assert!(widths[0] > widths[1] && widths[1] > widths[2], "{widths:?}");
+        // Width shrinks like 1/√n: 3000 points give roughly a tenth of the width of 30.
+        assert!(widths[2] < widths[0] / 5.0, "{widths:?}");
+    }
+
+    #[test]
+    fn median_ci_has_its_coverage() {
+        let covered = (0..400)
+            .filter(|&seed| {
+                let (low, high) = normal_sample(seed, 25, 50.0, 3.0).median_ci(0.95);
+                low <= 50.0 && 50.0 <= high
+            })
+            .count();
+        assert!(covered >= 370, "covered {covered} of 400");
+    }
+
+    #[test]
+    fn summary_matches_methods() {
+        let s = normal_sample(3, 12, 40.0, 1.0);
+        let summary = s.summary();
+        let (ci_low, ci_high) = s.median_ci(DEFAULT_CONFIDENCE);
+        assert_eq!(
+            summary,
+            Summary {
+                n: 12,
+                median: s.median(),
+                mean: s.mean(),
+                sd: s.sd(),
+                min: s.min(),
+                max: s.max(),
+                ci_low,
+                ci_high,
+                outliers: 0,
+            }
+        );
+    }
+
+    #[test]
+    fn enough_waits_for_a_tight_interval() {
+        // Tight (±0.5 %) but too few runs for a real 95 % interval.
+        assert!(!enough(&sample(&[100.0, 100.5, 99.5]), DEFAULT_NOISE));
+        // Tight and enough runs.
+        assert!(enough(&normal_sample(1, 10, 100.0, 0.3), DEFAULT_NOISE));
+        // 5 % run-to-run noise: not tight after 10 runs, tight after 2000.
+        assert!(!enough(&normal_sample(1, 10, 100.0, 5.0), DEFAULT_NOISE));
+        assert!(enough(&normal_sample(1, 2000, 100.0, 5.0), DEFAULT_NOISE));
+    }
+
+    #[test]
+    fn same_distribution_is_a_tie() {
+        for seed in 0..20 {
+            let a = normal_sample(2 * seed, 30, 100.0, 1.0);
+            let b = normal_sample(2 * seed + 1, 30, 100.0, 1.0);
+            let c = compare(&a, &b, DEFAULT_NOISE, DEFAULT_CONFIDENCE, seed);
+            assert_eq!(c.verdict, Verdict::Tie, "seed {seed}: {c:?}");
+            // (The 95 % interval itself misses 0 about once in 20 such pairs; the threshold absorbs that.)
+            assert!(c.ratio.abs() < DEFAULT_NOISE / 2.0, "seed {seed}: {c:?}");
+        }
+    }
+
+    #[test]
+    fn ten_percent_apart_is_detected() {
+        let a = normal_sample(1, 15, 110.0, 1.1);
+        let b = normal_sample(2, 15, 100.0, 1.0);
+        let ab = compare(&a, &b, 0.01, DEFAULT_CONFIDENCE, 42);
+        assert_eq!(ab.verdict, Verdict::Faster, "{ab:?}");
+        assert!((ab.ratio - 0.10).abs() < 0.02, "{ab:?}");
+        assert!(ab.ci_low <= ab.ratio && ab.ratio <= ab.ci_high, "{ab:?}");
+        assert_eq!(
+            compare(&b, &a, 0.01, DEFAULT_CONFIDENCE, 42).verdict,
+            Verdict::Slower
+        );
+    }
+
+    #[test]
+    fn one_percent_apart_is_below_a_two_percent_threshold() {
+        let a = normal_sample(1, 30, 101.0, 0.5);
+        let b = normal_sample(2, 30, 100.0, 0.5);
+        let c = compare(&a, &b, 0.02, DEFAULT_CONFIDENCE, 42);
+        assert_eq!(c.verdict, Verdict::Tie, "{c:?}");
+        // … though the difference itself is resolved.
+        assert!(c.ci_low > 0.0, "{c:?}");
+    }
+
+    #[test]
+    fn compare_is_deterministic_given_the_seed() {
+        let a = normal_sample(1, 20, 100.0, 3.0);
+        let b = normal_sample(2, 20, 102.0, 3.0);
+        let first = compare(&a, &b, DEFAULT_NOISE, DEFAULT_CONFIDENCE, 9);
+        assert_eq!(first, compare(&a, &b, DEFAULT_NOISE, DEFAULT_CONFIDENCE, 9));
+        assert_ne!(
+            first,
+            compare(&a, &b, DEFAULT_NOISE, DEFAULT_CONFIDENCE, 10)
+        );
+    }
+
+    /// The machine speeds up by ~2× over the run (both configurations alike); a is 5 % faster in every pair.
+    fn drifting_pairs() -> (Vec<f64>, Vec<f64>) {
+        let jitter = normal_values(5, 40, 0.0, 0.005);
+        (0..20)
+            .map(|i| {
+                let base = 50.0 + 2.5 * i as f64;
+                (
+                    1.05 * base * (1.0 + jitter[2 * i]),
+                    base * (1.0 + jitter[2 * i + 1]),
+                )
+            })
+            .unzip()
+    }
+
+    #[test]
+    fn paired_comparison_sees_through_drift() {
+        let (a, b) = drifting_pairs();
+        let c = compare_paired(&a, &b, DEFAULT_NOISE, DEFAULT_CONFIDENCE, 1).unwrap();
+        assert_eq!(c.verdict, Verdict::Faster, "{c:?}");
+        assert!((c.ratio - 0.05).abs() < 0.01, "{c:?}");
+        assert_eq!(
+            compare_paired(&b, &a, DEFAULT_NOISE, DEFAULT_CONFIDENCE, 1)
+                .unwrap()
+                .verdict,
+            Verdict::Slower
+        );
+        // Ignoring the pairing, the drift swamps the 5 % difference.
+        let unpaired = compare(
+            &sample(&a),
+            &sample(&b),
+            DEFAULT_NOISE,
+            DEFAULT_CONFIDENCE,
+            1,
+        );
+        assert_eq!(unpaired.verdict, Verdict::Tie, "{unpaired:?}");
+    }
+
+    #[test]
+    fn paired_comparison_validates_its_input() {
+        assert_eq!(
+            compare_paired(&[1.0, 2.0], &[1.0], DEFAULT_NOISE, DEFAULT_CONFIDENCE, 0),
+            Err(SampleError::LengthMismatch { a: 2, b: 1 })
+        );
+        assert_eq!(
+            compare_paired(&[1.0], &[1.0], DEFAULT_NOISE, DEFAULT_CONFIDENCE, 0),
+            Err(SampleError::TooFew { n: 1 })
+        );
+        assert!(matches!(
+            compare_paired(
+                &[1.0, 2.0],
+                &[1.0, f64::NAN],
+                DEFAULT_NOISE,
+                DEFAULT_CONFIDENCE,
+                0
+            ),
+            Err(SampleError::NotFinite { index: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn zero_rates_do_not_produce_nan() {
+        let zeros = sample(&[0.0, 0.0, 0.0]);
+        let some = sample(&[1.0, 2.0, 3.0]);
+        assert_eq!(
+            compare(&zeros, &zeros, DEFAULT_NOISE, DEFAULT_CONFIDENCE, 0).verdict,
+            Verdict::Tie
+        );
+        let c = compare(&some, &zeros, DEFAULT_NOISE, DEFAULT_CONFIDENCE, 0);
+        assert_eq!(c.verdict, Verdict::Faster, "{c:?}");
+        assert_eq!(zeros.relative_ci_halfwidth(0.95), 0.0);
+    }
+
+    #[test]
+    #[should_panic(expected = "confidence must be strictly between 0 and 1")]
+    fn rejects_impossible_confidence() {
+        sample(&[1.0, 2.0]).median_ci(1.0);
+    }
+
+    #[test]
+    fn shuffled_order_is_a_reproducible_permutation() {
+        let order = shuffled_order(10, 3);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+        assert_eq!(order, shuffled_order(10, 3));
+        assert_ne!(order, shuffled_order(10, 4));
+        assert!(shuffled_order(0, 3).is_empty());
+    }
+
+    fn rates() -> impl Strategy<Value = Vec<f64>> {
+        prop::collection::vec(0.0f64..1e6, 2..40)
+    }
+
+    /// Realistic throughputs: positive, within a factor of a few of each other.
+    fn throughputs() -> impl Strategy<Value = Vec<f64>> {
+        prop::collection::vec(1.0f64..200.0, 2..30)
+    }
+
+    proptest! {
+        #[test]
+        fn new_never_panics(values in prop::collection::vec(any::<f64>(), 0..20)) {
+            if let Ok(s) = Sample::new(values) {
+                let _ = (s.median(), s.mean(), s.sd(), s.mad(), s.outliers(), s.summary());
+                let _ = (s.median_ci(0.95), s.relative_ci_halfwidth(0.5), enough(&s, 0.02));
+            }
+        }
+
+        #[test]
+        fn median_lies_within_range(values in rates()) {
+            let s = Sample::new(values).unwrap();
+            prop_assert!(s.min() <= s.median() && s.median() <= s.max());
+        }
+
+        #[test]
+        fn ci_brackets_the_median(values in rates(), confidence in 0.5f64..0.999) {
+            let s = Sample::new(values).unwrap();
+            let (low, high) = s.median_ci(confidence);
+            prop_assert!(s.min() <= low && low <= s.median() && s.median() <= high && high <= s.max());
+        }
+
+        #[test]
+        fn shuffled_order_is_a_permutation(n in 0usize..200, seed in any::<u64>()) {
+            let mut order = shuffled_order(n, seed);
+            order.sort_unstable();
+            prop_assert_eq!(order, (0..n).collect::<Vec<_>>());
+        }
+    }
+
+    proptest! {
+        // Each case runs several 2000-resample bootstraps; fewer cases keep the suite quick in debug builds.
+        #![proptest_config(ProptestConfig::with_cases(32))]
+
+        #[test]
+        fn a_sample_ties_with_itself(values in throughputs(), noise in 0.0f64..0.1, seed in any::<u64>()) {
+            let s = Sample::new(values.clone()).unwrap();
+            prop_assert_eq!(compare(&s, &s, noise, 0.95, seed).verdict, Verdict::Tie);
+            prop_assert_eq!(compare_paired(&values, &values, noise, 0.95, seed).unwrap().verdict, Verdict::Tie);
+        }
+
+        #[test]
+        fn swapping_mirrors_the_verdict(
+            a in throughputs(),
+            b in throughputs(),
+            noise in 0.0f64..0.1,
+            seed in any::<u64>(),
+        ) {
+            let (sa, sb) = (Sample::new(a).unwrap(), Sample::new(b).unwrap());
+            let ab = compare(&sa, &sb, noise, 0.95, seed);
+            let ba = compare(&sb, &sa, noise, 0.95, seed);
+            prop_assert_eq!(ab.verdict, ba.verdict.reversed(), "{:?} vs {:?}", ab, ba);
+            prop_assert!(ab.ci_low <= ab.ci_high);
+        }
+
+        #[test]
+        fn swapping_pairs_mirrors_the_verdict(
+            pairs in prop::collection::vec((1.0f64..200.0, 1.0f64..200.0), 2..30),
+            noise in 0.0f64..0.1,
+            seed in any::<u64>(),
+        ) {
+            let (a, b): (Vec<f64>, Vec<f64>) = pairs.into_iter().unzip();
+            let ab = compare_paired(&a, &b, noise, 0.95, seed).unwrap();
+            let ba = compare_paired(&b, &a, noise, 0.95, seed).unwrap();
+            prop_assert_eq!(ab.verdict, ba.verdict.reversed(), "{:?} vs {:?}", ab, ba);
+        }
+    }
+}

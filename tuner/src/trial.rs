@@ -1,0 +1,200 @@
+//! The tuner's side of the worker protocol: spawn `autotune __worker`, send a request, wait for the
+//! answer with a deadline, and turn a crash, a signal or a timeout into a recorded outcome.
+
+use crate::worker::{Request, Response};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+/// How a trial ended when it did not produce a figure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TrialFailure {
+    /// llama.cpp returned an error (the worker survived).
+    Refused { stage: String, message: String },
+    /// The worker died of a signal (SIGILL in a kernel, SIGABRT from GGML_ASSERT, SIGKILL from the OOM
+    /// killer or a user).
+    Crashed { signal: i32, name: String, stderr_tail: String },
+    /// The worker exited without answering.
+    Exited { code: i32, stderr_tail: String },
+    /// No answer within the deadline; the worker was killed.
+    TimedOut { seconds: u64 },
+    /// The run was interrupted (Ctrl-C / SIGTERM) while this trial was in flight.
+    Interrupted,
+}
+
+impl std::fmt::Display for TrialFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TrialFailure::Refused { stage, message } => write!(f, "llama.cpp refused at {stage}: {message}"),
+            TrialFailure::Crashed { name, stderr_tail, .. } => {
+                write!(f, "worker killed by {name}")?;
+                if !stderr_tail.is_empty() {
+                    write!(f, " ({stderr_tail})")?;
+                }
+                Ok(())
+            }
+            TrialFailure::Exited { code, stderr_tail } => write!(f, "worker exited with code {code}: {stderr_tail}"),
+            TrialFailure::TimedOut { seconds } => write!(f, "no answer within {seconds} s; worker killed"),
+            TrialFailure::Interrupted => write!(f, "interrupted"),
+        }
+    }
+}
+
+/// A running worker process.
+pub struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Worker {
+    pub fn spawn() -> std::io::Result<Worker> {
+        let exe = std::env::current_exe()?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("__worker").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // Own process group: a Ctrl-C in the terminal reaches the tuner only, which then stops its
+        // workers itself (so an interrupt is not mistaken for a crashed candidate).
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = cmd.spawn()?;
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr_pipe = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = std::sync::Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr_pipe).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(mut v) = sink.lock() {
+                    v.push(line);
+                    if v.len() > 200 {
+                        v.remove(0);
+                    }
+                }
+            }
+        });
+        Ok(Worker { child, stdin, lines: rx, stderr })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends one request and waits for its answer. `stop` is polled so an interrupt ends the wait.
+    /// On any failure other than `Refused` the worker is gone and must be replaced.
+    pub fn call(&mut self, request: &Request, timeout: Duration, stop: &dyn Fn() -> bool) -> Result<Response, TrialFailure> {
+        let line = serde_json::to_string(request).expect("requests serialise");
+        if writeln!(self.stdin, "{line}").and_then(|_| self.stdin.flush()).is_err() {
+            return Err(self.death());
+        }
+        let start = std::time::Instant::now();
+        loop {
+            match self.lines.recv_timeout(Duration::from_millis(100)) {
+                Ok(answer) => {
+                    return match serde_json::from_str::<Response>(&answer) {
+                        Ok(Response::Failed { stage, message }) => Err(TrialFailure::Refused { stage, message }),
+                        Ok(r) => Ok(r),
+                        // A stray line on stdout (llama.cpp printing there) is skipped.
+                        Err(_) => continue,
+                    };
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err(self.death()),
+                Err(RecvTimeoutError::Timeout) => {
+                    if stop() {
+                        self.kill();
+                        return Err(TrialFailure::Interrupted);
+                    }
+                    if start.elapsed() > timeout {
+                        self.kill();
+                        return Err(TrialFailure::TimedOut { seconds: timeout.as_secs() });
+                    }
+                }
+            }
+        }
+    }
+
+    fn stderr_tail(&self) -> String {
+        let lines = self.stderr.lock().map(|v| v.clone()).unwrap_or_default();
+        let interesting: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.contains("error") || l.contains("GGML_ASSERT") || l.contains("abort") || l.contains("failed"))
+            .collect();
+        let pick: Vec<&String> = if interesting.is_empty() { lines.iter().collect() } else { interesting };
+        pick.iter().rev().take(2).rev().map(|s| s.trim()).collect::<Vec<_>>().join(" | ")
+    }
+
+    /// The worker's stdout closed: collect how it ended.
+    fn death(&mut self) -> TrialFailure {
+        let status = self.child.wait();
+        // Give the stderr reader a moment to drain the last lines.
+        std::thread::sleep(Duration::from_millis(50));
+        let tail = self.stderr_tail();
+        match status {
+            Ok(s) => {
+                use std::os::unix::process::ExitStatusExt;
+                if let Some(sig) = s.signal() {
+                    TrialFailure::Crashed { signal: sig, name: signal_name(sig), stderr_tail: tail }
+                } else {
+                    TrialFailure::Exited { code: s.code().unwrap_or(-1), stderr_tail: tail }
+                }
+            }
+            Err(e) => TrialFailure::Exited { code: -1, stderr_tail: e.to_string() },
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn quit(mut self) {
+        let _ = writeln!(self.stdin, "{}", serde_json::to_string(&Request::Quit).expect("serialises"));
+        let _ = self.stdin.flush();
+        std::thread::sleep(Duration::from_millis(10));
+        match self.child.try_wait() {
+            Ok(Some(_)) => {}
+            _ => {
+                std::thread::sleep(Duration::from_millis(200));
+                if !matches!(self.child.try_wait(), Ok(Some(_))) {
+                    self.kill();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.kill();
+        }
+    }
+}
+
+/// A signal's conventional name, with what it usually means for a trial.
+pub fn signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGILL => "SIGILL (illegal instruction: a CPU kernel the machine or OS does not support)",
+        libc::SIGABRT => "SIGABRT (llama.cpp aborted)",
+        libc::SIGSEGV => "SIGSEGV (segmentation fault)",
+        libc::SIGBUS => "SIGBUS (bus error)",
+        libc::SIGFPE => "SIGFPE (arithmetic error)",
+        libc::SIGKILL => "SIGKILL (killed: out of memory or by a user)",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}

@@ -1,0 +1,259 @@
+//! The worker process: the same binary started as `autotune __worker`, which loads llama.cpp models
+//! and measures on request, one JSON line in, one JSON line out.
+//!
+//! llama.cpp aborts the whole process on some failures (device out of memory, bad tensors, an illegal
+//! instruction in a kernel the OS has not enabled), so the tuner never measures in its own process.
+//! A worker keeps its model loaded while requests only change context settings.
+
+use crate::llama::{self, BufferReport, Context, ContextSettings, Model, ModelSettings};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What one repetition measures.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Workload {
+    /// Context size the server will run with (`-c`).
+    pub n_ctx: u32,
+    /// Prompt tokens processed per request.
+    pub n_prompt: u32,
+    /// Tokens generated per request.
+    pub n_gen: u32,
+    /// Tokens already in the KV cache when generation is measured at depth (0 = no depth figure).
+    pub depth: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MeasureRequest {
+    pub model: PathBuf,
+    pub settings: ModelSettings,
+    pub context: ContextSettings,
+    pub workload: Workload,
+    /// Seed of the random prompt tokens.
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    /// One repetition (pp, tg and, with depth, tg at depth). The first request on a fresh context
+    /// runs a discarded warm-up first.
+    Measure(MeasureRequest),
+    /// Load the model and create the context without running anything: the memory that takes.
+    Footprint(MeasureRequest),
+    Quit,
+}
+
+/// Memory of a loaded configuration: what llama.cpp reported per buffer and what the process holds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoadReport {
+    pub load_seconds: f64,
+    pub buffers: Vec<BufferReport>,
+    /// Resident set size of the worker after load and context creation.
+    pub rss_bytes: u64,
+    /// Sum of the buffers llama.cpp reported.
+    pub reported_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Repetition {
+    pub pp_tps: f64,
+    pub tg_tps: f64,
+    #[serde(default)]
+    pub tg_depth_tps: Option<f64>,
+    /// Present on the first repetition after a (re)load or new context.
+    #[serde(default)]
+    pub load: Option<LoadReport>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Response {
+    Measured(Repetition),
+    Footprint(LoadReport),
+    /// llama.cpp refused (returned an error) without crashing.
+    Failed { stage: String, message: String },
+}
+
+/// Entry point of `autotune __worker`: serve requests from stdin until EOF or `Quit`.
+pub fn serve() -> anyhow::Result<()> {
+    llama::init(std::env::var_os("AUTOTUNE_WORKER_LOG").is_some());
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout().lock();
+    let mut state = WorkerState::default();
+    for line in stdin.lock().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let request: Request = match serde_json::from_str(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                let r = Response::Failed { stage: "protocol".into(), message: e.to_string() };
+                writeln!(stdout, "{}", serde_json::to_string(&r)?)?;
+                stdout.flush()?;
+                continue;
+            }
+        };
+        let response = match request {
+            Request::Quit => break,
+            Request::Measure(m) => state.measure(&m),
+            Request::Footprint(m) => state.footprint(&m),
+        };
+        writeln!(stdout, "{}", serde_json::to_string(&response)?)?;
+        stdout.flush()?;
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct WorkerState {
+    // Field order matters: the context is dropped before the model it holds.
+    context: Option<(ContextSettings, Context)>,
+    model: Option<((PathBuf, ModelSettings), Arc<Model>)>,
+    load_log: Vec<String>,
+    load_seconds: f64,
+}
+
+impl WorkerState {
+    /// Makes sure the requested model and context are loaded; returns a load report when anything
+    /// was (re)created.
+    fn ensure(&mut self, m: &MeasureRequest) -> Result<Option<LoadReport>, Response> {
+        let key = (m.model.clone(), m.settings.clone());
+        let mut fresh = false;
+        if self.model.as_ref().map(|(k, _)| k) != Some(&key) {
+            self.context = None;
+            self.model = None;
+            let t = Instant::now();
+            let model = Model::load(&m.model, &m.settings)
+                .map_err(|e| Response::Failed { stage: "load".into(), message: e.to_string() })?;
+            self.load_seconds = t.elapsed().as_secs_f64();
+            self.load_log = llama::take_log();
+            self.model = Some((key, Arc::new(model)));
+            fresh = true;
+        }
+        if self.context.as_ref().map(|(c, _)| c) != Some(&m.context) {
+            self.context = None;
+            let model = &self.model.as_ref().expect("model loaded above").1;
+            let ctx = Context::new(model, &m.context)
+                .map_err(|e| Response::Failed { stage: "context".into(), message: e.to_string() })?;
+            self.context = Some((m.context.clone(), ctx));
+            fresh = true;
+        }
+        if !fresh {
+            return Ok(None);
+        }
+        let mut log = self.load_log.clone();
+        log.extend(llama::take_log());
+        let buffers = llama::parse_buffer_reports(&log);
+        let reported_bytes = buffers.iter().map(|b| b.bytes).sum();
+        Ok(Some(LoadReport { load_seconds: self.load_seconds, buffers, rss_bytes: rss_bytes(), reported_bytes }))
+    }
+
+    fn footprint(&mut self, m: &MeasureRequest) -> Response {
+        match self.ensure(m) {
+            Ok(report) => Response::Footprint(report.unwrap_or_default()),
+            Err(r) => r,
+        }
+    }
+
+    fn measure(&mut self, m: &MeasureRequest) -> Response {
+        let load = match self.ensure(m) {
+            Ok(l) => l,
+            Err(r) => return r,
+        };
+        let ctx = &mut self.context.as_mut().expect("context created above").1;
+        let mut tokens = TokenSource::new(m.seed, ctx.model().n_vocab(), ctx.model().bos());
+        let w = &m.workload;
+        let run = |ctx: &mut Context, tokens: &mut TokenSource| -> Result<Repetition, llama::LlamaError> {
+            if load.is_some() {
+                // Warm-up, discarded: first touches of weights and buffers, thread pool start.
+                ctx.clear();
+                ctx.decode(&mut tokens.prompt(w.n_prompt.min(ctx_batch(m)).max(1)))?;
+                for _ in 0..4 {
+                    ctx.decode(&mut [tokens.next()])?;
+                }
+                ctx.synchronize();
+            }
+            let pp_tps = time_prompt(ctx, tokens, w.n_prompt)?;
+            let tg_tps = time_generation(ctx, tokens, 0, w.n_gen)?;
+            let tg_depth_tps = if w.depth > 0 { Some(time_generation(ctx, tokens, w.depth, w.n_gen)?) } else { None };
+            Ok(Repetition { pp_tps, tg_tps, tg_depth_tps, load: load.clone() })
+        };
+        match run(ctx, &mut tokens) {
+            Ok(r) => Response::Measured(r),
+            Err(e) => Response::Failed { stage: "decode".into(), message: e.to_string() },
+        }
+    }
+}
+
+fn ctx_batch(m: &MeasureRequest) -> u32 {
+    m.context.n_batch
+}
+
+/// Prompt processing: an empty cache, `n` tokens in batches of n_batch, synchronised before the
+/// clock stops.
+fn time_prompt(ctx: &mut Context, tokens: &mut TokenSource, n: u32) -> Result<f64, llama::LlamaError> {
+    ctx.clear();
+    let mut prompt = tokens.prompt(n);
+    let t = Instant::now();
+    ctx.decode(&mut prompt)?;
+    ctx.synchronize();
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Generation: `depth` tokens already in the cache (filled untimed), then `n` single-token decodes.
+fn time_generation(ctx: &mut Context, tokens: &mut TokenSource, depth: u32, n: u32) -> Result<f64, llama::LlamaError> {
+    ctx.clear();
+    if depth > 0 {
+        ctx.decode(&mut tokens.prompt(depth))?;
+        ctx.synchronize();
+    }
+    let t = Instant::now();
+    for i in 0..n {
+        let mut tok = [if depth == 0 && i == 0 { tokens.bos } else { tokens.next() }];
+        ctx.decode(&mut tok)?;
+    }
+    ctx.synchronize();
+    Ok(n as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Random token ids, like llama-bench (content does not change the speed of a dense model).
+struct TokenSource {
+    state: u64,
+    n_vocab: i32,
+    bos: i32,
+}
+
+impl TokenSource {
+    fn new(seed: u64, n_vocab: i32, bos: i32) -> Self {
+        TokenSource { state: seed ^ 0x9E37_79B9_7F4A_7C15, n_vocab: n_vocab.max(1), bos: bos.max(0) }
+    }
+    fn next(&mut self) -> i32 {
+        // xorshift64*
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        let v = self.state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        (v % self.n_vocab as u64) as i32
+    }
+    fn prompt(&mut self, n: u32) -> Vec<i32> {
+        let mut v = Vec::with_capacity(n as usize);
+        v.push(self.bos);
+        while v.len() < n as usize {
+            v.push(self.next());
+        }
+        v.truncate(n as usize);
+        v
+    }
+}
+
+/// Resident set size of this process, from /proc (0 where unavailable).
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        // SAFETY: sysconf is a plain query.
+        .map(|pages| pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64)
+        .unwrap_or(0)
+}
