@@ -17,8 +17,14 @@ pub enum ProfileError {
     },
 
     /// The text is not a profile: bad TOML, a value of the wrong type, a missing key.
-    #[error("cannot read profile{}: {message}\nfix the file, or delete it and re-run `autotune tune`", at(path))]
-    Parse { path: Option<PathBuf>, message: String },
+    #[error(
+        "cannot read profile{}: {message}\nfix the file, or delete it and re-run `autotune tune`",
+        at(path)
+    )]
+    Parse {
+        path: Option<PathBuf>,
+        message: String,
+    },
 
     /// The profile was written by a different (newer or older) autotune.
     #[error(
@@ -26,19 +32,34 @@ pub enum ProfileError {
          re-run `autotune tune` to make a new profile, or use the autotune that wrote it",
         at(path)
     )]
-    SchemaVersion { path: Option<PathBuf>, found: i64, supported: u32 },
+    SchemaVersion {
+        path: Option<PathBuf>,
+        found: i64,
+        supported: u32,
+    },
 
     /// The profile parses but holds a value that must not reach llama-server.
-    #[error("invalid profile{}: {field} {reason}; fix it by hand or re-run `autotune tune`", at(path))]
-    Invalid { path: Option<PathBuf>, field: String, reason: String },
+    #[error(
+        "invalid profile{}: {field} {reason}; fix it by hand or re-run `autotune tune`",
+        at(path)
+    )]
+    Invalid {
+        path: Option<PathBuf>,
+        field: String,
+        reason: String,
+    },
 
     /// A stored profile could not be read and was renamed so it no longer gets in the way.
     #[error(
-        "profile {} could not be read ({message}); it was moved aside to {}; re-run `autotune tune` to make a new one",
+        "profile {} could not be read and was moved aside to {}; re-run `autotune tune` to make a new one\n{message}",
         path.display(),
         moved_to.display()
     )]
-    Corrupt { path: PathBuf, moved_to: PathBuf, message: String },
+    Corrupt {
+        path: PathBuf,
+        moved_to: PathBuf,
+        message: String,
+    },
 
     /// The profile could not be turned into TOML (a number TOML cannot hold, a path that is not UTF-8).
     #[error("cannot write the profile as TOML: {message}")]
@@ -51,11 +72,19 @@ pub enum ProfileError {
 
 impl ProfileError {
     pub(crate) fn io(action: &'static str, path: &Path, source: io::Error) -> Self {
-        ProfileError::Io { action, path: path.to_path_buf(), source }
+        ProfileError::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
     }
 
     pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        ProfileError::Invalid { path: None, field: field.into(), reason: reason.into() }
+        ProfileError::Invalid {
+            path: None,
+            field: field.into(),
+            reason: reason.into(),
+        }
     }
 
     /// Names the file an error came from, where the error has room for one and none is set yet.
@@ -63,10 +92,10 @@ impl ProfileError {
         match &mut self {
             ProfileError::Parse { path, .. }
             | ProfileError::SchemaVersion { path, .. }
-            | ProfileError::Invalid { path, .. } => {
-                if path.is_none() {
-                    *path = Some(file.to_path_buf());
-                }
+            | ProfileError::Invalid { path, .. }
+                if path.is_none() =>
+            {
+                *path = Some(file.to_path_buf());
             }
             _ => {}
         }

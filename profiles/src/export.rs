@@ -27,8 +27,13 @@ pub enum ExportFormat {
 }
 
 impl ExportFormat {
-    pub const ALL: [ExportFormat; 5] =
-        [ExportFormat::Args, ExportFormat::Presets, ExportFormat::LlamaSwap, ExportFormat::Ollama, ExportFormat::Json];
+    pub const ALL: [ExportFormat; 5] = [
+        ExportFormat::Args,
+        ExportFormat::Presets,
+        ExportFormat::LlamaSwap,
+        ExportFormat::Ollama,
+        ExportFormat::Json,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -118,10 +123,18 @@ pub fn export_presets(p: &Profile) -> String {
 /// A llama-swap `models:` entry; llama-swap fills in `${PORT}` and splits `cmd` like a shell.
 pub fn export_llama_swap(p: &Profile) -> String {
     // ${PORT} stays unquoted for llama-swap to substitute it; the rest is quoted where needed.
-    let cmd = format!("llama-server --port ${{PORT}} {}", shell_quote(&p.server_args));
+    let cmd = format!(
+        "llama-server --port ${{PORT}} {}",
+        shell_quote(&p.server_args)
+    );
     let mut out = String::new();
     let _ = writeln!(out, "# {}", origin(p));
-    let _ = writeln!(out, "models:\n  \"{}\":\n    cmd: |\n      {}", p.model_stem(), cmd);
+    let _ = writeln!(
+        out,
+        "models:\n  \"{}\":\n    cmd: |\n      {}",
+        p.model_stem(),
+        cmd
+    );
     out
 }
 
@@ -145,7 +158,11 @@ pub fn export_ollama(p: &Profile) -> String {
 
     let ollama_kv = [CacheType::F16, CacheType::Q8_0, CacheType::Q4_0];
     if c.type_k == c.type_v && ollama_kv.contains(&c.type_k) {
-        let _ = writeln!(out, "# autotune: KV cache {}: set OLLAMA_KV_CACHE_TYPE={} for the Ollama server", c.type_k, c.type_k);
+        let _ = writeln!(
+            out,
+            "# autotune: KV cache {}: set OLLAMA_KV_CACHE_TYPE={} for the Ollama server",
+            c.type_k, c.type_k
+        );
     } else {
         let _ = writeln!(
             out,
@@ -162,12 +179,22 @@ pub fn export_ollama(p: &Profile) -> String {
             let _ = writeln!(out, "# autotune: flash attention off: set OLLAMA_FLASH_ATTENTION=0 for the Ollama server");
         }
         FlashAttn::Auto => {
-            let _ = writeln!(out, "# autotune: flash attention auto: leave OLLAMA_FLASH_ATTENTION unset");
+            let _ = writeln!(
+                out,
+                "# autotune: flash attention auto: leave OLLAMA_FLASH_ATTENTION unset"
+            );
         }
     }
-    let _ = writeln!(out, "# autotune: ubatch {} (llama.cpp -ub): Ollama cannot set this", c.n_ubatch);
+    let _ = writeln!(
+        out,
+        "# autotune: ubatch {} (llama.cpp -ub): Ollama cannot set this",
+        c.n_ubatch
+    );
     if c.kernels == KernelChoice::Plain {
-        let _ = writeln!(out, "# autotune: --no-repack (plain CPU kernels): Ollama cannot set this");
+        let _ = writeln!(
+            out,
+            "# autotune: --no-repack (plain CPU kernels): Ollama cannot set this"
+        );
     }
     if !c.devices.is_empty() {
         let _ = writeln!(
@@ -181,7 +208,9 @@ pub fn export_ollama(p: &Profile) -> String {
 
 /// The whole profile as pretty JSON.
 pub fn export_json(p: &Profile) -> Result<String> {
-    let mut s = serde_json::to_string_pretty(p).map_err(|e| ProfileError::Serialize { message: e.to_string() })?;
+    let mut s = serde_json::to_string_pretty(p).map_err(|e| ProfileError::Serialize {
+        message: e.to_string(),
+    })?;
     s.push('\n');
     Ok(s)
 }
@@ -204,13 +233,22 @@ mod tests {
 
     #[test]
     fn args_snapshot() {
-        insta::assert_snapshot!("args", export(&example_profile(), ExportFormat::Args).unwrap());
-        insta::assert_snapshot!("args_quoted", export(&cpu_only(), ExportFormat::Args).unwrap());
+        insta::assert_snapshot!(
+            "args",
+            export(&example_profile(), ExportFormat::Args).unwrap()
+        );
+        insta::assert_snapshot!(
+            "args_quoted",
+            export(&cpu_only(), ExportFormat::Args).unwrap()
+        );
     }
 
     #[test]
     fn presets_snapshot() {
-        insta::assert_snapshot!("presets", export(&example_profile(), ExportFormat::Presets).unwrap());
+        insta::assert_snapshot!(
+            "presets",
+            export(&example_profile(), ExportFormat::Presets).unwrap()
+        );
     }
 
     #[test]
@@ -224,14 +262,26 @@ mod tests {
 
     #[test]
     fn llama_swap_snapshot() {
-        insta::assert_snapshot!("llama_swap", export(&example_profile(), ExportFormat::LlamaSwap).unwrap());
-        insta::assert_snapshot!("llama_swap_quoted", export(&cpu_only(), ExportFormat::LlamaSwap).unwrap());
+        insta::assert_snapshot!(
+            "llama_swap",
+            export(&example_profile(), ExportFormat::LlamaSwap).unwrap()
+        );
+        insta::assert_snapshot!(
+            "llama_swap_quoted",
+            export(&cpu_only(), ExportFormat::LlamaSwap).unwrap()
+        );
     }
 
     #[test]
     fn ollama_snapshot() {
-        insta::assert_snapshot!("ollama", export(&example_profile(), ExportFormat::Ollama).unwrap());
-        insta::assert_snapshot!("ollama_cpu", export(&cpu_only(), ExportFormat::Ollama).unwrap());
+        insta::assert_snapshot!(
+            "ollama",
+            export(&example_profile(), ExportFormat::Ollama).unwrap()
+        );
+        insta::assert_snapshot!(
+            "ollama_cpu",
+            export(&cpu_only(), ExportFormat::Ollama).unwrap()
+        );
     }
 
     #[test]
@@ -248,7 +298,10 @@ mod tests {
         for f in ExportFormat::ALL {
             assert_eq!(f.to_string().parse::<ExportFormat>().unwrap(), f);
         }
-        assert_eq!("Modelfile".parse::<ExportFormat>().unwrap(), ExportFormat::Ollama);
+        assert_eq!(
+            "Modelfile".parse::<ExportFormat>().unwrap(),
+            ExportFormat::Ollama
+        );
         let err = "yaml".parse::<ExportFormat>().unwrap_err();
         assert!(err.to_string().contains("llama-swap"), "{err}");
     }

@@ -2,7 +2,8 @@
 //! timestamp and fingerprint is constant so snapshots of it are stable.
 
 use crate::profile::{
-    DeviceRef, Figures, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef, Profile, Workload, SCHEMA_VERSION,
+    DeviceRef, Figures, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef, Profile, Workload,
+    SCHEMA_VERSION,
 };
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 
@@ -94,12 +95,24 @@ pub fn example_profile() -> Profile {
             cpu_variant: Some("zen4".into()),
             system_info: "CUDA : ARCHS = 890 | CPU : AVX512 = 1 | REPACK = 1 |".into(),
         },
-        workload: Workload { n_ctx: 8192, n_prompt: 512, n_gen: 128, depth: 4096, name: "chat".into() },
+        workload: Workload {
+            n_ctx: 8192,
+            n_prompt: 512,
+            n_gen: 128,
+            depth: 4096,
+            name: "chat".into(),
+        },
         winner: winner.clone(),
         figures: figures.clone(),
         baseline: Some(baseline.clone()),
         leaderboard: vec![
-            LeaderboardEntry { rank: 1, tie_with_previous: false, status: "ok".into(), candidate: winner, figures: Some(figures) },
+            LeaderboardEntry {
+                rank: 1,
+                tie_with_previous: false,
+                status: "ok".into(),
+                candidate: winner,
+                figures: Some(figures),
+            },
             LeaderboardEntry {
                 rank: 2,
                 tie_with_previous: false,

@@ -17,12 +17,12 @@ mod fixture;
 
 pub use error::{ProfileError, Result};
 pub use export::{
-    export, export_args, export_json, export_llama_swap, export_ollama, export_presets, ExportFormat,
-    UnknownExportFormat,
+    export, export_args, export_json, export_llama_swap, export_ollama, export_presets,
+    ExportFormat, UnknownExportFormat,
 };
 pub use profile::{
-    DeviceRef, Figures, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef, Profile, ProfileSummary, Workload,
-    SCHEMA_VERSION,
+    DeviceRef, Figures, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef, Profile,
+    ProfileSummary, Workload, SCHEMA_VERSION,
 };
 pub use server_args::{server_args, server_options, shell_quote, ServerOption};
 pub use store::{write_atomic, Store, StoreEntry, StoreLock, StoredProfile, PROFILE_DIR_ENV};

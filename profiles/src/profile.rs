@@ -169,7 +169,9 @@ pub struct ProfileSummary {
 impl Profile {
     /// The profile as TOML, with a short comment header.
     pub fn to_toml(&self) -> Result<String> {
-        let body = toml::to_string(self).map_err(|e| ProfileError::Serialize { message: e.to_string() })?;
+        let body = toml::to_string(self).map_err(|e| ProfileError::Serialize {
+            message: e.to_string(),
+        })?;
         Ok(format!("{HEADER}\n{body}"))
     }
 
@@ -194,21 +196,29 @@ impl Profile {
             }
             Some(toml::Value::Integer(v)) if v == i64::from(SCHEMA_VERSION) => {}
             Some(toml::Value::Integer(found)) => {
-                return Err(ProfileError::SchemaVersion { path: None, found, supported: SCHEMA_VERSION })
+                return Err(ProfileError::SchemaVersion {
+                    path: None,
+                    found,
+                    supported: SCHEMA_VERSION,
+                })
             }
             Some(other) => {
                 return Err(ProfileError::Parse {
                     path: None,
-                    message: format!("`schema_version` must be an integer, found {}", other.type_str()),
+                    message: format!(
+                        "`schema_version` must be an integer, found {}",
+                        other.type_str()
+                    ),
                 })
             }
         }
 
         let mut warnings = Vec::new();
         let de = toml::Deserializer::new(text);
-        let mut profile: Profile =
-            serde_ignored::deserialize(de, |path| warnings.push(format!("unknown key `{path}` ignored")))
-                .map_err(|e| parse_error(text, &e))?;
+        let mut profile: Profile = serde_ignored::deserialize(de, |path| {
+            warnings.push(format!("unknown key `{path}` ignored"))
+        })
+        .map_err(|e| parse_error(text, &e))?;
         if probe.server_args.is_none() {
             profile.refresh_server_args();
             warnings.push("no `server_args` in the profile: derived them from [winner]".into());
@@ -230,17 +240,34 @@ impl Profile {
     /// section, a YAML key and a model name in API requests.
     pub fn model_stem(&self) -> String {
         let name = if self.model.file_name.is_empty() {
-            self.model.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+            self.model
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
         } else {
             self.model.file_name.clone()
         };
-        let stem = Path::new(&name).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let stem = Path::new(&name)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let safe: String = stem
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         let safe = safe.trim_start_matches(['.', '-']);
-        if safe.is_empty() { "model".into() } else { safe.into() }
+        if safe.is_empty() {
+            "model".into()
+        } else {
+            safe.into()
+        }
     }
 
     pub fn summary(&self) -> ProfileSummary {
@@ -268,7 +295,10 @@ impl Profile {
 fn parse_error(text: &str, err: &toml::de::Error) -> ProfileError {
     let message = err.message().trim_end().to_string();
     let Some(span) = err.span() else {
-        return ProfileError::Parse { path: None, message };
+        return ProfileError::Parse {
+            path: None,
+            message,
+        };
     };
     let start = span.start.min(text.len());
     let line_no = text[..start].matches('\n').count() + 1;
@@ -282,23 +312,32 @@ fn parse_error(text: &str, err: &toml::de::Error) -> ProfileError {
         Some(key) => format!("line {line_no}, key `{key}`"),
         None => format!("line {line_no}"),
     };
-    ProfileError::Parse { path: None, message: format!("{located}: {message}\n  {line_no} | {line}") }
+    ProfileError::Parse {
+        path: None,
+        message: format!("{located}: {message}\n  {line_no} | {line}"),
+    }
 }
 
 /// The key of a `key = value` line, if the line is one.
 fn key_of_line(line: &str) -> Option<&str> {
     let (key, _) = line.split_once('=')?;
     let key = key.trim();
-    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"' | '\'' | ' ');
+    let plain =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"' | '\'' | ' ');
     (!key.is_empty() && !key.starts_with('[') && key.chars().all(plain)).then_some(key)
 }
 
 /// The name of the last `[table]` or `[[array]]` header in `before`.
 fn table_above(before: &str) -> Option<&str> {
-    before.lines().rev().map(str::trim).find(|l| l.starts_with('[')).map(|l| {
-        let l = l.split('#').next().unwrap_or(l).trim();
-        l.trim_start_matches('[').trim_end_matches(']').trim()
-    })
+    before
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|l| {
+            let l = l.split('#').next().unwrap_or(l).trim();
+            l.trim_start_matches('[').trim_end_matches(']').trim()
+        })
 }
 
 #[cfg(test)]
@@ -325,44 +364,85 @@ mod tests {
     fn unknown_keys_are_warnings() {
         let text = example_profile().to_toml().unwrap();
         let text = text.replacen("[winner]\n", "[winner]\nturbo = true\n", 1);
-        let text = text.replacen("schema_version = 1\n", "schema_version = 1\ncolour = \"blue\"\n", 1);
+        let text = text.replacen(
+            "schema_version = 1\n",
+            "schema_version = 1\ncolour = \"blue\"\n",
+            1,
+        );
         let (p, warnings) = Profile::from_toml(&text).unwrap();
         assert_eq!(p, example_profile());
-        assert_eq!(warnings, ["unknown key `colour` ignored", "unknown key `winner.turbo` ignored"]);
+        assert_eq!(
+            warnings,
+            [
+                "unknown key `colour` ignored",
+                "unknown key `winner.turbo` ignored"
+            ]
+        );
     }
 
     #[test]
     fn other_schema_version_is_refused_by_name() {
-        let text = example_profile().to_toml().unwrap().replacen("schema_version = 1", "schema_version = 2", 1);
+        let text = example_profile().to_toml().unwrap().replacen(
+            "schema_version = 1",
+            "schema_version = 2",
+            1,
+        );
         // Also break the layout: the version message must win over "missing field".
         let text = text.replacen("[winner]", "[winning]", 1);
         let err = Profile::from_toml(&text).unwrap_err();
-        assert!(matches!(err, ProfileError::SchemaVersion { found: 2, supported: 1, .. }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                ProfileError::SchemaVersion {
+                    found: 2,
+                    supported: 1,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
         let msg = err.to_string();
-        assert!(msg.contains("schema_version 2") && msg.contains("schema_version 1"), "{msg}");
+        assert!(
+            msg.contains("schema_version 2") && msg.contains("schema_version 1"),
+            "{msg}"
+        );
     }
 
     #[test]
     fn missing_schema_version_is_not_a_profile() {
         let err = Profile::from_toml("title = \"hello\"\n").unwrap_err();
-        assert!(err.to_string().contains("missing key `schema_version`"), "{err}");
+        assert!(
+            err.to_string().contains("missing key `schema_version`"),
+            "{err}"
+        );
     }
 
     #[test]
     fn a_string_where_a_number_belongs_names_the_key_and_line() {
-        let text = example_profile().to_toml().unwrap().replacen("threads = 8", "threads = \"4; rm -rf /\"", 1);
+        let text = example_profile().to_toml().unwrap().replacen(
+            "threads = 8",
+            "threads = \"4; rm -rf /\"",
+            1,
+        );
         let line = text.lines().position(|l| l.contains("rm -rf")).unwrap() + 1;
         let err = Profile::from_toml(&text).unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, ProfileError::Parse { .. }), "{err:?}");
-        assert!(msg.contains(&format!("line {line}, key `winner.threads`")), "{msg}");
+        assert!(
+            msg.contains(&format!("line {line}, key `winner.threads`")),
+            "{msg}"
+        );
         assert!(msg.contains("expected u32"), "{msg}");
     }
 
     #[test]
     fn missing_server_args_are_derived_with_a_warning() {
         let text = example_profile().to_toml().unwrap();
-        let text: String = text.lines().filter(|l| !l.starts_with("server_args")).map(|l| format!("{l}\n")).collect();
+        let text: String = text
+            .lines()
+            .filter(|l| !l.starts_with("server_args"))
+            .map(|l| format!("{l}\n"))
+            .collect();
         assert!(!text.contains("server_args = "));
         let (p, warnings) = Profile::from_toml(&text).unwrap();
         assert_eq!(p.server_args, example_profile().server_args);

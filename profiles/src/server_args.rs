@@ -23,7 +23,11 @@ pub struct ServerOption {
 /// between llama.cpp releases (`-ngl` became `auto`, `-fa` became `auto`), and a profile must mean the
 /// configuration that was measured.
 pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOption> {
-    let opt = |short, long, value: String| ServerOption { short, long, value: Some(value) };
+    let opt = |short, long, value: String| ServerOption {
+        short,
+        long,
+        value: Some(value),
+    };
     let mut opts = vec![
         opt("-m", "model", model.to_string_lossy().into_owned()),
         opt("-c", "ctx-size", w.n_ctx.to_string()),
@@ -37,10 +41,18 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
         opt("-ngl", "n-gpu-layers", c.n_gpu_layers.to_string()),
     ];
     if c.kernels == KernelChoice::Plain {
-        opts.push(ServerOption { short: "--no-repack", long: "no-repack", value: None });
+        opts.push(ServerOption {
+            short: "--no-repack",
+            long: "no-repack",
+            value: None,
+        });
     }
     if !c.devices.is_empty() {
-        opts.push(ServerOption { short: "--device", long: "device", value: Some(c.devices.join(",")) });
+        opts.push(ServerOption {
+            short: "--device",
+            long: "device",
+            value: Some(c.devices.join(",")),
+        });
     }
     opts
 }
@@ -57,7 +69,10 @@ pub fn server_args(c: &Candidate, model: &Path, w: &Workload) -> Vec<String> {
 
 /// `args` as one POSIX shell line, each word quoted only where it needs to be. For display only.
 pub fn shell_quote<S: AsRef<str>>(args: &[S]) -> String {
-    args.iter().map(|a| quote_word(a.as_ref())).collect::<Vec<_>>().join(" ")
+    args.iter()
+        .map(|a| quote_word(a.as_ref()))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn quote_word(word: &str) -> String {
@@ -75,7 +90,13 @@ mod tests {
     use search_space::{CacheType, FlashAttn};
 
     fn workload() -> Workload {
-        Workload { n_ctx: 4096, n_prompt: 512, n_gen: 128, depth: 0, name: "chat".into() }
+        Workload {
+            n_ctx: 4096,
+            n_prompt: 512,
+            n_gen: 128,
+            depth: 0,
+            name: "chat".into(),
+        }
     }
 
     #[test]
@@ -97,14 +118,20 @@ mod tests {
         c.type_v = CacheType::Q8_0;
         c.flash_attn = FlashAttn::On;
         let args = server_args(&c, Path::new("m.gguf"), &workload());
-        assert_eq!(&args[args.len() - 3..], ["--no-repack", "--device", "CUDA0,CUDA1"]);
+        assert_eq!(
+            &args[args.len() - 3..],
+            ["--no-repack", "--device", "CUDA0,CUDA1"]
+        );
         assert!(args.windows(2).any(|w| w == ["-fa", "on"]));
         assert!(args.windows(2).any(|w| w == ["-ctv", "q8_0"]));
     }
 
     #[test]
     fn quoting_survives_spaces_and_quotes() {
-        assert_eq!(shell_quote(&["a b", "it's", "", "plain-1.gguf"]), r"'a b' 'it'\''s' '' plain-1.gguf");
+        assert_eq!(
+            shell_quote(&["a b", "it's", "", "plain-1.gguf"]),
+            r"'a b' 'it'\''s' '' plain-1.gguf"
+        );
         assert_eq!(shell_quote(&["$(rm -rf /)"]), "'$(rm -rf /)'");
     }
 }

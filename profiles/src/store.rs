@@ -66,7 +66,11 @@ impl StoredProfile {
         let text = read_text(path)?;
         let (profile, warnings) = Profile::from_toml(&text).map_err(|e| e.with_path(path))?;
         profile.validate(false).map_err(|e| e.with_path(path))?;
-        Ok(StoredProfile { path: path.to_path_buf(), profile, warnings })
+        Ok(StoredProfile {
+            path: path.to_path_buf(),
+            profile,
+            warnings,
+        })
     }
 }
 
@@ -85,7 +89,8 @@ impl Store {
     /// The store in `dir`, creating the folder if needed.
     pub fn open(dir: impl Into<PathBuf>) -> Result<Store> {
         let dir = dir.into();
-        fs::create_dir_all(&dir).map_err(|e| ProfileError::io("create the profile folder", &dir, e))?;
+        fs::create_dir_all(&dir)
+            .map_err(|e| ProfileError::io("create the profile folder", &dir, e))?;
         Ok(Store { dir })
     }
 
@@ -125,15 +130,26 @@ impl Store {
     /// A matching file that cannot be parsed is moved aside and reported as [`ProfileError::Corrupt`];
     /// one that parses but fails validation is reported with its path and left for the user to fix.
     pub fn find(&self, machine_fp: &str, model_fp: &str) -> Result<Option<StoredProfile>> {
-        let suffix = format!("--{}--{}.toml", short_fingerprint(machine_fp), short_fingerprint(model_fp));
+        let suffix = format!(
+            "--{}--{}.toml",
+            short_fingerprint(machine_fp),
+            short_fingerprint(model_fp)
+        );
         let mut best: Option<StoredProfile> = None;
-        for path in self.profile_files()?.into_iter().filter(|p| file_name_of(p).ends_with(&suffix)) {
+        for path in self
+            .profile_files()?
+            .into_iter()
+            .filter(|p| file_name_of(p).ends_with(&suffix))
+        {
             let found = self.read_or_set_aside(&path)?;
             let p = &found.profile;
             if p.machine.fingerprint != machine_fp || p.model.fingerprint != model_fp {
                 continue;
             }
-            if best.as_ref().is_none_or(|b| p.created_unix > b.profile.created_unix) {
+            if best
+                .as_ref()
+                .is_none_or(|b| p.created_unix > b.profile.created_unix)
+            {
                 best = Some(found);
             }
         }
@@ -151,7 +167,7 @@ impl Store {
             .filter_map(|p| StoredProfile::read(&p).ok())
             .filter(|s| s.profile.model.fingerprint == model_fp)
             .collect();
-        found.sort_by(|a, b| b.profile.created_unix.cmp(&a.profile.created_unix));
+        found.sort_by_key(|s| std::cmp::Reverse(s.profile.created_unix));
         Ok(found)
     }
 
@@ -185,7 +201,8 @@ impl Store {
     /// the user why nothing happens.
     pub fn lock(&self) -> Result<StoreLock> {
         let (file, path) = self.lock_file()?;
-        file.lock_exclusive().map_err(|e| ProfileError::io("lock", &path, e))?;
+        file.lock_exclusive()
+            .map_err(|e| ProfileError::io("lock", &path, e))?;
         Ok(StoreLock { file, path })
     }
 
@@ -210,7 +227,8 @@ impl Store {
         };
         let mut files = Vec::new();
         for entry in read {
-            let entry = entry.map_err(|e| ProfileError::io("list the profile folder", &self.dir, e))?;
+            let entry =
+                entry.map_err(|e| ProfileError::io("list the profile folder", &self.dir, e))?;
             let path = entry.path();
             let name = file_name_of(&path);
             if name.ends_with(".toml") && !name.starts_with('.') && path.is_file() {
@@ -226,7 +244,11 @@ impl Store {
         match StoredProfile::read(path) {
             Err(ProfileError::Parse { message, .. }) => {
                 let moved_to = set_aside(path)?;
-                Err(ProfileError::Corrupt { path: path.to_path_buf(), moved_to, message })
+                Err(ProfileError::Corrupt {
+                    path: path.to_path_buf(),
+                    moved_to,
+                    message,
+                })
             }
             other => other,
         }
@@ -242,7 +264,11 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
         _ => Path::new("."),
     };
     let name = path.file_name().ok_or_else(|| {
-        ProfileError::io("write", path, io::Error::new(io::ErrorKind::InvalidInput, "not a file name"))
+        ProfileError::io(
+            "write",
+            path,
+            io::Error::new(io::ErrorKind::InvalidInput, "not a file name"),
+        )
     })?;
     let prefix = format!(".{}.", name.to_string_lossy());
     let mut builder = tempfile::Builder::new();
@@ -253,13 +279,19 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
         // Like any new file: 0666 less the umask (tempfile's own default is 0600).
         builder.permissions(fs::Permissions::from_mode(0o666));
     }
-    let mut tmp = builder.tempfile_in(dir).map_err(|e| ProfileError::io("create a temporary file in", dir, e))?;
+    let mut tmp = builder
+        .tempfile_in(dir)
+        .map_err(|e| ProfileError::io("create a temporary file in", dir, e))?;
     if let Ok(meta) = fs::metadata(path) {
         let _ = tmp.as_file().set_permissions(meta.permissions());
     }
-    tmp.write_all(text.as_bytes()).map_err(|e| ProfileError::io("write", tmp.path(), e))?;
-    tmp.as_file().sync_all().map_err(|e| ProfileError::io("flush", tmp.path(), e))?;
-    tmp.persist(path).map_err(|e| ProfileError::io("replace", path, e.error))?;
+    tmp.write_all(text.as_bytes())
+        .map_err(|e| ProfileError::io("write", tmp.path(), e))?;
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| ProfileError::io("flush", tmp.path(), e))?;
+    tmp.persist(path)
+        .map_err(|e| ProfileError::io("replace", path, e.error))?;
     // The rename itself is only durable once the folder is flushed (not possible on Windows).
     #[cfg(unix)]
     if let Ok(d) = File::open(dir) {
@@ -271,16 +303,19 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
 fn read_text(path: &Path) -> Result<String> {
     match fs::read_to_string(path) {
         Ok(text) => Ok(text),
-        Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-            Err(ProfileError::Parse { path: Some(path.to_path_buf()), message: "not UTF-8 text".into() })
-        }
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => Err(ProfileError::Parse {
+            path: Some(path.to_path_buf()),
+            message: "not UTF-8 text".into(),
+        }),
         Err(e) => Err(ProfileError::io("read", path, e)),
     }
 }
 
 /// Renames `path` to `<name>.corrupt-<unix time>` (with `-N` added if that exists) and returns the new path.
 fn set_aside(path: &Path) -> Result<PathBuf> {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let base = format!("{}.corrupt-{now}", file_name_of(path));
     let mut target = path.with_file_name(&base);
     let mut n = 1;
@@ -293,11 +328,17 @@ fn set_aside(path: &Path) -> Result<PathBuf> {
 }
 
 fn short_fingerprint(fp: &str) -> String {
-    fp.chars().filter(char::is_ascii_alphanumeric).take(FINGERPRINT_CHARS).collect::<String>().to_ascii_lowercase()
+    fp.chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(FINGERPRINT_CHARS)
+        .collect::<String>()
+        .to_ascii_lowercase()
 }
 
 fn file_name_of(path: &Path) -> String {
-    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -306,14 +347,20 @@ mod tests {
     use crate::example_profile;
 
     fn names(dir: &Path) -> Vec<String> {
-        let mut names: Vec<String> = fs::read_dir(dir).unwrap().map(|e| file_name_of(&e.unwrap().path())).collect();
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| file_name_of(&e.unwrap().path()))
+            .collect();
         names.sort();
         names
     }
 
     #[test]
     fn file_names_carry_model_and_fingerprints() {
-        assert_eq!(Store::file_name(&example_profile()), "Qwen3-4B-Q4_K_M--9b1c9b1c9b1c--3f2a3f2a3f2a.toml");
+        assert_eq!(
+            Store::file_name(&example_profile()),
+            "Qwen3-4B-Q4_K_M--9b1c9b1c9b1c--3f2a3f2a3f2a.toml"
+        );
     }
 
     #[test]
@@ -324,12 +371,18 @@ mod tests {
         let path = store.save(&p).unwrap();
         assert_eq!(names(store.dir()), [Store::file_name(&p)]);
 
-        let found = store.find(&p.machine.fingerprint, &p.model.fingerprint).unwrap().unwrap();
+        let found = store
+            .find(&p.machine.fingerprint, &p.model.fingerprint)
+            .unwrap()
+            .unwrap();
         assert_eq!(found.path, path);
         assert_eq!(found.profile, p);
         assert!(found.warnings.is_empty());
 
-        assert!(store.find(&"0".repeat(64), &p.model.fingerprint).unwrap().is_none());
+        assert!(store
+            .find(&"0".repeat(64), &p.model.fingerprint)
+            .unwrap()
+            .is_none());
         assert_eq!(store.find_for_model(&p.model.fingerprint).unwrap().len(), 1);
         assert!(store.find_for_model(&"0".repeat(64)).unwrap().is_empty());
     }
@@ -358,7 +411,10 @@ mod tests {
             use std::os::unix::fs::PermissionsExt;
             fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
             write_atomic(&path, "a = 3\n").unwrap();
-            assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o640);
+            assert_eq!(
+                fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+                0o640
+            );
         }
 
         let missing = dir.path().join("no-such-dir").join("x.toml");
@@ -383,13 +439,24 @@ mod tests {
         assert_eq!(entries.len(), 2);
         let bad = entries.iter().find(|e| e.path == broken).unwrap();
         let msg = bad.result.as_ref().unwrap_err();
-        assert!(msg.contains("could not be read") && msg.contains(".corrupt-"), "{msg}");
+        assert!(
+            msg.contains("could not be read") && msg.contains(".corrupt-"),
+            "{msg}"
+        );
         let good = entries.iter().find(|e| e.path != broken).unwrap();
-        assert_eq!(good.result.as_ref().unwrap().model_file, "Qwen3-4B-Q4_K_M.gguf");
+        assert_eq!(
+            good.result.as_ref().unwrap().model_file,
+            "Qwen3-4B-Q4_K_M.gguf"
+        );
 
         let names = names(store.dir());
         assert_eq!(names.len(), 2, "{names:?}");
-        assert!(names.iter().any(|n| n.starts_with("Other--") && n.contains(".toml.corrupt-")), "{names:?}");
+        assert!(
+            names
+                .iter()
+                .any(|n| n.starts_with("Other--") && n.contains(".toml.corrupt-")),
+            "{names:?}"
+        );
         // Once set aside, it is no longer listed.
         assert_eq!(store.list().unwrap().len(), 1);
     }
@@ -400,14 +467,25 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         let p = example_profile();
         let path = store.path_for(&p);
-        let text = p.to_toml().unwrap().replacen("threads = 8", "threads = \"4; rm -rf /\"", 1);
+        let text = p
+            .to_toml()
+            .unwrap()
+            .replacen("threads = 8", "threads = \"4; rm -rf /\"", 1);
         fs::write(&path, text).unwrap();
 
-        let err = store.find(&p.machine.fingerprint, &p.model.fingerprint).unwrap_err();
+        let err = store
+            .find(&p.machine.fingerprint, &p.model.fingerprint)
+            .unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, ProfileError::Corrupt { .. }), "{err:?}");
-        assert!(msg.contains("winner.threads") && msg.contains("moved aside"), "{msg}");
-        assert!(store.find(&p.machine.fingerprint, &p.model.fingerprint).unwrap().is_none());
+        assert!(
+            msg.contains("winner.threads") && msg.contains("moved aside"),
+            "{msg}"
+        );
+        assert!(store
+            .find(&p.machine.fingerprint, &p.model.fingerprint)
+            .unwrap()
+            .is_none());
     }
 
     #[test]
@@ -416,15 +494,28 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         let p = example_profile();
         let path = store.path_for(&p);
-        let text = p.to_toml().unwrap().replacen("\"--device\", \"CUDA0\"]", "\"--device\", \"CUDA0\", \"--foo\"]", 1);
+        let text = p.to_toml().unwrap().replacen(
+            "\"--device\", \"CUDA0\"]",
+            "\"--device\", \"CUDA0\", \"--foo\"]",
+            1,
+        );
         fs::write(&path, text).unwrap();
 
-        let err = store.find(&p.machine.fingerprint, &p.model.fingerprint).unwrap_err();
+        let err = store
+            .find(&p.machine.fingerprint, &p.model.fingerprint)
+            .unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains(&path.display().to_string()) && msg.contains("unexpected '--foo'"), "{msg}");
+        assert!(
+            msg.contains(&path.display().to_string()) && msg.contains("unexpected '--foo'"),
+            "{msg}"
+        );
         assert!(path.exists());
         let listed = store.list().unwrap();
-        assert!(listed[0].result.as_ref().unwrap_err().contains("unexpected '--foo'"));
+        assert!(listed[0]
+            .result
+            .as_ref()
+            .unwrap_err()
+            .contains("unexpected '--foo'"));
     }
 
     #[test]
@@ -433,9 +524,20 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         let p = example_profile();
         let path = store.path_for(&p);
-        fs::write(&path, p.to_toml().unwrap().replacen("schema_version = 1", "schema_version = 7", 1)).unwrap();
-        let err = store.find(&p.machine.fingerprint, &p.model.fingerprint).unwrap_err();
-        assert!(matches!(err, ProfileError::SchemaVersion { found: 7, .. }), "{err:?}");
+        fs::write(
+            &path,
+            p.to_toml()
+                .unwrap()
+                .replacen("schema_version = 1", "schema_version = 7", 1),
+        )
+        .unwrap();
+        let err = store
+            .find(&p.machine.fingerprint, &p.model.fingerprint)
+            .unwrap_err();
+        assert!(
+            matches!(err, ProfileError::SchemaVersion { found: 7, .. }),
+            "{err:?}"
+        );
         assert!(path.exists());
     }
 
@@ -445,8 +547,17 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         let p = example_profile();
         let path = store.path_for(&p);
-        fs::write(&path, p.to_toml().unwrap().replacen("[workload]\n", "[workload]\nbogus = 1\n", 1)).unwrap();
-        let found = store.find(&p.machine.fingerprint, &p.model.fingerprint).unwrap().unwrap();
+        fs::write(
+            &path,
+            p.to_toml()
+                .unwrap()
+                .replacen("[workload]\n", "[workload]\nbogus = 1\n", 1),
+        )
+        .unwrap();
+        let found = store
+            .find(&p.machine.fingerprint, &p.model.fingerprint)
+            .unwrap()
+            .unwrap();
         assert_eq!(found.warnings, ["unknown key `workload.bogus` ignored"]);
     }
 
@@ -461,14 +572,20 @@ mod tests {
         assert!(store.try_lock().unwrap().is_none());
         assert_eq!(again.path(), dir.path().join(".lock"));
         drop(again);
-        assert!(store.list().unwrap().is_empty(), "the lock file is not a profile");
+        assert!(
+            store.list().unwrap().is_empty(),
+            "the lock file is not a profile"
+        );
     }
 
     #[test]
     fn the_environment_overrides_the_default_folder() {
         // The only test that touches this variable, so setting it does not race with others.
         std::env::set_var(PROFILE_DIR_ENV, "/tmp/autotune-profiles-test");
-        assert_eq!(Store::default_dir().unwrap(), Path::new("/tmp/autotune-profiles-test"));
+        assert_eq!(
+            Store::default_dir().unwrap(),
+            Path::new("/tmp/autotune-profiles-test")
+        );
         std::env::remove_var(PROFILE_DIR_ENV);
         let dir = Store::default_dir().unwrap();
         assert!(dir.ends_with("profiles"), "{}", dir.display());

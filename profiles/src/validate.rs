@@ -57,7 +57,10 @@ fn walk(v: &serde_json::Value, path: &mut String) -> Result<()> {
                     '\n' => "a line break",
                     _ => "a carriage return",
                 };
-                return Err(ProfileError::invalid(path.clone(), format!("contains {what}")));
+                return Err(ProfileError::invalid(
+                    path.clone(),
+                    format!("contains {what}"),
+                ));
             }
         }
         Value::Array(items) => {
@@ -86,7 +89,9 @@ fn walk(v: &serde_json::Value, path: &mut String) -> Result<()> {
 
 fn check_model(p: &Profile, check_paths: bool) -> Result<()> {
     let path = &p.model.path;
-    let text = path.to_str().ok_or_else(|| ProfileError::invalid("model.path", "is not valid UTF-8"))?;
+    let text = path
+        .to_str()
+        .ok_or_else(|| ProfileError::invalid("model.path", "is not valid UTF-8"))?;
     if text.is_empty() {
         return Err(ProfileError::invalid("model.path", "is empty"));
     }
@@ -96,17 +101,25 @@ fn check_model(p: &Profile, check_paths: bool) -> Result<()> {
             format!("'{text}' starts with '-' (write it as ./{text})"),
         ));
     }
-    check_fingerprint("model.fingerprint", &p.model.fingerprint, |c| c.is_ascii_hexdigit())?;
+    check_fingerprint("model.fingerprint", &p.model.fingerprint, |c| {
+        c.is_ascii_hexdigit()
+    })?;
     if p.model.fingerprint.len() != 64 {
         return Err(ProfileError::invalid(
             "model.fingerprint",
-            format!("must be 64 hex digits (found {})", p.model.fingerprint.len()),
+            format!(
+                "must be 64 hex digits (found {})",
+                p.model.fingerprint.len()
+            ),
         ));
     }
     if check_paths && !path.is_file() {
         return Err(ProfileError::invalid(
             "model.path",
-            format!("{} does not exist or is not a file (moved? re-run `autotune tune` on it)", path.display()),
+            format!(
+                "{} does not exist or is not a file (moved? re-run `autotune tune` on it)",
+                path.display()
+            ),
         ));
     }
     Ok(())
@@ -117,14 +130,20 @@ fn check_fingerprint(field: &str, value: &str, allowed: impl Fn(char) -> bool) -
         return Err(ProfileError::invalid(field, "is empty"));
     }
     if let Some(c) = value.chars().find(|c| !allowed(*c)) {
-        return Err(ProfileError::invalid(field, format!("contains '{c}', which no fingerprint has")));
+        return Err(ProfileError::invalid(
+            field,
+            format!("contains '{c}', which no fingerprint has"),
+        ));
     }
     Ok(())
 }
 
 fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<()> {
     if value < min || value > max {
-        return Err(ProfileError::invalid(field, format!("must be between {min} and {max} (found {value})")));
+        return Err(ProfileError::invalid(
+            field,
+            format!("must be between {min} and {max} (found {value})"),
+        ));
     }
     Ok(())
 }
@@ -152,7 +171,8 @@ fn check_winner(p: &Profile) -> Result<()> {
             ));
         }
     }
-    c.validate().map_err(|e| ProfileError::invalid("winner", format!("is not runnable: {e}")))
+    c.validate()
+        .map_err(|e| ProfileError::invalid("winner", format!("is not runnable: {e}")))
 }
 
 /// llama.cpp device names: `CPU`, `CUDA0`, `Vulkan1`, `Metal`, `RPC[host:port]`, ...
@@ -162,13 +182,20 @@ pub fn is_device_name(name: &str) -> bool {
 }
 
 fn check_figures(field: &str, f: &Figures) -> Result<()> {
-    let mut values = vec![("pp_tps", f.pp_tps), ("tg_tps", f.tg_tps), ("score_s", f.score_s)];
+    let mut values = vec![
+        ("pp_tps", f.pp_tps),
+        ("tg_tps", f.tg_tps),
+        ("score_s", f.score_s),
+    ];
     values.extend(f.tg_depth_tps.map(|v| ("tg_depth_tps", v)));
     values.extend(f.ttft_ms.map(|v| ("ttft_ms", v)));
     values.extend(f.pp_ci.into_iter().flatten().map(|v| ("pp_ci", v)));
     values.extend(f.tg_ci.into_iter().flatten().map(|v| ("tg_ci", v)));
     match values.into_iter().find(|(_, v)| !v.is_finite()) {
-        Some((name, v)) => Err(ProfileError::invalid(format!("{field}.{name}"), format!("must be a finite number (found {v})"))),
+        Some((name, v)) => Err(ProfileError::invalid(
+            format!("{field}.{name}"),
+            format!("must be a finite number (found {v})"),
+        )),
         None => Ok(()),
     }
 }
@@ -194,14 +221,27 @@ fn describe_mismatch(expected: &[String], found: &[String]) -> String {
         Some(prev) => format!(" (after '{prev}')"),
         None => String::new(),
     };
-    if let Some(i) = (0..found.len()).find(|&i| count(found, &found[i]) > count(expected, &found[i])) {
+    if let Some(i) =
+        (0..found.len()).find(|&i| count(found, &found[i]) > count(expected, &found[i]))
+    {
         return format!("unexpected '{}'{}", found[i], after(found, i));
     }
-    if let Some(i) = (0..expected.len()).find(|&i| count(expected, &expected[i]) > count(found, &expected[i])) {
+    if let Some(i) =
+        (0..expected.len()).find(|&i| count(expected, &expected[i]) > count(found, &expected[i]))
+    {
         return format!("missing '{}'{}", expected[i], after(expected, i));
     }
-    let i = expected.iter().zip(found).position(|(e, f)| e != f).unwrap_or(0);
-    format!("'{}' where '{}' was expected (argument {})", found[i], expected[i], i + 1)
+    let i = expected
+        .iter()
+        .zip(found)
+        .position(|(e, f)| e != f)
+        .unwrap_or(0);
+    format!(
+        "'{}' where '{}' was expected (argument {})",
+        found[i],
+        expected[i],
+        i + 1
+    )
 }
 
 #[cfg(test)]
@@ -227,7 +267,10 @@ mod tests {
         let mut p = example_profile();
         p.server_args.push("--foo".into());
         let msg = invalid(&p);
-        assert!(msg.contains("server_args do not match the winning configuration: unexpected '--foo'"), "{msg}");
+        assert!(
+            msg.contains("server_args do not match the winning configuration: unexpected '--foo'"),
+            "{msg}"
+        );
 
         let mut p = example_profile();
         let t = p.server_args.iter().position(|a| a == "-t").unwrap();
@@ -246,7 +289,10 @@ mod tests {
         p.winner.devices = vec!["--rpc".into()];
         p.refresh_server_args();
         let msg = invalid(&p);
-        assert!(msg.contains("winner.devices[0] '--rpc' is not a device name"), "{msg}");
+        assert!(
+            msg.contains("winner.devices[0] '--rpc' is not a device name"),
+            "{msg}"
+        );
 
         p.winner.devices = vec!["CUDA0,CUDA1".into()];
         p.refresh_server_args();
@@ -263,7 +309,10 @@ mod tests {
         let mut p = example_profile();
         p.machine.devices[1].description = "x\nLD_PRELOAD=evil.so".into();
         let msg = invalid(&p);
-        assert!(msg.contains("machine.devices[1].description contains a line break"), "{msg}");
+        assert!(
+            msg.contains("machine.devices[1].description contains a line break"),
+            "{msg}"
+        );
 
         let mut p = example_profile();
         p.server_args[1] = "m.gguf\r".into();
@@ -272,15 +321,34 @@ mod tests {
 
     #[test]
     fn numbers_out_of_range_are_refused() {
-        let cases: [(fn(&mut Profile), &str); 8] = [
-            (|p| p.winner.threads = 0, "winner.threads must be between 1 and 1024 (found 0)"),
-            (|p| p.winner.threads = 5000, "winner.threads must be between 1 and 1024"),
+        type Edit = fn(&mut Profile);
+        let cases: [(Edit, &str); 8] = [
+            (
+                |p| p.winner.threads = 0,
+                "winner.threads must be between 1 and 1024 (found 0)",
+            ),
+            (
+                |p| p.winner.threads = 5000,
+                "winner.threads must be between 1 and 1024",
+            ),
             (|p| p.winner.n_batch = 0, "winner.n_batch must be between 1"),
-            (|p| p.winner.n_ubatch = (1 << 20) + 1, "winner.n_ubatch must be between 1 and 1048576"),
-            (|p| p.winner.n_ubatch = 4096, "winner.n_ubatch (4096) must not exceed n_batch (2048)"),
-            (|p| p.winner.n_gpu_layers = 10_001, "winner.n_gpu_layers must be between 0 and 10000"),
+            (
+                |p| p.winner.n_ubatch = (1 << 20) + 1,
+                "winner.n_ubatch must be between 1 and 1048576",
+            ),
+            (
+                |p| p.winner.n_ubatch = 4096,
+                "winner.n_ubatch (4096) must not exceed n_batch (2048)",
+            ),
+            (
+                |p| p.winner.n_gpu_layers = 10_001,
+                "winner.n_gpu_layers must be between 0 and 10000",
+            ),
             (|p| p.workload.n_ctx = 0, "workload.n_ctx must be between 1"),
-            (|p| p.workload.n_ctx = (1 << 24) + 1, "workload.n_ctx must be between 1 and 16777216"),
+            (
+                |p| p.workload.n_ctx = (1 << 24) + 1,
+                "workload.n_ctx must be between 1 and 16777216",
+            ),
         ];
         for (edit, expected) in cases {
             let mut p = example_profile();
@@ -353,21 +421,26 @@ mod tests {
             any::<u32>(),
             (cache.clone(), cache, flash),
         )
-            .prop_map(|(ngl, devices, kernels, threads, n_batch, ub, (type_k, type_v, flash_attn))| {
-                let flash_attn =
-                    if type_v.is_quantized() && flash_attn == FlashAttn::Off { FlashAttn::On } else { flash_attn };
-                Candidate {
-                    n_gpu_layers: ngl,
-                    devices,
-                    kernels,
-                    threads,
-                    n_batch,
-                    n_ubatch: 1 + ub % n_batch,
-                    type_k,
-                    type_v,
-                    flash_attn,
-                }
-            })
+            .prop_map(
+                |(ngl, devices, kernels, threads, n_batch, ub, (type_k, type_v, flash_attn))| {
+                    let flash_attn = if type_v.is_quantized() && flash_attn == FlashAttn::Off {
+                        FlashAttn::On
+                    } else {
+                        flash_attn
+                    };
+                    Candidate {
+                        n_gpu_layers: ngl,
+                        devices,
+                        kernels,
+                        threads,
+                        n_batch,
+                        n_ubatch: 1 + ub % n_batch,
+                        type_k,
+                        type_v,
+                        flash_attn,
+                    }
+                },
+            )
     }
 
     proptest! {
@@ -392,15 +465,35 @@ mod tests {
     #[test]
     fn mismatch_names_the_extra_the_missing_and_the_moved_word() {
         let exp = words("-m a -t 4");
-        assert_eq!(describe_mismatch(&exp, &words("-m a -t 4 --foo")), "unexpected '--foo' (after '4')");
-        assert_eq!(describe_mismatch(&exp, &words("-m a -t; 4")), "unexpected '-t;' (after 'a')");
-        assert_eq!(describe_mismatch(&exp, &words("-m a 4")), "missing '-t' (after 'a')");
-        assert_eq!(describe_mismatch(&exp, &words("-t 4 -m a")), "'-t' where '-m' was expected (argument 1)");
+        assert_eq!(
+            describe_mismatch(&exp, &words("-m a -t 4 --foo")),
+            "unexpected '--foo' (after '4')"
+        );
+        assert_eq!(
+            describe_mismatch(&exp, &words("-m a -t; 4")),
+            "unexpected '-t;' (after 'a')"
+        );
+        assert_eq!(
+            describe_mismatch(&exp, &words("-m a 4")),
+            "missing '-t' (after 'a')"
+        );
+        assert_eq!(
+            describe_mismatch(&exp, &words("-t 4 -m a")),
+            "'-t' where '-m' was expected (argument 1)"
+        );
     }
 
     #[test]
     fn device_names() {
-        for ok in ["CUDA0", "Vulkan1", "Metal", "CPU", "RPC[10.0.0.2:50052]", "SYCL0", "BLAS"] {
+        for ok in [
+            "CUDA0",
+            "Vulkan1",
+            "Metal",
+            "CPU",
+            "RPC[10.0.0.2:50052]",
+            "SYCL0",
+            "BLAS",
+        ] {
             assert!(is_device_name(ok), "{ok}");
         }
         for bad in ["", "--rpc", "-x", "CUDA0,CUDA1", "a b", "x;y", "$(id)"] {

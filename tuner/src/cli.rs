@@ -36,6 +36,12 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// List stored profiles, or print one (by model file or profile path)
     Show(ShowArgs),
+    /// Measure one configuration (like llama-bench): pp, tg and tg at depth with statistics
+    Measure(MeasureArgs),
+    /// Print the llama-server command for a profile, or start the server with it and verify its speed
+    Apply(ApplyArgs),
+    /// Write a profile in another runner's format: args, presets, llama-swap, ollama, json
+    Export(ExportArgs),
     /// Internal: the worker process that runs trials
     #[command(name = "__worker", hide = true)]
     Worker,
@@ -88,7 +94,7 @@ pub struct TuneArgs {
     pub n_gpu_layers: Option<u32>,
 
     /// Time budget for the whole run, e.g. 90s, 5m, 1h
-    #[arg(long, default_value = "10m")]
+    #[arg(long, default_value = "10m", allow_hyphen_values = true)]
     pub budget: String,
 
     /// About a minute: fewer repetitions, shorter generation
@@ -116,7 +122,7 @@ pub struct TuneArgs {
     pub seed: Option<u64>,
 
     /// A trial that gives no answer within this time is killed and recorded as timed out
-    #[arg(long = "trial-timeout", default_value = "5m")]
+    #[arg(long = "trial-timeout", default_value = "5m", allow_hyphen_values = true)]
     pub trial_timeout: String,
 
     /// Ignore measurements of earlier runs (by default they are reused when still valid)
@@ -156,8 +162,110 @@ pub struct ShowArgs {
     pub json: bool,
 }
 
+#[derive(Debug, Args)]
+pub struct MeasureArgs {
+    /// The GGUF model file
+    pub model: PathBuf,
+    /// Context size (-c)
+    #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
+    pub ctx: u32,
+    /// Prompt tokens (pp figure)
+    #[arg(short = 'p', long, default_value_t = 512)]
+    pub prompt: u32,
+    /// Generated tokens (tg figure)
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub gen: u32,
+    /// Tokens in the KV cache before generation is measured again (tg at depth); 0 = skip
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub depth: u32,
+    /// Threads (-t)
+    #[arg(short = 't', long)]
+    pub threads: Option<u32>,
+    /// Logical batch size (-b)
+    #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
+    pub batch: u32,
+    /// Physical batch size (-ub)
+    #[arg(long = "ubatch-size", visible_alias = "ub", default_value_t = 512)]
+    pub ubatch: u32,
+    /// K cache type (-ctk)
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
+    pub cache_type_k: String,
+    /// V cache type (-ctv)
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
+    pub cache_type_v: String,
+    /// Flash attention: on, off, auto (-fa)
+    #[arg(long = "flash-attn", visible_alias = "fa", default_value = "auto")]
+    pub flash_attn: String,
+    /// CPU kernels: repack (llama.cpp's default) or plain (--no-repack)
+    #[arg(long, default_value = "repack")]
+    pub kernels: String,
+    /// Layers offloaded to non-CPU devices (-ngl)
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
+    pub n_gpu_layers: u32,
+    /// Devices to use, comma separated (--device)
+    #[arg(long = "device", value_delimiter = ',')]
+    pub devices: Vec<String>,
+    /// Measured repetitions (after a discarded warm-up)
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub reps: u32,
+    /// Seed of the random prompt tokens
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// A model file (its stored profile for this machine) or a profile file
+    pub target: PathBuf,
+    /// The llama-server executable (default: `llama-server` on PATH, then the vendor build)
+    #[arg(long)]
+    pub server: Option<PathBuf>,
+    /// Start the server, wait for /health, send a completion and compare its speed with the profile
+    #[arg(long)]
+    pub exec: bool,
+    /// Use a stale profile (other machine, devices, llama.cpp build or model file)
+    #[arg(long)]
+    pub force: bool,
+    /// Address the server listens on (loopback by default)
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port the server listens on (0 = pick a free one)
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Relative difference between the server's tg and the profile's beyond which to warn
+    #[arg(long, default_value_t = 0.25)]
+    pub tolerance: f64,
+    /// Stop the server after the check instead of leaving it running in the foreground
+    #[arg(long = "check-only")]
+    pub check_only: bool,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Extra llama-server arguments, after `--`
+    #[arg(last = true)]
+    pub extra: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// A model file (its stored profile for this machine) or a profile file
+    pub target: PathBuf,
+    /// args, presets, llama-swap, ollama or json
+    #[arg(short, long, default_value = "args")]
+    pub format: String,
+    /// Write to this file (atomically) instead of stdout
+    #[arg(short, long)]
+    pub out: Option<PathBuf>,
+    /// Export a stale profile anyway
+    #[arg(long)]
+    pub force: bool,
+}
+
 /// The subcommand names, for the `autotune model.gguf` short form.
-pub const SUBCOMMANDS: &[&str] = &["tune", "doctor", "show", "__worker", "help"];
+pub const SUBCOMMANDS: &[&str] = &["tune", "doctor", "show", "measure", "apply", "export", "__worker", "help"];
 
 /// `autotune model.gguf …` → `autotune tune model.gguf …`.
 pub fn with_default_subcommand(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {

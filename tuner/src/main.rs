@@ -20,9 +20,16 @@ fn main() {
     let cli = match cli::Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
-            let code = if e.use_stderr() { exit::USAGE } else { exit::OK };
-            let _ = e.print();
-            std::process::exit(code);
+            if !e.use_stderr() {
+                // --help and --version
+                let _ = e.print();
+                std::process::exit(exit::OK);
+            }
+            // One line: clap's own first line ("error: ..."), without the usage block.
+            let text = e.render().to_string();
+            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("error: bad usage");
+            eprintln!("autotune: {} (see autotune --help)", first.trim());
+            std::process::exit(exit::USAGE);
         }
     };
     let result = match &cli.command {
@@ -30,6 +37,9 @@ fn main() {
         cli::Command::Doctor(a) => commands::doctor::run(&cli, a),
         cli::Command::Show(a) => commands::show::run(&cli, a),
         cli::Command::Tune(a) => commands::tune::run(&cli, a),
+        cli::Command::Measure(a) => commands::measure::run(&cli, a),
+        cli::Command::Apply(a) => commands::apply::run(&cli, a),
+        cli::Command::Export(a) => commands::export::run(&cli, a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -102,6 +102,7 @@ pub fn leaderboard(results: &[CandidateResult], w: &Workload, noise: f64, seed: 
         } else {
             "not measured: too few repetitions".into()
         };
+        let status = one_line(&status);
         out.push(LeaderboardEntry { rank: 0, tie_with_previous: false, status, candidate: r.candidate.clone(), figures: None });
     }
     out
@@ -228,4 +229,9 @@ fn truncate(s: &str, n: usize) -> String {
     } else {
         format!("{}…", s.chars().take(n).collect::<String>())
     }
+}
+
+/// Profiles hold one-line strings: llama.cpp's multi-line messages are joined.
+pub fn one_line(s: &str) -> String {
+    s.split(['\n', '\r']).map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" | ")
 }

@@ -1,5 +1,8 @@
 //! One module per subcommand.
 
+pub mod apply;
 pub mod doctor;
+pub mod export;
+pub mod measure;
 pub mod show;
 pub mod tune;

@@ -263,7 +263,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     let mut notes = Vec::new();
     for r in results.iter().filter(|r| r.failure.is_some()) {
         if let Some(crate::trial::TrialFailure::Crashed { name, .. }) = &r.failure {
-            notes.push(format!("{} crashed ({name}); recorded and skipped", r.candidate.label()));
+            notes.push(report::one_line(&format!("{} crashed ({name}); recorded and skipped", r.candidate.label())));
         }
     }
     if budget_spent {

@@ -1,0 +1,68 @@
+//! Shared helpers of the end-to-end tests: the real binary, the real demo model, and a private
+//! store and cache per test so tests never touch the user's profiles.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_autotune"))
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+}
+
+/// The demo model (fetched and verified by vendor/fetch-demo-model; cached after the first time).
+pub fn demo_model() -> PathBuf {
+    if let Some(p) = std::env::var_os("AUTOTUNE_DEMO_MODEL") {
+        return p.into();
+    }
+    let out = Command::new(repo_root().join("vendor/fetch-demo-model")).output().expect("run vendor/fetch-demo-model");
+    assert!(out.status.success(), "fetching the demo model failed: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
+}
+
+/// A test's private environment: profile store and cache in a temp dir.
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        Sandbox { dir: tempfile::tempdir().expect("temp dir") }
+    }
+    pub fn profiles(&self) -> PathBuf {
+        self.dir.path().join("profiles")
+    }
+    pub fn cache(&self) -> PathBuf {
+        self.dir.path().join("cache")
+    }
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(bin());
+        c.env("AUTOTUNE_PROFILE_DIR", self.profiles()).env("AUTOTUNE_CACHE_DIR", self.cache()).env_remove("RUST_BACKTRACE");
+        c
+    }
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().expect("run autotune")
+    }
+    /// Files in the profile store (none may appear after a failed run).
+    pub fn stored_profiles(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.profiles())
+            .map(|it| it.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// A short tuning workload so a test finishes in about a minute on 2 cores.
+pub const SHORT: &[&str] = &[
+    "--ctx", "256", "--prompt", "32", "--gen", "8", "--budget", "60s", "--min-reps", "2", "--max-reps", "3",
+    "--threads", "2", "--cache-types", "f16,q8_0", "--flash-attn", "auto", "--ubatch", "512", "--seed", "7",
+];
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}

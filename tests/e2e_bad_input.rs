@@ -1,0 +1,57 @@
+//! Bad input gets one clear line on stderr, a documented exit code, no panic, and no profile.
+
+mod common;
+use common::*;
+
+fn assert_clean_failure(sb: &Sandbox, o: &std::process::Output, code: i32, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(code), "stderr: {err}");
+    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "panic: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains(needle), "'{needle}' in: {err}");
+    assert!(sb.stored_profiles().is_empty(), "no profile written");
+}
+
+#[test]
+fn missing_path() {
+    let sb = Sandbox::new();
+    let o = sb.run(&["/nonexistent/model.gguf"]);
+    assert_clean_failure(&sb, &o, 3, "/nonexistent/model.gguf");
+}
+
+#[test]
+fn directory() {
+    let sb = Sandbox::new();
+    let d = sb.dir.path().to_str().unwrap().to_string();
+    let o = sb.run(&[&d]);
+    assert_clean_failure(&sb, &o, 3, "director");
+}
+
+#[test]
+fn text_file() {
+    let sb = Sandbox::new();
+    let f = sb.dir.path().join("notes.gguf");
+    std::fs::write(&f, "just some text, not a model\n").unwrap();
+    let o = sb.run(&[f.to_str().unwrap()]);
+    assert_clean_failure(&sb, &o, 3, "not a GGUF file");
+}
+
+#[test]
+fn out_of_range_flags_are_usage_errors() {
+    let sb = Sandbox::new();
+    let model = demo_model();
+    let m = model.to_str().unwrap();
+    for (args, needle) in [
+        (vec![m, "--threads", "0"], "threads"),
+        (vec![m, "--ctx", "0"], "ctx"),
+        (vec![m, "--budget", "-5m"], "budget"),
+        (vec![m, "--cache-types", "q3_x"], "cache type"),
+    ] {
+        let o = sb.run(&args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert!(sb.stored_profiles().is_empty());
+}

@@ -1,0 +1,130 @@
+//! `autotune measure MODEL [knobs]`: one configuration measured like llama-bench does (a discarded
+//! warm-up, then repetitions), through the same worker process and code path as tuning. The fidelity
+//! benchmark compares these figures with llama-bench's.
+
+use crate::cli::{Cli, MeasureArgs};
+use crate::commands::{doctor, tune::inspect_model};
+use crate::exit::{self, Exit};
+use crate::llama::{ContextSettings, ModelSettings};
+use crate::pool::WorkerPool;
+use crate::stats::{Sample, Summary};
+use crate::worker::{LoadReport, MeasureRequest, Request, Response, Workload};
+use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
+use serde::Serialize;
+use std::time::Duration;
+
+#[derive(Debug, Serialize)]
+pub struct Measurement {
+    pub candidate: Candidate,
+    pub workload: Workload,
+    pub pp: Summary,
+    pub tg: Summary,
+    pub tg_depth: Option<Summary>,
+    pub load: Option<LoadReport>,
+    pub llama_version: String,
+    pub cpu_variant: Option<String>,
+    pub devices: Vec<String>,
+}
+
+fn parse<T: std::str::FromStr>(flag: &str, v: &str) -> anyhow::Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    v.parse::<T>().map_err(|e| Exit::new(exit::USAGE, format!("{flag}: {e}")))
+}
+
+pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
+    inspect_model(&a.model)?;
+    let model = std::fs::canonicalize(&a.model)?;
+    let d = doctor::probe(cli.verbose);
+    let candidate = Candidate {
+        n_gpu_layers: a.n_gpu_layers,
+        devices: a.devices.clone(),
+        kernels: parse::<KernelChoice>("--kernels", &a.kernels)?,
+        threads: a.threads.unwrap_or(d.machine.physical_cores),
+        n_batch: a.batch,
+        n_ubatch: a.ubatch,
+        type_k: parse::<CacheType>("--cache-type-k", &a.cache_type_k)?,
+        type_v: parse::<CacheType>("--cache-type-v", &a.cache_type_v)?,
+        flash_attn: parse::<FlashAttn>("--flash-attn", &a.flash_attn)?,
+    };
+    candidate.validate().map_err(|e| Exit::new(exit::USAGE, e.to_string()))?;
+    if a.reps < 2 || a.ctx == 0 || a.prompt == 0 || a.gen == 0 {
+        return Err(Exit::new(exit::USAGE, "--reps must be at least 2; --ctx, --prompt and --gen at least 1"));
+    }
+    let workload = Workload { n_ctx: a.ctx, n_prompt: a.prompt, n_gen: a.gen, depth: a.depth };
+    let request = MeasureRequest {
+        model,
+        settings: ModelSettings {
+            n_gpu_layers: candidate.n_gpu_layers,
+            devices: candidate.devices.clone(),
+            use_extra_bufts: candidate.kernels.use_extra_bufts(),
+            no_alloc: false,
+        },
+        context: ContextSettings {
+            n_ctx: a.ctx,
+            n_batch: candidate.n_batch,
+            n_ubatch: candidate.n_ubatch,
+            threads: candidate.threads,
+            type_k: candidate.type_k,
+            type_v: candidate.type_v,
+            flash_attn: candidate.flash_attn,
+        },
+        workload: workload.clone(),
+        seed: a.seed,
+    };
+    let mut pool = WorkerPool::new(1, Duration::from_secs(600));
+    let never = || false;
+    let mut reps = Vec::new();
+    let mut load = None;
+    for _ in 0..a.reps {
+        match pool.call(&Request::Measure(request.clone()), &never) {
+            Ok(Response::Measured(r)) => {
+                if r.load.is_some() {
+                    load = r.load.clone();
+                }
+                reps.push(r);
+            }
+            Ok(_) => {}
+            Err(f) => return Err(Exit::new(exit::NOTHING_MEASURED, format!("{}: {f}", candidate.label()))),
+        }
+    }
+    pool.shutdown();
+    let summary = |v: Vec<f64>| Sample::new(v).ok().map(|s| s.summary());
+    let m = Measurement {
+        pp: summary(reps.iter().map(|r| r.pp_tps).collect()).expect("at least 2 reps"),
+        tg: summary(reps.iter().map(|r| r.tg_tps).collect()).expect("at least 2 reps"),
+        tg_depth: summary(reps.iter().filter_map(|r| r.tg_depth_tps).collect()),
+        candidate,
+        workload,
+        load,
+        llama_version: d.llama_version,
+        cpu_variant: d.cpu_variant,
+        devices: d.machine.devices.iter().map(|x| x.name.clone()).collect(),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&m)?);
+        return Ok(exit::OK);
+    }
+    println!("{}", m.candidate.label());
+    let row = |name: &str, s: &Summary| {
+        println!(
+            "  {name:<10} median {:>8.2} t/s  mean {:>8.2} ± {:>6.2}  min {:>8.2}  max {:>8.2}  95% CI [{:.2}, {:.2}]  n={}{}",
+            s.median,
+            s.mean,
+            s.sd,
+            s.min,
+            s.max,
+            s.ci_low,
+            s.ci_high,
+            s.n,
+            if s.outliers > 0 { format!("  ({} outliers)", s.outliers) } else { String::new() }
+        )
+    };
+    row(&format!("pp{}", m.workload.n_prompt), &m.pp);
+    row(&format!("tg{}", m.workload.n_gen), &m.tg);
+    if let Some(t) = &m.tg_depth {
+        row(&format!("tg{}@d{}", m.workload.n_gen, m.workload.depth), t);
+    }
+    Ok(exit::OK)
+}
