@@ -7,6 +7,7 @@
 
 mod error;
 mod export;
+pub mod measurements;
 mod profile;
 mod server_args;
 mod store;

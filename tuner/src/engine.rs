@@ -8,7 +8,7 @@
 //! Every candidate is measured in rounds: each round runs every unfinished candidate once, in a
 //! shuffled order (seeded, recorded), so slow drift of the machine hits all candidates alike.
 
-use crate::measurements::{MeasurementLog, Record};
+use profiles::measurements::{MeasurementLog, Record};
 use crate::pool::WorkerPool;
 use crate::stats::{self, Sample, Summary, Verdict};
 use crate::trial::TrialFailure;

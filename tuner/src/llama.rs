@@ -8,6 +8,7 @@
 use llama_cpp_sys_2 as sys;
 use search_space::{CacheType, FlashAttn};
 use serde::{Deserialize, Serialize};
+pub use profiles::measurements::BufferReport;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
 use std::ptr::NonNull;
@@ -375,16 +376,6 @@ impl Drop for Context {
         // SAFETY: we own the context.
         unsafe { sys::llama_free(self.ptr.as_ptr()) }
     }
-}
-
-/// One buffer llama.cpp reported allocating, e.g. `CPU_Mapped model buffer size = 241.00 MiB`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BufferReport {
-    /// The buffer type's name (`CPU_Mapped`, `CPU_REPACK`, `CUDA0`, `RPC0[127.0.0.1:50052]`, ...).
-    pub buffer: String,
-    /// model, KV, compute, output, RS
-    pub what: String,
-    pub bytes: u64,
 }
 
 /// Reads the buffer sizes llama.cpp logs while loading a model and creating a context.

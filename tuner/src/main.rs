@@ -6,7 +6,6 @@ mod engine;
 mod exit;
 mod llama;
 mod machine;
-mod measurements;
 mod pool;
 mod report;
 mod stats;

@@ -2,46 +2,11 @@
 //! answer with a deadline, and turn a crash, a signal or a timeout into a recorded outcome.
 
 use crate::worker::{Request, Response};
-use serde::{Deserialize, Serialize};
+pub use profiles::measurements::TrialFailure;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Duration;
-
-/// How a trial ended when it did not produce a figure.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum TrialFailure {
-    /// llama.cpp returned an error (the worker survived).
-    Refused { stage: String, message: String },
-    /// The worker died of a signal (SIGILL in a kernel, SIGABRT from GGML_ASSERT, SIGKILL from the OOM
-    /// killer or a user).
-    Crashed { signal: i32, name: String, stderr_tail: String },
-    /// The worker exited without answering.
-    Exited { code: i32, stderr_tail: String },
-    /// No answer within the deadline; the worker was killed.
-    TimedOut { seconds: u64 },
-    /// The run was interrupted (Ctrl-C / SIGTERM) while this trial was in flight.
-    Interrupted,
-}
-
-impl std::fmt::Display for TrialFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TrialFailure::Refused { stage, message } => write!(f, "llama.cpp refused at {stage}: {message}"),
-            TrialFailure::Crashed { name, stderr_tail, .. } => {
-                write!(f, "worker killed by {name}")?;
-                if !stderr_tail.is_empty() {
-                    write!(f, " ({stderr_tail})")?;
-                }
-                Ok(())
-            }
-            TrialFailure::Exited { code, stderr_tail } => write!(f, "worker exited with code {code}: {stderr_tail}"),
-            TrialFailure::TimedOut { seconds } => write!(f, "no answer within {seconds} s; worker killed"),
-            TrialFailure::Interrupted => write!(f, "interrupted"),
-        }
-    }
-}
 
 /// A running worker process.
 pub struct Worker {

@@ -5,25 +5,13 @@
 //! instruction in a kernel the OS has not enabled), so the tuner never measures in its own process.
 //! A worker keeps its model loaded while requests only change context settings.
 
-use crate::llama::{self, BufferReport, Context, ContextSettings, Model, ModelSettings};
+use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
+pub use profiles::measurements::{LoadReport, Repetition, Workload};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// What one repetition measures.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Workload {
-    /// Context size the server will run with (`-c`).
-    pub n_ctx: u32,
-    /// Prompt tokens processed per request.
-    pub n_prompt: u32,
-    /// Tokens generated per request.
-    pub n_gen: u32,
-    /// Tokens already in the KV cache when generation is measured at depth (0 = no depth figure).
-    pub depth: u32,
-}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MeasureRequest {
@@ -43,28 +31,6 @@ pub enum Request {
     /// Load the model and create the context without running anything: the memory that takes.
     Footprint(MeasureRequest),
     Quit,
-}
-
-/// Memory of a loaded configuration: what llama.cpp reported per buffer and what the process holds.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct LoadReport {
-    pub load_seconds: f64,
-    pub buffers: Vec<BufferReport>,
-    /// Resident set size of the worker after load and context creation.
-    pub rss_bytes: u64,
-    /// Sum of the buffers llama.cpp reported.
-    pub reported_bytes: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Repetition {
-    pub pp_tps: f64,
-    pub tg_tps: f64,
-    #[serde(default)]
-    pub tg_depth_tps: Option<f64>,
-    /// Present on the first repetition after a (re)load or new context.
-    #[serde(default)]
-    pub load: Option<LoadReport>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 use crate::cli::{parse_duration, Cli, TuneArgs};
 use crate::engine::{Engine, Progress, TuneSettings};
 use crate::exit::{self, Exit};
-use crate::measurements::{self, MeasurementLog};
+use profiles::measurements::{self, MeasurementLog};
 use crate::pool::WorkerPool;
 use crate::report::{self, ModelSummary, Report};
 use crate::worker::{Repetition, Workload};

@@ -1,0 +1,194 @@
+//! The measurement log: every repetition and failure appended as it arrives (JSON Lines), keyed by
+//! model identity, llama.cpp build, machine fingerprint, workload and candidate, so an interrupted
+//! run loses nothing and a re-run reuses what is still valid.
+//!
+//! The records are plain data (no llama.cpp), so the parser can be fuzzed on its own.
+
+use search_space::Candidate;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// What makes a measurement reusable: the same file, build, machine and workload.
+/// What one repetition measures.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Workload {
+    /// Context size the server will run with (`-c`).
+    pub n_ctx: u32,
+    /// Prompt tokens processed per request.
+    pub n_prompt: u32,
+    /// Tokens generated per request.
+    pub n_gen: u32,
+    /// Tokens already in the KV cache when generation is measured at depth (0 = no depth figure).
+    pub depth: u32,
+}
+
+
+/// Memory of a loaded configuration: what llama.cpp reported per buffer and what the process holds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LoadReport {
+    pub load_seconds: f64,
+    pub buffers: Vec<BufferReport>,
+    /// Resident set size of the worker after load and context creation.
+    pub rss_bytes: u64,
+    /// Sum of the buffers llama.cpp reported.
+    pub reported_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Repetition {
+    pub pp_tps: f64,
+    pub tg_tps: f64,
+    #[serde(default)]
+    pub tg_depth_tps: Option<f64>,
+    /// Present on the first repetition after a (re)load or new context.
+    #[serde(default)]
+    pub load: Option<LoadReport>,
+}
+
+
+/// One buffer llama.cpp reported allocating, e.g. `CPU_Mapped model buffer size = 241.00 MiB`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BufferReport {
+    /// The buffer type's name (`CPU_Mapped`, `CPU_REPACK`, `CUDA0`, `RPC0[127.0.0.1:50052]`, ...).
+    pub buffer: String,
+    /// model, KV, compute, output, RS
+    pub what: String,
+    pub bytes: u64,
+}
+
+
+/// How a trial ended when it did not produce a figure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TrialFailure {
+    /// llama.cpp returned an error (the worker survived).
+    Refused { stage: String, message: String },
+    /// The worker died of a signal (SIGILL in a kernel, SIGABRT from GGML_ASSERT, SIGKILL from the OOM
+    /// killer or a user).
+    Crashed { signal: i32, name: String, stderr_tail: String },
+    /// The worker exited without answering.
+    Exited { code: i32, stderr_tail: String },
+    /// No answer within the deadline; the worker was killed.
+    TimedOut { seconds: u64 },
+    /// The run was interrupted (Ctrl-C / SIGTERM) while this trial was in flight.
+    Interrupted,
+}
+
+impl std::fmt::Display for TrialFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TrialFailure::Refused { stage, message } => write!(f, "llama.cpp refused at {stage}: {message}"),
+            TrialFailure::Crashed { name, stderr_tail, .. } => {
+                write!(f, "worker killed by {name}")?;
+                if !stderr_tail.is_empty() {
+                    write!(f, " ({stderr_tail})")?;
+                }
+                Ok(())
+            }
+            TrialFailure::Exited { code, stderr_tail } => write!(f, "worker exited with code {code}: {stderr_tail}"),
+            TrialFailure::TimedOut { seconds } => write!(f, "no answer within {seconds} s; worker killed"),
+            TrialFailure::Interrupted => write!(f, "interrupted"),
+        }
+    }
+}
+
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Context {
+    pub model: String,
+    pub llama: String,
+    pub machine: String,
+    pub workload: Workload,
+}
+
+/// One line of the log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Record {
+    #[serde(default)]
+    pub context: Option<Context>,
+    pub candidate: Candidate,
+    #[serde(default)]
+    pub rep: Option<Repetition>,
+    #[serde(default)]
+    pub failure: Option<TrialFailure>,
+    pub unix: u64,
+}
+
+impl Record {
+    pub fn rep(c: &Candidate, rep: &Repetition) -> Self {
+        Record { context: None, candidate: c.clone(), rep: Some(rep.clone()), failure: None, unix: now() }
+    }
+    pub fn failure(c: &Candidate, f: &TrialFailure) -> Self {
+        Record { context: None, candidate: c.clone(), rep: None, failure: Some(f.clone()), unix: now() }
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// The append-only log of one (model, build, machine, workload), plus what earlier runs left in it.
+pub struct MeasurementLog {
+    path: PathBuf,
+    context: Context,
+    previous: Vec<Record>,
+    pub corrupt_lines: usize,
+    pub appended: usize,
+    file: Option<std::fs::File>,
+}
+
+impl MeasurementLog {
+    /// Opens (creating) the log at `path`; `reuse` loads earlier records with the same context.
+    pub fn open(path: &Path, context: Context, reuse: bool) -> std::io::Result<MeasurementLog> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut previous = Vec::new();
+        let mut corrupt_lines = 0;
+        if reuse {
+            if let Ok(text) = std::fs::read_to_string(path) {
+                for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                    match parse_line(line) {
+                        Some(r) if r.context.as_ref() == Some(&context) => previous.push(r),
+                        Some(_) => {}
+                        None => corrupt_lines += 1,
+                    }
+                }
+            }
+        }
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(MeasurementLog { path: path.to_path_buf(), context, previous, corrupt_lines, appended: 0, file: Some(file) })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn previous_count(&self) -> usize {
+        self.previous.len()
+    }
+
+    /// Repetitions earlier runs measured for this candidate.
+    pub fn previous_reps(&self, c: &Candidate) -> Vec<Repetition> {
+        self.previous.iter().filter(|r| &r.candidate == c).filter_map(|r| r.rep.clone()).collect()
+    }
+
+    /// Appends one record as a single write (one line), flushed at once.
+    pub fn append(&mut self, record: &Record) {
+        let mut r = record.clone();
+        r.context = Some(self.context.clone());
+        let Ok(mut line) = serde_json::to_string(&r) else { return };
+        line.push('\n');
+        if let Some(f) = self.file.as_mut() {
+            if f.write_all(line.as_bytes()).and_then(|_| f.flush()).is_ok() {
+                self.appended += 1;
+            }
+        }
+    }
+}
+
+/// Parses one line of the log (what the fuzzer exercises); `None` for a corrupt line.
+pub fn parse_line(line: &str) -> Option<Record> {
+    serde_json::from_str(line).ok()
+}
