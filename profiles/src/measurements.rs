@@ -33,6 +33,20 @@ pub struct LoadReport {
     pub rss_bytes: u64,
     /// Sum of the buffers llama.cpp reported.
     pub reported_bytes: u64,
+    /// Bytes per device as llama.cpp's buffers attribute them (device name → bytes).
+    #[serde(default)]
+    pub per_device: Vec<DeviceBytes>,
+    /// Bytes per device really taken: device memory free before load minus after (non-CPU devices),
+    /// resident-set growth of the worker (CPU). Absent for dry runs.
+    #[serde(default)]
+    pub actual: Vec<DeviceBytes>,
+}
+
+/// A number of bytes on one device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceBytes {
+    pub device: String,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -42,6 +42,10 @@ pub enum Command {
     Apply(ApplyArgs),
     /// Write a profile in another runner's format: args, presets, llama-swap, ollama, json
     Export(ExportArgs),
+    /// Serve this machine's CPU as a ggml RPC device (a second device for offload tests, or a
+    /// remote machine's share of a model)
+    #[command(name = "rpc-serve")]
+    RpcServe(RpcServeArgs),
     /// Internal: the worker process that runs trials
     #[command(name = "__worker", hide = true)]
     Worker,
@@ -92,6 +96,20 @@ pub struct TuneArgs {
     /// Layers to offload to non-CPU devices (-ngl); default: all when such a device exists, else 0
     #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
     pub n_gpu_layers: Option<u32>,
+
+    /// ggml RPC servers to use as devices, host:port comma separated (see `autotune rpc-serve`)
+    #[arg(long, value_delimiter = ',')]
+    pub rpc: Vec<String>,
+
+    /// Memory a device may use, DEVICE=SIZE (e.g. RPC0=300M, CPU=8G); repeatable. Default: its free
+    /// memory minus --mem-margin
+    #[arg(long = "mem-budget", value_delimiter = ',')]
+    pub mem_budget: Vec<String>,
+
+    /// Memory kept free on every device when no --mem-budget is given (llama.cpp's own fit keeps
+    /// 1 GiB, which costs whole layers on small cards)
+    #[arg(long = "mem-margin", default_value = "256M")]
+    pub mem_margin: String,
 
     /// Time budget for the whole run, e.g. 90s, 5m, 1h
     #[arg(long, default_value = "10m", allow_hyphen_values = true)]
@@ -151,6 +169,22 @@ pub struct DoctorArgs {
     /// Print the report as JSON
     #[arg(long)]
     pub json: bool,
+    /// ggml RPC servers to use as devices, host:port comma separated (see `autotune rpc-serve`)
+    #[arg(long, value_delimiter = ',')]
+    pub rpc: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RpcServeArgs {
+    /// Address to listen on (loopback by default: the RPC protocol has no authentication)
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on
+    #[arg(long, default_value_t = 50052)]
+    pub port: u16,
+    /// CPU threads the served device computes with
+    #[arg(short, long)]
+    pub threads: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -205,6 +239,12 @@ pub struct MeasureArgs {
     /// Devices to use, comma separated (--device)
     #[arg(long = "device", value_delimiter = ',')]
     pub devices: Vec<String>,
+    /// ggml RPC servers to use as devices, host:port comma separated (see `autotune rpc-serve`)
+    #[arg(long, value_delimiter = ',')]
+    pub rpc: Vec<String>,
+    /// Also predict the memory with a dry-run load (no_alloc) and print prediction vs actual
+    #[arg(long)]
+    pub predict: bool,
     /// Measured repetitions (after a discarded warm-up)
     #[arg(short = 'r', long, default_value_t = 5)]
     pub reps: u32,
@@ -265,10 +305,20 @@ pub struct ExportArgs {
 }
 
 /// The subcommand names, for the `autotune model.gguf` short form.
-pub const SUBCOMMANDS: &[&str] = &["tune", "doctor", "show", "measure", "apply", "export", "__worker", "help"];
+pub const SUBCOMMANDS: &[&str] = &["tune", "doctor", "show", "measure", "apply", "export", "rpc-serve", "__worker", "help"];
 
-/// `autotune model.gguf …` → `autotune tune model.gguf …`.
-pub fn with_default_subcommand(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+/// llama.cpp's multi-letter single-dash flags, which clap cannot express as short flags.
+const LLAMA_STYLE_FLAGS: &[&str] = &["-ngl", "-ctk", "-ctv", "-fa", "-ub"];
+
+/// `autotune model.gguf …` → `autotune tune model.gguf …`, and `-ngl 8` → `--ngl 8`.
+pub fn with_default_subcommand(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = args
+        .into_iter()
+        .map(|a| match a.to_str() {
+            Some(s) if LLAMA_STYLE_FLAGS.contains(&s) => format!("-{s}").into(),
+            _ => a,
+        })
+        .collect();
     let has_sub = args.iter().skip(1).any(|a| a.to_str().is_some_and(|s| SUBCOMMANDS.contains(&s)));
     let wants_help_or_version = args.iter().skip(1).any(|a| {
         matches!(a.to_str(), Some("-h" | "--help" | "-V" | "--version"))
@@ -329,6 +379,8 @@ mod tests {
         assert_eq!(a[1], "doctor");
         let a = with_default_subcommand(vec!["autotune".into(), "--help".into()]);
         assert_eq!(a.len(), 2);
+        let a = with_default_subcommand(vec!["autotune".into(), "measure".into(), "m.gguf".into(), "-ngl".into(), "9".into()]);
+        assert_eq!(a[3], "--ngl");
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub struct TuneSettings {
     pub cache_types: Vec<CacheType>,
     pub flash_attn: Vec<FlashAttn>,
     pub ubatch_options: Vec<u32>,
+    /// ggml RPC servers the workers connect to.
+    pub rpc: Vec<String>,
 }
 
 /// One candidate's outcome in the run.
@@ -155,6 +157,7 @@ impl<'a> Engine<'a> {
                 devices: c.devices.clone(),
                 use_extra_bufts: c.kernels.use_extra_bufts(),
                 no_alloc: false,
+                rpc: self.settings.rpc.clone(),
             },
             context: ContextSettings {
                 n_ctx: self.settings.workload.n_ctx,

@@ -25,6 +25,8 @@ pub enum LlamaError {
     Decode { status: i32, log: String },
     #[error("unknown device '{0}' (see `autotune doctor` for the device names)")]
     UnknownDevice(String),
+    #[error("rpc: {0}")]
+    Rpc(String),
     #[error("path is not valid UTF-8 or contains NUL: {0}")]
     BadPath(String),
 }
@@ -196,6 +198,9 @@ pub struct ModelSettings {
     /// Only simulate allocations (dry run): sizes are logged, nothing is computed.
     #[serde(default)]
     pub no_alloc: bool,
+    /// ggml RPC servers (`host:port`) to connect before loading: they become devices.
+    #[serde(default)]
+    pub rpc: Vec<String>,
 }
 
 /// Context-side settings: a change here needs only a new context.
@@ -239,6 +244,10 @@ impl Model {
         p.n_gpu_layers = s.n_gpu_layers.min(i32::MAX as u32) as i32;
         p.use_extra_bufts = s.use_extra_bufts;
         p.no_alloc = s.no_alloc;
+        if s.no_alloc {
+            // As llama.cpp's own fit routine does: no mmap in a dry run, so host buffers are counted.
+            p.load_mode = sys::LLAMA_LOAD_MODE_NONE;
+        }
         if !s.devices.is_empty() {
             p.devices = devs.as_mut_ptr();
         }
@@ -428,4 +437,88 @@ mod tests {
         assert_eq!(r[1].what, "KV");
         assert_eq!(r[3].buffer, "RPC0[127.0.0.1:50052]");
     }
+}
+
+/// Which device a llama.cpp buffer lives on: device-named buffers (`CUDA0`, `RPC0[host:port]`) belong
+/// to that device; host buffers (`CPU`, `CPU_Mapped`, `CPU_REPACK`, `CUDA_Host`, ...) to the CPU.
+pub fn buffer_device(buffer: &str, devices: &[DeviceInfo]) -> String {
+    if buffer.starts_with("CPU") || buffer.ends_with("_Host") {
+        return "CPU".to_string();
+    }
+    devices
+        .iter()
+        .filter(|d| d.kind != "cpu")
+        .filter(|d| buffer.starts_with(&d.name) || buffer.contains(&d.description))
+        .max_by_key(|d| d.name.len())
+        .map(|d| d.name.clone())
+        .unwrap_or_else(|| buffer.split('[').next().unwrap_or(buffer).to_string())
+}
+
+/// Sums buffer reports per device.
+pub fn bytes_per_device(buffers: &[BufferReport], devices: &[DeviceInfo]) -> Vec<profiles::measurements::DeviceBytes> {
+    let mut map: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    for b in buffers {
+        *map.entry(buffer_device(&b.buffer, devices)).or_default() += b.bytes;
+    }
+    map.into_iter().map(|(device, bytes)| profiles::measurements::DeviceBytes { device, bytes }).collect()
+}
+
+/// Free memory per non-CPU device right now (device name → free bytes).
+pub fn device_free() -> Vec<(String, u64)> {
+    devices().into_iter().filter(|d| d.kind != "cpu").map(|d| (d.name, d.memory_free)).collect()
+}
+
+fn rpc_proc(name: &str) -> Option<*mut c_void> {
+    // SAFETY: registry lookups by static names.
+    unsafe {
+        let reg = sys::ggml_backend_reg_by_name(c"RPC".as_ptr());
+        if reg.is_null() {
+            return None;
+        }
+        let cname = CString::new(name).ok()?;
+        let p = sys::ggml_backend_reg_get_proc_address(reg, cname.as_ptr());
+        (!p.is_null()).then_some(p)
+    }
+}
+
+static RPC_SERVERS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Connects to a ggml RPC server (`host:port`), which then appears as a non-CPU device. Idempotent.
+pub fn rpc_add_server(endpoint: &str) -> Result<(), LlamaError> {
+    let mut added = RPC_SERVERS.lock().map_err(|_| LlamaError::Rpc("lock poisoned".into()))?;
+    if added.iter().any(|e| e == endpoint) {
+        return Ok(());
+    }
+    let p = rpc_proc("ggml_backend_rpc_add_server").ok_or_else(|| LlamaError::Rpc("this build has no RPC backend".into()))?;
+    let c = CString::new(endpoint).map_err(|_| LlamaError::Rpc(format!("bad endpoint '{endpoint}'")))?;
+    // SAFETY: the proc address has this signature in ggml-rpc.h.
+    let reg = unsafe {
+        let f: unsafe extern "C" fn(*const c_char) -> sys::ggml_backend_reg_t = std::mem::transmute(p);
+        f(c.as_ptr())
+    };
+    if reg.is_null() {
+        return Err(LlamaError::Rpc(format!("cannot connect to the RPC server at {endpoint}")));
+    }
+    // SAFETY: registers the returned backend registry with ggml.
+    unsafe { sys::ggml_backend_register(reg) };
+    added.push(endpoint.to_string());
+    Ok(())
+}
+
+/// Serves this machine's CPU as a ggml RPC device on `endpoint`; blocks for ever.
+pub fn rpc_start_server(endpoint: &str, threads: usize) -> Result<(), LlamaError> {
+    let p = rpc_proc("ggml_backend_rpc_start_server").ok_or_else(|| LlamaError::Rpc("this build has no RPC backend".into()))?;
+    let c = CString::new(endpoint).map_err(|_| LlamaError::Rpc(format!("bad endpoint '{endpoint}'")))?;
+    // SAFETY: plain registry lookup.
+    let mut cpu = unsafe { sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU) };
+    if cpu.is_null() {
+        return Err(LlamaError::Rpc("no CPU device to serve".into()));
+    }
+    // SAFETY: the proc address has this signature in ggml-rpc.h; the device pointer outlives the call.
+    unsafe {
+        let f: unsafe extern "C" fn(*const c_char, *const c_char, usize, usize, *mut sys::ggml_backend_dev_t) =
+            std::mem::transmute(p);
+        f(c.as_ptr(), std::ptr::null(), threads, 1, &mut cpu);
+    }
+    Ok(())
 }

@@ -4,6 +4,7 @@ mod cli;
 mod commands;
 mod engine;
 mod exit;
+mod fault;
 mod llama;
 mod machine;
 mod pool;
@@ -39,6 +40,7 @@ fn main() {
         cli::Command::Measure(a) => commands::measure::run(&cli, a),
         cli::Command::Apply(a) => commands::apply::run(&cli, a),
         cli::Command::Export(a) => commands::export::run(&cli, a),
+        cli::Command::RpcServe(a) => commands::rpc_serve::run(&cli, a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -6,7 +6,7 @@
 //! A worker keeps its model loaded while requests only change context settings.
 
 use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
-pub use profiles::measurements::{LoadReport, Repetition, Workload};
+pub use profiles::measurements::{DeviceBytes, LoadReport, Repetition, Workload};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -61,6 +61,7 @@ pub fn serve() -> anyhow::Result<()> {
                 continue;
             }
         };
+        crate::fault::before_request(&request);
         let response = match request {
             Request::Quit => break,
             Request::Measure(m) => state.measure(&m),
@@ -79,6 +80,8 @@ struct WorkerState {
     model: Option<((PathBuf, ModelSettings), Arc<Model>)>,
     load_log: Vec<String>,
     load_seconds: f64,
+    /// Free memory per non-CPU device and the worker's RSS just before the model was loaded.
+    before_load: (Vec<(String, u64)>, u64),
 }
 
 impl WorkerState {
@@ -87,9 +90,13 @@ impl WorkerState {
     fn ensure(&mut self, m: &MeasureRequest) -> Result<Option<LoadReport>, Response> {
         let key = (m.model.clone(), m.settings.clone());
         let mut fresh = false;
+        for endpoint in &m.settings.rpc {
+            llama::rpc_add_server(endpoint).map_err(|e| Response::Failed { stage: "rpc".into(), message: e.to_string() })?;
+        }
         if self.model.as_ref().map(|(k, _)| k) != Some(&key) {
             self.context = None;
             self.model = None;
+            self.before_load = (llama::device_free(), rss_bytes());
             let t = Instant::now();
             let model = Model::load(&m.model, &m.settings)
                 .map_err(|e| Response::Failed { stage: "load".into(), message: e.to_string() })?;
@@ -113,7 +120,25 @@ impl WorkerState {
         log.extend(llama::take_log());
         let buffers = llama::parse_buffer_reports(&log);
         let reported_bytes = buffers.iter().map(|b| b.bytes).sum();
-        Ok(Some(LoadReport { load_seconds: self.load_seconds, buffers, rss_bytes: rss_bytes(), reported_bytes }))
+        let per_device = llama::bytes_per_device(&buffers, &llama::devices());
+        let mut report = LoadReport { load_seconds: self.load_seconds, buffers, rss_bytes: 0, reported_bytes, per_device, actual: Vec::new() };
+        if !m.settings.no_alloc {
+            self.fill_actual(&mut report);
+        }
+        Ok(Some(report))
+    }
+
+    /// What the load really took: device memory that disappeared, and the worker's RSS growth.
+    fn fill_actual(&self, report: &mut LoadReport) {
+        let rss = rss_bytes();
+        report.rss_bytes = rss;
+        let mut actual = vec![DeviceBytes { device: "CPU".into(), bytes: rss.saturating_sub(self.before_load.1) }];
+        for (name, free_after) in llama::device_free() {
+            if let Some((_, free_before)) = self.before_load.0.iter().find(|(n, _)| *n == name) {
+                actual.push(DeviceBytes { device: name, bytes: free_before.saturating_sub(free_after) });
+            }
+        }
+        report.actual = actual;
     }
 
     fn footprint(&mut self, m: &MeasureRequest) -> Response {
@@ -147,7 +172,13 @@ impl WorkerState {
             Ok(Repetition { pp_tps, tg_tps, tg_depth_tps, load: load.clone() })
         };
         match run(ctx, &mut tokens) {
-            Ok(r) => Response::Measured(r),
+            Ok(mut r) => {
+                // Measured again after the warm-up touched every weight (mmap pages count once read).
+                if let Some(l) = r.load.as_mut() {
+                    self.fill_actual(l);
+                }
+                Response::Measured(r)
+            }
             Err(e) => Response::Failed { stage: "decode".into(), message: e.to_string() },
         }
     }

@@ -1,8 +1,668 @@
-//! `autotune apply` (being written).
+//! `autotune apply`: the llama-server command a profile stands for, and with `--exec` that server
+//! started, asked for a completion and its generation speed compared with the profile's.
+//!
+//! Also home of [`resolve`], which finds a profile (by model file or profile path) and refuses one that
+//! is invalid or stale; `export` uses it too.
 
-use crate::cli::{Cli, ApplyArgs};
+use crate::cli::{ApplyArgs, Cli};
+use crate::commands::{doctor, tune};
 use crate::exit::{self, Exit};
+use anyhow::Context as _;
+use profiles::{Profile, Store, StoredProfile};
+use search_space::identity::ModelIdentity;
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
-pub fn run(_cli: &Cli, _args: &ApplyArgs) -> anyhow::Result<i32> {
-    Err(Exit::new(exit::ERROR, "`autotune apply` is not available in this build yet"))
+/// How long a starting server may take to load the model and answer `/health` with 200.
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a server gets to exit after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Lines of the server's output kept for the error message when it fails to start.
+const LOG_LINES: usize = 40;
+
+/// The prompt of the check: ordinary English (about 100 words), so the server tokenizes and samples real
+/// text through its whole HTTP path. Fixed, so checks are comparable across runs.
+const PROMPT: &str = "The old lighthouse stood at the edge of the cliff for more than a century, watching \
+    ships pass through the narrow channel below. Its keeper, a quiet woman who had inherited the post from \
+    her father, climbed the spiral stairs every evening to light the lamp and wind the clockwork that turned \
+    the great lens. Storms came often in winter, and on the worst nights she stayed awake until dawn, \
+    listening to the wind and counting the seconds between flashes. Travellers who stopped in the village \
+    sometimes asked her whether she felt lonely. She always answered that the sea was company enough, and \
+    then she told them a story about";
+
+/// Finds the profile `target` names and checks that it may be used: a `.toml` file is read as a profile;
+/// anything else is a model file whose profile for this machine is looked up in the store.
+///
+/// The profile must validate with its model path (a hand-edited file cannot put more on llama-server's
+/// command line than its winner), and must not be stale: measured on another machine, with other
+/// devices, another llama.cpp build or another model file. A stale profile is refused unless `force`.
+/// Errors carry exit code 5 (bad profile) and fit on one line.
+pub fn resolve(target: &Path, force: bool, verbose: bool) -> anyhow::Result<StoredProfile> {
+    let is_profile_file = target.extension().is_some_and(|e| e.eq_ignore_ascii_case("toml"));
+    if !is_profile_file {
+        tune::inspect_model(target)?;
+    }
+    let here = doctor::probe(verbose, &[])?;
+    let stored = if is_profile_file {
+        StoredProfile::read(target).map_err(bad_profile)?
+    } else {
+        let id = ModelIdentity::of_file(target).with_context(|| format!("{}: cannot read", target.display()))?;
+        let store = Store::open(Store::default_dir().map_err(bad_profile)?).map_err(bad_profile)?;
+        store.find(&here.machine.fingerprint, &id.fingerprint).map_err(bad_profile)?.ok_or_else(|| {
+            Exit::new(
+                exit::BAD_PROFILE,
+                format!(
+                    "{}: no profile for this model on this machine; run `autotune {}` first",
+                    target.display(),
+                    profiles::shell_quote(&[target.to_string_lossy()])
+                ),
+            )
+        })?
+    };
+    for w in &stored.warnings {
+        eprintln!("autotune: warning: {}: {w}", stored.path.display());
+    }
+    stored.profile.validate(true).map_err(|e| bad_profile(e.with_path(&stored.path)))?;
+
+    let changes = staleness(&stored.profile, &here);
+    if !changes.is_empty() {
+        let reason = format!("profile {} is stale: {}", stored.path.display(), changes.join("; "));
+        if !force {
+            return Err(Exit::new(
+                exit::BAD_PROFILE,
+                format!("{reason}; tune again with `autotune MODEL`, or pass --force to use it anyway"),
+            ));
+        }
+        eprintln!("autotune: warning: {reason} (used anyway: --force)");
+    }
+    Ok(stored)
+}
+
+/// What differs between the profile's measurement and this machine now; empty when nothing does.
+fn staleness(p: &Profile, here: &doctor::Doctor) -> Vec<String> {
+    let mut changes = Vec::new();
+    if p.machine.fingerprint != here.machine.fingerprint {
+        changes.push(format!(
+            "measured on another machine (fingerprint {}, this one {})",
+            short(&p.machine.fingerprint),
+            short(&here.machine.fingerprint)
+        ));
+    }
+    let was: Vec<&str> = p.machine.devices.iter().map(|d| d.name.as_str()).collect();
+    let now: Vec<&str> = here.machine.devices.iter().map(|d| d.name.as_str()).collect();
+    if was != now {
+        changes.push(format!("devices were [{}], now [{}]", was.join(", "), now.join(", ")));
+    }
+    let build = |version: &str, variant: Option<&str>| match variant {
+        Some(v) => format!("{version} ({v})"),
+        None => version.to_string(),
+    };
+    let was = build(&p.llama.version, p.llama.cpu_variant.as_deref());
+    let now = build(&here.llama_version, here.cpu_variant.as_deref());
+    if was != now {
+        changes.push(format!("llama.cpp was {was}, now {now}"));
+    }
+    match ModelIdentity::of_file(&p.model.path) {
+        Ok(id) if id.fingerprint == p.model.fingerprint => {}
+        Ok(id) => changes.push(format!(
+            "model file {} changed (fingerprint {}, now {})",
+            p.model.path.display(),
+            short(&p.model.fingerprint),
+            short(&id.fingerprint)
+        )),
+        Err(e) => changes.push(format!("model file {} cannot be read: {e}", p.model.path.display())),
+    }
+    changes
+}
+
+fn short(fingerprint: &str) -> &str {
+    fingerprint.get(..12).unwrap_or(fingerprint)
+}
+
+/// A profile or store error as exit code 5, on one line (the profiles crate puts the offending line of
+/// the file and the advice on lines of their own).
+fn bad_profile(e: profiles::ProfileError) -> anyhow::Error {
+    Exit::new(exit::BAD_PROFILE, one_line(&e.to_string()))
+}
+
+fn one_line(text: &str) -> String {
+    text.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
+}
+
+/// The result of `apply --exec`: what was started, and how fast it generated compared with the profile.
+#[derive(Debug, Serialize)]
+struct Check {
+    profile: PathBuf,
+    server: PathBuf,
+    /// `llama-server --version`'s version line.
+    server_version: Option<String>,
+    /// The llama.cpp build that measured the profile.
+    profile_llama: String,
+    /// Whether the server's version line names the profile's llama.cpp build.
+    same_llama_build: bool,
+    command: Vec<String>,
+    url: String,
+    /// Seconds from start until `/health` answered 200.
+    ready_s: f64,
+    /// The measured (second) completion; the first only warms the server up.
+    completion: Timings,
+    profile_tg_tps: f64,
+    profile_pp_tps: f64,
+    /// Server generation speed over the profile's.
+    tg_ratio: f64,
+    tolerance: f64,
+    within_tolerance: bool,
+}
+
+/// `timings` of a `/completion` answer (llama-server's names).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Timings {
+    #[serde(default)]
+    prompt_n: u64,
+    #[serde(default)]
+    prompt_per_second: f64,
+    #[serde(default)]
+    predicted_n: u64,
+    #[serde(default)]
+    predicted_per_second: f64,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionAnswer {
+    #[serde(default)]
+    content: String,
+    timings: Timings,
+}
+
+pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
+    if !(args.tolerance.is_finite() && args.tolerance > 0.0) {
+        return Err(Exit::new(exit::USAGE, format!("--tolerance {} must be a positive number, e.g. 0.25", args.tolerance)));
+    }
+    let stored = resolve(&args.target, args.force, cli.verbose)?;
+    let p = &stored.profile;
+
+    let server = find_server(args.server.as_deref(), p.llama.cpu_variant.as_deref())?;
+    let version = server.as_deref().and_then(server_version);
+    let profile_llama = format!("{} (commit {})", p.llama.version, p.llama.commit);
+    let same_build = version.as_deref().is_some_and(|v| names_build(v, p));
+    if let Some(v) = &version {
+        if !same_build {
+            eprintln!(
+                "autotune: warning: llama-server reports `{v}`, the profile was measured with llama.cpp \
+                 {profile_llama}: if these are different llama.cpp builds, speeds may differ"
+            );
+        }
+    }
+
+    let port = if args.port == 0 { free_port(&args.host)? } else { args.port };
+    let mut argv = p.server_args.clone();
+    argv.extend(["--host".to_string(), args.host.clone(), "--port".to_string(), port.to_string()]);
+    argv.extend(args.extra.iter().cloned());
+
+    if !args.exec {
+        let program = match &server {
+            Some(s) => s.to_string_lossy().into_owned(),
+            None => {
+                eprintln!(
+                    "autotune: warning: llama-server not found (not on PATH, no vendor build): pass --server PATH \
+                     or build it with vendor/build-llama-tools"
+                );
+                "llama-server".to_string()
+            }
+        };
+        let mut line = vec![program];
+        line.extend(argv);
+        println!("{}", profiles::shell_quote(&line));
+        return Ok(exit::OK);
+    }
+
+    let server = server.ok_or_else(|| {
+        Exit::new(
+            exit::ERROR,
+            "llama-server not found (not on PATH, no vendor build): pass --server PATH or build it with \
+             vendor/build-llama-tools",
+        )
+    })?;
+    if !is_loopback(&args.host) {
+        eprintln!("autotune: warning: llama-server will listen on {}: reachable from other machines", args.host);
+    }
+    // Installed before the server starts, so a Ctrl-C at any point stops it instead of orphaning it.
+    let signal = Arc::new(AtomicUsize::new(0));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)
+            .context("cannot install the interrupt handler")?;
+    }
+
+    let started = Instant::now();
+    let mut proc = ServerProcess::start(&server, &argv, cli.verbose)?;
+    let url = format!("http://{}:{port}", connect_host(&args.host));
+    if !cli.quiet {
+        eprintln!("autotune: started llama-server (pid {}), waiting for {url}/health", proc.child.id());
+    }
+    wait_ready(&mut proc, &url, &signal)?;
+    let ready_s = started.elapsed().as_secs_f64();
+
+    // The first completion warms the server up (page cache, allocations, first-request paths); the
+    // second is the one compared. Both leave room for the prompt in the context.
+    let n_gen = p.workload.n_gen.max(1);
+    let timeout = Duration::from_secs_f64((60.0 + 10.0 * f64::from(n_gen) / p.figures.tg_tps.max(0.1)).min(3600.0));
+    let warmup = complete(&mut proc, &url, n_gen.min(16), timeout, &signal)?;
+    let room = p.workload.n_ctx.saturating_sub(u32::try_from(warmup.timings.prompt_n).unwrap_or(u32::MAX) + 1);
+    if room < n_gen {
+        eprintln!(
+            "autotune: warning: the context ({} tokens) leaves room for {room} generated tokens after the check's \
+             prompt, fewer than the profile's {n_gen}",
+            p.workload.n_ctx
+        );
+    }
+    let answer = complete(&mut proc, &url, n_gen.min(room).max(1), timeout, &signal)?;
+    if answer.timings.predicted_n == 0 || answer.content.is_empty() {
+        return Err(Exit::new(exit::ERROR, "llama-server answered the completion without generating any text"));
+    }
+
+    let tg_ratio = answer.timings.predicted_per_second / p.figures.tg_tps;
+    let check = Check {
+        profile: stored.path.clone(),
+        server: server.clone(),
+        server_version: version,
+        profile_llama,
+        same_llama_build: same_build,
+        command: std::iter::once(server.to_string_lossy().into_owned()).chain(argv).collect(),
+        url: url.clone(),
+        ready_s,
+        completion: answer.timings,
+        profile_tg_tps: p.figures.tg_tps,
+        profile_pp_tps: p.figures.pp_tps,
+        tg_ratio,
+        tolerance: args.tolerance,
+        within_tolerance: (tg_ratio - 1.0).abs() <= args.tolerance,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&check)?);
+    } else {
+        print!("{}", render(&check));
+    }
+    if !check.within_tolerance {
+        eprintln!(
+            "autotune: warning: llama-server generates at {:.1} t/s, {:.2}× the profile's {:.1} t/s (beyond ±{:.0}%): \
+             the machine may be busy, or the server runs differently from the measurement",
+            check.completion.predicted_per_second,
+            tg_ratio,
+            check.profile_tg_tps,
+            args.tolerance * 100.0
+        );
+    }
+
+    if args.check_only {
+        proc.stop(&signal);
+        return Ok(exit::OK);
+    }
+    proc.echo.store(true, Ordering::Relaxed);
+    eprintln!("autotune: llama-server is running at {url} (pid {}); press Ctrl-C to stop it", proc.child.id());
+    serve_in_foreground(&mut proc, &signal)
+}
+
+fn render(c: &Check) -> String {
+    let t = &c.completion;
+    let verdict = if c.within_tolerance { "within" } else { "beyond" };
+    format!(
+        "profile     {}\nserver      {} ({})\ncommand     {}\nready       {} after {:.1} s\n\
+         generation  {:.1} t/s from the server, {:.1} t/s in the profile: {:.2}× ({verdict} ±{:.0}%)\n\
+         prompt      {:.1} t/s from the server ({} tokens), {:.1} t/s in the profile (not compared)\n",
+        c.profile.display(),
+        c.server.display(),
+        c.server_version.as_deref().unwrap_or("version unknown"),
+        profiles::shell_quote(&c.command),
+        c.url,
+        c.ready_s,
+        t.predicted_per_second,
+        c.profile_tg_tps,
+        c.tg_ratio,
+        c.tolerance * 100.0,
+        t.prompt_per_second,
+        t.prompt_n,
+        c.profile_pp_tps,
+    )
+}
+
+/// `--server`, else `llama-server` on PATH, else the vendor build in the cache (the one built for the
+/// profile's CPU variant if there are several).
+fn find_server(explicit: Option<&Path>, cpu_variant: Option<&str>) -> anyhow::Result<Option<PathBuf>> {
+    if let Some(path) = explicit {
+        return which::which(path)
+            .map(Some)
+            .map_err(|e| Exit::new(exit::USAGE, format!("--server {}: {e}", path.display())));
+    }
+    if let Ok(path) = which::which("llama-server") {
+        return Ok(Some(path));
+    }
+    let Ok(dirs) = std::fs::read_dir(tune::cache_dir().join("llama-tools")) else {
+        return Ok(None);
+    };
+    let mut builds: Vec<(bool, std::time::SystemTime, PathBuf)> = dirs
+        .flatten()
+        .filter_map(|d| {
+            let bin = d.path().join("bin").join("llama-server");
+            let modified = bin.metadata().ok().filter(|m| m.is_file())?.modified().ok()?;
+            let name = d.file_name().to_string_lossy().into_owned();
+            let matches = cpu_variant.is_some_and(|v| name.ends_with(&format!("-{v}")));
+            Some((matches, modified, bin))
+        })
+        .collect();
+    builds.sort();
+    Ok(builds.pop().map(|(_, _, bin)| bin))
+}
+
+/// The version line of `llama-server --version` ("version: N (commit)", on stderr), if it gives one
+/// within a few seconds.
+fn server_version(server: &Path) -> Option<String> {
+    let mut child = Command::new(server)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().ok()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut text = String::new();
+    let _ = child.stderr.take()?.read_to_string(&mut text);
+    let _ = child.stdout.take()?.read_to_string(&mut text);
+    let line = text.lines().find(|l| l.trim_start().starts_with("version:"))?;
+    Some(line.trim().trim_start_matches("version:").trim().to_string())
+}
+
+/// Whether the server's version line names the build the profile was measured with.
+fn names_build(version_line: &str, p: &Profile) -> bool {
+    let known = |s: &str| !s.is_empty() && s != "vendored" && s != "unknown";
+    (known(&p.llama.version) && version_line.contains(&p.llama.version))
+        || (known(&p.llama.commit) && version_line.contains(&p.llama.commit))
+}
+
+/// A port nothing listens on now (the OS picks it), on the address the server will bind.
+fn free_port(host: &str) -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind((host, 0))
+        .or_else(|_| std::net::TcpListener::bind(("127.0.0.1", 0)))
+        .context("cannot find a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn is_loopback(host: &str) -> bool {
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Where to connect to reach a server listening on `host` (a wildcard address is reached by loopback).
+fn connect_host(host: &str) -> String {
+    match host {
+        "0.0.0.0" | "" => "127.0.0.1".into(),
+        "::" | "[::]" => "[::1]".into(),
+        h if h.contains(':') && !h.starts_with('[') => format!("[{h}]"),
+        h => h.into(),
+    }
+}
+
+/// A started llama-server in its own process group; stopped (and its group with it) when dropped.
+struct ServerProcess {
+    child: Child,
+    /// The last lines it wrote (stdout and stderr), for the error message when it fails.
+    log: Arc<Mutex<VecDeque<String>>>,
+    /// Copy its output to our stderr (with `--verbose`, and while it serves in the foreground).
+    echo: Arc<AtomicBool>,
+    exited: Option<ExitStatus>,
+}
+
+impl ServerProcess {
+    fn start(server: &Path, argv: &[String], verbose: bool) -> anyhow::Result<ServerProcess> {
+        let mut cmd = Command::new(server);
+        cmd.args(argv).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::CommandExt as _;
+            // Its own group: a Ctrl-C in the terminal reaches us, and we stop the server in order.
+            cmd.process_group(0);
+            #[cfg(target_os = "linux")]
+            // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+            unsafe {
+                cmd.pre_exec(|| {
+                    // If autotune dies without stopping it, the server gets SIGTERM instead of living on.
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().with_context(|| format!("cannot start {}", server.display()))?;
+        let log = Arc::new(Mutex::new(VecDeque::new()));
+        let echo = Arc::new(AtomicBool::new(verbose));
+        let out: Box<dyn Read + Send> = Box::new(child.stdout.take().expect("piped"));
+        let err: Box<dyn Read + Send> = Box::new(child.stderr.take().expect("piped"));
+        for stream in [out, err] {
+            let (log, echo) = (Arc::clone(&log), Arc::clone(&echo));
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).split(b'\n').map_while(Result::ok) {
+                    let line = String::from_utf8_lossy(&line).trim_end().to_string();
+                    if echo.load(Ordering::Relaxed) {
+                        eprintln!("{line}");
+                    }
+                    let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+                    if log.len() == LOG_LINES {
+                        log.pop_front();
+                    }
+                    log.push_back(line);
+                }
+            });
+        }
+        Ok(ServerProcess { child, log, echo, exited: None })
+    }
+
+    /// Its exit status, once it has exited.
+    fn exited(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        self.exited
+    }
+
+    fn signal(&self, sig: i32) {
+        #[cfg(unix)]
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill has no memory effects; the negative pid names the server's own process group.
+            unsafe { libc::kill(-pid, sig) };
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after the grace period (or at once on a second Ctrl-C).
+    fn stop(&mut self, signal: &AtomicUsize) -> Option<ExitStatus> {
+        if self.exited().is_some() {
+            return self.exited;
+        }
+        signal.store(0, Ordering::Relaxed);
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + STOP_GRACE;
+        while self.exited().is_none() {
+            if Instant::now() > deadline || signal.load(Ordering::Relaxed) != 0 {
+                self.signal(libc::SIGKILL);
+                let _ = self.child.kill();
+                self.exited = self.child.wait().ok();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.exited
+    }
+
+    fn tail(&self) -> String {
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let lines: Vec<&str> = log.iter().map(String::as_str).filter(|l| !l.trim().is_empty()).collect();
+        let start = lines.len().saturating_sub(12);
+        lines[start..].iter().map(|l| format!("\n  | {l}")).collect()
+    }
+
+    /// The error for a server that exited while we waited for it.
+    fn died(&self, status: ExitStatus, while_doing: &str) -> anyhow::Error {
+        Exit::new(exit::ERROR, format!("llama-server exited ({status}) {while_doing}; its last lines:{}", self.tail()))
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.stop(&AtomicUsize::new(0));
+    }
+}
+
+fn interrupted() -> anyhow::Error {
+    Exit::new(exit::INTERRUPTED, "interrupted; llama-server stopped")
+}
+
+/// Polls `/health` until it answers 200; fails when the server exits, the user interrupts, or it
+/// takes longer than [`READY_TIMEOUT`].
+fn wait_ready(proc: &mut ServerProcess, url: &str, signal: &AtomicUsize) -> anyhow::Result<()> {
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(2)).build();
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Some(status) = proc.exited() {
+            return Err(proc.died(status, "before it was ready"));
+        }
+        if signal.load(Ordering::Relaxed) != 0 {
+            return Err(interrupted());
+        }
+        if let Ok(r) = agent.get(&format!("{url}/health")).call() {
+            if r.status() == 200 {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(Exit::new(
+                exit::ERROR,
+                format!(
+                    "llama-server did not answer {url}/health with 200 within {} s; its last lines:{}",
+                    READY_TIMEOUT.as_secs(),
+                    proc.tail()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// One `/completion` of [`PROMPT`], greedy, generating exactly `n_predict` tokens, prompt not cached.
+/// Runs on a thread so a Ctrl-C or a crashing server ends the wait at once.
+fn complete(
+    proc: &mut ServerProcess,
+    url: &str,
+    n_predict: u32,
+    timeout: Duration,
+    signal: &AtomicUsize,
+) -> anyhow::Result<CompletionAnswer> {
+    let body = serde_json::json!({
+        "prompt": PROMPT,
+        "n_predict": n_predict,
+        "temperature": 0,
+        "cache_prompt": false,
+        "ignore_eos": true,
+    });
+    let endpoint = format!("{url}/completion");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let agent = ureq::AgentBuilder::new().timeout(timeout).build();
+        let result = match agent.post(&endpoint).send_json(body) {
+            Ok(r) => r.into_json::<CompletionAnswer>().map_err(|e| format!("unexpected answer from {endpoint}: {e}")),
+            Err(ureq::Error::Status(code, r)) => {
+                Err(format!("{endpoint} answered {code}: {}", one_line(&r.into_string().unwrap_or_default())))
+            }
+            Err(e) => Err(format!("{endpoint}: {e}")),
+        };
+        let _ = tx.send(result);
+    });
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(Ok(answer)) => return Ok(answer),
+            Ok(Err(message)) => {
+                if let Some(status) = proc.exited() {
+                    return Err(proc.died(status, "during the completion"));
+                }
+                return Err(Exit::new(exit::ERROR, message));
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(Exit::new(exit::ERROR, "the completion request ended without an answer"))
+            }
+        }
+        if signal.load(Ordering::Relaxed) != 0 {
+            return Err(interrupted());
+        }
+        if let Some(status) = proc.exited() {
+            return Err(proc.died(status, "during the completion"));
+        }
+    }
+}
+
+/// Waits for the server to exit, forwarding SIGINT/SIGTERM to it; exit code 130 when the user stopped
+/// it, 0 when it exited cleanly by itself, 1 otherwise.
+fn serve_in_foreground(proc: &mut ServerProcess, signal: &AtomicUsize) -> anyhow::Result<i32> {
+    loop {
+        if let Some(status) = proc.exited() {
+            if status.success() {
+                return Ok(exit::OK);
+            }
+            return Err(proc.died(status, "while serving"));
+        }
+        let sig = signal.swap(0, Ordering::Relaxed);
+        if sig != 0 {
+            proc.signal(i32::try_from(sig).unwrap_or(libc::SIGTERM));
+            let deadline = Instant::now() + STOP_GRACE;
+            while proc.exited().is_none() {
+                if Instant::now() > deadline || signal.load(Ordering::Relaxed) != 0 {
+                    proc.signal(libc::SIGKILL);
+                    let _ = proc.child.kill();
+                    proc.exited = proc.child.wait().ok();
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            eprintln!("autotune: llama-server stopped");
+            return Ok(exit::INTERRUPTED);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_errors_become_one_line() {
+        assert_eq!(
+            one_line("cannot read profile p.toml: line 3, key `winner.threads`: bad\n  3 | threads = \"4\"\nfix it"),
+            "cannot read profile p.toml: line 3, key `winner.threads`: bad; 3 | threads = \"4\"; fix it"
+        );
+    }
+
+    #[test]
+    fn wildcard_and_ipv6_hosts_are_reached_by_loopback() {
+        assert_eq!(connect_host("0.0.0.0"), "127.0.0.1");
+        assert_eq!(connect_host("::"), "[::1]");
+        assert_eq!(connect_host("::1"), "[::1]");
+        assert_eq!(connect_host("127.0.0.1"), "127.0.0.1");
+        assert!(is_loopback("127.0.0.1") && is_loopback("::1") && is_loopback("localhost"));
+        assert!(!is_loopback("0.0.0.0") && !is_loopback("192.168.1.2"));
+    }
+
+    #[test]
+    fn the_prompt_is_about_a_hundred_words() {
+        let words = PROMPT.split_whitespace().count();
+        assert!((90..=130).contains(&words), "{words}");
+    }
 }

@@ -15,21 +15,25 @@ pub struct Doctor {
     pub llama_version: String,
 }
 
-pub fn probe(verbose: bool) -> Doctor {
+/// Starts llama.cpp in this process (connecting the RPC servers given) and reads what it sees.
+pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Doctor> {
     llama::init(verbose);
     let log = llama::take_log();
+    for endpoint in rpc {
+        llama::rpc_add_server(endpoint).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     let devices = llama::devices();
-    Doctor {
+    Ok(Doctor {
         machine: Machine::probe(devices),
         backends: llama::backends(),
         cpu_variant: llama::cpu_variant(&log),
         system_info: llama::system_info(),
         llama_version: llama::build_info().0,
-    }
+    })
 }
 
 pub fn run(cli: &Cli, args: &DoctorArgs) -> anyhow::Result<i32> {
-    let d = probe(cli.verbose);
+    let d = probe(cli.verbose, &args.rpc)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&d)?);
         return Ok(exit::OK);

@@ -36,7 +36,7 @@ where
 pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     inspect_model(&a.model)?;
     let model = std::fs::canonicalize(&a.model)?;
-    let d = doctor::probe(cli.verbose);
+    let d = doctor::probe(cli.verbose, &a.rpc)?;
     let candidate = Candidate {
         n_gpu_layers: a.n_gpu_layers,
         devices: a.devices.clone(),
@@ -60,6 +60,7 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
             devices: candidate.devices.clone(),
             use_extra_bufts: candidate.kernels.use_extra_bufts(),
             no_alloc: false,
+            rpc: a.rpc.clone(),
         },
         context: ContextSettings {
             n_ctx: a.ctx,

@@ -45,7 +45,7 @@ pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
     } else {
         crate::commands::tune::inspect_model(target)?;
         let id = ModelIdentity::of_file(target)?;
-        let doctor = crate::commands::doctor::probe(cli.verbose);
+        let doctor = crate::commands::doctor::probe(cli.verbose, &[])?;
         match store.find(&doctor.machine.fingerprint, &id.fingerprint)? {
             Some(p) => p,
             None => {

@@ -120,6 +120,7 @@ fn settings(args: &TuneArgs, model: &std::path::Path, machine: &Machine, n_gpu_l
         cache_types,
         flash_attn,
         ubatch_options: args.ubatch.clone(),
+        rpc: args.rpc.clone(),
     })
 }
 
@@ -168,7 +169,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("cannot install the interrupt handler")?;
     }
 
-    let doctor = doctor::probe(cli.verbose);
+    let doctor = doctor::probe(cli.verbose, &args.rpc)?;
     let machine = doctor.machine.clone();
     let offload = !machine.offload_devices().is_empty();
     let n_layers = info.block_count.unwrap_or(0);
