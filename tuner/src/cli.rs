@@ -275,7 +275,10 @@ pub struct ApplyArgs {
     /// Port the server listens on (0 = pick a free one)
     #[arg(long, default_value_t = 0)]
     pub port: u16,
-    /// Relative difference between the server's tg and the profile's beyond which to warn
+    /// Relative difference between the server's generation speed and the profile's beyond which to warn.
+    /// Generous on purpose: the server samples real text through its HTTP loop while tuning decodes
+    /// random tokens in-process, so some tens of percent apart is normal; a bigger gap means a busy
+    /// machine or a server that does not run the measured configuration
     #[arg(long, default_value_t = 0.25)]
     pub tolerance: f64,
     /// Stop the server after the check instead of leaving it running in the foreground

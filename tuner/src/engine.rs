@@ -42,12 +42,22 @@ pub struct TuneSettings {
     pub ubatch_options: Vec<u32>,
     /// ggml RPC servers the workers connect to.
     pub rpc: Vec<String>,
+    /// Bytes each device may hold (device name → bytes); a candidate predicted to need more on any
+    /// device is pruned without being loaded.
+    pub budgets: Vec<(String, u64)>,
+    /// Layers of the model (offload goes up to n_layers + 1, the output layer).
+    pub n_layers: u32,
+    /// Whether a non-CPU device exists to offload layers to.
+    pub offload: bool,
 }
 
 /// One candidate's outcome in the run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CandidateResult {
     pub candidate: Candidate,
+    /// Memory per device predicted by a dry-run load (llama.cpp's no_alloc), before any real load.
+    #[serde(default)]
+    pub predicted: Option<LoadReport>,
     pub reps: Vec<Repetition>,
     pub load: Option<LoadReport>,
     pub failure: Option<TrialFailure>,
@@ -58,7 +68,7 @@ pub struct CandidateResult {
 
 impl CandidateResult {
     fn new(candidate: Candidate) -> Self {
-        CandidateResult { candidate, reps: Vec::new(), load: None, failure: None, skipped: None, seconds: 0.0 }
+        CandidateResult { candidate, predicted: None, reps: Vec::new(), load: None, failure: None, skipped: None, seconds: 0.0 }
     }
 
     pub fn ok(&self) -> bool {
@@ -102,7 +112,11 @@ pub trait Progress {
 pub struct Engine<'a> {
     pub settings: TuneSettings,
     pub results: Vec<CandidateResult>,
-    pool: WorkerPool,
+    pub(crate) pool: WorkerPool,
+    /// A separate worker for dry runs, so they never evict a loaded model.
+    pub(crate) dry: WorkerPool,
+    /// Dry-run results by request key.
+    pub(crate) footprints: std::collections::HashMap<String, Result<LoadReport, String>>,
     log: Option<&'a mut MeasurementLog>,
     started: Instant,
     round: u64,
@@ -120,14 +134,19 @@ impl<'a> Engine<'a> {
         stop: &'a dyn Fn() -> bool,
         progress: &'a dyn Progress,
     ) -> Self {
-        Engine { settings, results: Vec::new(), pool, log, started: Instant::now(), round: 0, stop, progress, interrupted: false, budget_spent: false }
+        let dry = WorkerPool::new(1, pool.timeout);
+        Engine { settings, results: Vec::new(), pool, dry, footprints: Default::default(), log, started: Instant::now(), round: 0, stop, progress, interrupted: false, budget_spent: false }
+    }
+
+    pub(crate) fn stop_fn(&self) -> &'a dyn Fn() -> bool {
+        self.stop
     }
 
     pub fn baseline(&self) -> Candidate {
         Candidate::llama_default(self.settings.default_threads, self.settings.n_gpu_layers)
     }
 
-    fn index_of(&mut self, c: &Candidate) -> usize {
+    pub(crate) fn index_of(&mut self, c: &Candidate) -> usize {
         if let Some(i) = self.results.iter().position(|r| &r.candidate == c) {
             return i;
         }
@@ -139,7 +158,7 @@ impl<'a> Engine<'a> {
         self.results.len() - 1
     }
 
-    fn out_of_time(&mut self) -> bool {
+    pub(crate) fn out_of_time(&mut self) -> bool {
         if (self.stop)() {
             self.interrupted = true;
         }
@@ -149,7 +168,7 @@ impl<'a> Engine<'a> {
         self.interrupted || self.budget_spent
     }
 
-    fn request(&self, c: &Candidate) -> MeasureRequest {
+    pub(crate) fn request(&self, c: &Candidate) -> MeasureRequest {
         MeasureRequest {
             model: self.settings.model.clone(),
             settings: ModelSettings {
@@ -196,6 +215,15 @@ impl<'a> Engine<'a> {
     /// capped, failed, or the run is out of time.
     pub fn measure_group(&mut self, group: &[Candidate], axis: &str) {
         let idx: Vec<usize> = group.iter().map(|c| self.index_of(c)).collect();
+        for &i in &idx {
+            if self.results[i].predicted.is_none() && self.results[i].skipped.is_none() {
+                let c = self.results[i].candidate.clone();
+                match self.check_fit(&c) {
+                    Ok(report) => self.results[i].predicted = Some(report),
+                    Err(why) => self.results[i].skipped = Some(why),
+                }
+            }
+        }
         let mut spent = vec![Duration::ZERO; idx.len()];
         loop {
             let pending: Vec<usize> = (0..idx.len()).filter(|&k| self.wants_more(idx[k], spent[k])).collect();
@@ -281,9 +309,25 @@ impl<'a> Engine<'a> {
 
     /// The coordinate-descent search. Returns the winner (if anything was measured).
     pub fn run(&mut self) -> Option<Candidate> {
-        let base = self.baseline();
+        let mut base = self.baseline();
+        if self.settings.offload {
+            // llama.cpp's default offloads what fits (its --fit): all layers, or the most that fit.
+            if let Some(n) = self.max_fitting_layers(&base) {
+                base.n_gpu_layers = n;
+            }
+        }
         self.measure_group(std::slice::from_ref(&base), "defaults");
         let mut best = if self.results.iter().any(|r| r.candidate == base && r.ok()) { Some(base.clone()) } else { None };
+        if self.settings.offload && !self.out_of_time() {
+            let from = best.clone().unwrap_or_else(|| base.clone());
+            let group = self.placement_group(&from);
+            if group.len() > 1 {
+                self.measure_group(&group, "gpu layers");
+                if let Some(b) = self.choose(&group) {
+                    best = Some(b);
+                }
+            }
+        }
         let axes: [(&str, fn(&TuneSettings, &Candidate) -> Vec<Candidate>); 5] = [
             ("threads", vary_threads),
             ("kernels", vary_kernels),
@@ -365,6 +409,7 @@ impl<'a> Engine<'a> {
 
     pub fn shutdown(&mut self) {
         self.pool.shutdown();
+        self.dry.shutdown();
     }
 }
 

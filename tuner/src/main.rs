@@ -7,6 +7,7 @@ mod exit;
 mod fault;
 mod llama;
 mod machine;
+mod placement;
 mod pool;
 mod report;
 mod stats;

@@ -120,7 +120,15 @@ impl WorkerState {
         log.extend(llama::take_log());
         let buffers = llama::parse_buffer_reports(&log);
         let reported_bytes = buffers.iter().map(|b| b.bytes).sum();
-        let per_device = llama::bytes_per_device(&buffers, &llama::devices());
+        // llama.cpp's own accounting (what its fit plans with); the logged buffer sizes as a fallback.
+        let ctx = &self.context.as_ref().expect("context created above").1;
+        let breakdown = llama::memory_breakdown(ctx);
+        let per_device = if breakdown.is_empty() {
+            llama::bytes_per_device(&buffers, &llama::devices())
+        } else {
+            llama::breakdown_per_device(&breakdown)
+        };
+        let reported_bytes = if breakdown.is_empty() { reported_bytes } else { per_device.iter().map(|d| d.bytes).sum() };
         let mut report = LoadReport { load_seconds: self.load_seconds, buffers, rss_bytes: 0, reported_bytes, per_device, actual: Vec::new() };
         if !m.settings.no_alloc {
             self.fill_actual(&mut report);

@@ -76,7 +76,10 @@ pub fn resolve(target: &Path, force: bool, verbose: bool) -> anyhow::Result<Stor
         if !force {
             return Err(Exit::new(
                 exit::BAD_PROFILE,
-                format!("{reason}; tune again with `autotune MODEL`, or pass --force to use it anyway"),
+                format!(
+                    "{reason}; tune again with `autotune {}`, or pass --force to use it anyway",
+                    profiles::shell_quote(&[stored.profile.model.path.to_string_lossy()])
+                ),
             ));
         }
         eprintln!("autotune: warning: {reason} (used anyway: --force)");

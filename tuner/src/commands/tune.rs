@@ -121,7 +121,40 @@ fn settings(args: &TuneArgs, model: &std::path::Path, machine: &Machine, n_gpu_l
         flash_attn,
         ubatch_options: args.ubatch.clone(),
         rpc: args.rpc.clone(),
+        budgets: budgets(args, machine)?,
+        n_layers: 0,
+        offload: !machine.offload_devices().is_empty(),
     })
+}
+
+/// Memory budget per device: `--mem-budget DEV=SIZE`, else free memory minus `--mem-margin`.
+fn budgets(args: &TuneArgs, machine: &Machine) -> anyhow::Result<Vec<(String, u64)>> {
+    let usage = |m: String| Exit::new(exit::USAGE, m);
+    let margin = search_space::size::parse_size(&args.mem_margin).map_err(|e| usage(format!("--mem-margin: {e}")))?;
+    let mut explicit = Vec::new();
+    for item in &args.mem_budget {
+        let (dev, size) = item
+            .split_once('=')
+            .ok_or_else(|| usage(format!("--mem-budget '{item}': write DEVICE=SIZE, e.g. RPC0=300M")))?;
+        if !machine.devices.iter().any(|d| d.name == dev) {
+            let names: Vec<&str> = machine.devices.iter().map(|d| d.name.as_str()).collect();
+            return Err(usage(format!("--mem-budget: unknown device '{dev}' (devices: {})", names.join(", "))));
+        }
+        let bytes = search_space::size::parse_size(size).map_err(|e| usage(format!("--mem-budget {dev}: {e}")))?;
+        explicit.push((dev.to_string(), bytes));
+    }
+    Ok(machine
+        .devices
+        .iter()
+        .map(|d| {
+            let b = explicit
+                .iter()
+                .find(|(n, _)| *n == d.name)
+                .map(|(_, b)| *b)
+                .unwrap_or_else(|| d.memory_free.saturating_sub(margin));
+            (d.name.clone(), b)
+        })
+        .collect())
 }
 
 /// Inspects the model header safely before llama.cpp sees the file.
@@ -174,7 +207,8 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     let offload = !machine.offload_devices().is_empty();
     let n_layers = info.block_count.unwrap_or(0);
     let n_gpu_layers = args.n_gpu_layers.unwrap_or(if offload { n_layers + 1 } else { 0 });
-    let settings = settings(args, &model_path, &machine, n_gpu_layers)?;
+    let mut settings = settings(args, &model_path, &machine, n_gpu_layers)?;
+    settings.n_layers = n_layers;
     let workload_name = if args.quick { "quick" } else { "custom" };
 
     let llama_build = profiles::LlamaBuild {
@@ -190,7 +224,16 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         Some(g) => g,
         None => {
             eprintln!("autotune: another autotune run holds the store lock; waiting for it to finish");
-            store.lock()?
+            // Polled rather than a blocking lock(), so Ctrl-C still works while waiting.
+            loop {
+                if stop.load(Ordering::Relaxed) {
+                    return Err(Exit::new(exit::INTERRUPTED, "interrupted while waiting for the store lock; nothing was measured"));
+                }
+                if let Some(g) = store.try_lock()? {
+                    break g;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
         }
     };
 
@@ -317,6 +360,13 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     }
     let (Some(winner), Some(figures)) = (winner, winner_figures) else {
         emit(&report, args)?;
+        if !results.is_empty() && results.iter().all(|r| r.skipped.as_deref().is_some_and(|s| s.starts_with("pruned"))) {
+            let reason = results.iter().find_map(|r| r.skipped.clone()).unwrap_or_default();
+            return Err(Exit::new(
+                exit::NOTHING_MEASURED,
+                format!("{}: no configuration fits the memory budgets ({reason}); nothing was loaded", model_path.display()),
+            ));
+        }
         return Err(Exit::new(
             exit::NOTHING_MEASURED,
             format!("{}: no configuration could be measured (see the statuses above)", model_path.display()),

@@ -1,0 +1,83 @@
+//! Fit before you run: every candidate's memory per device comes from a dry-run load in a worker
+//! (llama.cpp's `no_alloc`: the model and context are planned, buffer sizes logged, nothing
+//! allocated), and a candidate that would exceed a device's budget is pruned, never loaded. The
+//! GPU-layer axis starts from the most layers that fit and walks down, so the offload cliff shows.
+
+use crate::engine::Engine;
+use crate::worker::{LoadReport, Request, Response};
+use search_space::size::format_size;
+use search_space::Candidate;
+
+impl Engine<'_> {
+    /// Dry-run footprint of a candidate (cached); `Err` with the reason when llama.cpp refuses.
+    pub fn footprint(&mut self, c: &Candidate) -> Result<LoadReport, String> {
+        let mut req = self.request(c);
+        req.settings.no_alloc = true;
+        let key = serde_json::to_string(&(&req.settings, &req.context)).expect("serialises");
+        if let Some(r) = self.footprints.get(&key) {
+            return r.clone();
+        }
+        let stop = self.stop_fn();
+        let result = match self.dry.call(&Request::Footprint(req), stop) {
+            Ok(Response::Footprint(report)) => Ok(report),
+            Ok(_) => Err("unexpected answer to a dry run".to_string()),
+            Err(f) => Err(format!("dry run failed: {f}")),
+        };
+        self.footprints.insert(key, result.clone());
+        result
+    }
+
+    /// Whether a candidate fits every device's budget; the dry-run report when it does, the reason
+    /// (device, need, budget) when not.
+    pub fn check_fit(&mut self, c: &Candidate) -> Result<LoadReport, String> {
+        if self.settings.budgets.is_empty() {
+            return Ok(LoadReport::default());
+        }
+        let report = self.footprint(c).map_err(|e| format!("pruned: {e}"))?;
+        for d in &report.per_device {
+            if let Some((_, budget)) = self.settings.budgets.iter().find(|(name, _)| *name == d.device) {
+                if d.bytes > *budget {
+                    return Err(format!(
+                        "pruned: needs {} on {}, budget {}",
+                        format_size(d.bytes),
+                        d.device,
+                        format_size(*budget)
+                    ));
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// The most layers that fit the budgets with `c`'s other settings (binary search over dry runs);
+    /// `None` when not even zero layers fit.
+    pub fn max_fitting_layers(&mut self, c: &Candidate) -> Option<u32> {
+        let all = self.settings.n_layers + 1;
+        let fits = |e: &mut Self, n: u32| e.check_fit(&Candidate { n_gpu_layers: n, ..c.clone() }).is_ok();
+        if fits(self, all) {
+            return Some(all);
+        }
+        if !fits(self, 0) {
+            return None;
+        }
+        let (mut lo, mut hi) = (0, all); // lo fits, hi does not
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if fits(self, mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Some(lo)
+    }
+
+    /// GPU-layer counts to measure: the most that fit, a few steps down, and none (CPU only).
+    pub fn placement_group(&mut self, from: &Candidate) -> Vec<Candidate> {
+        let Some(max) = self.max_fitting_layers(from) else { return Vec::new() };
+        let mut ns = vec![max, max.saturating_sub(1), max * 3 / 4, max / 2, max / 4, 0];
+        ns.sort_unstable_by(|a, b| b.cmp(a));
+        ns.dedup();
+        ns.into_iter().map(|n| Candidate { n_gpu_layers: n, ..from.clone() }).collect()
+    }
+}
