@@ -111,6 +111,10 @@ pub struct TuneArgs {
     #[arg(long = "mem-margin", default_value = "256M")]
     pub mem_margin: String,
 
+    /// Measure every combination of the knob values given (grid mode) instead of searching
+    #[arg(long)]
+    pub exhaustive: bool,
+
     /// Time budget for the whole run, e.g. 90s, 5m, 1h
     #[arg(long, default_value = "10m", allow_hyphen_values = true)]
     pub budget: String,

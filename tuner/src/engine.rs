@@ -225,8 +225,11 @@ impl<'a> Engine<'a> {
             }
         }
         let mut spent = vec![Duration::ZERO; idx.len()];
+        let mut dropped = vec![false; idx.len()];
         loop {
-            let pending: Vec<usize> = (0..idx.len()).filter(|&k| self.wants_more(idx[k], spent[k])).collect();
+            self.drop_clear_losers(&idx, &mut dropped);
+            let pending: Vec<usize> =
+                (0..idx.len()).filter(|&k| !dropped[k] && self.wants_more(idx[k], spent[k])).collect();
             if pending.is_empty() || self.out_of_time() {
                 break;
             }
@@ -249,6 +252,26 @@ impl<'a> Engine<'a> {
             for &i in &idx {
                 if self.results[i].reps.len() < 2 && self.results[i].failure.is_none() && self.results[i].skipped.is_none() {
                     self.results[i].skipped = Some(why.to_string());
+                }
+            }
+        }
+    }
+
+    /// Successive-halving style early stop: a candidate whose best repetition is slower than the
+    /// group leader's median by more than twice the noise threshold gets no more repetitions (it keeps
+    /// its figures and its place on the leaderboard). Cheap short measurements for losers, longer ones
+    /// for the leaders.
+    fn drop_clear_losers(&self, idx: &[usize], dropped: &mut [bool]) {
+        let w = &self.settings.workload;
+        let samples: Vec<Option<Sample>> = idx.iter().map(|&i| self.results[i].rate_sample(w)).collect();
+        let Some(leader) = samples.iter().flatten().map(|s| s.median()).fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+        else {
+            return;
+        };
+        for (k, s) in samples.iter().enumerate() {
+            if let Some(s) = s {
+                if s.max() < leader * (1.0 - 2.0 * self.settings.noise) {
+                    dropped[k] = true;
                 }
             }
         }
@@ -360,6 +383,15 @@ impl<'a> Engine<'a> {
         best
     }
 
+    /// Grid mode (`--exhaustive`): every combination of the declared knob values, measured with the
+    /// same protocol (shuffled rounds, the same stopping rule), then the same decision rule.
+    pub fn run_exhaustive(&mut self) -> Option<Candidate> {
+        let base = self.baseline();
+        let grid = grid(&self.settings, &base);
+        self.measure_group(&grid, "grid");
+        self.choose(&grid)
+    }
+
     /// Relative margin of `best` over the next-best measured candidate.
     pub fn margin_over_runner_up(&self, best: &Candidate) -> Option<f64> {
         let w = &self.settings.workload;
@@ -439,6 +471,35 @@ fn vary_batch(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
         .iter()
         .map(|&ub| Candidate { n_ubatch: ub, n_batch: from.n_batch.max(ub), ..from.clone() })
         .collect()
+}
+
+/// The Cartesian product of the declared knob values (invalid combinations left out).
+pub fn grid(s: &TuneSettings, base: &Candidate) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    for &threads in &s.threads_options {
+        for &kernels in &s.kernels {
+            for &flash_attn in &s.flash_attn {
+                for &t in &s.cache_types {
+                    for &ub in &s.ubatch_options {
+                        let c = Candidate {
+                            threads,
+                            kernels,
+                            flash_attn,
+                            type_k: t,
+                            type_v: t,
+                            n_ubatch: ub,
+                            n_batch: base.n_batch.max(ub),
+                            ..base.clone()
+                        };
+                        if c.validate().is_ok() {
+                            out.push(c);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Among tied candidates: less memory first, then fewer changed knobs, then the label (stable).

@@ -515,7 +515,18 @@ impl ServerProcess {
 
     /// The error for a server that exited while we waited for it.
     fn died(&self, status: ExitStatus, while_doing: &str) -> anyhow::Error {
-        Exit::new(exit::ERROR, format!("llama-server exited ({status}) {while_doing}; its last lines:{}", self.tail()))
+        #[cfg(unix)]
+        let hint = match std::os::unix::process::ExitStatusExt::signal(&status) {
+            Some(libc::SIGILL) => {
+                "\nSIGILL: this llama-server runs CPU instructions this machine (or its OS or VM) does not \
+                 allow, e.g. AMX: build it for a lower CPU level (AUTOTUNE_CPU_VARIANT=... \
+                 vendor/build-llama-tools), or tune without weight repacking (--kernels plain)"
+            }
+            _ => "",
+        };
+        #[cfg(not(unix))]
+        let hint = "";
+        Exit::new(exit::ERROR, format!("llama-server exited ({status}) {while_doing}; its last lines:{}{hint}", self.tail()))
     }
 }
 

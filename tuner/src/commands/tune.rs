@@ -274,7 +274,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     let started = std::time::Instant::now();
     let mut engine = Engine::new(settings, pool, Some(&mut log), &stop_fn, &bar);
     let baseline = engine.baseline();
-    let mut winner = engine.run();
+    let mut winner = if args.exhaustive { engine.run_exhaustive() } else { engine.run() };
     let mut confirm_drift = Vec::new();
     if let Some(w) = winner.clone() {
         if !engine.interrupted {
