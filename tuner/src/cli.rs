@@ -60,17 +60,24 @@ pub struct TuneArgs {
     #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
     pub ctx: u32,
 
+    /// The kind of request to optimise for: chat (256-token turns, 256 generated, 1024 already in
+    /// the cache), long-prompt (3000-token documents, 128 generated), agent (1024-token tool
+    /// results, 256 generated, 2048 in the cache). --prompt/--gen/--depth override its numbers.
+    /// Without it: 512 prompt, 128 generated, no depth (llama-bench's pp512/tg128)
+    #[arg(long)]
+    pub workload: Option<WorkloadPreset>,
+
     /// Prompt tokens of a representative request (prompt processing is measured at this length)
-    #[arg(short = 'p', long, default_value_t = 512)]
-    pub prompt: u32,
+    #[arg(short = 'p', long)]
+    pub prompt: Option<u32>,
 
     /// Tokens generated per request (generation speed is measured over this many)
-    #[arg(short = 'n', long, default_value_t = 128)]
-    pub gen: u32,
+    #[arg(short = 'n', long)]
+    pub gen: Option<u32>,
 
     /// Tokens already in the KV cache when generation is measured (a long chat); 0 = none
-    #[arg(short = 'd', long, default_value_t = 0)]
-    pub depth: u32,
+    #[arg(short = 'd', long)]
+    pub depth: Option<u32>,
 
     /// Thread counts to try, comma separated (default: 1, half the cores, the cores, all CPUs)
     #[arg(short = 't', long, value_delimiter = ',')]
@@ -166,6 +173,31 @@ pub struct TuneArgs {
     /// Rows of the leaderboard to print
     #[arg(long, default_value_t = 10)]
     pub top: usize,
+}
+
+/// Workload presets: (prompt, gen, depth) of a representative request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkloadPreset {
+    Chat,
+    LongPrompt,
+    Agent,
+}
+
+impl WorkloadPreset {
+    pub fn numbers(self) -> (u32, u32, u32) {
+        match self {
+            WorkloadPreset::Chat => (256, 256, 1024),
+            WorkloadPreset::LongPrompt => (3000, 128, 0),
+            WorkloadPreset::Agent => (1024, 256, 2048),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkloadPreset::Chat => "chat",
+            WorkloadPreset::LongPrompt => "long-prompt",
+            WorkloadPreset::Agent => "agent",
+        }
+    }
 }
 
 #[derive(Debug, Args)]

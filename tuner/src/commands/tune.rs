@@ -21,18 +21,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Reads and validates the flags into the engine's settings ("low args" → "high args").
+/// The request shape: the preset's numbers (or llama-bench's pp512/tg128), overridden by explicit flags.
+pub fn workload_numbers(args: &TuneArgs) -> (u32, u32, u32, String) {
+    let (p, g, d) = args.workload.map(|w| w.numbers()).unwrap_or((512, 128, 0));
+    let name = match (args.workload, args.prompt.is_some() || args.gen.is_some() || args.depth.is_some()) {
+        (Some(w), false) => w.name().to_string(),
+        (Some(w), true) => format!("{} (adjusted)", w.name()),
+        (None, _) => "custom".to_string(),
+    };
+    (args.prompt.unwrap_or(p), args.gen.unwrap_or(g), args.depth.unwrap_or(d), name)
+}
+
 fn settings(args: &TuneArgs, model: &std::path::Path, machine: &Machine, n_gpu_layers: u32) -> anyhow::Result<TuneSettings> {
     let usage = |m: String| Exit::new(exit::USAGE, m);
+    let (prompt, gen, depth, _) = workload_numbers(args);
     if args.ctx == 0 {
         return Err(usage("--ctx must be at least 1".into()));
     }
-    if args.prompt == 0 || args.gen == 0 {
+    if prompt == 0 || gen == 0 {
         return Err(usage("--prompt and --gen must be at least 1 token".into()));
     }
-    if args.prompt as u64 + args.depth as u64 > args.ctx as u64 || args.gen as u64 + args.depth as u64 > args.ctx as u64 {
+    if prompt as u64 + depth as u64 > args.ctx as u64 || gen as u64 + depth as u64 > args.ctx as u64 {
         return Err(usage(format!(
-            "--depth {} plus --prompt {} or --gen {} does not fit in --ctx {}: raise --ctx or lower them",
-            args.depth, args.prompt, args.gen, args.ctx
+            "--depth {depth} plus --prompt {prompt} or --gen {gen} does not fit in --ctx {}: raise --ctx or lower them",
+            args.ctx
         )));
     }
     if !(args.noise > 0.0 && args.noise < 1.0) {
@@ -101,9 +113,9 @@ fn settings(args: &TuneArgs, model: &std::path::Path, machine: &Machine, n_gpu_l
         model: model.to_path_buf(),
         workload: Workload {
             n_ctx: args.ctx,
-            n_prompt: args.prompt,
-            n_gen: if args.quick { args.gen.min(64) } else { args.gen },
-            depth: args.depth,
+            n_prompt: prompt,
+            n_gen: if args.quick { gen.min(64) } else { gen },
+            depth,
         },
         noise,
         min_reps,
@@ -209,7 +221,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     let n_gpu_layers = args.n_gpu_layers.unwrap_or(if offload { n_layers + 1 } else { 0 });
     let mut settings = settings(args, &model_path, &machine, n_gpu_layers)?;
     settings.n_layers = n_layers;
-    let workload_name = if args.quick { "quick" } else { "custom" };
+    let workload_name = workload_numbers(args).3;
 
     let llama_build = profiles::LlamaBuild {
         version: doctor.llama_version.clone(),
