@@ -54,10 +54,17 @@ impl Sandbox {
     }
 }
 
-/// A short tuning workload so a test finishes in about a minute on 2 cores.
+/// A short tuning workload so a test finishes in about a minute on 2 cores: the workload and the
+/// repetition limits (no budget: tests add theirs).
+pub const SHORT_WORKLOAD: &[&str] = &["--ctx", "256", "--prompt", "32", "--gen", "8", "--min-reps", "2", "--max-reps", "3", "--seed", "7"];
+
+/// A small knob space: two threads, f16/q8_0 KV, default flash attention and micro-batch.
+pub const SHORT_KNOBS: &[&str] = &["--threads", "2", "--cache-types", "f16,q8_0", "--flash-attn", "auto", "--ubatch", "512"];
+
+/// SHORT_WORKLOAD + SHORT_KNOBS + a 60 s budget.
 pub const SHORT: &[&str] = &[
-    "--ctx", "256", "--prompt", "32", "--gen", "8", "--budget", "60s", "--min-reps", "2", "--max-reps", "3",
-    "--threads", "2", "--cache-types", "f16,q8_0", "--flash-attn", "auto", "--ubatch", "512", "--seed", "7",
+    "--ctx", "256", "--prompt", "32", "--gen", "8", "--min-reps", "2", "--max-reps", "3", "--seed", "7",
+    "--threads", "2", "--cache-types", "f16,q8_0", "--flash-attn", "auto", "--ubatch", "512", "--budget", "60s",
 ];
 
 pub fn stderr(o: &Output) -> String {

@@ -62,3 +62,73 @@ fn doctor_reports_llama_cpp_devices_and_system_info() {
     assert!(v["system_info"].as_str().unwrap().contains("CPU :"));
     assert!(v["backends"].as_array().unwrap().iter().any(|b| b == "CPU"));
 }
+
+/// Records per candidate in a measurement log (JSON Lines).
+fn records_per_candidate(log: &std::path::Path) -> std::collections::HashMap<String, usize> {
+    let mut m = std::collections::HashMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        *m.entry(v["candidate"].to_string()).or_insert(0) += 1;
+    }
+    m
+}
+
+#[test]
+fn an_interrupted_run_resumes_without_re_measuring() {
+    let model = demo_model();
+    let sb = Sandbox::new();
+    let mut args = vec!["tune", model.to_str().unwrap(), "--json", "--cache-types", "f16,q8_0,q4_0", "--budget", "120s"];
+    args.extend_from_slice(SHORT_WORKLOAD);
+    args.extend_from_slice(&["--threads", "2", "--flash-attn", "auto", "--ubatch", "512"]);
+    let mut child = sb.cmd().args(&args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    // Interrupt once a few repetitions are in the log.
+    let logs = sb.cache().join("measurements");
+    let start = std::time::Instant::now();
+    loop {
+        let n: usize = std::fs::read_dir(&logs)
+            .map(|d| d.flatten().map(|e| std::fs::read_to_string(e.path()).unwrap_or_default().lines().count()).sum())
+            .unwrap_or(0);
+        if n >= 3 || start.elapsed().as_secs() > 120 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert!(stderr(&out).contains("resume"), "{}", stderr(&out));
+    assert!(sb.stored_profiles().is_empty(), "no profile from an interrupted run");
+    let log = std::fs::read_dir(&logs).unwrap().flatten().next().unwrap().path();
+    let before = records_per_candidate(&log);
+    assert!(before.values().sum::<usize>() >= 3);
+
+    let o = sb.run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(report["reused_repetitions"].as_u64().unwrap() >= 3, "{}", report["reused_repetitions"]);
+    // Candidates complete before the interrupt (--max-reps 3 reached) got no new repetitions, except the
+    // winner and runner-up, which are re-measured at the end on purpose.
+    let after = records_per_candidate(&log);
+    let winner = serde_json::to_string(&report["winner"]).unwrap();
+    let confirmed: Vec<String> = report["leaderboard"].as_array().unwrap().iter().take(2).map(|e| e["candidate"].to_string()).collect();
+    for (cand, n) in &before {
+        if *n >= 3 && !confirmed.contains(cand) && *cand != winner {
+            assert_eq!(after[cand], *n, "{cand} was measured again after resuming");
+        }
+    }
+}
+
+#[test]
+fn the_time_budget_is_respected() {
+    let model = demo_model();
+    let sb = Sandbox::new();
+    let mut args = vec!["tune", model.to_str().unwrap(), "--json", "--budget", "15s", "--cache-types", "f16,q8_0,q4_0"];
+    args.extend_from_slice(&["--ctx", "256", "--prompt", "32", "--gen", "8", "--min-reps", "2", "--max-reps", "10"]);
+    args.extend_from_slice(&["--threads", "1,2", "--flash-attn", "auto,on,off", "--ubatch", "512,256"]);
+    let t = std::time::Instant::now();
+    let o = sb.run(&args);
+    let took = t.elapsed().as_secs_f64();
+    assert!(o.status.success() || o.status.code() == Some(4), "{}", stderr(&o));
+    // One repetition (with its model load) may be in flight when the budget runs out.
+    assert!(took < 15.0 + 12.0, "took {took:.1} s for a 15 s budget");
+}

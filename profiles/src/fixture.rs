@@ -105,6 +105,7 @@ pub fn example_profile() -> Profile {
         winner: winner.clone(),
         figures: figures.clone(),
         baseline: Some(baseline.clone()),
+        roofline: None,
         leaderboard: vec![
             LeaderboardEntry {
                 rank: 1,

@@ -41,6 +41,10 @@ pub struct Profile {
     /// llama.cpp's defaults measured in the same run, for the speed-up a user gets from this profile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline: Option<Figures>,
+    /// What a generated token of the winner reads and how fast this machine reads memory, for
+    /// `autotune explain`; absent in profiles written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roofline: Option<crate::Roofline>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leaderboard: Vec<LeaderboardEntry>,
 }

@@ -49,6 +49,14 @@ pub enum Command {
     /// Internal: the worker process that runs trials
     #[command(name = "__worker", hide = true)]
     Worker,
+    /// Write other quantizations of a model (a "ladder") with llama.cpp's quantizer
+    Quantize(QuantizeArgs),
+    /// How far each quantization of a model (and each KV-cache type) drifts from the most precise
+    /// file available: KL divergence and top-1 agreement of next-token distributions
+    Quality(QualityArgs),
+    /// Explain a profile: the memory-bandwidth roofline and a diagnosis (fit, bandwidth, dense or
+    /// sparse, prefill, devices, which setting mattered), with charts and a Markdown report
+    Explain(ExplainArgs),
 }
 
 #[derive(Debug, Args)]
@@ -173,6 +181,97 @@ pub struct TuneArgs {
     /// Rows of the leaderboard to print
     #[arg(long, default_value_t = 10)]
     pub top: usize,
+
+    // ---- quantization choice (quant::joint): any of these makes `tune` choose among quantizations ----
+    /// Other quantizations of MODEL to choose among (files or folders); each is tuned and the fastest
+    /// under --max-kld wins
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub quants: Vec<PathBuf>,
+    /// Choose among the quantizations of MODEL found in its folder (see `autotune quality MODEL --list`)
+    #[arg(long)]
+    pub ladder: bool,
+    /// Quality gate, in nats per token: the mean KL divergence from the most precise file that a
+    /// weight quantization, and separately a KV-cache type, may add (default 0.05: Q4_K_M-class and
+    /// better on mid-size models; lower it to insist on Q6_K/Q8_0-class fidelity)
+    #[arg(long = "max-kld")]
+    pub max_kld: Option<f64>,
+    /// The file quality is measured against (default: the most precise of the quantizations)
+    #[arg(long)]
+    pub reference: Option<PathBuf>,
+    /// Evaluate quality on only the first N tokens of the evaluation text (faster, noisier)
+    #[arg(long = "quality-tokens")]
+    pub quality_tokens: Option<u32>,
+
+    /// Write charts (SVG: tg and pp against GPU layers, the leaderboard) beside the saved profile
+    #[arg(long)]
+    pub plot: bool,
+
+    /// Write a Markdown report (leaderboard, diagnosis, roofline, chart links) to FILE, with the
+    /// charts beside it (or beside the profile with --plot)
+    #[arg(long = "export-markdown", value_name = "FILE")]
+    pub export_markdown: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct QuantizeArgs {
+    /// The source GGUF file (ideally F16/BF16/F32; a quantized one needs --allow-requantize)
+    pub src: PathBuf,
+    /// Quantizations to write, comma separated (llama-quantize's names: f16, bf16, q8_0, q6_k,
+    /// q5_k_m, q4_k_m, q4_0, …)
+    #[arg(long, value_delimiter = ',', default_value = "f16,q8_0,q6_k,q5_k_m,q4_k_m,q4_0")]
+    pub types: Vec<String>,
+    /// Folder to write them to (default: a folder per source under $AUTOTUNE_CACHE_DIR/ladder/)
+    #[arg(long = "out-dir")]
+    pub out_dir: Option<PathBuf>,
+    /// Quantize from an already quantized source: every file then carries the source's rounding too
+    /// (an F16 made from it holds exactly the source's weights: the highest precision available)
+    #[arg(long = "allow-requantize")]
+    pub allow_requantize: bool,
+    /// Threads the quantizer uses (default: all CPUs)
+    #[arg(short = 't', long)]
+    pub threads: Option<u32>,
+    /// Write files again that already exist
+    #[arg(long)]
+    pub force: bool,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct QualityArgs {
+    /// A GGUF model: its ladder (the other quantizations beside it, or --quants) is evaluated
+    pub model: PathBuf,
+    /// Quantizations of the model to evaluate instead of those found beside it: files or folders
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub quants: Vec<PathBuf>,
+    /// The file to compare against (default: the most precise of the ladder)
+    #[arg(long)]
+    pub reference: Option<PathBuf>,
+    /// KV-cache types to evaluate (on the reference's weights), comma separated
+    #[arg(long = "kv-types", value_delimiter = ',', default_value = "f16,q8_0,q4_0")]
+    pub kv_types: Vec<String>,
+    /// Evaluate only the first N tokens of the text (faster, noisier)
+    #[arg(long)]
+    pub tokens: Option<u32>,
+    /// Chunk length: the context each chunk of the text is evaluated in
+    #[arg(long, default_value_t = 512)]
+    pub chunk: u32,
+    /// Evaluation text (default: the English prose, code and dialogue built into autotune)
+    #[arg(long)]
+    pub text: Option<PathBuf>,
+    /// Threads (default: the physical cores)
+    #[arg(short = 't', long)]
+    pub threads: Option<u32>,
+    /// Only list the ladder: which files were considered and why others were not (runs nothing)
+    #[arg(long)]
+    pub list: bool,
+    /// Evaluate again even when a cached result exists
+    #[arg(long)]
+    pub fresh: bool,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Workload presets: (prompt, gen, depth) of a representative request.
@@ -343,8 +442,26 @@ pub struct ExportArgs {
     pub force: bool,
 }
 
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// A profile file, or a model file (this machine's stored profile for it); none = this
+    /// machine's newest stored profile
+    pub target: Option<PathBuf>,
+    /// Write the charts (SVG: tg and pp against GPU layers, the leaderboard) into this folder
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
+    /// Write a Markdown report (leaderboard, diagnosis, roofline, chart links) to FILE; the charts
+    /// go beside it unless --plot puts them elsewhere
+    #[arg(long = "export-markdown", value_name = "FILE")]
+    pub export_markdown: Option<PathBuf>,
+    /// Print the explanation as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// The subcommand names, for the `autotune model.gguf` short form.
-pub const SUBCOMMANDS: &[&str] = &["tune", "doctor", "show", "measure", "apply", "export", "rpc-serve", "__worker", "help"];
+pub const SUBCOMMANDS: &[&str] =
+    &["tune", "doctor", "show", "measure", "apply", "export", "rpc-serve", "__worker", "help", "quantize", "quality", "explain"];
 
 /// llama.cpp's multi-letter single-dash flags, which clap cannot express as short flags.
 const LLAMA_STYLE_FLAGS: &[&str] = &["-ngl", "-ctk", "-ctv", "-fa", "-ub"];

@@ -174,11 +174,23 @@ pub fn cpu_variant(log: &[String]) -> Option<String> {
     })
 }
 
-/// The llama.cpp build this binary links.
-pub fn build_info() -> (String, String) {
-    // llama-cpp-sys-2 vendors a specific llama.cpp; its crate version identifies the sources.
-    ("llama-cpp-sys-2 0.1.161".to_string(), option_env!("AUTOTUNE_LLAMA_COMMIT").unwrap_or("vendored").to_string())
+extern "C" {
+    // Globals of llama.cpp's build-info (C++ globals are not name-mangled).
+    static LLAMA_BUILD_NUMBER: i32;
+    static LLAMA_COMMIT: *const c_char;
 }
+
+/// The llama.cpp build this binary links: its version the way llama.cpp's tools print it
+/// (`0.6.0-dev (build N, commit C)`), and the commit.
+pub fn build_info() -> (String, String) {
+    // SAFETY: read-only globals initialised at load time.
+    let (number, commit) = unsafe { (LLAMA_BUILD_NUMBER, cstr(LLAMA_COMMIT)) };
+    let commit = if commit.is_empty() || commit == "unknown" { "llama-cpp-sys-2 0.1.161".to_string() } else { commit };
+    (format!("{LLAMA_VERSION} (build {number}, commit {commit})"), commit)
+}
+
+/// llama.cpp's version (its CMakeLists' LLAMA_VERSION) of the sources llama-cpp-sys-2 0.1.161 vendors.
+pub const LLAMA_VERSION: &str = "0.6.0-dev";
 
 unsafe fn cstr(p: *const c_char) -> String {
     if p.is_null() {
@@ -626,5 +638,213 @@ common_memory_breakdown_print: |   - Host                   |                   
         assert_eq!(rows[0].compute, 528 * 1024 * 1024);
         assert_eq!(rows[1].name, "Host");
         assert_eq!(breakdown_per_device(&rows)[0].device, "CPU");
+    }
+}
+
+// ---- Quantization ladders and quality (used by `quant::serve` in the worker) ----
+
+impl Model {
+    /// The text's tokens in this model's vocabulary, without BOS/EOS (the caller adds them).
+    pub fn tokenize(&self, text: &str) -> Result<Vec<i32>, String> {
+        let len = i32::try_from(text.len()).map_err(|_| "text too long to tokenize".to_string())?;
+        // SAFETY: the vocab belongs to the model; llama_tokenize reads `len` bytes of `text` and writes at
+        // most `cap` tokens; a negative result is the size it needs.
+        unsafe {
+            let vocab = sys::llama_model_get_vocab(self.ptr.as_ptr());
+            let mut cap = text.len() + 16;
+            loop {
+                let mut out = vec![0i32; cap];
+                let n = sys::llama_tokenize(vocab, text.as_ptr().cast(), len, out.as_mut_ptr(), cap as i32, false, false);
+                if n >= 0 {
+                    out.truncate(n as usize);
+                    return Ok(out);
+                }
+                if (-n) as usize <= cap {
+                    return Err(format!("llama_tokenize failed ({n})"));
+                }
+                cap = (-n) as usize;
+            }
+        }
+    }
+}
+
+impl Context {
+    /// Decodes `tokens` from position 0 of an empty cache as one batch with an output (logits) for
+    /// every token; read them with [`Context::logits_ith`]. `tokens.len()` must not exceed n_batch.
+    pub fn decode_with_all_logits(&mut self, tokens: &[i32]) -> Result<(), LlamaError> {
+        self.clear();
+        let n = tokens.len() as i32;
+        // SAFETY: the batch is allocated for n tokens with one sequence id each, every field we set
+        // is within those sizes, and it is freed after the decode.
+        unsafe {
+            let batch = sys::llama_batch_init(n, 0, 1);
+            for (i, &t) in tokens.iter().enumerate() {
+                *batch.token.add(i) = t;
+                *batch.pos.add(i) = i as i32;
+                *batch.n_seq_id.add(i) = 1;
+                *(*batch.seq_id.add(i)) = 0;
+                *batch.logits.add(i) = 1;
+            }
+            let mut b = batch;
+            b.n_tokens = n;
+            let status = sys::llama_decode(self.ptr.as_ptr(), b);
+            sys::llama_batch_free(batch);
+            if status != 0 {
+                return Err(LlamaError::Decode { status, log: log_tail(&take_log()) });
+            }
+        }
+        Ok(())
+    }
+
+    /// Logits (n_vocab floats) of output `i` of the last decode.
+    pub fn logits_ith(&self, i: i32) -> &[f32] {
+        // SAFETY: llama.cpp keeps the outputs of the last decode until the next one; NULL for a bad id.
+        unsafe {
+            let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), i);
+            if p.is_null() {
+                &[]
+            } else {
+                std::slice::from_raw_parts(p, self.model.n_vocab() as usize)
+            }
+        }
+    }
+}
+
+/// Writes `dst` as `src` quantized to the llama file type `ftype` (llama.cpp's quantizer, as
+/// `llama-quantize` runs it). `allow_requantize` lets it start from already quantized tensors.
+/// The error is llama.cpp's last error lines.
+pub fn quantize_model(src: &Path, dst: &Path, ftype: u32, allow_requantize: bool, threads: u32) -> Result<(), String> {
+    let c = |p: &Path| p.to_str().and_then(|s| CString::new(s).ok()).ok_or_else(|| format!("path is not valid UTF-8 or contains NUL: {}", p.display()));
+    let (csrc, cdst) = (c(src)?, c(dst)?);
+    // SAFETY: default params are plain data; the paths outlive the call.
+    let status = unsafe {
+        let mut p = sys::llama_model_quantize_default_params();
+        p.nthread = threads as i32;
+        p.ftype = ftype as sys::llama_ftype;
+        p.allow_requantize = allow_requantize;
+        sys::llama_model_quantize(csrc.as_ptr(), cdst.as_ptr(), &p)
+    };
+    if status != 0 {
+        return Err(format!("llama_model_quantize failed: {}", log_tail(&take_log())));
+    }
+    Ok(())
+}
+
+impl Model {
+    /// Whether the vocabulary wants a BOS token at the start of a text.
+    pub fn add_bos(&self) -> bool {
+        // SAFETY: model pointer is valid for self's lifetime.
+        unsafe { sys::llama_vocab_get_add_bos(sys::llama_model_get_vocab(self.ptr.as_ptr())) }
+    }
+}
+
+// ---- Speculative decoding (used by `speculative::serve` in the worker) ----
+
+impl Model {
+    /// Loads only the vocabulary of a GGUF file (no weights, nothing allocated for them): enough to
+    /// compare two models' vocabularies the way llama.cpp's speculative decoding does.
+    pub fn load_vocab_only(path: &Path) -> Result<Model, LlamaError> {
+        let cpath = path
+            .to_str()
+            .and_then(|p| CString::new(p).ok())
+            .ok_or_else(|| LlamaError::BadPath(path.display().to_string()))?;
+        // SAFETY: default params are plain data.
+        let mut p = unsafe { sys::llama_model_default_params() };
+        p.vocab_only = true;
+        p.n_gpu_layers = 0;
+        take_log();
+        // SAFETY: the path outlives the call.
+        let ptr = unsafe { sys::llama_model_load_from_file(cpath.as_ptr(), p) };
+        NonNull::new(ptr).map(|ptr| Model { ptr }).ok_or_else(|| LlamaError::ModelLoad(log_tail(&take_log())))
+    }
+
+    fn vocab(&self) -> *const sys::llama_vocab {
+        // SAFETY: model pointer is valid for self's lifetime; the vocab lives as long as the model.
+        unsafe { sys::llama_model_get_vocab(self.ptr.as_ptr()) }
+    }
+
+    /// llama.cpp's vocabulary type number (`LLAMA_VOCAB_TYPE_*`: 1 SPM, 2 BPE, 3 WPM, 4 UGM, ...).
+    pub fn vocab_type(&self) -> u32 {
+        // SAFETY: valid vocab.
+        unsafe { sys::llama_vocab_type(self.vocab()) as u32 }
+    }
+
+    pub fn eos(&self) -> i32 {
+        // SAFETY: valid vocab.
+        unsafe { sys::llama_vocab_eos(self.vocab()) }
+    }
+
+    /// Whether the vocabulary wants an EOS token at the end of a text.
+    pub fn add_eos(&self) -> bool {
+        // SAFETY: valid vocab.
+        unsafe { sys::llama_vocab_get_add_eos(self.vocab()) }
+    }
+
+    /// The stored text of token `id` (as bytes; empty for an id out of range).
+    pub fn token_text(&self, id: i32) -> &[u8] {
+        if id < 0 || id >= self.n_vocab() {
+            return &[];
+        }
+        // SAFETY: the id is in range; the text lives as long as the model.
+        unsafe {
+            let p = sys::llama_vocab_get_text(self.vocab(), id);
+            if p.is_null() {
+                &[]
+            } else {
+                CStr::from_ptr(p).to_bytes()
+            }
+        }
+    }
+
+    /// Whether `id` ends a generation (EOS, EOT, ...).
+    pub fn is_eog(&self, id: i32) -> bool {
+        // SAFETY: valid vocab; llama.cpp checks the id against its set of end tokens.
+        unsafe { sys::llama_vocab_is_eog(self.vocab(), id) }
+    }
+}
+
+impl Context {
+    /// Decodes `tokens` as sequence 0 at positions `pos0..`, continuing what is in the KV cache, in
+    /// chunks of n_batch. With `all_logits` every token gets an output (read them with
+    /// [`Context::logits_ith`], indexed from 0 within the batch; `tokens` must then fit one batch),
+    /// else only the last token does ([`Context::last_logits`]).
+    pub fn decode_at(&mut self, tokens: &[i32], pos0: i32, all_logits: bool) -> Result<(), LlamaError> {
+        let n_batch = self.n_batch.max(1) as usize;
+        if all_logits && tokens.len() > n_batch {
+            return Err(LlamaError::Decode { status: -1, log: format!("{} tokens with logits exceed n_batch {n_batch}", tokens.len()) });
+        }
+        let chunks = tokens.len().div_ceil(n_batch);
+        for (c, chunk) in tokens.chunks(n_batch).enumerate() {
+            let last_chunk = c + 1 == chunks;
+            let n = chunk.len() as i32;
+            let start = pos0 + (c * n_batch) as i32;
+            // SAFETY: the batch is allocated for n tokens with one sequence id each; every field set
+            // is within those sizes, and it is freed after the decode.
+            unsafe {
+                let batch = sys::llama_batch_init(n, 0, 1);
+                for (i, &t) in chunk.iter().enumerate() {
+                    *batch.token.add(i) = t;
+                    *batch.pos.add(i) = start + i as i32;
+                    *batch.n_seq_id.add(i) = 1;
+                    *(*batch.seq_id.add(i)) = 0;
+                    *batch.logits.add(i) = i8::from(all_logits || (last_chunk && i + 1 == chunk.len()));
+                }
+                let mut b = batch;
+                b.n_tokens = n;
+                let status = sys::llama_decode(self.ptr.as_ptr(), b);
+                sys::llama_batch_free(batch);
+                if status != 0 {
+                    return Err(LlamaError::Decode { status, log: log_tail(&take_log()) });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes positions `from..` of sequence 0 from the KV cache (rolling back rejected draft
+    /// tokens). False when llama.cpp cannot remove part of the sequence.
+    pub fn truncate(&mut self, from: i32) -> bool {
+        // SAFETY: context is valid; the memory handle belongs to it.
+        unsafe { sys::llama_memory_seq_rm(sys::llama_get_memory(self.ptr.as_ptr()), 0, from, -1) }
     }
 }

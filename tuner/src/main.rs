@@ -4,11 +4,13 @@ mod cli;
 mod commands;
 mod engine;
 mod exit;
+mod explain;
 mod fault;
 mod llama;
 mod machine;
 mod placement;
 mod pool;
+mod quant;
 mod report;
 mod stats;
 mod trial;
@@ -33,6 +35,12 @@ fn main() {
             std::process::exit(exit::USAGE);
         }
     };
+    if matches!(cli.command, cli::Command::Doctor(_) | cli::Command::Show(_) | cli::Command::Export(_)) {
+        // Commands that only print: `autotune doctor | head` ends quietly like other CLI tools. (Not for
+        // commands that talk to workers or servers through pipes: a dead worker must not kill the tuner.)
+        // SAFETY: restoring the default disposition of a signal.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match &cli.command {
         cli::Command::Worker => worker::serve().map(|_| exit::OK),
         cli::Command::Doctor(a) => commands::doctor::run(&cli, a),
@@ -42,12 +50,16 @@ fn main() {
         cli::Command::Apply(a) => commands::apply::run(&cli, a),
         cli::Command::Export(a) => commands::export::run(&cli, a),
         cli::Command::RpcServe(a) => commands::rpc_serve::run(&cli, a),
+        cli::Command::Quantize(a) => commands::quantize::run(&cli, a),
+        cli::Command::Quality(a) => commands::quality::run(&cli, a),
+        cli::Command::Explain(a) => commands::explain::run(&cli, a),
     };
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             let code = e.downcast_ref::<exit::Exit>().map_or(exit::ERROR, |x| x.code);
-            eprintln!("autotune: error: {e:#}");
+            // One line, whatever the error carries (a quoted line of a bad file, a source chain).
+            eprintln!("autotune: error: {}", report::one_line(&format!("{e:#}")));
             std::process::exit(code);
         }
     }

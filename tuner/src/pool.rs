@@ -35,7 +35,8 @@ impl WorkerPool {
     pub fn call(&mut self, request: &Request, stop: &dyn Fn() -> bool) -> Result<Response, TrialFailure> {
         let m = match request {
             Request::Measure(m) | Request::Footprint(m) => m,
-            Request::Quit => return Err(TrialFailure::Interrupted),
+            // Quantize and quality requests hold no placement: they run in a worker of their own.
+            Request::Quit | Request::Quantize(_) | Request::Quality(_) => return Err(TrialFailure::Interrupted),
         };
         let key = Self::key(m);
         let idx = match self.workers.iter().position(|(k, _)| *k == key) {

@@ -36,6 +36,32 @@ pub struct Report {
     pub profile_path: Option<PathBuf>,
     pub measurement_log: Option<PathBuf>,
     pub notes: Vec<String>,
+    /// Memory per device of every candidate: predicted by the dry run, reported by llama.cpp after
+    /// the real load, and measured (device free-memory drop, worker RSS growth).
+    pub memory: Vec<MemoryRow>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryRow {
+    pub candidate: Candidate,
+    pub loaded: bool,
+    pub predicted: Vec<profiles::measurements::DeviceBytes>,
+    pub reported: Vec<profiles::measurements::DeviceBytes>,
+    pub actual: Vec<profiles::measurements::DeviceBytes>,
+}
+
+/// The memory rows of a run's results.
+pub fn memory_rows(results: &[CandidateResult]) -> Vec<MemoryRow> {
+    results
+        .iter()
+        .map(|r| MemoryRow {
+            candidate: r.candidate.clone(),
+            loaded: r.load.is_some() || !r.reps.is_empty(),
+            predicted: r.predicted.as_ref().map(|p| p.per_device.clone()).unwrap_or_default(),
+            reported: r.load.as_ref().map(|l| l.per_device.clone()).unwrap_or_default(),
+            actual: r.load.as_ref().map(|l| l.actual.clone()).unwrap_or_default(),
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone, Serialize)]

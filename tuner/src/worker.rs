@@ -31,6 +31,10 @@ pub enum Request {
     /// Load the model and create the context without running anything: the memory that takes.
     Footprint(MeasureRequest),
     Quit,
+    /// Write a quantization of a model with llama.cpp's quantizer (`autotune quantize`).
+    Quantize(crate::quant::serve::QuantizeRequest),
+    /// Compare a model's next-token distributions with a reference's (`autotune quality`).
+    Quality(crate::quant::serve::QualityRequest),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -39,6 +43,8 @@ pub enum Response {
     Footprint(LoadReport),
     /// llama.cpp refused (returned an error) without crashing.
     Failed { stage: String, message: String },
+    Quantized(crate::quant::serve::QuantizeAnswer),
+    Quality(crate::quant::serve::QualityAnswer),
 }
 
 /// Entry point of `autotune __worker`: serve requests from stdin until EOF or `Quit`.
@@ -66,6 +72,8 @@ pub fn serve() -> anyhow::Result<()> {
             Request::Quit => break,
             Request::Measure(m) => state.measure(&m),
             Request::Footprint(m) => state.footprint(&m),
+            Request::Quantize(q) => crate::quant::serve::quantize(&q),
+            Request::Quality(q) => crate::quant::serve::quality(&q),
         };
         writeln!(stdout, "{}", serde_json::to_string(&response)?)?;
         stdout.flush()?;

@@ -4,6 +4,8 @@
 //! Also home of [`resolve`], which finds a profile (by model file or profile path) and refuses one that
 //! is invalid or stale; `export` uses it too.
 
+mod server;
+
 use crate::cli::{ApplyArgs, Cli};
 use crate::commands::{doctor, tune};
 use crate::exit::{self, Exit};
@@ -11,30 +13,14 @@ use anyhow::Context as _;
 use profiles::{Profile, Store, StoredProfile};
 use search_space::identity::ModelIdentity;
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read};
+use server::ServerProcess;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a starting server may take to load the model and answer `/health` with 200.
-const READY_TIMEOUT: Duration = Duration::from_secs(120);
-/// How long a server gets to exit after SIGTERM before it is killed.
-const STOP_GRACE: Duration = Duration::from_secs(10);
-/// Lines of the server's output kept for the error message when it fails to start.
-const LOG_LINES: usize = 40;
-
-/// The prompt of the check: ordinary English (about 100 words), so the server tokenizes and samples real
-/// text through its whole HTTP path. Fixed, so checks are comparable across runs.
-const PROMPT: &str = "The old lighthouse stood at the edge of the cliff for more than a century, watching \
-    ships pass through the narrow channel below. Its keeper, a quiet woman who had inherited the post from \
-    her father, climbed the spiral stairs every evening to light the lamp and wind the clockwork that turned \
-    the great lens. Storms came often in winter, and on the worst nights she stayed awake until dawn, \
-    listening to the wind and counting the seconds between flashes. Travellers who stopped in the village \
-    sometimes asked her whether she felt lonely. She always answered that the sea was company enough, and \
-    then she told them a story about";
 
 /// Finds the profile `target` names and checks that it may be used: a `.toml` file is read as a profile;
 /// anything else is a model file whose profile for this machine is looked up in the store.
@@ -176,13 +162,6 @@ struct Timings {
     predicted_per_second: f64,
 }
 
-#[derive(Debug, Deserialize)]
-struct CompletionAnswer {
-    #[serde(default)]
-    content: String,
-    timings: Timings,
-}
-
 pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     if !(args.tolerance.is_finite() && args.tolerance > 0.0) {
         return Err(Exit::new(exit::USAGE, format!("--tolerance {} must be a positive number, e.g. 0.25", args.tolerance)));
@@ -248,14 +227,14 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     if !cli.quiet {
         eprintln!("autotune: started llama-server (pid {}), waiting for {url}/health", proc.child.id());
     }
-    wait_ready(&mut proc, &url, &signal)?;
+    server::wait_ready(&mut proc, &url, &signal)?;
     let ready_s = started.elapsed().as_secs_f64();
 
     // The first completion warms the server up (page cache, allocations, first-request paths); the
     // second is the one compared. Both leave room for the prompt in the context.
     let n_gen = p.workload.n_gen.max(1);
     let timeout = Duration::from_secs_f64((60.0 + 10.0 * f64::from(n_gen) / p.figures.tg_tps.max(0.1)).min(3600.0));
-    let warmup = complete(&mut proc, &url, n_gen.min(16), timeout, &signal)?;
+    let warmup = server::complete(&mut proc, &url, n_gen.min(16), timeout, &signal)?;
     let room = p.workload.n_ctx.saturating_sub(u32::try_from(warmup.timings.prompt_n).unwrap_or(u32::MAX) + 1);
     if room < n_gen {
         eprintln!(
@@ -264,7 +243,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
             p.workload.n_ctx
         );
     }
-    let answer = complete(&mut proc, &url, n_gen.min(room).max(1), timeout, &signal)?;
+    let answer = server::complete(&mut proc, &url, n_gen.min(room).max(1), timeout, &signal)?;
     if answer.timings.predicted_n == 0 || answer.content.is_empty() {
         return Err(Exit::new(exit::ERROR, "llama-server answered the completion without generating any text"));
     }
@@ -308,7 +287,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     }
     proc.echo.store(true, Ordering::Relaxed);
     eprintln!("autotune: llama-server is running at {url} (pid {}); press Ctrl-C to stop it", proc.child.id());
-    serve_in_foreground(&mut proc, &signal)
+    server::serve_in_foreground(&mut proc, &signal)
 }
 
 fn render(c: &Check) -> String {
@@ -417,241 +396,6 @@ fn connect_host(host: &str) -> String {
     }
 }
 
-/// A started llama-server in its own process group; stopped (and its group with it) when dropped.
-struct ServerProcess {
-    child: Child,
-    /// The last lines it wrote (stdout and stderr), for the error message when it fails.
-    log: Arc<Mutex<VecDeque<String>>>,
-    /// Copy its output to our stderr (with `--verbose`, and while it serves in the foreground).
-    echo: Arc<AtomicBool>,
-    exited: Option<ExitStatus>,
-}
-
-impl ServerProcess {
-    fn start(server: &Path, argv: &[String], verbose: bool) -> anyhow::Result<ServerProcess> {
-        let mut cmd = Command::new(server);
-        cmd.args(argv).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        #[cfg(unix)]
-        {
-            use std::os::unix::process::CommandExt as _;
-            // Its own group: a Ctrl-C in the terminal reaches us, and we stop the server in order.
-            cmd.process_group(0);
-            #[cfg(target_os = "linux")]
-            // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-            unsafe {
-                cmd.pre_exec(|| {
-                    // If autotune dies without stopping it, the server gets SIGTERM instead of living on.
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                    Ok(())
-                });
-            }
-        }
-        let mut child = cmd.spawn().with_context(|| format!("cannot start {}", server.display()))?;
-        let log = Arc::new(Mutex::new(VecDeque::new()));
-        let echo = Arc::new(AtomicBool::new(verbose));
-        let out: Box<dyn Read + Send> = Box::new(child.stdout.take().expect("piped"));
-        let err: Box<dyn Read + Send> = Box::new(child.stderr.take().expect("piped"));
-        for stream in [out, err] {
-            let (log, echo) = (Arc::clone(&log), Arc::clone(&echo));
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).split(b'\n').map_while(Result::ok) {
-                    let line = String::from_utf8_lossy(&line).trim_end().to_string();
-                    if echo.load(Ordering::Relaxed) {
-                        eprintln!("{line}");
-                    }
-                    let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
-                    if log.len() == LOG_LINES {
-                        log.pop_front();
-                    }
-                    log.push_back(line);
-                }
-            });
-        }
-        Ok(ServerProcess { child, log, echo, exited: None })
-    }
-
-    /// Its exit status, once it has exited.
-    fn exited(&mut self) -> Option<ExitStatus> {
-        if self.exited.is_none() {
-            self.exited = self.child.try_wait().ok().flatten();
-        }
-        self.exited
-    }
-
-    fn signal(&self, sig: i32) {
-        #[cfg(unix)]
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            // SAFETY: kill has no memory effects; the negative pid names the server's own process group.
-            unsafe { libc::kill(-pid, sig) };
-        }
-    }
-
-    /// SIGTERM, then SIGKILL after the grace period (or at once on a second Ctrl-C).
-    fn stop(&mut self, signal: &AtomicUsize) -> Option<ExitStatus> {
-        if self.exited().is_some() {
-            return self.exited;
-        }
-        signal.store(0, Ordering::Relaxed);
-        self.signal(libc::SIGTERM);
-        let deadline = Instant::now() + STOP_GRACE;
-        while self.exited().is_none() {
-            if Instant::now() > deadline || signal.load(Ordering::Relaxed) != 0 {
-                self.signal(libc::SIGKILL);
-                let _ = self.child.kill();
-                self.exited = self.child.wait().ok();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        self.exited
-    }
-
-    fn tail(&self) -> String {
-        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        let lines: Vec<&str> = log.iter().map(String::as_str).filter(|l| !l.trim().is_empty()).collect();
-        let start = lines.len().saturating_sub(12);
-        lines[start..].iter().map(|l| format!("\n  | {l}")).collect()
-    }
-
-    /// The error for a server that exited while we waited for it.
-    fn died(&self, status: ExitStatus, while_doing: &str) -> anyhow::Error {
-        #[cfg(unix)]
-        let hint = match std::os::unix::process::ExitStatusExt::signal(&status) {
-            Some(libc::SIGILL) => {
-                "\nSIGILL: this llama-server runs CPU instructions this machine (or its OS or VM) does not \
-                 allow, e.g. AMX: build it for a lower CPU level (AUTOTUNE_CPU_VARIANT=... \
-                 vendor/build-llama-tools), or tune without weight repacking (--kernels plain)"
-            }
-            _ => "",
-        };
-        #[cfg(not(unix))]
-        let hint = "";
-        Exit::new(exit::ERROR, format!("llama-server exited ({status}) {while_doing}; its last lines:{}{hint}", self.tail()))
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        self.stop(&AtomicUsize::new(0));
-    }
-}
-
-fn interrupted() -> anyhow::Error {
-    Exit::new(exit::INTERRUPTED, "interrupted; llama-server stopped")
-}
-
-/// Polls `/health` until it answers 200; fails when the server exits, the user interrupts, or it
-/// takes longer than [`READY_TIMEOUT`].
-fn wait_ready(proc: &mut ServerProcess, url: &str, signal: &AtomicUsize) -> anyhow::Result<()> {
-    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(2)).build();
-    let deadline = Instant::now() + READY_TIMEOUT;
-    loop {
-        if let Some(status) = proc.exited() {
-            return Err(proc.died(status, "before it was ready"));
-        }
-        if signal.load(Ordering::Relaxed) != 0 {
-            return Err(interrupted());
-        }
-        if let Ok(r) = agent.get(&format!("{url}/health")).call() {
-            if r.status() == 200 {
-                return Ok(());
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(Exit::new(
-                exit::ERROR,
-                format!(
-                    "llama-server did not answer {url}/health with 200 within {} s; its last lines:{}",
-                    READY_TIMEOUT.as_secs(),
-                    proc.tail()
-                ),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
-/// One `/completion` of [`PROMPT`], greedy, generating exactly `n_predict` tokens, prompt not cached.
-/// Runs on a thread so a Ctrl-C or a crashing server ends the wait at once.
-fn complete(
-    proc: &mut ServerProcess,
-    url: &str,
-    n_predict: u32,
-    timeout: Duration,
-    signal: &AtomicUsize,
-) -> anyhow::Result<CompletionAnswer> {
-    let body = serde_json::json!({
-        "prompt": PROMPT,
-        "n_predict": n_predict,
-        "temperature": 0,
-        "cache_prompt": false,
-        "ignore_eos": true,
-    });
-    let endpoint = format!("{url}/completion");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let agent = ureq::AgentBuilder::new().timeout(timeout).build();
-        let result = match agent.post(&endpoint).send_json(body) {
-            Ok(r) => r.into_json::<CompletionAnswer>().map_err(|e| format!("unexpected answer from {endpoint}: {e}")),
-            Err(ureq::Error::Status(code, r)) => {
-                Err(format!("{endpoint} answered {code}: {}", one_line(&r.into_string().unwrap_or_default())))
-            }
-            Err(e) => Err(format!("{endpoint}: {e}")),
-        };
-        let _ = tx.send(result);
-    });
-    loop {
-        match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(Ok(answer)) => return Ok(answer),
-            Ok(Err(message)) => {
-                if let Some(status) = proc.exited() {
-                    return Err(proc.died(status, "during the completion"));
-                }
-                return Err(Exit::new(exit::ERROR, message));
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(Exit::new(exit::ERROR, "the completion request ended without an answer"))
-            }
-        }
-        if signal.load(Ordering::Relaxed) != 0 {
-            return Err(interrupted());
-        }
-        if let Some(status) = proc.exited() {
-            return Err(proc.died(status, "during the completion"));
-        }
-    }
-}
-
-/// Waits for the server to exit, forwarding SIGINT/SIGTERM to it; exit code 130 when the user stopped
-/// it, 0 when it exited cleanly by itself, 1 otherwise.
-fn serve_in_foreground(proc: &mut ServerProcess, signal: &AtomicUsize) -> anyhow::Result<i32> {
-    loop {
-        if let Some(status) = proc.exited() {
-            if status.success() {
-                return Ok(exit::OK);
-            }
-            return Err(proc.died(status, "while serving"));
-        }
-        let sig = signal.swap(0, Ordering::Relaxed);
-        if sig != 0 {
-            proc.signal(i32::try_from(sig).unwrap_or(libc::SIGTERM));
-            let deadline = Instant::now() + STOP_GRACE;
-            while proc.exited().is_none() {
-                if Instant::now() > deadline || signal.load(Ordering::Relaxed) != 0 {
-                    proc.signal(libc::SIGKILL);
-                    let _ = proc.child.kill();
-                    proc.exited = proc.child.wait().ok();
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            eprintln!("autotune: llama-server stopped");
-            return Ok(exit::INTERRUPTED);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -676,7 +420,7 @@ mod tests {
 
     #[test]
     fn the_prompt_is_about_a_hundred_words() {
-        let words = PROMPT.split_whitespace().count();
+        let words = server::PROMPT.split_whitespace().count();
         assert!((90..=130).contains(&words), "{words}");
     }
 }

@@ -21,6 +21,8 @@ pub struct Measurement {
     pub tg: Summary,
     pub tg_depth: Option<Summary>,
     pub load: Option<LoadReport>,
+    /// The dry-run prediction (`--predict`): bytes per device before anything was allocated.
+    pub predicted: Option<LoadReport>,
     pub llama_version: String,
     pub cpu_variant: Option<String>,
     pub devices: Vec<String>,
@@ -74,8 +76,22 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         workload: workload.clone(),
         seed: a.seed,
     };
-    let mut pool = WorkerPool::new(1, Duration::from_secs(600));
     let never = || false;
+    let predicted = if a.predict {
+        let mut dry = request.clone();
+        dry.settings.no_alloc = true;
+        let mut pool = WorkerPool::new(1, Duration::from_secs(600));
+        let r = match pool.call(&Request::Footprint(dry), &never) {
+            Ok(Response::Footprint(r)) => Some(r),
+            Ok(_) => None,
+            Err(f) => return Err(Exit::new(exit::NOTHING_MEASURED, format!("dry run of {}: {f}", candidate.label()))),
+        };
+        pool.shutdown();
+        r
+    } else {
+        None
+    };
+    let mut pool = WorkerPool::new(1, Duration::from_secs(600));
     let mut reps = Vec::new();
     let mut load = None;
     for _ in 0..a.reps {
@@ -99,6 +115,7 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         candidate,
         workload,
         load,
+        predicted,
         llama_version: d.llama_version,
         cpu_variant: d.cpu_variant,
         devices: d.machine.devices.iter().map(|x| x.name.clone()).collect(),
@@ -126,6 +143,19 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     row(&format!("tg{}", m.workload.n_gen), &m.tg);
     if let Some(t) = &m.tg_depth {
         row(&format!("tg{}@d{}", m.workload.n_gen, m.workload.depth), t);
+    }
+    if let (Some(p), Some(l)) = (&m.predicted, &m.load) {
+        for d in &p.per_device {
+            let reported = l.per_device.iter().find(|x| x.device == d.device).map_or(0, |x| x.bytes);
+            let actual = l.actual.iter().find(|x| x.device == d.device).map(|x| x.bytes);
+            println!(
+                "  memory {:<8} predicted {:>10}  llama.cpp after load {:>10}  measured {}",
+                d.device,
+                search_space::size::format_size(d.bytes),
+                search_space::size::format_size(reported),
+                actual.map_or("-".to_string(), search_space::size::format_size)
+            );
+        }
     }
     Ok(exit::OK)
 }

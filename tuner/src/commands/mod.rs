@@ -2,8 +2,11 @@
 
 pub mod apply;
 pub mod doctor;
+pub mod explain;
 pub mod export;
 pub mod measure;
+pub mod quality;
+pub mod quantize;
 pub mod rpc_serve;
 pub mod show;
 pub mod tune;

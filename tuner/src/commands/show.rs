@@ -35,7 +35,7 @@ pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
                     s.tg_speedup.map(|x| format!(" ({:+.0}% vs defaults)", (x - 1.0) * 100.0)).unwrap_or_default(),
                     e.path.display()
                 ),
-                Err(err) => eprintln!("autotune: warning: {}: {err}", e.path.display()),
+                Err(err) => eprintln!("autotune: warning: {}: {}", e.path.display(), crate::report::one_line(err)),
             }
         }
         return Ok(exit::OK);
@@ -46,7 +46,7 @@ pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
         crate::commands::tune::inspect_model(target)?;
         let id = ModelIdentity::of_file(target)?;
         let doctor = crate::commands::doctor::probe(cli.verbose, &[])?;
-        match store.find(&doctor.machine.fingerprint, &id.fingerprint)? {
+        match store.find(&doctor.machine.fingerprint, &id.fingerprint).map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))? {
             Some(p) => p,
             None => {
                 return Err(Exit::new(

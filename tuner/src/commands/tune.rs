@@ -205,6 +205,11 @@ impl Progress for Bar {
 }
 
 pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
+    // ---- quantization choice (quant::joint): --quants / --ladder / --max-kld / --reference ----
+    if crate::quant::joint::wants_joint(args) {
+        return crate::quant::joint::run(cli, args);
+    }
+    // ---- end of quantization choice ----
     let info = inspect_model(&args.model)?;
     let model_path = std::fs::canonicalize(&args.model).with_context(|| format!("{}: cannot resolve path", args.model.display()))?;
     let identity = ModelIdentity::of_file(&model_path).with_context(|| format!("{}: cannot read", model_path.display()))?;
@@ -292,10 +297,8 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         if !engine.interrupted {
             let board = report::leaderboard(&engine.results, &workload, noise, seed);
             let runner_up = board.iter().filter(|e| e.figures.is_some()).map(|e| e.candidate.clone()).find(|c| c != &w);
-            // The confirmation round gets a little time beyond the budget so it always runs.
-            engine.settings.budget = engine.settings.budget.max(started.elapsed() + Duration::from_secs(60));
+            // The confirmation rounds run within the budget (they stop when it is spent).
             confirm_drift = engine.confirm(&w, runner_up.as_ref()).into_iter().map(|(c, d)| (c.label(), d)).collect();
-            engine.budget_spent = false;
             if let Some(b) = engine.choose(&board.iter().filter(|e| e.figures.is_some()).map(|e| e.candidate.clone()).collect::<Vec<_>>()) {
                 winner = Some(b);
             }
@@ -322,7 +325,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
             notes.push(report::one_line(&format!("{} crashed ({name}); recorded and skipped", r.candidate.label())));
         }
     }
-    if budget_spent {
+    if results.iter().any(|r| r.skipped.as_deref().is_some_and(|s| s.contains("budget"))) {
         notes.push(format!("the time budget ({} s) ran out before every candidate was measured; raise --budget", budget.as_secs()));
     }
 
@@ -359,6 +362,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         profile_path: None,
         measurement_log: Some(log.path().to_path_buf()),
         notes,
+        memory: report::memory_rows(&results),
     };
 
     if interrupted {
@@ -431,8 +435,11 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         winner,
         figures,
         baseline: baseline_figures,
+        roofline: None,
         leaderboard: board,
     };
+    // The winner's bandwidth roofline (a ~1 s probe, now that the workers are gone), for `explain`.
+    profile.roofline = Some(crate::commands::explain::roofline_for_run(&info, &profile));
     profile.refresh_server_args();
     profile.validate(false).map_err(|e| anyhow::anyhow!("internal error: the new profile does not validate: {e}"))?;
     if !args.no_save {
@@ -447,6 +454,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         }
     }
     emit(&report, args)?;
+    crate::commands::explain::after_tune(args, &profile, report.profile_path.as_deref());
     Ok(exit::OK)
 }
 

@@ -1,0 +1,125 @@
+//! A short probe of the CPU's memory read bandwidth, for the roofline.
+//!
+//! Method: fill a buffer several times larger than the last-level cache (so the reads come from RAM,
+//! not from cache), then read it with every CPU at once, each thread summing its own contiguous
+//! chunk, and keep the best of a few passes (the best pass is the one least disturbed by other work on
+//! the machine). About a second in all, most of it filling the buffer. It is a plain streaming read,
+//! like the weight reads of token generation; it does not try the tricks (non-temporal loads,
+//! prefetch tuning) of STREAM-like benchmarks, so it reports what ordinary code reaches, which is
+//! also what llama.cpp's kernels reach.
+//!
+//! Only the CPU's memory is measured. The memory of other devices (a GPU, an RPC server) would need
+//! that device's own copy kernels; their bandwidth is reported as not measured.
+
+use std::time::{Duration, Instant};
+
+/// The smallest and largest buffer the probe reads.
+const MIN_BUFFER: u64 = 256 << 20;
+const MAX_BUFFER: u64 = 1 << 30;
+/// The buffer is this many times the last-level cache, when that stays within the bounds above.
+const CACHE_MULTIPLE: u64 = 4;
+/// Passes: at least this many, then more while the time below allows.
+const MIN_PASSES: u32 = 3;
+const MAX_PASSES: u32 = 8;
+const READ_TIME: Duration = Duration::from_millis(600);
+
+/// A measured read bandwidth.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bandwidth {
+    pub bytes_per_s: f64,
+    /// One line: buffer size, threads, passes.
+    pub method: String,
+}
+
+/// Measures the CPU's memory read bandwidth; `None` when the machine has too little free memory
+/// for a buffer that would defeat the cache.
+pub fn measure_cpu() -> Option<Bandwidth> {
+    let llc = last_level_cache_bytes();
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| meminfo_bytes(&m, "MemAvailable:"))
+        .unwrap_or(u64::MAX);
+    let size = buffer_size(llc, available)?;
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let words = (size / 8) as usize;
+    let mut buffer: Vec<u64> = Vec::new();
+    buffer.try_reserve_exact(words).ok()?;
+    // Non-zero contents, written before timing: untouched pages all map to one shared zero page,
+    // which would be read from cache.
+    buffer.resize(words, 0x0101_0101_0101_0101);
+    let chunk = words.div_ceil(threads);
+    let started = Instant::now();
+    let mut best = 0.0f64;
+    let mut passes = 0;
+    while passes < MIN_PASSES || (passes < MAX_PASSES && started.elapsed() < READ_TIME) {
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for part in buffer.chunks(chunk) {
+                s.spawn(move || std::hint::black_box(part.iter().fold(0u64, |a, &x| a.wrapping_add(x))));
+            }
+        });
+        let secs = t.elapsed().as_secs_f64();
+        if secs > 0.0 {
+            best = best.max(size as f64 / secs);
+        }
+        passes += 1;
+    }
+    let cache = match llc {
+        Some(c) => format!(" ({:.1}× the {} last-level cache)", size as f64 / c as f64, search_space::size::format_size(c)),
+        None => String::new(),
+    };
+    Some(Bandwidth {
+        bytes_per_s: best,
+        method: format!(
+            "read of a {} buffer{cache} by {threads} threads, best of {passes} passes",
+            search_space::size::format_size(size)
+        ),
+    })
+}
+
+/// The probe's buffer: `CACHE_MULTIPLE` × the cache, within bounds, and at most a quarter of the free
+/// memory; `None` when that leaves less than the smallest useful buffer.
+fn buffer_size(llc: Option<u64>, available: u64) -> Option<u64> {
+    let wanted = llc.map_or(MIN_BUFFER, |c| c.saturating_mul(CACHE_MULTIPLE)).clamp(MIN_BUFFER, MAX_BUFFER);
+    let size = wanted.min(available / 4) & !0xfff;
+    (size >= MIN_BUFFER / 4).then_some(size)
+}
+
+/// The largest cache of CPU 0 (Linux sysfs), in bytes.
+fn last_level_cache_bytes() -> Option<u64> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    dir.filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("index"))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("size")).ok())
+        .filter_map(|s| search_space::size::parse_size(s.trim()).ok())
+        .max()
+}
+
+fn meminfo_bytes(meminfo: &str, key: &str) -> Option<u64> {
+    let kib: u64 = meminfo.lines().find(|l| l.starts_with(key))?.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_buffer_outgrows_the_cache_within_bounds() {
+        assert_eq!(buffer_size(Some(32 << 20), u64::MAX), Some(256 << 20));
+        assert_eq!(buffer_size(Some(128 << 20), u64::MAX), Some(512 << 20));
+        assert_eq!(buffer_size(Some(480 << 20), u64::MAX), Some(1 << 30));
+        assert_eq!(buffer_size(None, u64::MAX), Some(256 << 20));
+        // Little free memory: a quarter of it, or nothing when that is too small to mean anything.
+        assert_eq!(buffer_size(Some(32 << 20), 1 << 30), Some(256 << 20));
+        assert_eq!(buffer_size(Some(32 << 20), 512 << 20), Some(128 << 20));
+        assert_eq!(buffer_size(Some(32 << 20), 100 << 20), None);
+    }
+
+    #[test]
+    fn reads_meminfo() {
+        let m = "MemTotal:       24683520 kB\nMemAvailable:   23299072 kB\n";
+        assert_eq!(meminfo_bytes(m, "MemAvailable:"), Some(23_299_072 * 1024));
+        assert_eq!(meminfo_bytes(m, "Nope:"), None);
+    }
+}

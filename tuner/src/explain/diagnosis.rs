@@ -1,0 +1,499 @@
+//! The diagnosis: one finding per question, in the order of their usual impact, each backed by a
+//! figure of the run. Does the model fit (and what spilling costs), is generation bandwidth-bound, is
+//! the model dense, is prefill the delay, is another device faster, and which setting mattered.
+
+use super::{decimal_bytes, generation_tps, offload_devices, RooflineScope, RooflineView};
+use profiles::{LeaderboardEntry, Profile};
+use search_space::size::format_size;
+use search_space::Candidate;
+use serde::Serialize;
+
+/// What a finding is about; the order of the variants is the order they are shown in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Topic {
+    Fit,
+    Bandwidth,
+    Model,
+    Prefill,
+    Devices,
+    Settings,
+}
+
+impl Topic {
+    pub fn name(self) -> &'static str {
+        match self {
+            Topic::Fit => "fit",
+            Topic::Bandwidth => "bandwidth",
+            Topic::Model => "model",
+            Topic::Prefill => "prefill",
+            Topic::Devices => "devices",
+            Topic::Settings => "settings",
+        }
+    }
+}
+
+/// One line of the diagnosis, with optional detail lines.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    pub topic: Topic,
+    pub text: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<String>,
+}
+
+/// What one knob changed: among candidates that differ only in it, the best and worst value.
+#[derive(Debug, Clone, Serialize)]
+pub struct KnobEffect {
+    pub knob: &'static str,
+    pub best: String,
+    pub best_s: f64,
+    pub worst: String,
+    pub worst_s: f64,
+    /// `worst_s / best_s - 1`: how much slower a request is with the worst value.
+    pub slower: f64,
+    /// Values of the knob compared.
+    pub values: usize,
+    /// Whether the compared candidates are the winner and its neighbours along this knob (else
+    /// candidates around an earlier best of the search).
+    pub around_winner: bool,
+    /// The winner's value, when it is not the best one (a tie broken toward less memory or the
+    /// simpler configuration).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub winner_value: Option<String>,
+}
+
+/// The best measured candidate at one GPU-layer count (or why none was measured there).
+#[derive(Debug, Clone, Serialize)]
+pub struct PlacementPoint {
+    pub n_gpu_layers: u32,
+    pub pp_tps: Option<f64>,
+    pub tg_tps: Option<f64>,
+    pub score_s: Option<f64>,
+    /// `ok`, or the status of the first candidate at this count when none was measured.
+    pub status: String,
+}
+
+/// Relative differences below this are within the default noise threshold of a run.
+const NOISE: f64 = 0.02;
+
+/// The knobs of a candidate, for "which setting mattered".
+#[derive(Debug, Clone, Copy)]
+enum Knob {
+    GpuLayers,
+    Devices,
+    Threads,
+    Kernels,
+    FlashAttn,
+    KvCache,
+    Ubatch,
+    Batch,
+}
+
+const KNOBS: [Knob; 8] =
+    [Knob::GpuLayers, Knob::Devices, Knob::Threads, Knob::Kernels, Knob::FlashAttn, Knob::KvCache, Knob::Ubatch, Knob::Batch];
+
+impl Knob {
+    fn name(self) -> &'static str {
+        match self {
+            Knob::GpuLayers => "GPU layers",
+            Knob::Devices => "devices",
+            Knob::Threads => "threads",
+            Knob::Kernels => "kernels",
+            Knob::FlashAttn => "flash attention",
+            Knob::KvCache => "KV cache",
+            Knob::Ubatch => "micro-batch",
+            Knob::Batch => "batch",
+        }
+    }
+
+    fn value(self, c: &Candidate) -> String {
+        match self {
+            Knob::GpuLayers => format!("ngl={}", c.n_gpu_layers),
+            Knob::Devices if c.devices.is_empty() => "dev=default".into(),
+            Knob::Devices => format!("dev={}", c.devices.join(",")),
+            Knob::Threads => format!("t={}", c.threads),
+            Knob::Kernels => c.kernels.to_string(),
+            Knob::FlashAttn => format!("fa={}", c.flash_attn),
+            Knob::KvCache => format!("kv={}/{}", c.type_k, c.type_v),
+            Knob::Ubatch => format!("ub={}", c.n_ubatch),
+            Knob::Batch => format!("b={}", c.n_batch),
+        }
+    }
+
+    /// `c` with this knob set to a fixed value: candidates equal after clearing differ only in it.
+    fn cleared(self, c: &Candidate) -> Candidate {
+        let mut c = c.clone();
+        match self {
+            Knob::GpuLayers => c.n_gpu_layers = 0,
+            Knob::Devices => c.devices.clear(),
+            Knob::Threads => c.threads = 0,
+            Knob::Kernels => c.kernels = search_space::KernelChoice::Repack,
+            Knob::FlashAttn => c.flash_attn = search_space::FlashAttn::Auto,
+            Knob::KvCache => {
+                c.type_k = search_space::CacheType::F16;
+                c.type_v = search_space::CacheType::F16;
+            }
+            Knob::Ubatch => c.n_ubatch = 0,
+            Knob::Batch => c.n_batch = 0,
+        }
+        c
+    }
+}
+
+fn measured(profile: &Profile) -> impl Iterator<Item = (&LeaderboardEntry, &profiles::Figures)> {
+    profile.leaderboard.iter().filter_map(|e| e.figures.as_ref().map(|f| (e, f)))
+}
+
+/// For each knob varied in the run, its best and worst value among candidates that differ only in
+/// it: around the winner when the run measured such neighbours, else around the base with the most
+/// values measured (coordinate descent varies each knob from the best found so far, so a knob tried
+/// before a later change has neighbours of an earlier best, not of the winner). Most effect first.
+pub fn knob_effects(profile: &Profile) -> Vec<KnobEffect> {
+    let mut out = Vec::new();
+    for knob in KNOBS {
+        let mut groups: Vec<(Candidate, Vec<(String, f64)>)> = Vec::new();
+        for (e, f) in measured(profile) {
+            let key = knob.cleared(&e.candidate);
+            let value = (knob.value(&e.candidate), f.score_s);
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, v)) => v.push(value),
+                None => groups.push((key, vec![value])),
+            }
+        }
+        let winner_key = knob.cleared(&profile.winner);
+        let chosen = groups.iter().find(|(k, v)| *k == winner_key && v.len() > 1).map(|g| (g, true)).or_else(|| {
+            groups
+                .iter()
+                .filter(|(_, v)| v.len() > 1)
+                .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(best_of(&b.1).total_cmp(&best_of(&a.1))))
+                .map(|g| (g, false))
+        });
+        let Some(((_, values), around_winner)) = chosen else { continue };
+        let best = values.iter().min_by(|a, b| a.1.total_cmp(&b.1)).expect("two values");
+        let worst = values.iter().max_by(|a, b| a.1.total_cmp(&b.1)).expect("two values");
+        let winner_value = knob.value(&profile.winner);
+        out.push(KnobEffect {
+            knob: knob.name(),
+            best: best.0.clone(),
+            best_s: best.1,
+            worst: worst.0.clone(),
+            worst_s: worst.1,
+            slower: worst.1 / best.1.max(1e-12) - 1.0,
+            values: values.len(),
+            around_winner,
+            winner_value: (around_winner && winner_value != best.0).then_some(winner_value),
+        });
+    }
+    out.sort_by(|a, b| b.slower.total_cmp(&a.slower));
+    out
+}
+
+fn best_of(values: &[(String, f64)]) -> f64 {
+    values.iter().map(|v| v.1).fold(f64::INFINITY, f64::min)
+}
+
+/// The best measured figures at each GPU-layer count, most layers first.
+pub fn placements(profile: &Profile) -> Vec<PlacementPoint> {
+    let mut counts: Vec<u32> = profile.leaderboard.iter().map(|e| e.candidate.n_gpu_layers).collect();
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    counts.dedup();
+    counts
+        .into_iter()
+        .map(|n| {
+            let best = measured(profile).filter(|(e, _)| e.candidate.n_gpu_layers == n).min_by(|a, b| a.1.score_s.total_cmp(&b.1.score_s));
+            match best {
+                Some((_, f)) => PlacementPoint {
+                    n_gpu_layers: n,
+                    pp_tps: Some(f.pp_tps),
+                    tg_tps: Some(f.tg_tps),
+                    score_s: Some(f.score_s),
+                    status: "ok".into(),
+                },
+                None => PlacementPoint {
+                    n_gpu_layers: n,
+                    pp_tps: None,
+                    tg_tps: None,
+                    score_s: None,
+                    status: profile
+                        .leaderboard
+                        .iter()
+                        .find(|e| e.candidate.n_gpu_layers == n)
+                        .map(|e| e.status.clone())
+                        .unwrap_or_default(),
+                },
+            }
+        })
+        .collect()
+}
+
+/// Every finding, in the order of [`Topic`].
+pub fn findings(
+    profile: &Profile,
+    roofline: Option<&RooflineView>,
+    knobs: &[KnobEffect],
+    placements: &[PlacementPoint],
+) -> Vec<Finding> {
+    vec![
+        fit(profile, placements),
+        bandwidth(roofline),
+        model(profile, roofline),
+        prefill(profile),
+        devices(profile),
+        settings(knobs),
+    ]
+}
+
+fn finding(topic: Topic, text: String) -> Finding {
+    Finding { topic, text, details: Vec::new() }
+}
+
+fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
+    let devs = offload_devices(profile);
+    // Out of memory when loaded, or pruned by the placement's dry run ("pruned: needs X on DEV").
+    let failures =
+        profile.leaderboard.iter().filter(|e| e.status.contains("out of memory") || e.status.starts_with("pruned: needs")).count();
+    let failed = match failures {
+        0 => String::new(),
+        1 => "; 1 configuration did not fit".to_string(),
+        n => format!("; {n} configurations did not fit"),
+    };
+    let ok: Vec<&PlacementPoint> = placements.iter().filter(|p| p.tg_tps.is_some()).collect();
+    if devs.is_empty() || ok.iter().all(|p| p.n_gpu_layers == 0) {
+        let mem = profile.figures.mem_bytes;
+        let ram = profile.machine.ram_bytes;
+        let on = if devs.is_empty() { "CPU only".to_string() } else { format!("CPU only (no layers on {} measured)", devs.join(", ")) };
+        let text = if mem > 0 && ram > 0 {
+            format!(
+                "yes: {on}; the winner takes {} of {} RAM ({:.0}%){failed}",
+                format_size(mem),
+                format_size(ram),
+                100.0 * mem as f64 / ram as f64
+            )
+        } else {
+            format!("yes: {on}; the model file is {}{failed}", format_size(profile.model.size_bytes))
+        };
+        return finding(Topic::Fit, text);
+    }
+    let devs = devs.join(", ");
+    let full = profile.roofline.as_ref().map(|r| r.layers + 1);
+    let max_ok = ok.iter().map(|p| p.n_gpu_layers).max().unwrap_or(0);
+    let winner = profile.winner.n_gpu_layers;
+    let mut text = match full {
+        Some(full) if max_ok >= full => format!("yes: all {full} layers fit on {devs}"),
+        Some(full) => {
+            let spill = profile
+                .roofline
+                .as_ref()
+                .filter(|_| winner == max_ok)
+                .map(|r| format!(" ({} of weights and KV per token read from RAM)", decimal_bytes(r.cpu_bytes)))
+                .unwrap_or_default();
+            format!("no: at most {max_ok} of {full} layers fit on {devs}; {} spill to the CPU{spill}", full - max_ok)
+        }
+        None => format!("at most {max_ok} layers were offloaded to {devs} (the model's layer count is not recorded in this profile)"),
+    };
+    text.push_str(&format!("; the winner runs ngl={winner}"));
+    if winner < max_ok {
+        text.push_str(" (fewer layers on the device measured faster)");
+    }
+    if let (Some(top), Some(bottom)) = (ok.first(), ok.last()) {
+        if ok.len() > 1 {
+            let (a, b) = (top.tg_tps.unwrap_or(0.0), bottom.tg_tps.unwrap_or(0.0));
+            text.push_str(&format!(
+                "; tg {a:.1} t/s at ngl={} vs {b:.1} at ngl={} ({:+.0}%)",
+                top.n_gpu_layers,
+                bottom.n_gpu_layers,
+                (b / a.max(1e-12) - 1.0) * 100.0
+            ));
+        }
+    }
+    text.push_str(&failed);
+    let details = placements
+        .iter()
+        .map(|p| match (p.tg_tps, p.pp_tps, p.score_s) {
+            (Some(tg), Some(pp), Some(s)) => format!("ngl={:<4} tg {tg:.1} t/s, pp {pp:.1} t/s, {s:.3} s/request", p.n_gpu_layers),
+            _ => format!("ngl={:<4} {}", p.n_gpu_layers, p.status),
+        })
+        .collect();
+    Finding { topic: Topic::Fit, text, details }
+}
+
+fn bandwidth(roofline: Option<&RooflineView>) -> Finding {
+    let Some(r) = roofline else {
+        return finding(Topic::Bandwidth, "unknown: this profile has no roofline record".into());
+    };
+    let (Some(p), Some(c)) = (r.percent_of_ceiling, r.ceiling_tps) else {
+        let why = if r.bandwidth_bytes_per_s.is_none() {
+            "the memory bandwidth was not measured".to_string()
+        } else {
+            format!("the weights are on {}, whose bandwidth is not measured here", r.offload_devices.join(", "))
+        };
+        return finding(Topic::Bandwidth, format!("unknown: {why}"));
+    };
+    let of = match r.scope {
+        RooflineScope::CpuShare => "the CPU share's",
+        _ => "the",
+    };
+    let figure = format!("tg {:.1} t/s is {p:.0}% of {of} {c:.1} t/s memory roofline", r.measured_tps);
+    let text = if p >= 70.0 {
+        format!(
+            "bound: {figure}; only fewer bytes per token (a smaller quantization, a quantized KV cache at depth) \
+             decode faster"
+        )
+    } else if p >= 35.0 {
+        format!("partly: {figure}; the rest is compute and per-token overhead")
+    } else {
+        format!("not bound: {figure}; compute and per-token overhead (threads, kernels, fixed costs per token) limit it")
+    };
+    finding(Topic::Bandwidth, text)
+}
+
+/// Parameters as people say them: `268M`, `4.02B`.
+fn params(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.2}B", n as f64 / 1e9)
+    } else {
+        format!("{:.0}M", n as f64 / 1e6)
+    }
+}
+
+fn model(profile: &Profile, roofline: Option<&RooflineView>) -> Finding {
+    let Some(r) = profile.roofline.as_ref() else {
+        return finding(
+            Topic::Model,
+            format!("{} ({}); parameter counts are not recorded in this profile", profile.model.architecture, format_size(profile.model.size_bytes)),
+        );
+    };
+    if r.is_moe() {
+        let (used, count) = (r.expert_used_count.unwrap_or(1), r.expert_count.unwrap_or(1));
+        return finding(
+            Topic::Model,
+            format!(
+                "sparse: {used} of {count} experts per token, so a token reads {} of {} parameters ({:.0}%)",
+                params(r.active_parameters),
+                params(r.parameters),
+                100.0 * r.active_parameters as f64 / r.parameters.max(1) as f64
+            ),
+        );
+    }
+    let bound = roofline.and_then(|v| v.percent_of_ceiling);
+    let base = if r.active_parameters >= r.parameters {
+        format!("dense: every token reads all {} parameters", params(r.parameters))
+    } else {
+        format!(
+            "dense: every token reads {} of its {} parameters (all but other tokens' embedding rows)",
+            params(r.active_parameters),
+            params(r.parameters)
+        )
+    };
+    let text = match bound {
+        Some(p) if p >= 50.0 && r.parameters >= 2_000_000_000 => format!(
+            "{base}; generation is bandwidth-bound ({p:.0}%), so a sparse (mixture-of-experts) model of similar size, \
+             which reads only its active experts, would decode several times faster here"
+        ),
+        Some(p) if p < 35.0 => format!("{base}; a sparse model would not help much: generation is not bandwidth-bound ({p:.0}%)"),
+        _ if r.parameters < 2_000_000_000 => format!("{base}; at this size a sparse model would save little"),
+        _ => base,
+    };
+    finding(Topic::Model, text)
+}
+
+/// Seconds with a precision that suits them.
+fn secs(s: f64) -> String {
+    if s < 10.0 {
+        format!("{s:.3} s")
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+fn prefill(profile: &Profile) -> Finding {
+    let f = &profile.figures;
+    let w = &profile.workload;
+    let first = f.ttft_ms.map(|ms| ms / 1000.0).unwrap_or(w.n_prompt as f64 / f.pp_tps.max(1e-12));
+    let gen = w.n_gen as f64 / generation_tps(profile).max(1e-12);
+    let share = 100.0 * first / (first + gen);
+    let figure = format!(
+        "{} to the first token of a {}-token prompt (pp {:.1} t/s) vs {} to generate {} tokens: {share:.0}% of the request",
+        secs(first),
+        w.n_prompt,
+        f.pp_tps,
+        secs(gen),
+        w.n_gen
+    );
+    let text = if share >= 50.0 {
+        format!("the delay: {figure}; prompt speed (batch sizes, offload) matters most for this workload")
+    } else {
+        format!("not the delay: {figure}")
+    };
+    finding(Topic::Prefill, text)
+}
+
+/// Where a candidate's layers run.
+fn placement_class(c: &Candidate, offload: &[String]) -> String {
+    if c.n_gpu_layers == 0 || offload.is_empty() {
+        "CPU".into()
+    } else if !c.devices.is_empty() {
+        c.devices.join("+")
+    } else {
+        offload.join("+")
+    }
+}
+
+fn devices(profile: &Profile) -> Finding {
+    let offload = offload_devices(profile);
+    let mut best: Vec<(String, f64, f64)> = Vec::new();
+    for (e, f) in measured(profile) {
+        let class = placement_class(&e.candidate, &offload);
+        match best.iter_mut().find(|b| b.0 == class) {
+            Some(b) if f.score_s < b.1 => *b = (class, f.score_s, f.tg_tps),
+            Some(_) => {}
+            None => best.push((class, f.score_s, f.tg_tps)),
+        }
+    }
+    best.sort_by(|a, b| a.1.total_cmp(&b.1));
+    match best.as_slice() {
+        [] => finding(Topic::Devices, "nothing was measured".into()),
+        [(only, _, _)] => {
+            let more = if offload.is_empty() || only != "CPU" { String::new() } else { format!(" ({} not used)", offload.join(", ")) };
+            finding(Topic::Devices, format!("one placement measured ({only}){more}; nothing to compare"))
+        }
+        [(first, s, tg), rest @ ..] => {
+            let others: Vec<String> =
+                rest.iter().map(|(c, s2, tg2)| format!("{c} {} (tg {tg2:.1}, {:+.0}%)", secs(*s2), (s2 / s - 1.0) * 100.0)).collect();
+            finding(
+                Topic::Devices,
+                format!("{first} is fastest: {} per request (tg {tg:.1} t/s) vs {}", secs(*s), others.join(", ")),
+            )
+        }
+    }
+}
+
+fn settings(knobs: &[KnobEffect]) -> Finding {
+    let Some(top) = knobs.first() else {
+        return finding(Topic::Settings, "no knob was varied".into());
+    };
+    let line = |k: &KnobEffect| {
+        let noise = if k.slower < NOISE { ", within noise" } else { "" };
+        let around = match (&k.winner_value, k.around_winner) {
+            (Some(v), _) => format!("; the winner has {v}: a tie, broken toward less memory or fewer changes"),
+            (None, true) => String::new(),
+            (None, false) => "; measured around an earlier best".to_string(),
+        };
+        format!(
+            "{}: {} {} vs {} {} per request ({:+.0}%{noise}){around}",
+            k.knob,
+            k.best,
+            secs(k.best_s),
+            k.worst,
+            secs(k.worst_s),
+            k.slower * 100.0
+        )
+    };
+    let text = if top.slower < NOISE {
+        "no knob made a difference beyond noise".to_string()
+    } else {
+        format!("{} mattered most", top.knob)
+    };
+    Finding { topic: Topic::Settings, text, details: knobs.iter().map(line).collect() }
+}

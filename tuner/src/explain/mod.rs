@@ -1,0 +1,199 @@
+//! Explaining a tuning result: the bandwidth roofline of the winner, a diagnosis in the order of what
+//! matters most (does it fit, is it bandwidth-bound, dense or sparse, is prefill the delay, is another
+//! device faster, which setting mattered), charts, and a Markdown report.
+//!
+//! Everything is computed from a profile (its figures, leaderboard and roofline record), so `autotune
+//! explain PROFILE.toml` can explain any profile, and `autotune tune` shows the same right after a run.
+//! [`Explanation`] is one `Serialize` value, rendered as text or as JSON.
+
+pub mod bandwidth;
+pub mod charts;
+mod diagnosis;
+pub mod markdown;
+pub mod roofline;
+#[cfg(test)]
+mod tests;
+
+pub use diagnosis::{Finding, KnobEffect, PlacementPoint};
+
+use profiles::Profile;
+use serde::Serialize;
+
+/// Everything `explain` says about a profile.
+#[derive(Debug, Clone, Serialize)]
+pub struct Explanation {
+    /// Absent for profiles written before the roofline was recorded, when the model file is not at hand.
+    pub roofline: Option<RooflineView>,
+    /// One finding per topic, most impact first.
+    pub findings: Vec<Finding>,
+    /// What each knob changed, most first (also in the `settings` finding).
+    pub knob_effects: Vec<KnobEffect>,
+    /// The best measured figures at each GPU-layer count (the offload cliff).
+    pub placements: Vec<PlacementPoint>,
+}
+
+/// Which bytes the roofline compares with the bandwidth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RooflineScope {
+    /// Everything is read by the CPU: the ceiling bounds the whole token.
+    Whole,
+    /// Some layers are on offload devices: the ceiling bounds the CPU's share only.
+    CpuShare,
+    /// No ceiling: the bandwidth was not measured, or nothing is read by the CPU.
+    None,
+}
+
+/// The roofline of the winner, compared with its measured generation speed.
+#[derive(Debug, Clone, Serialize)]
+pub struct RooflineView {
+    pub bytes_per_token: u64,
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+    pub kv_tokens: u32,
+    pub cpu_bytes: u64,
+    pub bandwidth_bytes_per_s: Option<f64>,
+    pub bandwidth_method: String,
+    /// Generation speed compared with the ceiling: at depth when the workload has a depth.
+    pub measured_tps: f64,
+    /// Bandwidth ÷ the bytes the CPU reads per token.
+    pub ceiling_tps: Option<f64>,
+    pub percent_of_ceiling: Option<f64>,
+    pub scope: RooflineScope,
+    /// The devices holding the rest (for `cpu-share` and a ceiling-less full offload).
+    pub offload_devices: Vec<String>,
+}
+
+impl RooflineView {
+    pub fn of(profile: &Profile) -> Option<RooflineView> {
+        let r = profile.roofline.as_ref()?;
+        let measured = generation_tps(profile);
+        let offload_devices: Vec<String> = if r.cpu_bytes < r.bytes_per_token() { offload_devices(profile) } else { Vec::new() };
+        let ceiling = r.cpu_bandwidth.filter(|b| *b > 0.0 && r.cpu_bytes > 0).map(|b| b / r.cpu_bytes as f64);
+        let scope = match ceiling {
+            None => RooflineScope::None,
+            Some(_) if offload_devices.is_empty() => RooflineScope::Whole,
+            Some(_) => RooflineScope::CpuShare,
+        };
+        Some(RooflineView {
+            bytes_per_token: r.bytes_per_token(),
+            weight_bytes: r.weight_bytes,
+            kv_bytes: r.kv_bytes,
+            kv_tokens: r.kv_tokens,
+            cpu_bytes: r.cpu_bytes,
+            bandwidth_bytes_per_s: r.cpu_bandwidth,
+            bandwidth_method: r.bandwidth_method.clone(),
+            measured_tps: measured,
+            ceiling_tps: ceiling,
+            percent_of_ceiling: ceiling.map(|c| 100.0 * measured / c),
+            scope,
+            offload_devices,
+        })
+    }
+
+    /// The roofline block's lines: (label, text) for bandwidth, bytes per token and the ceiling.
+    pub fn lines(&self, depth: bool) -> Vec<(&'static str, String)> {
+        let tg = if depth { "tg at depth" } else { "tg" };
+        let bandwidth = match self.bandwidth_bytes_per_s {
+            Some(b) => format!("{}/s ({})", decimal_bytes(b as u64), self.bandwidth_method),
+            None => "not measured".to_string(),
+        };
+        let per_token = format!(
+            "{} = {} of weights + {} of KV cache at {} cached tokens (estimate)",
+            decimal_bytes(self.bytes_per_token),
+            decimal_bytes(self.weight_bytes),
+            decimal_bytes(self.kv_bytes),
+            self.kv_tokens
+        );
+        let devices = self.offload_devices.join(", ");
+        let ceiling = match (self.scope, self.ceiling_tps, self.percent_of_ceiling, self.bandwidth_bytes_per_s) {
+            (RooflineScope::Whole, Some(c), Some(p), Some(b)) => format!(
+                "{c:.1} t/s = {}/s ÷ {}; measured {tg} {:.1} t/s is {p:.0}% of it",
+                decimal_bytes(b as u64),
+                decimal_bytes(self.cpu_bytes),
+                self.measured_tps
+            ),
+            (RooflineScope::CpuShare, Some(c), Some(p), _) => format!(
+                "the CPU reads {} of it (the rest is on {devices}, whose bandwidth is not measured here): at most \
+                 {c:.1} t/s; measured {tg} {:.1} t/s is {p:.0}% of that",
+                decimal_bytes(self.cpu_bytes),
+                self.measured_tps
+            ),
+            _ if self.cpu_bytes == 0 && !devices.is_empty() => {
+                format!("not computed: the weights are on {devices}, whose memory bandwidth is not measured here")
+            }
+            _ => "not computed: the memory bandwidth was not measured".to_string(),
+        };
+        vec![("bandwidth", bandwidth), ("per token", per_token), ("ceiling", ceiling)]
+    }
+}
+
+impl Explanation {
+    pub fn of(profile: &Profile) -> Explanation {
+        let roofline = RooflineView::of(profile);
+        let knob_effects = diagnosis::knob_effects(profile);
+        let placements = diagnosis::placements(profile);
+        let findings = diagnosis::findings(profile, roofline.as_ref(), &knob_effects, &placements);
+        Explanation { roofline, findings, knob_effects, placements }
+    }
+
+    /// The roofline block (when there is one) and the diagnosis, as printed after a run and by
+    /// `autotune explain`.
+    pub fn render(&self, profile: &Profile) -> String {
+        let mut s = String::new();
+        match &self.roofline {
+            Some(r) => {
+                s.push_str("roofline (what one generated token reads)\n");
+                for (label, text) in r.lines(profile.workload.depth > 0) {
+                    s.push_str(&format!("  {label:<12}{text}\n"));
+                }
+            }
+            None => s.push_str("roofline    not recorded in this profile (explain the model file to compute it)\n"),
+        }
+        s.push_str("\ndiagnosis (most impact first)\n");
+        s.push_str(&self.render_findings("  ", 12));
+        s
+    }
+
+    /// One block per finding: the topic, its verdict, and its detail lines indented under it.
+    pub fn render_findings(&self, indent: &str, width: usize) -> String {
+        let mut s = String::new();
+        for f in &self.findings {
+            s.push_str(&format!("{indent}{:<width$}{}\n", f.topic.name(), f.text));
+            for d in &f.details {
+                s.push_str(&format!("{indent}{:<width$}  {d}\n", ""));
+            }
+        }
+        s
+    }
+}
+
+/// The generation speed a token's roofline is compared with: at depth when the workload has one.
+pub fn generation_tps(profile: &Profile) -> f64 {
+    let f = &profile.figures;
+    if profile.workload.depth > 0 {
+        f.tg_depth_tps.unwrap_or(f.tg_tps)
+    } else {
+        f.tg_tps
+    }
+}
+
+/// Names of the profile machine's devices other than the CPU.
+pub fn offload_devices(profile: &Profile) -> Vec<String> {
+    profile.machine.devices.iter().filter(|d| d.kind != "cpu").map(|d| d.name.clone()).collect()
+}
+
+/// Decimal bytes as bandwidth figures are written (`12.3 GB`, `185.2 MB`): GB/s and MB per token
+/// divide without a 1024 in between.
+pub fn decimal_bytes(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= 1e9 {
+        format!("{:.1} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else if b >= 1e3 {
+        format!("{:.1} kB", b / 1e3)
+    } else {
+        format!("{bytes} B")
+    }
+}

@@ -1,0 +1,261 @@
+//! Snapshot tests of the explanation on recorded measurements: a CPU-only run, an offload run with a
+//! GPU-layer axis, a mixture of experts, and a profile without a roofline record.
+
+use super::*;
+use profiles::{example_profile, DeviceRef, Figures, LeaderboardEntry, Roofline};
+use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
+
+fn figures(pp: f64, tg: f64, w: &profiles::Workload, mem: u64) -> Figures {
+    let score = w.n_prompt as f64 / pp + w.n_gen as f64 / tg;
+    Figures {
+        pp_tps: pp,
+        tg_tps: tg,
+        tg_depth_tps: None,
+        ttft_ms: Some((w.n_prompt as f64 / pp + 1.0 / tg) * 1000.0),
+        score_s: score,
+        mem_bytes: mem,
+        pp_ci: Some([pp * 0.98, pp * 1.02]),
+        tg_ci: Some([tg * 0.99, tg * 1.01]),
+        repetitions: 3,
+    }
+}
+
+fn entry(rank: u32, c: Candidate, f: Option<Figures>, status: &str) -> LeaderboardEntry {
+    LeaderboardEntry { rank, tie_with_previous: false, status: status.into(), candidate: c, figures: f }
+}
+
+/// Re-ranks measured rows by score (unmeasured ones last, rank 0), as the tuner does.
+fn ranked(mut rows: Vec<LeaderboardEntry>) -> Vec<LeaderboardEntry> {
+    rows.sort_by(|a, b| match (&a.figures, &b.figures) {
+        (Some(x), Some(y)) => x.score_s.total_cmp(&y.score_s),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => std::cmp::Ordering::Equal,
+    });
+    for (i, r) in rows.iter_mut().enumerate() {
+        r.rank = if r.figures.is_some() { i as u32 + 1 } else { 0 };
+    }
+    rows
+}
+
+fn cpu_machine(p: &mut profiles::Profile) {
+    p.machine.cpu = "Intel(R) Xeon(R) Processor".into();
+    p.machine.physical_cores = 2;
+    p.machine.logical_cpus = 2;
+    p.machine.ram_bytes = 24 << 30;
+    p.machine.devices = vec![DeviceRef {
+        name: "CPU".into(),
+        description: "Intel(R) Xeon(R) Processor".into(),
+        kind: "cpu".into(),
+        backend: "CPU".into(),
+        memory_total: 24 << 30,
+    }];
+}
+
+/// A small dense model tuned on a 2-core CPU: the coordinate descent's threads, kernels, KV-cache and
+/// micro-batch axes, the defaults as the baseline.
+pub fn cpu_profile() -> profiles::Profile {
+    let mut p = example_profile();
+    cpu_machine(&mut p);
+    p.model.file_name = "gemma-3-270m-q4_k_m.gguf".into();
+    p.model.path = "/models/gemma-3-270m-q4_k_m.gguf".into();
+    p.model.architecture = "gemma3".into();
+    p.model.size_bytes = 253_104_832;
+    p.workload = profiles::Workload { n_ctx: 4096, n_prompt: 512, n_gen: 128, depth: 0, name: "custom".into() };
+    let w = p.workload.clone();
+    let defaults = Candidate::llama_default(2, 0);
+    let one_thread = Candidate { threads: 1, ..defaults.clone() };
+    let plain = Candidate { kernels: KernelChoice::Plain, ..defaults.clone() };
+    let q8 = Candidate { type_k: CacheType::Q8_0, type_v: CacheType::Q8_0, flash_attn: FlashAttn::On, ..defaults.clone() };
+    let fa_on = Candidate { flash_attn: FlashAttn::On, ..defaults.clone() };
+    let winner = Candidate { n_ubatch: 256, ..defaults.clone() };
+    let ub128 = Candidate { n_ubatch: 128, ..defaults.clone() };
+    let base = figures(610.0, 41.0, &w, 310 << 20);
+    let rows = vec![
+        entry(0, defaults.clone(), Some(base.clone()), "ok"),
+        entry(0, one_thread, Some(figures(330.0, 27.5, &w, 310 << 20)), "ok"),
+        entry(0, plain, Some(figures(560.0, 40.2, &w, 305 << 20)), "ok"),
+        entry(0, fa_on, Some(figures(612.0, 41.1, &w, 309 << 20)), "ok"),
+        entry(0, q8, Some(figures(590.0, 40.0, &w, 300 << 20)), "ok"),
+        entry(0, winner.clone(), Some(figures(650.0, 41.3, &w, 300 << 20)), "ok"),
+        entry(0, ub128, Some(figures(540.0, 40.9, &w, 296 << 20)), "ok"),
+    ];
+    p.leaderboard = ranked(rows);
+    p.figures = p.leaderboard.iter().find(|e| e.candidate == winner).and_then(|e| e.figures.clone()).unwrap();
+    p.baseline = Some(base);
+    p.winner = winner;
+    p.roofline = Some(Roofline {
+        layers: 18,
+        parameters: 268_098_176,
+        active_parameters: 268_098_176,
+        expert_count: None,
+        expert_used_count: None,
+        weight_bytes: 236_000_000,
+        kv_bytes: 2_372_000,
+        kv_tokens: 64,
+        kv_bytes_per_cached_token: 36_864,
+        cpu_bytes: 238_372_000,
+        cpu_bandwidth: Some(14.2e9),
+        bandwidth_method: "CPU: read of a 1.0 GiB buffer by 2 threads, best of 5 passes".into(),
+    });
+    p.refresh_server_args();
+    p
+}
+
+/// The same model with an RPC device whose budget holds 12 of its 19 layers: the GPU-layer axis
+/// (12, 11, 9, 6, 3, 0) and the settings axes from the best placement.
+pub fn rpc_profile() -> profiles::Profile {
+    let mut p = cpu_profile();
+    p.machine.devices.insert(
+        0,
+        DeviceRef {
+            name: "RPC0".into(),
+            description: "127.0.0.1:50060".into(),
+            kind: "gpu".into(),
+            backend: "RPC".into(),
+            memory_total: 24 << 30,
+        },
+    );
+    let w = p.workload.clone();
+    let at = |n: u32| Candidate::llama_default(2, n);
+    let mut rows = vec![];
+    for (n, pp, tg) in [(12, 420.0, 22.0), (11, 430.0, 23.1), (9, 450.0, 25.8), (6, 500.0, 29.5), (3, 560.0, 35.0), (0, 610.0, 41.0)] {
+        rows.push(entry(0, at(n), Some(figures(pp, tg, &w, 310 << 20)), "ok"));
+    }
+    rows.push(entry(0, Candidate { threads: 1, ..at(0) }, Some(figures(330.0, 27.5, &w, 310 << 20)), "ok"));
+    let winner = Candidate { n_ubatch: 256, ..at(0) };
+    rows.push(entry(0, winner.clone(), Some(figures(650.0, 41.3, &w, 300 << 20)), "ok"));
+    rows.push(entry(0, Candidate { n_ubatch: 2048, n_batch: 2048, ..at(12) }, None, "failed: out of memory on RPC0"));
+    p.leaderboard = ranked(rows);
+    p.figures = p.leaderboard.iter().find(|e| e.candidate == winner).and_then(|e| e.figures.clone()).unwrap();
+    p.baseline = p.leaderboard.iter().find(|e| e.candidate == at(12)).and_then(|e| e.figures.clone());
+    p.winner = winner;
+    p.refresh_server_args();
+    p
+}
+
+/// A 30B mixture of experts (8 of 128 experts) near its bandwidth ceiling, with a long prompt.
+fn moe_profile() -> profiles::Profile {
+    let mut p = cpu_profile();
+    p.model.file_name = "Qwen3-30B-A3B-Q4_K_M.gguf".into();
+    p.model.architecture = "qwen3moe".into();
+    p.workload = profiles::Workload { n_ctx: 8192, n_prompt: 3000, n_gen: 128, depth: 0, name: "long-prompt".into() };
+    let w = p.workload.clone();
+    p.figures = figures(45.0, 8.1, &w, 18 << 30);
+    p.leaderboard = vec![entry(1, p.winner.clone(), Some(p.figures.clone()), "ok")];
+    p.baseline = None;
+    p.roofline = Some(Roofline {
+        layers: 48,
+        parameters: 30_532_122_624,
+        active_parameters: 3_350_000_000,
+        expert_count: Some(128),
+        expert_used_count: Some(8),
+        weight_bytes: 1_880_000_000,
+        kv_bytes: 6_291_456,
+        kv_tokens: 64,
+        kv_bytes_per_cached_token: 98_304,
+        cpu_bytes: 1_886_291_456,
+        cpu_bandwidth: Some(19.0e9),
+        bandwidth_method: "CPU: read of a 1.0 GiB buffer by 16 threads, best of 5 passes".into(),
+    });
+    p.refresh_server_args();
+    p
+}
+
+fn text(p: &profiles::Profile) -> String {
+    Explanation::of(p).render(p)
+}
+
+#[test]
+fn cpu_run() {
+    insta::assert_snapshot!("cpu_run", text(&cpu_profile()));
+}
+
+#[test]
+fn offload_run_with_a_gpu_layer_axis() {
+    insta::assert_snapshot!("rpc_run", text(&rpc_profile()));
+}
+
+#[test]
+fn mixture_of_experts_with_a_long_prompt() {
+    insta::assert_snapshot!("moe_run", text(&moe_profile()));
+}
+
+#[test]
+fn profile_without_a_roofline_record() {
+    insta::assert_snapshot!("no_roofline", text(&example_profile()));
+}
+
+#[test]
+fn markdown_report() {
+    let p = rpc_profile();
+    let e = Explanation::of(&p);
+    let charts = [
+        charts::Chart { title: "tg and pp against GPU layers".into(), path: "/out/p-gpu-layers.svg".into() },
+        charts::Chart { title: "leaderboard".into(), path: "/out/p-leaderboard.svg".into() },
+    ];
+    insta::assert_snapshot!("rpc_markdown", markdown::render(&p, &e, &charts, std::path::Path::new("/out")));
+}
+
+#[test]
+fn knob_effects_compare_the_winners_neighbours_first() {
+    let p = cpu_profile();
+    let effects = Explanation::of(&p).knob_effects;
+    let names: Vec<&str> = effects.iter().map(|k| k.knob).collect();
+    // Threads changed the most; every axis here was varied around the defaults, and the winner
+    // (ub=256) differs from the defaults only in the micro-batch, so only that axis is around it.
+    assert_eq!(names[0], "threads");
+    let ub = effects.iter().find(|k| k.knob == "micro-batch").unwrap();
+    assert!(ub.around_winner);
+    assert_eq!((ub.best.as_str(), ub.worst.as_str(), ub.values), ("ub=256", "ub=128", 3));
+    let threads = &effects[0];
+    assert!(!threads.around_winner);
+    assert_eq!((threads.best.as_str(), threads.worst.as_str()), ("t=2", "t=1"));
+    assert!(effects.windows(2).all(|w| w[0].slower >= w[1].slower));
+}
+
+#[test]
+fn placements_give_the_best_figures_per_layer_count() {
+    let p = rpc_profile();
+    let points = Explanation::of(&p).placements;
+    let counts: Vec<u32> = points.iter().map(|x| x.n_gpu_layers).collect();
+    assert_eq!(counts, [12, 11, 9, 6, 3, 0]);
+    // At ngl=0 the best is the winner (ub=256), not the first candidate measured there.
+    assert_eq!(points.last().unwrap().tg_tps, Some(41.3));
+}
+
+#[test]
+fn the_roofline_percentage_is_tg_over_bandwidth_per_byte() {
+    let p = cpu_profile();
+    let r = RooflineView::of(&p).unwrap();
+    assert_eq!(r.scope, RooflineScope::Whole);
+    let ceiling = 14.2e9 / 238_372_000.0;
+    assert!((r.ceiling_tps.unwrap() - ceiling).abs() < 1e-9);
+    assert!((r.percent_of_ceiling.unwrap() - 100.0 * 41.3 / ceiling).abs() < 1e-9);
+    // Partial offload: only the CPU's share is bounded; full offload: nothing is.
+    let mut partial = p.clone();
+    partial.machine.devices = rpc_profile().machine.devices;
+    partial.roofline.as_mut().unwrap().cpu_bytes = 100_000_000;
+    assert_eq!(RooflineView::of(&partial).unwrap().scope, RooflineScope::CpuShare);
+    partial.roofline.as_mut().unwrap().cpu_bytes = 0;
+    let full = RooflineView::of(&partial).unwrap();
+    assert_eq!((full.scope, full.ceiling_tps), (RooflineScope::None, None));
+    assert_eq!(full.offload_devices, ["RPC0"]);
+}
+
+#[test]
+fn charts_are_svg_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = rpc_profile();
+    let written = charts::write(&p, &Explanation::of(&p), dir.path(), "p").unwrap();
+    assert_eq!(written.len(), 2);
+    for c in &written {
+        let svg = std::fs::read_to_string(&c.path).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{}", c.path.display());
+        assert!(svg.contains("<text"), "labels are text elements");
+    }
+    // A CPU-only run has no GPU-layer axis: only the leaderboard is drawn.
+    let p = cpu_profile();
+    let written = charts::write(&p, &Explanation::of(&p), dir.path(), "cpu").unwrap();
+    assert_eq!(written.iter().map(|c| c.title.as_str()).collect::<Vec<_>>(), ["leaderboard"]);
+}

@@ -1,0 +1,284 @@
+//! The joint choice of a quantization and its configuration: per rung of the ladder its quality and
+//! its tuned speed, the rule that picks one, and the report (`Serialize`, rendered as a table or
+//! `--json`). Pure data and arithmetic, so the rule is unit-tested without llama.cpp.
+//!
+//! The rule: among rungs whose weights pass the gate (and tuned with only the KV types that pass
+//! it), the lowest modelled seconds per request wins. Two rungs within the noise threshold of each
+//! other are a tie, and a tie goes to the lower KL divergence: the same speed for better quality.
+
+use super::ladder::{Ladder, Rejected};
+use super::quality::{fmt_kld, QualityTable};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
+use profiles::Figures;
+use search_space::size::format_size;
+use search_space::{CacheType, Candidate};
+use serde::Serialize;
+use std::path::PathBuf;
+
+/// Where a configuration keeps the model's layers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Placement {
+    /// e.g. `CPU`, `CUDA0 (all 27 layers)`, `CUDA0 19/27 layers + CPU`.
+    pub text: String,
+    /// Part of the model runs on the CPU although a faster device exists.
+    pub spills: bool,
+}
+
+/// Where `c` puts a model of `layers` layers, given the offload devices of the machine.
+pub fn placement(c: &Candidate, layers: Option<u32>, offload_devices: &[String]) -> Placement {
+    if offload_devices.is_empty() {
+        return Placement { text: "CPU".into(), spills: false };
+    }
+    let devs = if c.devices.is_empty() { offload_devices.join("+") } else { c.devices.join("+") };
+    let total = layers.map(|l| l + 1);
+    match total {
+        _ if c.n_gpu_layers == 0 => Placement { text: "CPU (no layers offloaded)".into(), spills: true },
+        Some(t) if c.n_gpu_layers >= t => Placement { text: format!("{devs} (all {t} layers)"), spills: false },
+        Some(t) => Placement { text: format!("{devs} {}/{t} layers + CPU", c.n_gpu_layers), spills: true },
+        None => Placement { text: format!("{devs} ({} layers)", c.n_gpu_layers), spills: false },
+    }
+}
+
+/// One rung of the ladder in the joint choice.
+#[derive(Debug, Clone, Serialize)]
+pub struct QuantRow {
+    pub file_type: String,
+    pub path: PathBuf,
+    pub size_bytes: u64,
+    pub bpw: f64,
+    /// Mean KL divergence from the reference (weights, f16 KV cache) and top-1 agreement.
+    pub kld: Option<f64>,
+    pub top1: Option<f64>,
+    pub passes_gate: bool,
+    /// The tuned winner of this rung and its figures, when it was tuned and measured.
+    pub winner: Option<Candidate>,
+    pub figures: Option<Figures>,
+    pub placement: Option<Placement>,
+    /// `chosen`, `slower`, `tie, lower quality`, `over the quality gate`, `not measured: …`.
+    pub status: String,
+}
+
+impl QuantRow {
+    pub fn score(&self) -> Option<f64> {
+        self.figures.as_ref().map(|f| f.score_s)
+    }
+}
+
+/// Index of the chosen rung: the fastest measured rung that passes the gate; a tie (relative
+/// difference within `noise`) goes to the lower KL divergence, then the smaller file.
+pub fn choose(rows: &[QuantRow], noise: f64) -> Option<usize> {
+    let measured: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].passes_gate && rows[i].score().is_some()).collect();
+    let best = measured.iter().copied().min_by(|&a, &b| rows[a].score().unwrap().total_cmp(&rows[b].score().unwrap()))?;
+    let best_score = rows[best].score()?;
+    measured
+        .into_iter()
+        .filter(|&i| rows[i].score().is_some_and(|s| s <= best_score * (1.0 + noise)))
+        .min_by(|&a, &b| {
+            let (ka, kb) = (rows[a].kld.unwrap_or(f64::INFINITY), rows[b].kld.unwrap_or(f64::INFINITY));
+            ka.total_cmp(&kb).then(rows[a].size_bytes.cmp(&rows[b].size_bytes))
+        })
+}
+
+/// "A smaller quant that fits beats a larger one that spills", for every such pair.
+pub fn spill_notes(rows: &[QuantRow], chosen: usize) -> Vec<String> {
+    let w = &rows[chosen];
+    let (Some(wp), Some(ws)) = (&w.placement, w.score()) else { return Vec::new() };
+    if wp.spills {
+        return Vec::new();
+    }
+    rows.iter()
+        .filter(|r| r.size_bytes > w.size_bytes && r.placement.as_ref().is_some_and(|p| p.spills))
+        .filter_map(|r| {
+            let s = r.score()?;
+            (s > ws).then(|| {
+                format!(
+                    "{} ({}) fits ({}) and beats {} ({}), which spills ({}), {:.2}x faster per request: \
+                     a smaller quant that fits beats a larger one that spills",
+                    w.file_type,
+                    format_size(w.size_bytes),
+                    wp.text,
+                    r.file_type,
+                    format_size(r.size_bytes),
+                    r.placement.as_ref().map(|p| p.text.as_str()).unwrap_or("?"),
+                    s / ws
+                )
+            })
+        })
+        .collect()
+}
+
+/// A KV-cache type and whether the gate allows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct KvRow {
+    pub kv: CacheType,
+    pub kld: Option<f64>,
+    pub top1: Option<f64>,
+    pub allowed: bool,
+}
+
+/// The joint run's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct JointReport {
+    pub model: PathBuf,
+    pub reference: PathBuf,
+    pub reference_type: String,
+    /// The gate, nats per token.
+    pub max_kld: f64,
+    pub considered: Vec<PathBuf>,
+    pub left_out: Vec<Rejected>,
+    pub quality: QualityTable,
+    pub kv: Vec<KvRow>,
+    pub quants: Vec<QuantRow>,
+    /// Index into `quants` of the choice.
+    pub chosen: Option<usize>,
+    pub notes: Vec<String>,
+    pub profile_path: Option<PathBuf>,
+}
+
+impl JointReport {
+    pub fn new(ladder: &Ladder, quality: QualityTable, max_kld: f64) -> Self {
+        JointReport {
+            model: ladder.model.clone(),
+            reference: quality.reference.clone(),
+            reference_type: quality.reference_type.clone(),
+            max_kld,
+            considered: ladder.rungs.iter().map(|r| r.path.clone()).collect(),
+            left_out: ladder.rejected.clone(),
+            kv: quality
+                .kv
+                .iter()
+                .map(|r| KvRow { kv: r.kv, kld: r.kld(), top1: r.figures.as_ref().map(|f| f.top1), allowed: r.passes(max_kld) })
+                .collect(),
+            quality,
+            quants: Vec::new(),
+            chosen: None,
+            notes: Vec::new(),
+            profile_path: None,
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "model     {}\nreference {} ({}) · gate --max-kld {} nats/token (weights and KV cache each)\n",
+            self.model.display(),
+            self.reference.display(),
+            self.reference_type,
+            fmt_kld(self.max_kld)
+        );
+        for r in &self.left_out {
+            s.push_str(&format!("left out  {}: {}\n", r.path.display(), r.reason));
+        }
+        let kv: Vec<String> = self
+            .kv
+            .iter()
+            .map(|k| {
+                let verdict = if k.allowed { "allowed" } else { "over the gate" };
+                format!("{} {} ({verdict})", k.kv, k.kld.map_or("failed".into(), fmt_kld))
+            })
+            .collect();
+        s.push_str(&format!("KV cache  {}\n\n", kv.join(" · ")));
+        let mut t = Table::new();
+        t.load_preset(UTF8_FULL_CONDENSED);
+        t.set_header(["quant", "size", "fits where", "pp t/s", "tg t/s", "s/request", "KLD", "top-1", "status"]);
+        let right = |s: String| Cell::new(s).set_alignment(CellAlignment::Right);
+        for (i, r) in self.quants.iter().enumerate() {
+            let mark = if Some(i) == self.chosen { "▶ " } else { "" };
+            let f = r.figures.as_ref();
+            t.add_row(vec![
+                Cell::new(format!("{mark}{}", r.file_type)),
+                right(format_size(r.size_bytes)),
+                Cell::new(r.placement.as_ref().map_or("-".into(), |p| p.text.clone())),
+                right(f.map_or("-".into(), |f| format!("{:.1}", f.pp_tps))),
+                right(f.map_or("-".into(), |f| format!("{:.1}", f.tg_tps))),
+                right(f.map_or("-".into(), |f| format!("{:.3}", f.score_s))),
+                right(r.kld.map_or("-".into(), fmt_kld)),
+                right(r.top1.map_or("-".into(), |t| format!("{:.1}%", t * 100.0))),
+                Cell::new(truncate(&r.status, 60)),
+            ]);
+        }
+        s.push_str(&t.to_string());
+        s.push('\n');
+        if let Some(c) = self.chosen.map(|i| &self.quants[i]) {
+            s.push_str(&format!(
+                "\nchosen    {} ({}) {}\n",
+                c.file_type,
+                c.path.display(),
+                c.winner.as_ref().map(|w| w.label()).unwrap_or_default()
+            ));
+        }
+        for n in &self.notes {
+            s.push_str(&format!("note      {n}\n"));
+        }
+        if let Some(p) = &self.profile_path {
+            s.push_str(&format!("profile   {}\n", p.display()));
+        }
+        s
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        format!("{}…", s.chars().take(n).collect::<String>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(t: &str, size: u64, kld: f64, score: Option<f64>, spills: bool) -> QuantRow {
+        QuantRow {
+            file_type: t.into(),
+            path: PathBuf::from(format!("{t}.gguf")),
+            size_bytes: size,
+            bpw: 0.0,
+            kld: Some(kld),
+            top1: Some(0.9),
+            passes_gate: kld <= 0.05,
+            winner: None,
+            figures: score.map(|s| Figures {
+                pp_tps: 1.0,
+                tg_tps: 1.0,
+                tg_depth_tps: None,
+                ttft_ms: None,
+                score_s: s,
+                mem_bytes: 0,
+                pp_ci: None,
+                tg_ci: None,
+                repetitions: 3,
+            }),
+            placement: Some(Placement { text: if spills { "GPU0 10/27 layers + CPU".into() } else { "GPU0 (all 27 layers)".into() }, spills }),
+            status: String::new(),
+        }
+    }
+
+    #[test]
+    fn fastest_under_the_gate_wins_and_ties_go_to_quality() {
+        let rows = vec![row("F16", 500, 0.0, Some(2.0), true), row("Q8_0", 260, 0.001, Some(1.0), false), row("Q4_0", 150, 0.2, Some(0.5), false)];
+        assert_eq!(choose(&rows, 0.02), Some(1), "Q4_0 is faster but over the gate");
+        let rows = vec![row("Q8_0", 260, 0.001, Some(1.01), false), row("Q4_K_M", 160, 0.03, Some(1.0), false)];
+        assert_eq!(choose(&rows, 0.02), Some(0), "within the noise: the better quality wins");
+        assert_eq!(choose(&[row("Q4_0", 1, 0.2, Some(1.0), false)], 0.02), None, "nothing passes");
+    }
+
+    #[test]
+    fn says_when_a_smaller_quant_that_fits_beats_a_larger_one_that_spills() {
+        let rows = vec![row("F16", 500, 0.0, Some(2.0), true), row("Q8_0", 260, 0.001, Some(1.0), false)];
+        let notes = spill_notes(&rows, 1);
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].contains("a smaller quant that fits beats a larger one that spills"), "{}", notes[0]);
+        assert!(spill_notes(&rows, 0).is_empty());
+    }
+
+    #[test]
+    fn placements() {
+        let mut c = Candidate::llama_default(4, 28);
+        assert_eq!(placement(&c, Some(27), &[]).text, "CPU");
+        assert!(!placement(&c, Some(27), &["CUDA0".into()]).spills);
+        c.n_gpu_layers = 10;
+        let p = placement(&c, Some(27), &["CUDA0".into()]);
+        assert!(p.spills && p.text.contains("10/28"), "{}", p.text);
+    }
+}

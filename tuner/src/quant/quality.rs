@@ -1,0 +1,369 @@
+//! Quality of a ladder: for every rung, and for every KV-cache type (on the reference's weights), the
+//! KL divergence of its next-token distributions from the reference's and how often both agree on
+//! the most likely token, over an evaluation text shipped with autotune (`assets/eval.txt`: English
+//! prose, code and dialogue written for this purpose, about 3,000 tokens).
+//!
+//! Each evaluation runs in a worker (llama.cpp, logits for every position, the text cut into chunks
+//! of the context size) and is cached in `$AUTOTUNE_CACHE_DIR/quality/` by the identities of both
+//! files, the KV type, the text and the chunking: the numbers depend on nothing else, so a second
+//! `quality` or `tune --max-kld` costs nothing.
+
+use super::kld::QualityFigures;
+use super::ladder::{Ladder, Rung};
+use super::serve::QualityRequest;
+use crate::trial::{TrialFailure, Worker};
+use crate::worker::{Request, Response};
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
+use search_space::identity::ModelIdentity;
+use search_space::size::format_size;
+use search_space::CacheType;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+/// The evaluation text built into autotune.
+pub const EVAL_TEXT: &str = include_str!("../../assets/eval.txt");
+
+/// What a quality row measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// A weight quantization (with an f16 KV cache) against the reference.
+    Weights,
+    /// The reference's weights with a KV-cache type against the same with f16.
+    Kv,
+}
+
+/// One evaluation's outcome.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QualityRow {
+    pub kind: Kind,
+    pub file_type: String,
+    pub kv: CacheType,
+    pub model: PathBuf,
+    pub model_fingerprint: String,
+    pub size_bytes: u64,
+    pub reference: PathBuf,
+    pub reference_fingerprint: String,
+    /// `None` when the evaluation failed (see `error`).
+    pub figures: Option<QualityFigures>,
+    pub tokens: u64,
+    pub chunks: u32,
+    pub seconds: f64,
+    /// Read from the cache rather than evaluated now.
+    #[serde(default)]
+    pub cached: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl QualityRow {
+    pub fn kld(&self) -> Option<f64> {
+        self.figures.as_ref().map(|f| f.kld_mean)
+    }
+    /// Whether the row stays under a gate (a failed evaluation never does).
+    pub fn passes(&self, max_kld: f64) -> bool {
+        self.kld().is_some_and(|k| k <= max_kld)
+    }
+}
+
+/// How to evaluate.
+#[derive(Debug, Clone)]
+pub struct EvalSettings {
+    pub text: String,
+    pub max_tokens: Option<u32>,
+    pub chunk: u32,
+    pub threads: u32,
+    /// Ignore cached results.
+    pub fresh: bool,
+    pub cache_dir: PathBuf,
+    pub quiet: bool,
+}
+
+impl EvalSettings {
+    fn text_hash(&self) -> String {
+        hex::encode(Sha256::digest(self.text.as_bytes()))[..12].to_string()
+    }
+}
+
+/// The whole table: the reference, the weight rows (most precise first) and the KV rows.
+#[derive(Debug, Clone, Serialize)]
+pub struct QualityTable {
+    pub reference: PathBuf,
+    pub reference_type: String,
+    pub text_tokens: u64,
+    pub chunk: u32,
+    pub weights: Vec<QualityRow>,
+    pub kv: Vec<QualityRow>,
+}
+
+/// A file to evaluate: where, what type, which identity.
+#[derive(Debug, Clone)]
+pub struct Subject {
+    pub path: PathBuf,
+    pub file_type: String,
+    pub size_bytes: u64,
+    pub identity: ModelIdentity,
+}
+
+impl Subject {
+    pub fn of(r: &Rung) -> std::io::Result<Subject> {
+        Ok(Subject { path: r.path.clone(), file_type: r.file_type.clone(), size_bytes: r.size_bytes, identity: ModelIdentity::of_file(&r.path)? })
+    }
+}
+
+/// Runs evaluations in one worker (the reference stays loaded in it), replacing it after a crash.
+pub struct Evaluator<'a> {
+    pub settings: EvalSettings,
+    worker: Option<Worker>,
+    stop: &'a AtomicBool,
+}
+
+impl<'a> Evaluator<'a> {
+    pub fn new(settings: EvalSettings, stop: &'a AtomicBool) -> Self {
+        Evaluator { settings, worker: None, stop }
+    }
+
+    fn cache_path(&self, model: &Subject, reference: &Subject, kv: CacheType) -> PathBuf {
+        let s = &self.settings;
+        let tokens = s.max_tokens.map_or("all".to_string(), |t| t.to_string());
+        self.settings.cache_dir.join("quality").join(format!(
+            "{}-vs-{}-{}-{}-t{tokens}-c{}.json",
+            model.identity.short(),
+            reference.identity.short(),
+            kv,
+            s.text_hash(),
+            s.chunk
+        ))
+    }
+
+    /// One row: from the cache, or evaluated now (and cached when it succeeded).
+    pub fn evaluate(&mut self, kind: Kind, model: &Subject, reference: &Subject, kv: CacheType) -> Result<QualityRow, TrialFailure> {
+        let cache = self.cache_path(model, reference, kv);
+        if !self.settings.fresh {
+            if let Some(mut row) = std::fs::read_to_string(&cache).ok().and_then(|t| serde_json::from_str::<QualityRow>(&t).ok()) {
+                row.cached = true;
+                row.kind = kind;
+                row.model = model.path.clone();
+                row.reference = reference.path.clone();
+                return Ok(row);
+            }
+        }
+        let s = &self.settings;
+        let progress = std::env::temp_dir().join(format!("autotune-quality-{}.progress", std::process::id()));
+        let request = Request::Quality(QualityRequest {
+            reference: reference.path.clone(),
+            model: model.path.clone(),
+            kv,
+            text: s.text.clone(),
+            max_tokens: s.max_tokens,
+            n_ctx: s.chunk,
+            threads: s.threads,
+            n_gpu_layers: 999,
+            progress: Some(progress.clone()),
+        });
+        let bar = super::bar(s.quiet, "{spinner} [{elapsed_precise}] quality {prefix} {bar:30} chunk {pos}/{len}");
+        if let Some(b) = &bar {
+            b.set_prefix(match kind {
+                Kind::Weights => format!("{} (weights)", model.file_type),
+                Kind::Kv => format!("KV {kv}"),
+            });
+        }
+        if self.worker.is_none() {
+            self.worker = Some(Worker::spawn().map_err(|e| TrialFailure::Exited { code: -1, stderr_tail: format!("cannot start worker: {e}") })?);
+        }
+        let worker = self.worker.as_mut().expect("spawned above");
+        let result = super::call_with_progress(worker, &request, &progress, bar.as_ref(), self.stop, Duration::from_secs(3 * 3600));
+        if let Some(b) = &bar {
+            b.finish_and_clear();
+        }
+        let mut row = QualityRow {
+            kind,
+            file_type: model.file_type.clone(),
+            kv,
+            model: model.path.clone(),
+            model_fingerprint: model.identity.fingerprint.clone(),
+            size_bytes: model.size_bytes,
+            reference: reference.path.clone(),
+            reference_fingerprint: reference.identity.fingerprint.clone(),
+            figures: None,
+            tokens: 0,
+            chunks: 0,
+            seconds: 0.0,
+            cached: false,
+            error: None,
+        };
+        match result {
+            Ok(Response::Quality(a)) => {
+                row.figures = Some(a.figures);
+                row.tokens = a.tokens;
+                row.chunks = a.chunks;
+                row.seconds = a.seconds;
+                if let Some(dir) = cache.parent() {
+                    let _ = std::fs::create_dir_all(dir);
+                }
+                if let Ok(text) = serde_json::to_string_pretty(&row) {
+                    let _ = profiles::write_atomic(&cache, &text);
+                }
+            }
+            Ok(_) => row.error = Some("unexpected answer from the worker".into()),
+            Err(TrialFailure::Interrupted) => return Err(TrialFailure::Interrupted),
+            Err(f) => {
+                if !matches!(f, TrialFailure::Refused { .. }) {
+                    self.worker = None; // it is gone
+                }
+                row.error = Some(crate::report::one_line(&f.to_string()));
+            }
+        }
+        Ok(row)
+    }
+
+    /// The whole table for a ladder: the reference against itself first (KLD 0: the check that the
+    /// comparison is sound), the KV types on the reference, then every other rung.
+    pub fn table(&mut self, ladder: &Ladder, reference: &Subject, kv_types: &[CacheType]) -> Result<QualityTable, TrialFailure> {
+        let self_row = self.evaluate(Kind::Weights, reference, reference, CacheType::F16)?;
+        let mut kv = Vec::new();
+        for &t in kv_types {
+            if t == CacheType::F16 {
+                kv.push(QualityRow { kind: Kind::Kv, ..self_row.clone() });
+            } else {
+                kv.push(self.evaluate(Kind::Kv, reference, reference, t)?);
+            }
+        }
+        let mut weights = Vec::new();
+        let ref_canon = std::fs::canonicalize(&reference.path).ok();
+        for rung in &ladder.rungs {
+            if std::fs::canonicalize(&rung.path).ok() == ref_canon {
+                weights.push(self_row.clone());
+                continue;
+            }
+            let subject = match Subject::of(rung) {
+                Ok(s) => s,
+                Err(e) => {
+                    weights.push(QualityRow { error: Some(format!("cannot read: {e}")), figures: None, ..failed_row(rung, reference) });
+                    continue;
+                }
+            };
+            weights.push(self.evaluate(Kind::Weights, &subject, reference, CacheType::F16)?);
+        }
+        if !weights.iter().any(|r| r.model_fingerprint == reference.identity.fingerprint) {
+            // An outside reference (--reference): its own row goes first.
+            weights.insert(0, self_row.clone());
+        }
+        Ok(QualityTable {
+            reference: reference.path.clone(),
+            reference_type: reference.file_type.clone(),
+            text_tokens: self_row.tokens,
+            chunk: self.settings.chunk,
+            weights,
+            kv,
+        })
+    }
+
+    pub fn shutdown(&mut self) {
+        if let Some(w) = self.worker.take() {
+            w.quit();
+        }
+    }
+}
+
+fn failed_row(rung: &Rung, reference: &Subject) -> QualityRow {
+    QualityRow {
+        kind: Kind::Weights,
+        file_type: rung.file_type.clone(),
+        kv: CacheType::F16,
+        model: rung.path.clone(),
+        model_fingerprint: String::new(),
+        size_bytes: rung.size_bytes,
+        reference: reference.path.clone(),
+        reference_fingerprint: reference.identity.fingerprint.clone(),
+        figures: None,
+        tokens: 0,
+        chunks: 0,
+        seconds: 0.0,
+        cached: false,
+        error: None,
+    }
+}
+
+/// `0.0123` with enough digits for small divergences.
+pub fn fmt_kld(k: f64) -> String {
+    if k == 0.0 {
+        "0".into()
+    } else if k < 0.0001 {
+        format!("{k:.2e}")
+    } else {
+        format!("{k:.4}")
+    }
+}
+
+impl QualityTable {
+    pub fn render(&self, gate: Option<f64>) -> String {
+        let mut s = format!(
+            "reference {} ({}) · {} tokens of evaluation text in chunks of {}\n",
+            self.reference.display(),
+            self.reference_type,
+            self.text_tokens,
+            self.chunk
+        );
+        let gate_cell = |r: &QualityRow| match (gate, r.kld()) {
+            (_, None) => r.error.clone().map(|e| format!("failed: {e}")).unwrap_or_else(|| "failed".into()),
+            (Some(g), Some(k)) if k > g => format!("over the gate ({})", fmt_kld(g)),
+            (Some(_), Some(_)) => "passes".into(),
+            (None, Some(_)) => if r.cached { "cached".into() } else { format!("{:.0} s", r.seconds) },
+        };
+        let mut t = Table::new();
+        t.load_preset(UTF8_FULL_CONDENSED);
+        t.set_header(["weights", "size", "KLD mean ± se", "KLD p99", "top-1", "PPL (ref)", "status"]);
+        for r in &self.weights {
+            t.add_row(row(&r.file_type, if r.size_bytes > 0 { format_size(r.size_bytes) } else { "-".into() }, r, gate_cell(r)));
+        }
+        s.push_str(&t.to_string());
+        s.push('\n');
+        if !self.kv.is_empty() {
+            let mut t = Table::new();
+            t.load_preset(UTF8_FULL_CONDENSED);
+            t.set_header(["KV cache", "on", "KLD mean ± se", "KLD p99", "top-1", "PPL (ref)", "status"]);
+            for r in &self.kv {
+                t.add_row(row(r.kv.as_str(), self.reference_type.clone(), r, gate_cell(r)));
+            }
+            s.push_str(&t.to_string());
+            s.push('\n');
+        }
+        s
+    }
+}
+
+fn row(name: &str, second: String, r: &QualityRow, status: String) -> Vec<Cell> {
+    let right = |s: String| Cell::new(s).set_alignment(CellAlignment::Right);
+    match &r.figures {
+        Some(f) => vec![
+            Cell::new(name),
+            Cell::new(second),
+            right(format!("{} ± {}", fmt_kld(f.kld_mean), fmt_kld(f.kld_se))),
+            right(fmt_kld(f.kld_p99)),
+            right(format!("{:.1}%", f.top1 * 100.0)),
+            right(format!("{:.2} ({:.2})", f.ppl, f.ref_ppl)),
+            Cell::new(status),
+        ],
+        None => vec![Cell::new(name), Cell::new(second), right("-".into()), right("-".into()), right("-".into()), right("-".into()), Cell::new(status)],
+    }
+}
+
+/// The reference for a ladder: `--reference` (checked to be the same model) or the most precise rung.
+pub fn choose_reference(ladder: &Ladder, explicit: Option<&Path>) -> Result<Subject, String> {
+    let rung = match explicit {
+        Some(p) => {
+            let info = search_space::gguf::GgufInfo::inspect(p).map_err(|e| e.to_string())?;
+            let model = &ladder.rungs.iter().find(|r| r.path == ladder.model).unwrap_or(&ladder.rungs[0]).info;
+            if let Some(why) = super::ladder::mismatch(model, &info) {
+                return Err(format!("--reference {} is not a quantization of {}: {why}", p.display(), ladder.model.display()));
+            }
+            Rung::from_info(info)
+        }
+        None => ladder.most_precise().cloned().ok_or("the ladder is empty")?,
+    };
+    Subject::of(&rung).map_err(|e| format!("{}: cannot read: {e}", rung.path.display()))
+}

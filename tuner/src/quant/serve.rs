@@ -1,0 +1,263 @@
+//! The worker side of quantizing and of quality evaluation: what `autotune __worker` does for a
+//! [`QuantizeRequest`] or a [`QualityRequest`]. Both run llama.cpp code that aborts the process on
+//! some failures (a tensor it cannot convert, an allocation that fails), which is why they run in the
+//! worker: the parent records the crash as that rung's outcome and goes on.
+//!
+//! Progress travels through a small file the parent names in the request (`done/total`), read by the
+//! parent while it waits, so the one-line-per-request protocol stays as it is.
+
+use super::kld::{self, Accumulator, QualityFigures};
+use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
+use crate::worker::Response;
+use rayon::prelude::*;
+use search_space::{CacheType, FlashAttn};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Quantize `src` into `dst` (written as is: the parent writes to a temporary name and renames).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QuantizeRequest {
+    pub src: PathBuf,
+    pub dst: PathBuf,
+    /// The `llama_ftype` number (`general.file_type`).
+    pub ftype: u32,
+    pub allow_requantize: bool,
+    pub threads: u32,
+    /// Where to write `done/total` tensors while working.
+    pub progress: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QuantizeAnswer {
+    pub seconds: f64,
+}
+
+/// Compare `model` (with a `kv` cache) against `reference` (with an f16 cache) on `text`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QualityRequest {
+    pub reference: PathBuf,
+    pub model: PathBuf,
+    pub kv: CacheType,
+    pub text: String,
+    /// Use at most this many tokens of the text.
+    pub max_tokens: Option<u32>,
+    /// Chunk length (the context size of both contexts).
+    pub n_ctx: u32,
+    pub threads: u32,
+    /// Layers to offload when a non-CPU device exists (0 = CPU only).
+    pub n_gpu_layers: u32,
+    /// Where to write `done/total` chunks while working.
+    pub progress: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QualityAnswer {
+    pub figures: QualityFigures,
+    /// Tokens of the text evaluated, and the chunks they were cut into.
+    pub tokens: u64,
+    pub chunks: u32,
+    pub seconds: f64,
+}
+
+fn failed(stage: &str, message: impl Into<String>) -> Response {
+    Response::Failed { stage: stage.into(), message: message.into() }
+}
+
+fn write_progress(path: &Option<PathBuf>, done: u64, total: u64) {
+    if let Some(p) = path {
+        let _ = std::fs::write(p, format!("{done}/{total}"));
+    }
+}
+
+/// Reads a progress file written by the worker: `(done, total)`.
+pub fn read_progress(path: &Path) -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string(path).ok()?;
+    let (a, b) = s.trim().split_once('/')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// `[  12/ 236] blk.0.attn_k.weight …` → (12, 236): llama.cpp's per-tensor quantize log line.
+fn tensor_progress(line: &str) -> Option<(u64, u64)> {
+    let rest = line.trim_start().strip_prefix('[')?;
+    let (inside, _) = rest.split_once(']')?;
+    let (a, b) = inside.split_once('/')?;
+    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+}
+
+pub fn quantize(q: &QuantizeRequest) -> Response {
+    let done = Arc::new(AtomicBool::new(false));
+    let kept: Arc<Mutex<Vec<String>>> = Arc::default();
+    llama::take_log();
+    let watcher = {
+        let (done, kept, progress) = (Arc::clone(&done), Arc::clone(&kept), q.progress.clone());
+        std::thread::spawn(move || {
+            let mut last = None;
+            loop {
+                let finished = done.load(Ordering::Relaxed);
+                let lines = llama::take_log();
+                if let Some(p) = lines.iter().rev().find_map(|l| tensor_progress(l)) {
+                    if last != Some(p) {
+                        write_progress(&progress, p.0, p.1);
+                        last = Some(p);
+                    }
+                }
+                if let Ok(mut k) = kept.lock() {
+                    k.extend(lines);
+                    let excess = k.len().saturating_sub(400);
+                    k.drain(..excess);
+                }
+                if finished {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(150));
+            }
+        })
+    };
+    let t = Instant::now();
+    let result = llama::quantize_model(&q.src, &q.dst, q.ftype, q.allow_requantize, q.threads);
+    done.store(true, Ordering::Relaxed);
+    let _ = watcher.join();
+    match result {
+        Ok(()) => Response::Quantized(QuantizeAnswer { seconds: t.elapsed().as_secs_f64() }),
+        Err(e) => {
+            let log = kept.lock().map(|k| k.clone()).unwrap_or_default();
+            let tail = llama::log_tail(&log);
+            failed("quantize", if tail.is_empty() { e } else { tail })
+        }
+    }
+}
+
+thread_local! {
+    /// The reference stays loaded between requests (the worker answers them on one thread): a
+    /// ladder is compared against one reference.
+    static REFERENCE: std::cell::RefCell<Option<(PathBuf, Arc<Model>)>> = const { std::cell::RefCell::new(None) };
+}
+
+fn load(path: &Path, n_gpu_layers: u32) -> Result<Arc<Model>, String> {
+    let settings = |ngl| ModelSettings { n_gpu_layers: ngl, devices: Vec::new(), use_extra_bufts: true, no_alloc: false, rpc: Vec::new() };
+    match Model::load(path, &settings(n_gpu_layers)) {
+        Ok(m) => Ok(Arc::new(m)),
+        // Offloading may not fit (two models at once): the CPU gives the same figures, slower.
+        Err(_) if n_gpu_layers > 0 => Model::load(path, &settings(0)).map(Arc::new).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn reference(path: &Path, n_gpu_layers: u32) -> Result<Arc<Model>, String> {
+    REFERENCE.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        if let Some((p, m)) = slot.as_ref() {
+            if p == path {
+                return Ok(Arc::clone(m));
+            }
+        }
+        *slot = None;
+        let m = load(path, n_gpu_layers)?;
+        *slot = Some((path.to_path_buf(), Arc::clone(&m)));
+        Ok(m)
+    })
+}
+
+pub fn quality(q: &QualityRequest) -> Response {
+    let t = Instant::now();
+    let reference = match reference(&q.reference, q.n_gpu_layers) {
+        Ok(m) => m,
+        Err(e) => return failed("load", format!("reference {}: {e}", q.reference.display())),
+    };
+    let model = if q.model == q.reference {
+        Arc::clone(&reference)
+    } else {
+        match load(&q.model, q.n_gpu_layers) {
+            Ok(m) => m,
+            Err(e) => return failed("load", e),
+        }
+    };
+    let mut tokens = match reference.tokenize(&q.text) {
+        Ok(t) => t,
+        Err(e) => return failed("tokenize", e),
+    };
+    if let Some(max) = q.max_tokens {
+        tokens.truncate(max as usize);
+    }
+    let bos = reference.add_bos().then(|| reference.bos()).filter(|&b| b >= 0);
+    let n_ctx = q.n_ctx.max(16);
+    let per_chunk = (n_ctx as usize - usize::from(bos.is_some())).max(1);
+    let context = |m: &Arc<Model>, kv: CacheType| {
+        Context::new(
+            m,
+            &ContextSettings {
+                n_ctx,
+                n_batch: n_ctx,
+                n_ubatch: n_ctx.min(512),
+                threads: q.threads.max(1),
+                type_k: kv,
+                type_v: kv,
+                flash_attn: FlashAttn::Auto,
+            },
+        )
+    };
+    let mut ref_ctx = match context(&reference, CacheType::F16) {
+        Ok(c) => c,
+        Err(e) => return failed("context", e.to_string()),
+    };
+    let mut ctx = match context(&model, q.kv) {
+        Ok(c) => c,
+        Err(e) => return failed("context", e.to_string()),
+    };
+    let chunks: Vec<&[i32]> = tokens.chunks(per_chunk).collect();
+    let mut acc = Accumulator::default();
+    let mut start = 0usize;
+    for (k, chunk) in chunks.iter().enumerate() {
+        write_progress(&q.progress, k as u64, chunks.len() as u64);
+        let mut input: Vec<i32> = bos.into_iter().collect();
+        input.extend_from_slice(chunk);
+        let t0 = Instant::now();
+        if let Err(e) = ref_ctx.decode_with_all_logits(&input) {
+            return failed("decode", format!("reference: {e}"));
+        }
+        if let Err(e) = ctx.decode_with_all_logits(&input) {
+            return failed("decode", e.to_string());
+        }
+        // Output i predicts input i+1; the chunk's last output predicts the next chunk's first token.
+        let t1 = Instant::now();
+        let offset = usize::from(bos.is_some());
+        let next = |i: usize| -> Option<i32> {
+            let text_index = start + i + 1 - offset;
+            tokens.get(text_index).copied()
+        };
+        let pairs: Vec<(&[f32], &[f32], Option<i32>)> =
+            (0..input.len()).map(|i| (ref_ctx.logits_ith(i as i32), ctx.logits_ith(i as i32), next(i))).collect();
+        if pairs.iter().any(|(a, b, _)| a.is_empty() || b.is_empty()) {
+            return failed("logits", "llama.cpp returned no logits for a position");
+        }
+        let stats: Vec<kld::PositionStats> = pairs.par_iter().map(|(a, b, n)| kld::compare_position(a, b, *n)).collect();
+        for s in stats {
+            acc.add(s);
+        }
+        if std::env::var_os("AUTOTUNE_QUALITY_TIMING").is_some() {
+            eprintln!("chunk {k}: decode {:.2} s, compare {:.2} s", (t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
+        }
+        start += chunk.len();
+    }
+    write_progress(&q.progress, chunks.len() as u64, chunks.len() as u64);
+    Response::Quality(QualityAnswer {
+        figures: acc.finish(),
+        tokens: tokens.len() as u64,
+        chunks: chunks.len() as u32,
+        seconds: t.elapsed().as_secs_f64(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_quantize_progress_lines() {
+        assert_eq!(tensor_progress("[  12/ 236]       blk.0.attn_k.weight - [ 640, 256], type = q4_K, "), Some((12, 236)));
+        assert_eq!(tensor_progress("llama_model_quantize_impl: model size = 12 MiB"), None);
+    }
+}
