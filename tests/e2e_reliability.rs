@@ -10,9 +10,13 @@ fn a_worker_that_aborts_is_recorded_and_tuning_continues() {
     let model = demo_model();
     let sb = Sandbox::new();
     let counter = sb.dir.path().join("fault-count");
-    let mut args = vec!["tune", model.to_str().unwrap(), "--json", "--kernels", "plain"];
-    args.extend_from_slice(SHORT);
-    // The first measure request of the run aborts (llama.cpp's defaults); plain kernels still measure.
+    // Two candidates: llama.cpp's defaults, whose first measure request aborts, then plain kernels.
+    let mut args = vec!["tune", model.to_str().unwrap(), "--json"];
+    args.extend_from_slice(&[
+        "--ctx", "256", "--prompt", "32", "--gen", "8", "--budget", "60s", "--min-reps", "2", "--max-reps", "2",
+        "--threads", "2", "--cache-types", "f16", "--flash-attn", "auto", "--ubatch", "512", "--kernels", "plain",
+        "--seed", "7",
+    ]);
     let o = sb
         .cmd()
         .args(&args)

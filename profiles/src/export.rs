@@ -82,7 +82,9 @@ pub fn export(p: &Profile, f: ExportFormat) -> Result<String> {
 }
 
 fn options(p: &Profile) -> Vec<crate::server_args::ServerOption> {
-    server_options(&p.winner, &p.model.path, &p.workload)
+    let mut o = server_options(&p.winner, &p.model.path, &p.workload);
+    o.extend(p.draft.iter().flat_map(crate::server_args::draft_options));
+    o
 }
 
 fn origin(p: &Profile) -> String {

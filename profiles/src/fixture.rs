@@ -106,6 +106,7 @@ pub fn example_profile() -> Profile {
         figures: figures.clone(),
         baseline: Some(baseline.clone()),
         roofline: None,
+        draft: None,
         leaderboard: vec![
             LeaderboardEntry {
                 rank: 1,

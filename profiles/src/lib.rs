@@ -5,6 +5,7 @@
 //! llama-server's command line than the winning configuration, and the server is always started with
 //! [`Profile::server_args`] as an argv, never through a shell.
 
+mod draft;
 mod error;
 mod export;
 pub mod measurements;
@@ -17,6 +18,7 @@ mod validate;
 #[cfg(any(test, feature = "test-support"))]
 mod fixture;
 
+pub use draft::{DraftSettings, MAX_DRAFT};
 pub use error::{ProfileError, Result};
 pub use export::{
     export, export_args, export_json, export_llama_swap, export_ollama, export_presets,
@@ -27,7 +29,7 @@ pub use profile::{
     ProfileSummary, Workload, SCHEMA_VERSION,
 };
 pub use roofline::Roofline;
-pub use server_args::{server_args, server_options, shell_quote, ServerOption};
+pub use server_args::{draft_options, server_args, server_options, shell_quote, ServerOption};
 pub use store::{write_atomic, Store, StoreEntry, StoreLock, StoredProfile, PROFILE_DIR_ENV};
 pub use validate::{is_device_name, MAX_BATCH, MAX_CTX, MAX_GPU_LAYERS, MAX_THREADS};
 

@@ -47,6 +47,9 @@ pub struct Profile {
     pub roofline: Option<crate::Roofline>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leaderboard: Vec<LeaderboardEntry>,
+    /// The draft model for speculative decoding, when one measured faster than the target alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft: Option<crate::DraftSettings>,
 }
 
 /// The GGUF file the profile was measured with.
@@ -232,7 +235,11 @@ impl Profile {
 
     /// The llama-server argv this profile's winner, workload and model stand for.
     pub fn expected_server_args(&self) -> Vec<String> {
-        server_args(&self.winner, &self.model.path, &self.workload)
+        let mut args = server_args(&self.winner, &self.model.path, &self.workload);
+        if let Some(d) = &self.draft {
+            args.extend(crate::server_args::words(crate::server_args::draft_options(d)));
+        }
+        args
     }
 
     /// Sets `server_args` from the winner (call after changing `winner`, `workload` or `model.path`).

@@ -61,10 +61,37 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
 /// `-m PATH -c N_CTX -t T -tb T -b B -ub UB -ctk K -ctv V -fa on|off|auto -ngl N [--no-repack]
 /// [--device A,B]`.
 pub fn server_args(c: &Candidate, model: &Path, w: &Workload) -> Vec<String> {
-    server_options(c, model, w)
+    words(server_options(c, model, w))
+}
+
+/// Options as argv words: each flag followed by its value.
+pub(crate) fn words(options: Vec<ServerOption>) -> Vec<String> {
+    options
         .into_iter()
         .flat_map(|o| std::iter::once(o.short.to_string()).chain(o.value))
         .collect()
+}
+
+/// llama-server's speculative-decoding options for a draft model (the names of llama.cpp's
+/// `common/arg.cpp`; the older `--draft-max`/`--draft-min` were removed there):
+/// `-md PATH --spec-type draft-simple --spec-draft-n-max N --spec-draft-n-min N --spec-draft-p-min P
+/// -ngld N -ctkd K -ctvd V [-devd A,B]`.
+pub fn draft_options(d: &crate::DraftSettings) -> Vec<ServerOption> {
+    let opt = |short, long, value: String| ServerOption { short, long, value: Some(value) };
+    let mut opts = vec![
+        opt("-md", "spec-draft-model", d.path.to_string_lossy().into_owned()),
+        opt("--spec-type", "spec-type", "draft-simple".into()),
+        opt("--spec-draft-n-max", "spec-draft-n-max", d.n_max.to_string()),
+        opt("--spec-draft-n-min", "spec-draft-n-min", d.n_min.to_string()),
+        opt("--spec-draft-p-min", "spec-draft-p-min", d.p_min_arg()),
+        opt("-ngld", "spec-draft-ngl", d.n_gpu_layers.to_string()),
+        opt("-ctkd", "spec-draft-type-k", d.type_k.as_str().into()),
+        opt("-ctvd", "spec-draft-type-v", d.type_v.as_str().into()),
+    ];
+    if !d.devices.is_empty() {
+        opts.push(opt("-devd", "spec-draft-device", d.devices.join(",")));
+    }
+    opts
 }
 
 /// `args` as one POSIX shell line, each word quoted only where it needs to be. For display only.

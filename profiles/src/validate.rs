@@ -35,6 +35,9 @@ impl Profile {
         if let Some(b) = &self.baseline {
             check_figures("baseline", b)?;
         }
+        if let Some(d) = &self.draft {
+            crate::draft::check(d, check_paths)?;
+        }
         check_server_args(&self.expected_server_args(), &self.server_args)
     }
 }

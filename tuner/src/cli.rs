@@ -57,6 +57,9 @@ pub enum Command {
     /// Explain a profile: the memory-bandwidth roofline and a diagnosis (fit, bandwidth, dense or
     /// sparse, prefill, devices, which setting mattered), with charts and a Markdown report
     Explain(ExplainArgs),
+    /// Speculative decoding: measure draft models (smaller models of the same family) against the
+    /// target alone, with their draft settings, and report which pays
+    Draft(DraftArgs),
 }
 
 #[derive(Debug, Args)]
@@ -183,8 +186,8 @@ pub struct TuneArgs {
     pub top: usize,
 
     // ---- quantization choice (quant::joint): any of these makes `tune` choose among quantizations ----
-    /// Other quantizations of MODEL to choose among (files or folders); each is tuned and the fastest
-    /// under --max-kld wins
+    /// Other quantizations of MODEL to choose among (files or folders); each is tuned (--budget is
+    /// shared among them, at least 30 s each) and the fastest under --max-kld wins
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     pub quants: Vec<PathBuf>,
     /// Choose among the quantizations of MODEL found in its folder (see `autotune quality MODEL --list`)
@@ -210,6 +213,10 @@ pub struct TuneArgs {
     /// charts beside it (or beside the profile with --plot)
     #[arg(long = "export-markdown", value_name = "FILE")]
     pub export_markdown: Option<PathBuf>,
+
+    /// Speculative decoding (`--draft FILE…`): measured with the winner's settings after tuning
+    #[command(flatten)]
+    pub speculative: DraftSearchArgs,
 }
 
 #[derive(Debug, Args)]
@@ -224,7 +231,8 @@ pub struct QuantizeArgs {
     #[arg(long = "out-dir")]
     pub out_dir: Option<PathBuf>,
     /// Quantize from an already quantized source: every file then carries the source's rounding too
-    /// (an F16 made from it holds exactly the source's weights: the highest precision available)
+    /// (an F16 made from it holds the source's weights to within F16 rounding: the highest precision
+    /// available)
     #[arg(long = "allow-requantize")]
     pub allow_requantize: bool,
     /// Threads the quantizer uses (default: all CPUs)
@@ -459,9 +467,89 @@ pub struct ExplainArgs {
     pub json: bool,
 }
 
+/// Speculative-decoding search flags, shared by `autotune draft` and `autotune tune`.
+#[derive(Debug, Clone, Args)]
+pub struct DraftSearchArgs {
+    /// Draft models for speculative decoding: smaller models with the target's vocabulary (the same
+    /// family, or a lower-bit quantization of the same model), comma separated; `auto` = the compatible
+    /// smaller models beside the target. With `tune`, the winner gets the fastest draft that beats the
+    /// target alone (or a note saying none does)
+    #[arg(long = "draft", value_delimiter = ',', num_args = 1.., value_name = "FILE")]
+    pub draft: Vec<PathBuf>,
+    /// Draft lengths to try (llama-server's --spec-draft-n-max): longer drafts win more per round
+    /// when the draft is usually right and waste more when it is not
+    #[arg(long = "draft-max", value_delimiter = ',', default_value = "4,8,16")]
+    pub draft_max: Vec<u32>,
+    /// Shortest draft worth verifying (--spec-draft-n-min); only matters with a --draft-p-min above 0
+    #[arg(long = "draft-min", value_delimiter = ',', default_value = "0,2")]
+    pub draft_min: Vec<u32>,
+    /// Draft confidence thresholds to try (--spec-draft-p-min): drafting stops when the draft's top
+    /// token is less likely than this
+    #[arg(long = "draft-p-min", value_delimiter = ',', default_value = "0,0.5,0.8")]
+    pub draft_p_min: Vec<f32>,
+    /// Tokens generated per prompt of the prompt set (more: steadier acceptance figures, longer runs)
+    #[arg(long = "draft-gen", default_value_t = 48)]
+    pub draft_gen: u32,
+    /// Prompt set to measure on, a TOML file of [[prompt]] name/kind/text tables (default: the
+    /// built-in code, chat, summarisation and repetitive-text prompts)
+    #[arg(long = "draft-prompts", value_name = "FILE")]
+    pub draft_prompts: Option<PathBuf>,
+    /// Interleaved rounds of the final comparison with the target alone
+    #[arg(long = "draft-reps", default_value_t = 3)]
+    pub draft_reps: u32,
+    /// Time for the draft search, e.g. 90s, 5m (settings left unmeasured are reported as skipped)
+    #[arg(long = "draft-budget", default_value = "5m", allow_hyphen_values = true)]
+    pub draft_budget: String,
+}
+
+#[derive(Debug, Args)]
+pub struct DraftArgs {
+    /// The target model (the one whose output counts)
+    pub target: PathBuf,
+    #[command(flatten)]
+    pub search: DraftSearchArgs,
+    /// Context size of both models (-c)
+    #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
+    pub ctx: u32,
+    /// Threads (-t; default: the physical cores)
+    #[arg(short = 't', long)]
+    pub threads: Option<u32>,
+    /// K cache type of both models (-ctk)
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
+    pub cache_type_k: String,
+    /// V cache type of both models (-ctv)
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
+    pub cache_type_v: String,
+    /// Flash attention: on, off, auto (-fa)
+    #[arg(long = "flash-attn", visible_alias = "fa", default_value = "auto")]
+    pub flash_attn: String,
+    /// CPU kernels: repack (llama.cpp's default) or plain (--no-repack)
+    #[arg(long, default_value = "repack")]
+    pub kernels: String,
+    /// Target layers on non-CPU devices (-ngl; default: all when such a device exists); the draft
+    /// follows (all its layers when the target offloads)
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
+    pub n_gpu_layers: Option<u32>,
+    /// Memory kept free on every device: target and draft together must fit in the rest
+    #[arg(long = "mem-margin", default_value = "256M")]
+    pub mem_margin: String,
+    /// Relative difference below which the draft and the target alone are called a tie
+    #[arg(long, default_value_t = 0.02)]
+    pub noise: f64,
+    /// Seed of the order of the final comparison (recorded in the report)
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// A measurement that gives no answer within this time is killed and recorded as failed
+    #[arg(long = "trial-timeout", default_value = "5m", allow_hyphen_values = true)]
+    pub trial_timeout: String,
+    /// Print the report as JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// The subcommand names, for the `autotune model.gguf` short form.
 pub const SUBCOMMANDS: &[&str] =
-    &["tune", "doctor", "show", "measure", "apply", "export", "rpc-serve", "__worker", "help", "quantize", "quality", "explain"];
+    &["tune", "doctor", "show", "measure", "apply", "export", "rpc-serve", "__worker", "help", "quantize", "quality", "explain", "draft"];
 
 /// llama.cpp's multi-letter single-dash flags, which clap cannot express as short flags.
 const LLAMA_STYLE_FLAGS: &[&str] = &["-ngl", "-ctk", "-ctv", "-fa", "-ub"];

@@ -94,7 +94,8 @@ fn next_count() -> u64 {
 }
 
 fn fire(kind: FaultKind) {
-    eprintln!("autotune: AUTOTUNE_FAULT: injecting {kind:?} (test hook)");
+    // Lower case "abort" so the tuner's stderr tail picks this line as the reason.
+    eprintln!("autotune: AUTOTUNE_FAULT: injecting {} (test hook)", format!("{kind:?}").to_lowercase());
     match kind {
         FaultKind::Abort => std::process::abort(),
         FaultKind::Segv => {

@@ -12,6 +12,7 @@ mod placement;
 mod pool;
 mod quant;
 mod report;
+mod speculative;
 mod stats;
 mod trial;
 mod worker;
@@ -53,6 +54,7 @@ fn main() {
         cli::Command::Quantize(a) => commands::quantize::run(&cli, a),
         cli::Command::Quality(a) => commands::quality::run(&cli, a),
         cli::Command::Explain(a) => commands::explain::run(&cli, a),
+        cli::Command::Draft(a) => commands::draft::run(&cli, a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -35,6 +35,10 @@ pub enum Request {
     Quantize(crate::quant::serve::QuantizeRequest),
     /// Compare a model's next-token distributions with a reference's (`autotune quality`).
     Quality(crate::quant::serve::QualityRequest),
+    /// Is a draft model's vocabulary compatible with a target's (`autotune draft`)?
+    DraftCheck(crate::speculative::serve::CheckRequest),
+    /// Greedy generation over a prompt set, with a draft model (speculative decoding) or without.
+    Speculate(crate::speculative::serve::SpeculateRequest),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -45,6 +49,8 @@ pub enum Response {
     Failed { stage: String, message: String },
     Quantized(crate::quant::serve::QuantizeAnswer),
     Quality(crate::quant::serve::QualityAnswer),
+    DraftCheck(crate::speculative::serve::CheckAnswer),
+    Speculated(crate::speculative::serve::SpeculateAnswer),
 }
 
 /// Entry point of `autotune __worker`: serve requests from stdin until EOF or `Quit`.
@@ -74,6 +80,8 @@ pub fn serve() -> anyhow::Result<()> {
             Request::Footprint(m) => state.footprint(&m),
             Request::Quantize(q) => crate::quant::serve::quantize(&q),
             Request::Quality(q) => crate::quant::serve::quality(&q),
+            Request::DraftCheck(c) => crate::speculative::serve::check(&c),
+            Request::Speculate(r) => crate::speculative::serve::speculate(&r),
         };
         writeln!(stdout, "{}", serde_json::to_string(&response)?)?;
         stdout.flush()?;
@@ -104,7 +112,7 @@ impl WorkerState {
         if self.model.as_ref().map(|(k, _)| k) != Some(&key) {
             self.context = None;
             self.model = None;
-            self.before_load = (llama::device_free(), rss_bytes());
+            self.before_load = (llama::device_free(), committed_bytes());
             let t = Instant::now();
             let model = Model::load(&m.model, &m.settings)
                 .map_err(|e| Response::Failed { stage: "load".into(), message: e.to_string() })?;
@@ -136,6 +144,17 @@ impl WorkerState {
         } else {
             llama::breakdown_per_device(&breakdown)
         };
+        let mut per_device = per_device;
+        if m.settings.no_alloc {
+            // A dry run allocates no tensor, so what this process grew by while loading is llama.cpp's
+            // host memory outside its buffers (vocabulary, token caches, metadata): the host side of the
+            // prediction includes it, as a real load will hold it too.
+            let overhead = committed_bytes().saturating_sub(self.before_load.1);
+            match per_device.iter_mut().find(|d| d.device == "CPU") {
+                Some(cpu) => cpu.bytes += overhead,
+                None => per_device.push(DeviceBytes { device: "CPU".into(), bytes: overhead }),
+            }
+        }
         let reported_bytes = if breakdown.is_empty() { reported_bytes } else { per_device.iter().map(|d| d.bytes).sum() };
         let mut report = LoadReport { load_seconds: self.load_seconds, buffers, rss_bytes: 0, reported_bytes, per_device, actual: Vec::new() };
         if !m.settings.no_alloc {
@@ -146,9 +165,9 @@ impl WorkerState {
 
     /// What the load really took: device memory that disappeared, and the worker's RSS growth.
     fn fill_actual(&self, report: &mut LoadReport) {
-        let rss = rss_bytes();
-        report.rss_bytes = rss;
-        let mut actual = vec![DeviceBytes { device: "CPU".into(), bytes: rss.saturating_sub(self.before_load.1) }];
+        report.rss_bytes = rss_bytes();
+        let committed = committed_bytes();
+        let mut actual = vec![DeviceBytes { device: "CPU".into(), bytes: committed.saturating_sub(self.before_load.1) }];
         for (name, free_after) in llama::device_free() {
             if let Some((_, free_before)) = self.before_load.0.iter().find(|(n, _)| *n == name) {
                 actual.push(DeviceBytes { device: name, bytes: free_before.saturating_sub(free_after) });
@@ -259,6 +278,23 @@ impl TokenSource {
         v.truncate(n as usize);
         v
     }
+}
+
+/// Host memory this process holds for llama.cpp's buffers: private data (heap and anonymous
+/// mappings: KV cache, compute buffers, repacked weights — counted when allocated, touched or not,
+/// as a device allocation is) plus resident file-backed pages (the mmap'd weights, once read).
+pub fn committed_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |key: &str| -> u64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    kib("VmData:") + kib("RssFile:")
 }
 
 /// Resident set size of this process, from /proc (0 where unavailable).

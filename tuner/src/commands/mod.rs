@@ -2,6 +2,7 @@
 
 pub mod apply;
 pub mod doctor;
+pub mod draft;
 pub mod explain;
 pub mod export;
 pub mod measure;

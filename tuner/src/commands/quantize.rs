@@ -44,7 +44,8 @@ pub fn run(cli: &Cli, a: &QuantizeArgs) -> anyhow::Result<i32> {
     if quantized_source && needs_work {
         eprintln!(
             "autotune: warning: re-quantizing {} ({}): every file made from it carries its rounding. An F16 made from it \
-             holds exactly its weights (the highest precision available); the other types add their own rounding on top.",
+             holds its weights to within F16 rounding (the highest precision available); the other types add their \
+             own rounding on top.",
             src.display(),
             src_type.as_deref().unwrap_or("?")
         );

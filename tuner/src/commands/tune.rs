@@ -277,7 +277,8 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     }));
 
     // Two models loaded at once only when they fit comfortably in memory.
-    let max_alive = if info.file_size.saturating_mul(4) < machine.ram_available_bytes { 2 } else { 1 };
+    // With RPC devices one worker at a time: a ggml RPC server serves one client at a time.
+    let max_alive = if args.rpc.is_empty() && info.file_size.saturating_mul(4) < machine.ram_available_bytes { 2 } else { 1 };
     let timeout = parse_duration(&args.trial_timeout).map_err(|e| Exit::new(exit::USAGE, e))?;
     let pool = WorkerPool::new(max_alive, timeout);
     let stop_fn = {
@@ -437,7 +438,13 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         baseline: baseline_figures,
         roofline: None,
         leaderboard: board,
+        draft: None,
     };
+    // Speculative decoding (--draft): measured with the winner's settings; the draft or a note.
+    if let Some(note) = crate::speculative::attach::attach(cli, args, &info, &mut profile, &budgets(args, &machine)?, &stop)? {
+        report.notes.push(note.clone());
+        profile.notes.push(note);
+    }
     // The winner's bandwidth roofline (a ~1 s probe, now that the workers are gone), for `explain`.
     profile.roofline = Some(crate::commands::explain::roofline_for_run(&info, &profile));
     profile.refresh_server_args();

@@ -51,7 +51,9 @@ pub fn measure_cpu() -> Option<Bandwidth> {
     let started = Instant::now();
     let mut best = 0.0f64;
     let mut passes = 0;
+    let mut others_running = Vec::new();
     while passes < MIN_PASSES || (passes < MAX_PASSES && started.elapsed() < READ_TIME) {
+        others_running.extend(runnable_threads().map(|n| n.saturating_sub(1)));
         let t = Instant::now();
         std::thread::scope(|s| {
             for part in buffer.chunks(chunk) {
@@ -68,10 +70,17 @@ pub fn measure_cpu() -> Option<Bandwidth> {
         Some(c) => format!(" ({:.1}× the {} last-level cache)", size as f64 / c as f64, search_space::size::format_size(c)),
         None => String::new(),
     };
+    // Other work on the machine takes bandwidth and cores from the probe: say so with the figure.
+    let busy = match others_running.iter().copied().max() {
+        Some(n) if n as usize * 2 > threads => {
+            format!(", while {n} other threads were running on {threads} CPUs: an underestimate")
+        }
+        _ => String::new(),
+    };
     Some(Bandwidth {
         bytes_per_s: best,
         method: format!(
-            "read of a {} buffer{cache} by {threads} threads, best of {passes} passes",
+            "read of a {} buffer{cache} by {threads} threads, best of {passes} passes{busy}",
             search_space::size::format_size(size)
         ),
     })
@@ -83,6 +92,13 @@ fn buffer_size(llc: Option<u64>, available: u64) -> Option<u64> {
     let wanted = llc.map_or(MIN_BUFFER, |c| c.saturating_mul(CACHE_MULTIPLE)).clamp(MIN_BUFFER, MAX_BUFFER);
     let size = wanted.min(available / 4) & !0xfff;
     (size >= MIN_BUFFER / 4).then_some(size)
+}
+
+/// Threads runnable right now on the whole machine, this one included (Linux `/proc/loadavg`'s
+/// fourth field, `running/total`): unlike the load average, it has no memory of work just finished.
+fn runnable_threads() -> Option<u32> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
 }
 
 /// The largest cache of CPU 0 (Linux sysfs), in bytes.

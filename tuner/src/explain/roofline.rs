@@ -118,7 +118,7 @@ pub fn token_reads(info: &GgufInfo, c: &Candidate, w: &Workload, offload: bool) 
         // The lookup is on the CPU; a tied output projection is placed with the output layer.
         Part::Lookup => !(tied_output && output_offloaded),
     };
-    let mut r = TokenReads { kv_tokens: w.depth + (w.n_gen + 1) / 2, ..Default::default() };
+    let mut r = TokenReads { kv_tokens: w.depth + w.n_gen.div_ceil(2), ..Default::default() };
     for t in &info.tensors {
         let (bytes, params) = per_token(t, info, tied_output);
         r.parameters += elements(t);

@@ -2,6 +2,7 @@
 //! GPU-layer axis, a mixture of experts, and a profile without a roofline record.
 
 use super::*;
+use super::diagnosis::Topic;
 use profiles::{example_profile, DeviceRef, Figures, LeaderboardEntry, Roofline};
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 
@@ -258,4 +259,16 @@ fn charts_are_svg_files() {
     let p = cpu_profile();
     let written = charts::write(&p, &Explanation::of(&p), dir.path(), "cpu").unwrap();
     assert_eq!(written.iter().map(|c| c.title.as_str()).collect::<Vec<_>>(), ["leaderboard"]);
+}
+
+#[test]
+fn a_winner_chosen_by_a_tie_is_named_in_its_knob_line() {
+    let mut p = cpu_profile();
+    // The plain kernels lose by 3% but suppose the decision rule called it a tie and took them.
+    p.winner = Candidate { kernels: KernelChoice::Plain, ..Candidate::llama_default(2, 0) };
+    let e = Explanation::of(&p);
+    let kernels = e.knob_effects.iter().find(|k| k.knob == "kernels").unwrap();
+    assert_eq!((kernels.best.as_str(), kernels.winner_value.as_deref()), ("repack", Some("plain")));
+    let settings = e.findings.iter().find(|f| f.topic == Topic::Settings).unwrap();
+    assert!(settings.details.iter().any(|d| d.contains("the winner has plain: a tie")), "{:?}", settings.details);
 }

@@ -29,6 +29,9 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// The least tuning time a rung gets, whatever `--budget` divided by the rungs comes to.
+const MIN_BUDGET_PER_RUNG: Duration = Duration::from_secs(30);
+
 /// Whether `tune` was asked to choose among quantizations.
 pub fn wants_joint(a: &TuneArgs) -> bool {
     !a.quants.is_empty() || a.ladder || a.max_kld.is_some() || a.reference.is_some()
@@ -123,7 +126,8 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
 
     // Tune every rung that passes, the budget shared among them.
     let to_tune: Vec<usize> = (0..report.quants.len()).filter(|&i| report.quants[i].passes_gate).collect();
-    let per_rung = (budget / to_tune.len() as u32).max(Duration::from_secs(10));
+    // A floor, so a short budget shared by a long ladder still measures llama.cpp's defaults.
+    let per_rung = (budget / to_tune.len() as u32).max(MIN_BUDGET_PER_RUNG);
     let work = std::env::temp_dir().join(format!("autotune-joint-{}", std::process::id()));
     std::fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
     let raw = crate::cli::with_default_subcommand(std::env::args_os().collect());

@@ -231,7 +231,7 @@ mod tests {
         model(15, ggml::Q4_K, &v, 2).write_to(&d.path().join("m-Q4_K_M.gguf")).unwrap();
         model(1, ggml::F16, &v, 2).write_to(&d.path().join("m-F16.gguf")).unwrap();
         model(7, ggml::Q8_0, &v, 2).write_to(&d.path().join("m-Q8_0.gguf")).unwrap();
-        model(7, ggml::Q8_0, &v, 2).write_to(&d.path().join("m-Q8_0-copy.gguf")).unwrap();
+        model(7, ggml::Q8_0, &v, 2).write_to(&d.path().join("m-copy-Q8_0.gguf")).unwrap();
         model(2, ggml::Q4_0, &v, 3).write_to(&d.path().join("other-Q4_0.gguf")).unwrap();
         model(2, ggml::Q4_0, &["<s>", "</s>", "a", "b", "c"], 2).write_to(&d.path().join("other-vocab.gguf")).unwrap();
         std::fs::write(d.path().join("notes.gguf"), b"not a model").unwrap();
@@ -242,7 +242,7 @@ mod tests {
         let why = |name: &str| l.rejected.iter().find(|r| r.path.ends_with(name)).map(|r| r.reason.clone()).unwrap();
         assert!(why("other-Q4_0.gguf").contains("layer count"), "{}", why("other-Q4_0.gguf"));
         assert!(why("other-vocab.gguf").contains("vocabulary size"));
-        assert!(why("m-Q8_0-copy.gguf").contains("same quantization"));
+        assert!(why("m-copy-Q8_0.gguf").contains("same quantization"));
         assert!(why("notes.gguf").starts_with("not usable"));
         assert_eq!(l.rejected.len(), 4, "{:?}", l.rejected);
         assert_eq!(l.most_precise().unwrap().file_type, "F16");

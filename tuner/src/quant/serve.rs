@@ -35,31 +35,40 @@ pub struct QuantizeAnswer {
     pub seconds: f64,
 }
 
-/// Compare `model` (with a `kv` cache) against `reference` (with an f16 cache) on `text`.
+/// One comparison: `model` with a `kv` cache against the reference with an f16 cache.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QualityJob {
+    pub model: PathBuf,
+    pub kv: CacheType,
+}
+
+/// Compare every job against `reference` on `text`. The jobs share the reference's pass over each
+/// chunk: its decode (the costliest part, the reference being the largest file) is done once for all.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QualityRequest {
     pub reference: PathBuf,
-    pub model: PathBuf,
-    pub kv: CacheType,
+    pub jobs: Vec<QualityJob>,
     pub text: String,
     /// Use at most this many tokens of the text.
     pub max_tokens: Option<u32>,
-    /// Chunk length (the context size of both contexts).
+    /// Chunk length (the context size of every context).
     pub n_ctx: u32,
     pub threads: u32,
     /// Layers to offload when a non-CPU device exists (0 = CPU only).
     pub n_gpu_layers: u32,
-    /// Where to write `done/total` chunks while working.
+    /// Where to write `done/total` (chunks × jobs) while working.
     pub progress: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QualityAnswer {
-    pub figures: QualityFigures,
+    /// One per job, in order: its figures and its share of the time, or why it failed.
+    pub results: Vec<Result<(QualityFigures, f64), String>>,
     /// Tokens of the text evaluated, and the chunks they were cut into.
     pub tokens: u64,
+    /// Tokens of the whole text (more than `tokens` when a limit was given).
+    pub text_tokens: u64,
     pub chunks: u32,
-    pub seconds: f64,
 }
 
 fn failed(stage: &str, message: impl Into<String>) -> Response {
@@ -161,24 +170,37 @@ fn reference(path: &Path, n_gpu_layers: u32) -> Result<Arc<Model>, String> {
     })
 }
 
+/// A job's state in a batch: its model, its accumulated figures and its time, or why it failed.
+struct JobState {
+    model: Option<Arc<Model>>,
+    acc: Accumulator,
+    seconds: f64,
+    error: Option<String>,
+}
+
 pub fn quality(q: &QualityRequest) -> Response {
-    let t = Instant::now();
     let reference = match reference(&q.reference, q.n_gpu_layers) {
         Ok(m) => m,
         Err(e) => return failed("load", format!("reference {}: {e}", q.reference.display())),
     };
-    let model = if q.model == q.reference {
-        Arc::clone(&reference)
-    } else {
-        match load(&q.model, q.n_gpu_layers) {
-            Ok(m) => m,
-            Err(e) => return failed("load", e),
-        }
-    };
+    let mut jobs: Vec<JobState> = q
+        .jobs
+        .iter()
+        .map(|j| {
+            let t = Instant::now();
+            let model = if j.model == q.reference { Ok(Arc::clone(&reference)) } else { load(&j.model, q.n_gpu_layers) };
+            let seconds = t.elapsed().as_secs_f64();
+            match model {
+                Ok(m) => JobState { model: Some(m), acc: Accumulator::default(), seconds, error: None },
+                Err(e) => JobState { model: None, acc: Accumulator::default(), seconds, error: Some(e) },
+            }
+        })
+        .collect();
     let mut tokens = match reference.tokenize(&q.text) {
         Ok(t) => t,
         Err(e) => return failed("tokenize", e),
     };
+    let text_tokens = tokens.len() as u64;
     if let Some(max) = q.max_tokens {
         tokens.truncate(max as usize);
     }
@@ -203,51 +225,54 @@ pub fn quality(q: &QualityRequest) -> Response {
         Ok(c) => c,
         Err(e) => return failed("context", e.to_string()),
     };
-    let mut ctx = match context(&model, q.kv) {
-        Ok(c) => c,
-        Err(e) => return failed("context", e.to_string()),
-    };
     let chunks: Vec<&[i32]> = tokens.chunks(per_chunk).collect();
-    let mut acc = Accumulator::default();
+    let total = (chunks.len() * jobs.len()) as u64;
+    let offset = usize::from(bos.is_some());
     let mut start = 0usize;
     for (k, chunk) in chunks.iter().enumerate() {
-        write_progress(&q.progress, k as u64, chunks.len() as u64);
         let mut input: Vec<i32> = bos.into_iter().collect();
         input.extend_from_slice(chunk);
-        let t0 = Instant::now();
+        let t = Instant::now();
         if let Err(e) = ref_ctx.decode_with_all_logits(&input) {
             return failed("decode", format!("reference: {e}"));
         }
-        if let Err(e) = ctx.decode_with_all_logits(&input) {
-            return failed("decode", e.to_string());
-        }
+        let ref_share = t.elapsed().as_secs_f64() / jobs.len().max(1) as f64;
         // Output i predicts input i+1; the chunk's last output predicts the next chunk's first token.
-        let t1 = Instant::now();
-        let offset = usize::from(bos.is_some());
-        let next = |i: usize| -> Option<i32> {
-            let text_index = start + i + 1 - offset;
-            tokens.get(text_index).copied()
-        };
-        let pairs: Vec<(&[f32], &[f32], Option<i32>)> =
-            (0..input.len()).map(|i| (ref_ctx.logits_ith(i as i32), ctx.logits_ith(i as i32), next(i))).collect();
-        if pairs.iter().any(|(a, b, _)| a.is_empty() || b.is_empty()) {
-            return failed("logits", "llama.cpp returned no logits for a position");
-        }
-        let stats: Vec<kld::PositionStats> = pairs.par_iter().map(|(a, b, n)| kld::compare_position(a, b, *n)).collect();
-        for s in stats {
-            acc.add(s);
-        }
-        if std::env::var_os("AUTOTUNE_QUALITY_TIMING").is_some() {
-            eprintln!("chunk {k}: decode {:.2} s, compare {:.2} s", (t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64());
+        let next: Vec<Option<i32>> = (0..input.len()).map(|i| tokens.get(start + i + 1 - offset).copied()).collect();
+        for (j, (job, spec)) in jobs.iter_mut().zip(&q.jobs).enumerate() {
+            write_progress(&q.progress, (k * q.jobs.len() + j) as u64, total);
+            let Some(model) = job.model.clone().filter(|_| job.error.is_none()) else { continue };
+            let t = Instant::now();
+            // One context at a time: with a large vocabulary each holds hundreds of MB of logits.
+            let outcome = context(&model, spec.kv).map_err(|e| e.to_string()).and_then(|mut ctx| {
+                ctx.decode_with_all_logits(&input).map_err(|e| e.to_string())?;
+                let pairs: Vec<(&[f32], &[f32], Option<i32>)> =
+                    (0..input.len()).map(|i| (ref_ctx.logits_ith(i as i32), ctx.logits_ith(i as i32), next[i])).collect();
+                if pairs.iter().any(|(a, b, _)| a.is_empty() || b.is_empty()) {
+                    return Err("llama.cpp returned no logits for a position".to_string());
+                }
+                Ok(pairs.par_iter().map(|(a, b, n)| kld::compare_position(a, b, *n)).collect::<Vec<_>>())
+            });
+            match outcome {
+                Ok(stats) => stats.into_iter().for_each(|s| job.acc.add(s)),
+                Err(e) => job.error = Some(e),
+            }
+            job.seconds += t.elapsed().as_secs_f64() + ref_share;
         }
         start += chunk.len();
     }
-    write_progress(&q.progress, chunks.len() as u64, chunks.len() as u64);
+    write_progress(&q.progress, total, total);
     Response::Quality(QualityAnswer {
-        figures: acc.finish(),
+        results: jobs
+            .into_iter()
+            .map(|j| match j.error {
+                Some(e) => Err(e),
+                None => Ok((j.acc.finish(), j.seconds)),
+            })
+            .collect(),
         tokens: tokens.len() as u64,
+        text_tokens,
         chunks: chunks.len() as u32,
-        seconds: t.elapsed().as_secs_f64(),
     })
 }
 

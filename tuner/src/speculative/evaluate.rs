@@ -1,0 +1,251 @@
+//! From draft files to a report: check each draft's vocabulary (header, then llama.cpp), count its
+//! memory with the target's against the budgets (llama.cpp's dry run), measure the compatible ones
+//! that fit ([`super::search`]), and write the [`SpeculationReport`]. Shared by `autotune draft` and
+//! `autotune tune --draft`.
+
+use super::prompts::Prompt;
+use super::report::SpeculationReport;
+use super::search::{self, Candidate, DraftEntry, SearchSettings};
+use super::serve::{CheckRequest, DraftModel};
+use super::{compat, discover, Grid};
+use crate::llama::{ContextSettings, ModelSettings};
+use crate::pool::WorkerPool;
+use crate::trial::Worker;
+use crate::worker::{DeviceBytes, MeasureRequest, Request, Response, Workload};
+use search_space::gguf::GgufInfo;
+use search_space::size::format_size;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How many drafts found beside a target are tried.
+pub const MAX_DISCOVERED: usize = 3;
+
+pub struct Setup {
+    pub target: PathBuf,
+    pub target_info: GgufInfo,
+    /// Draft files as given; `auto` (or none at all) means the compatible smaller models beside the target.
+    pub drafts: Vec<PathBuf>,
+    pub settings: ModelSettings,
+    pub context: ContextSettings,
+    pub grid: Grid,
+    pub prompts: Vec<Prompt>,
+    pub n_gen: u32,
+    pub reps: u32,
+    pub noise: f64,
+    pub seed: u64,
+    pub trial_timeout: Duration,
+    pub budget: Duration,
+    /// Memory each device may use (target and draft together).
+    pub budgets: Vec<(String, u64)>,
+    pub llama_version: String,
+}
+
+/// The draft files to consider: those given (`auto` expands to the ones found beside the target).
+pub fn draft_files(target: &Path, info: &GgufInfo, given: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let auto = given.is_empty() || given.iter().any(|p| p.as_os_str() == "auto");
+    for p in given.iter().filter(|p| p.as_os_str() != "auto") {
+        if !out.contains(p) {
+            out.push(p.clone());
+        }
+    }
+    if auto {
+        for p in discover::beside(target, info, MAX_DISCOVERED) {
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The draft's placement follows the target's: all its layers offloaded when the target offloads any.
+pub fn draft_model(path: &Path, info: &GgufInfo, target: &ModelSettings, context: &ContextSettings) -> DraftModel {
+    let n_gpu_layers = if target.n_gpu_layers > 0 { info.block_count.unwrap_or(0) + 1 } else { 0 };
+    DraftModel {
+        path: path.to_path_buf(),
+        settings: ModelSettings {
+            n_gpu_layers,
+            devices: target.devices.clone(),
+            use_extra_bufts: target.use_extra_bufts,
+            no_alloc: false,
+            rpc: target.rpc.clone(),
+        },
+        context: context.clone(),
+    }
+}
+
+pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> SpeculationReport {
+    let started = Instant::now();
+    let files = draft_files(&s.target, &s.target_info, &s.drafts);
+    let mut entries: Vec<DraftEntry> = Vec::new();
+    let mut candidates: Vec<Option<Candidate>> = Vec::new();
+    let mut checker: Option<Worker> = None;
+    let mut pool = WorkerPool::new(1, s.trial_timeout);
+    progress("the target's memory (dry run)");
+    let target_mem = footprint(&mut pool, &s.target, &s.settings, &s.context, stop);
+    for path in files {
+        let mut entry = DraftEntry { path: path.clone(), file_type: None, size_bytes: 0, status: String::new(), mem_bytes: None, trials: Vec::new() };
+        let path = std::fs::canonicalize(&path).unwrap_or(path);
+        let mut candidate = None;
+        match GgufInfo::inspect(&path) {
+            Err(e) => entry.status = format!("unreadable: {e}"),
+            Ok(info) => {
+                entry.file_type = info.file_type_name.clone();
+                entry.size_bytes = info.file_size;
+                progress(&format!("{}: vocabulary", path.display()));
+                entry.status = match compat::precheck(&s.target_info, &info).map_err(|e| e.to_string()).and_then(|()| vocabulary(&mut checker, s, &path, stop)) {
+                    Err(reason) => format!("incompatible: {reason}"),
+                    Ok(()) => {
+                        let model = draft_model(&path, &info, &s.settings, &s.context);
+                        progress(&format!("{}: memory (dry run)", path.display()));
+                        match (&target_mem, footprint(&mut pool, &path, &model.settings, &model.context, stop)) {
+                            (_, Err(e)) => format!("failed: dry run: {e}"),
+                            (Err(e), _) => format!("not measured: the target's dry run failed: {e}"),
+                            (Ok(t), Ok(d)) => {
+                                entry.mem_bytes = Some(d.iter().map(|x| x.bytes).sum());
+                                match overflow(t, &d, &s.budgets) {
+                                    Some(why) => format!("does not fit: {why}"),
+                                    None => {
+                                        candidate = Some(Candidate { model });
+                                        "measured".to_string()
+                                    }
+                                }
+                            }
+                        }
+                    }
+                };
+            }
+        }
+        entry.path = path;
+        entries.push(entry);
+        candidates.push(candidate);
+    }
+    if let Some(w) = checker {
+        w.quit();
+    }
+    pool.shutdown();
+    let settings = SearchSettings {
+        target: s.target.clone(),
+        settings: s.settings.clone(),
+        context: s.context.clone(),
+        grid: s.grid.clone(),
+        prompts: s.prompts.clone(),
+        n_gen: s.n_gen,
+        reps: s.reps,
+        noise: s.noise,
+        seed: s.seed,
+        trial_timeout: s.trial_timeout,
+        budget: s.budget.saturating_sub(started.elapsed()),
+    };
+    let outcome = if candidates.iter().any(Option::is_some) {
+        match search::run(&settings, &candidates, &mut entries, stop, progress) {
+            Ok(o) => Some(o),
+            Err(e) => {
+                for (entry, c) in entries.iter_mut().zip(&candidates) {
+                    if c.is_some() {
+                        entry.status = format!("not measured: {e}");
+                    }
+                }
+                None
+            }
+        }
+    } else {
+        None
+    };
+    SpeculationReport::new(
+        &s.target,
+        s.target_info.file_type_name.clone(),
+        target_mem.as_ref().ok().map(|d| d.iter().map(|x| x.bytes).sum()),
+        &s.context,
+        s.n_gen,
+        &s.prompts,
+        &s.grid,
+        s.seed,
+        s.noise,
+        entries,
+        outcome,
+        started.elapsed().as_secs_f64(),
+        s.llama_version.clone(),
+    )
+}
+
+/// llama.cpp's vocabulary check, in a worker (vocab-only loads).
+fn vocabulary(worker: &mut Option<Worker>, s: &Setup, draft: &Path, stop: &dyn Fn() -> bool) -> Result<(), String> {
+    if worker.is_none() {
+        *worker = Some(Worker::spawn().map_err(|e| format!("cannot start a worker: {e}"))?);
+    }
+    let request = Request::DraftCheck(CheckRequest { target: s.target.clone(), draft: draft.to_path_buf() });
+    let answer = worker.as_mut().expect("spawned above").call(&request, s.trial_timeout, stop);
+    match answer {
+        Ok(Response::DraftCheck(a)) => a.incompatible.map_or(Ok(()), |i| Err(i.to_string())),
+        Ok(_) => Err("unexpected answer from the worker".into()),
+        Err(f) => {
+            *worker = None;
+            Err(format!("llama.cpp could not read the vocabulary: {}", crate::report::one_line(&f.to_string())))
+        }
+    }
+}
+
+/// Memory per device of a model with a context, from llama.cpp's dry run (no_alloc).
+fn footprint(pool: &mut WorkerPool, model: &Path, settings: &ModelSettings, context: &ContextSettings, stop: &dyn Fn() -> bool) -> Result<Vec<DeviceBytes>, String> {
+    let request = MeasureRequest {
+        model: model.to_path_buf(),
+        settings: ModelSettings { no_alloc: true, ..settings.clone() },
+        context: context.clone(),
+        workload: Workload { n_ctx: context.n_ctx, n_prompt: 1, n_gen: 1, depth: 0 },
+        seed: 1,
+    };
+    match pool.call(&Request::Footprint(request), stop) {
+        Ok(Response::Footprint(r)) => Ok(r.per_device),
+        Ok(_) => Err("unexpected answer from the worker".into()),
+        Err(f) => Err(crate::report::one_line(&f.to_string())),
+    }
+}
+
+/// Where target and draft together exceed a device's budget, in words.
+pub fn overflow(target: &[DeviceBytes], draft: &[DeviceBytes], budgets: &[(String, u64)]) -> Option<String> {
+    for (device, budget) in budgets {
+        let of = |v: &[DeviceBytes]| v.iter().filter(|d| &d.device == device).map(|d| d.bytes).sum::<u64>();
+        let (t, d) = (of(target), of(draft));
+        if d > 0 && t + d > *budget {
+            return Some(format!(
+                "{device}: target {} + draft {} = {} over its budget of {}",
+                format_size(t),
+                format_size(d),
+                format_size(t + d),
+                format_size(*budget)
+            ));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draft_memory_counts_with_the_targets() {
+        let dev = |device: &str, bytes: u64| DeviceBytes { device: device.into(), bytes };
+        let budgets = vec![("CPU".to_string(), 1000), ("CUDA0".to_string(), 500)];
+        assert_eq!(overflow(&[dev("CPU", 600)], &[dev("CPU", 300)], &budgets), None);
+        let why = overflow(&[dev("CUDA0", 400)], &[dev("CUDA0", 200)], &budgets).unwrap();
+        assert!(why.starts_with("CUDA0: target"), "{why}");
+    }
+
+    #[test]
+    fn auto_means_the_files_beside_the_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("t.gguf");
+        let info = GgufInfo { file_size: 1, ..tiny_info(&target) };
+        let given = vec![PathBuf::from("/x/a.gguf"), PathBuf::from("/x/a.gguf")];
+        assert_eq!(draft_files(&target, &info, &given), [PathBuf::from("/x/a.gguf")]);
+        assert!(draft_files(&target, &info, &[]).is_empty(), "an empty folder has no drafts");
+    }
+
+    fn tiny_info(path: &Path) -> GgufInfo {
+        let bytes = search_space::testfiles::GgufBuilder::tiny_model("llama").build();
+        GgufInfo::from_reader(&bytes[..], bytes.len() as u64, path).unwrap()
+    }
+}

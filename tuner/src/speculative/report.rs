@@ -1,0 +1,254 @@
+//! The speculative-decoding report: what `autotune draft` prints (a table, or the same report as
+//! `--json`), and the sentence a profile keeps when no draft pays.
+
+use super::prompts::Prompt;
+use super::search::{DraftEntry, Outcome, Trial, Winner};
+use super::Grid;
+use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, Table};
+use search_space::size::format_size;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptRef {
+    pub name: String,
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SpeculationReport {
+    pub target: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_type: Option<String>,
+    /// The target's memory (dry run), which the draft's adds to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_mem_bytes: Option<u64>,
+    pub threads: u32,
+    pub n_ctx: u32,
+    /// Tokens generated per prompt.
+    pub n_gen: u32,
+    pub prompts: Vec<PromptRef>,
+    pub grid: Grid,
+    pub seed: u64,
+    pub noise: f64,
+    /// The target alone: its passes during the search.
+    pub baseline: Option<Trial>,
+    /// The target alone in the final, interleaved comparison.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub confirm_baseline_tg_tps: Vec<f64>,
+    pub drafts: Vec<DraftEntry>,
+    pub winner: Option<Winner>,
+    /// One sentence: which draft pays and by how much, or why none does.
+    pub conclusion: String,
+    pub budget_spent: bool,
+    pub interrupted: bool,
+    pub elapsed_s: f64,
+    pub llama_version: String,
+}
+
+impl SpeculationReport {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        target: &Path,
+        target_type: Option<String>,
+        target_mem_bytes: Option<u64>,
+        context: &crate::llama::ContextSettings,
+        n_gen: u32,
+        prompts: &[Prompt],
+        grid: &Grid,
+        seed: u64,
+        noise: f64,
+        drafts: Vec<DraftEntry>,
+        outcome: Option<Outcome>,
+        elapsed_s: f64,
+        llama_version: String,
+    ) -> SpeculationReport {
+        let (baseline, confirm, winner, budget_spent, interrupted) = match outcome {
+            Some(o) => (Some(o.baseline), o.confirm_baseline, o.winner, o.budget_spent, o.interrupted),
+            None => (None, Vec::new(), None, false, false),
+        };
+        let mut r = SpeculationReport {
+            target: target.to_path_buf(),
+            target_type,
+            target_mem_bytes,
+            threads: context.threads,
+            n_ctx: context.n_ctx,
+            n_gen,
+            prompts: prompts.iter().map(|p| PromptRef { name: p.name.clone(), kind: p.kind.clone() }).collect(),
+            grid: grid.clone(),
+            seed,
+            noise,
+            baseline,
+            confirm_baseline_tg_tps: confirm,
+            drafts,
+            winner,
+            conclusion: String::new(),
+            budget_spent,
+            interrupted,
+            elapsed_s,
+            llama_version,
+        };
+        r.conclusion = r.conclude();
+        r
+    }
+
+    fn baseline_tg(&self) -> Option<f64> {
+        self.baseline.as_ref().and_then(Trial::median_tg)
+    }
+
+    /// The fastest measured draft setting: (draft, trial).
+    pub fn best_trial(&self) -> Option<(&DraftEntry, &Trial)> {
+        self.drafts
+            .iter()
+            .flat_map(|d| d.trials.iter().filter(|t| t.ok()).map(move |t| (d, t)))
+            .max_by(|a, b| a.1.median_tg().unwrap_or(0.0).total_cmp(&b.1.median_tg().unwrap_or(0.0)))
+    }
+
+    fn conclude(&self) -> String {
+        if let Some(w) = &self.winner {
+            return format!(
+                "speculative decoding pays: {} ({}) generates {:.1} t/s against {:.1} t/s for the target alone \
+                 ({:+.0}%, 95% CI [{:+.0}%, {:+.0}%]), acceptance {:.0}%, {:.2} tokens per target decode",
+                name(&w.draft),
+                w.params.label(),
+                w.tg.median,
+                w.baseline_tg.median,
+                w.comparison.ratio * 100.0,
+                w.comparison.ci_low * 100.0,
+                w.comparison.ci_high * 100.0,
+                w.acceptance * 100.0,
+                w.tokens_per_round
+            );
+        }
+        if self.drafts.is_empty() {
+            return "no draft model to try: pass --draft FILE (a smaller model of the same family), or put one beside the target".into();
+        }
+        let Some(base) = self.baseline_tg() else {
+            let reasons: Vec<String> = self.drafts.iter().map(|d| format!("{}: {}", name(&d.path), d.status)).collect();
+            return format!("no draft could be measured ({})", reasons.join("; "));
+        };
+        match self.best_trial() {
+            Some((d, t)) => {
+                let tg = t.median_tg().unwrap_or(0.0);
+                let why = match &t.versus_baseline {
+                    Some(c) if c.ratio > 0.0 => format!(
+                        "not faster beyond the noise threshold ({:+.1}%, 95% CI [{:+.1}%, {:+.1}%])",
+                        c.ratio * 100.0,
+                        c.ci_low * 100.0,
+                        c.ci_high * 100.0
+                    ),
+                    _ => format!("{:+.0}%", (tg / base - 1.0) * 100.0),
+                };
+                format!(
+                    "no draft pays: the best, {} ({}), generated {:.1} t/s against {:.1} t/s for the target alone ({why}); \
+                     acceptance {:.0}%, {:.2} tokens per target decode",
+                    name(&d.path),
+                    t.params.map(|p| p.label()).unwrap_or_default(),
+                    tg,
+                    base,
+                    t.acceptance * 100.0,
+                    t.tokens_per_round
+                )
+            }
+            None => {
+                let reasons: Vec<String> = self.drafts.iter().map(|d| format!("{}: {}", name(&d.path), d.status)).collect();
+                format!("no draft was measured ({}); the target alone runs {base:.1} t/s", reasons.join("; "))
+            }
+        }
+    }
+
+    /// The table `autotune draft` prints.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        out.push_str(&format!(
+            "target  {} ({}){}\n",
+            self.target.display(),
+            self.target_type.as_deref().unwrap_or("?"),
+            self.target_mem_bytes.map(|b| format!(", {}", format_size(b))).unwrap_or_default()
+        ));
+        let kinds: Vec<&str> = {
+            let mut k: Vec<&str> = self.prompts.iter().map(|p| p.kind.as_str()).collect();
+            k.dedup();
+            k
+        };
+        out.push_str(&format!(
+            "prompts {} ({}), {} tokens each, greedy; {} threads, context {}; seed {}\n",
+            self.prompts.len(),
+            kinds.join(", "),
+            self.n_gen,
+            self.threads,
+            self.n_ctx,
+            self.seed
+        ));
+        if let Some(b) = self.baseline_tg() {
+            out.push_str(&format!("alone   {b:.1} t/s generation (the target without a draft, same prompts)\n"));
+        }
+        for d in &self.drafts {
+            out.push_str(&format!(
+                "draft   {} ({}, {}{}): {}\n",
+                name(&d.path),
+                d.file_type.as_deref().unwrap_or("?"),
+                format_size(d.size_bytes),
+                d.mem_bytes.map(|m| format!(", {} in memory", format_size(m))).unwrap_or_default(),
+                d.status
+            ));
+        }
+        let base = self.baseline_tg();
+        let rows: Vec<(&DraftEntry, &Trial)> = self.drafts.iter().flat_map(|d| d.trials.iter().map(move |t| (d, t))).collect();
+        if !rows.is_empty() {
+            let mut t = Table::new();
+            t.load_preset(UTF8_FULL_CONDENSED);
+            t.set_header(["draft", "n_max", "n_min", "p_min", "accepted", "tok/decode", "tg t/s", "vs alone", "same output", "status"]);
+            for (d, trial) in rows {
+                let p = trial.params.expect("draft trials have params");
+                let tg = trial.median_tg();
+                let vs = match (&trial.versus_baseline, tg, base) {
+                    (Some(c), _, _) => format!("{:+.0}% [{:+.0}, {:+.0}]", c.ratio * 100.0, c.ci_low * 100.0, c.ci_high * 100.0),
+                    (None, Some(tg), Some(b)) if b > 0.0 => format!("{:+.0}%", (tg / b - 1.0) * 100.0),
+                    _ => "-".into(),
+                };
+                let status = match (&trial.failure, &trial.skipped) {
+                    (Some(f), _) => format!("failed: {f}"),
+                    (None, Some(s)) => format!("skipped: {s}"),
+                    _ if self.winner.as_ref().is_some_and(|w| w.draft == d.path && w.params == p) => "winner".into(),
+                    _ => "ok".into(),
+                };
+                let measured = trial.ok();
+                t.add_row(vec![
+                    Cell::new(name(&d.path)),
+                    Cell::new(p.n_max),
+                    Cell::new(p.n_min),
+                    Cell::new(format!("{:.2}", p.p_min)),
+                    Cell::new(if measured { format!("{:.0}%", trial.acceptance * 100.0) } else { "-".into() }),
+                    Cell::new(if measured { format!("{:.2}", trial.tokens_per_round) } else { "-".into() }),
+                    Cell::new(tg.map_or("-".into(), |v| format!("{v:.1}"))),
+                    Cell::new(vs),
+                    Cell::new(if !measured { "-" } else if trial.identical { "yes" } else { "NO" }),
+                    Cell::new(status),
+                ]);
+            }
+            out.push_str(&format!("{t}\n"));
+        }
+        if let Some((d, t)) = self.best_trial() {
+            let kinds: Vec<String> = t.per_kind.iter().map(|k| format!("{} {:.0}%", k.kind, k.acceptance * 100.0)).collect();
+            if !kinds.is_empty() {
+                out.push_str(&format!("acceptance by kind ({} {}): {}\n", name(&d.path), t.params.map(|p| p.label()).unwrap_or_default(), kinds.join(", ")));
+            }
+        }
+        if self.drafts.iter().flat_map(|d| &d.trials).any(|t| t.ok() && !t.identical) {
+            out.push_str(
+                "note    'same output: NO' means greedy decoding with the draft produced other tokens than without it: \
+                 llama.cpp's batched and single-token kernels round differently, which can flip a near tie\n",
+            );
+        }
+        if self.budget_spent {
+            out.push_str("note    the time budget ran out before every setting was measured; raise --budget\n");
+        }
+        out.push_str(&format!("result  {}\n", self.conclusion));
+        out
+    }
+}
+
+fn name(p: &Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
+}

@@ -1,0 +1,434 @@
+//! Measuring draft settings against the target alone, and choosing.
+//!
+//! Everything runs in one worker process, so the target stays loaded and the draft and the baseline
+//! see the same machine. The search, per compatible draft:
+//!
+//! 1. the grid's first stage: for each p_min, n_max in ascending order, one pass over the prompt set
+//!    each; a line stops where a longer draft is slower than the shorter one by more than the noise
+//!    (longer drafts only waste more work from there);
+//! 2. the other n_min values for the draft's best setting whose p_min can cut drafts short;
+//! 3. a baseline pass after each draft, so drift shows.
+//!
+//! Then the two fastest settings overall and the baseline are measured again in `reps` interleaved,
+//! shuffled rounds (the seed is recorded), and a setting wins only when the whole bootstrap interval
+//! of its paired ratio to the baseline lies above the noise threshold (`stats::compare_paired`).
+//! Acceptance needs no repetition: with greedy decoding it is a property of the two models and the
+//! text, the same in every pass.
+
+use super::prompts::Prompt;
+use super::serve::{DraftModel, PromptRun, SpeculateRequest};
+use super::{DraftParams, Grid};
+use crate::llama::{ContextSettings, ModelSettings};
+use crate::stats::{self, Comparison, Sample, Summary, Verdict};
+use crate::trial::{TrialFailure, Worker};
+use crate::worker::{Request, Response};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub struct SearchSettings {
+    pub target: PathBuf,
+    pub settings: ModelSettings,
+    pub context: ContextSettings,
+    pub grid: Grid,
+    pub prompts: Vec<Prompt>,
+    /// Tokens generated per prompt.
+    pub n_gen: u32,
+    /// Interleaved rounds of the final comparison (at least 2).
+    pub reps: u32,
+    pub noise: f64,
+    pub seed: u64,
+    pub trial_timeout: Duration,
+    /// Time for the whole search; what is left unmeasured when it runs out is marked skipped.
+    pub budget: Duration,
+}
+
+/// One configuration measured: the target alone (`params: None`) or with a draft.
+#[derive(Debug, Clone, Serialize)]
+pub struct Trial {
+    pub params: Option<DraftParams>,
+    /// `grid`, `n_min` or `baseline`.
+    pub stage: String,
+    /// Effective generation speed of each pass over the prompt set (tokens/s).
+    pub tg_tps: Vec<f64>,
+    /// Accepted / drafted tokens.
+    pub acceptance: f64,
+    /// Accepted draft tokens per verification round.
+    pub mean_accepted: f64,
+    /// Tokens produced per target decode (accepted draft tokens + the target's own).
+    pub tokens_per_round: f64,
+    /// The draft's prompt processing relative to the target's.
+    pub draft_pp_overhead: f64,
+    pub per_kind: Vec<KindAcceptance>,
+    /// The output is token-identical to the target alone on every prompt (greedy decoding).
+    pub identical: bool,
+    /// Where it first differs: prompt name and token index.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub divergence: Option<(String, usize)>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+    /// Set for the finalists: the paired comparison with the baseline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub versus_baseline: Option<Comparison>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct KindAcceptance {
+    pub kind: String,
+    pub drafted: u64,
+    pub accepted: u64,
+    pub acceptance: f64,
+}
+
+impl Trial {
+    fn new(params: Option<DraftParams>, stage: &str) -> Trial {
+        Trial {
+            params,
+            stage: stage.into(),
+            tg_tps: Vec::new(),
+            acceptance: 0.0,
+            mean_accepted: 0.0,
+            tokens_per_round: 0.0,
+            draft_pp_overhead: 0.0,
+            per_kind: Vec::new(),
+            identical: true,
+            divergence: None,
+            failure: None,
+            skipped: None,
+            versus_baseline: None,
+        }
+    }
+
+    /// Median generation speed over its passes.
+    pub fn median_tg(&self) -> Option<f64> {
+        let mut v = self.tg_tps.clone();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+    }
+
+    pub fn ok(&self) -> bool {
+        self.failure.is_none() && self.skipped.is_none() && !self.tg_tps.is_empty()
+    }
+}
+
+/// A draft to measure, as the worker loads it.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    pub model: DraftModel,
+}
+
+/// The outcome for one draft file.
+#[derive(Debug, Clone, Serialize)]
+pub struct DraftEntry {
+    pub path: PathBuf,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file_type: Option<String>,
+    pub size_bytes: u64,
+    /// `measured`, `incompatible: …`, `does not fit: …`, `failed: …`, `not measured: …`.
+    pub status: String,
+    /// The draft's memory (dry run: weights, KV cache, compute buffers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem_bytes: Option<u64>,
+    pub trials: Vec<Trial>,
+}
+
+/// The chosen draft setting.
+#[derive(Debug, Clone, Serialize)]
+pub struct Winner {
+    pub draft: PathBuf,
+    pub params: DraftParams,
+    pub tg: Summary,
+    pub baseline_tg: Summary,
+    /// Median of the paired ratios, minus 1 (0.25: 25 % faster), with its interval.
+    pub comparison: Comparison,
+    pub acceptance: f64,
+    pub tokens_per_round: f64,
+    pub mem_bytes: u64,
+}
+
+/// What the search measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub baseline: Trial,
+    /// Baseline passes of the final comparison, paired with the finalists' rounds.
+    pub confirm_baseline: Vec<f64>,
+    pub winner: Option<Winner>,
+    pub budget_spent: bool,
+    pub interrupted: bool,
+}
+
+struct Runner<'a> {
+    s: &'a SearchSettings,
+    worker: Option<Worker>,
+    stop: &'a dyn Fn() -> bool,
+    progress: &'a dyn Fn(&str),
+    started: Instant,
+    reference: Vec<Vec<i32>>,
+}
+
+/// Measures the baseline and every candidate in `entries` whose status is `measured`
+/// (`candidates[i]` belongs to `entries[i]`), and chooses.
+pub fn run(
+    s: &SearchSettings,
+    candidates: &[Option<Candidate>],
+    entries: &mut [DraftEntry],
+    stop: &dyn Fn() -> bool,
+    progress: &dyn Fn(&str),
+) -> Result<Outcome, String> {
+    let mut r = Runner { s, worker: None, stop, progress, started: Instant::now(), reference: Vec::new() };
+    let mut baseline = Trial::new(None, "baseline");
+    progress("the target alone (baseline)");
+    let first = r.pass(None).map_err(|e| format!("the target alone could not be measured: {e}"))?;
+    r.reference = first.iter().map(|p| p.tokens.clone()).collect();
+    r.record(&mut baseline, &first);
+
+    for (entry, cand) in entries.iter_mut().zip(candidates) {
+        let Some(cand) = cand else { continue };
+        if entry.status != "measured" {
+            continue;
+        }
+        let mut best: Option<(f64, DraftParams)> = None;
+        let mut failures = 0;
+        'lines: for line in s.grid.first_stage() {
+            let mut previous: Option<(f64, u32)> = None;
+            for (k, params) in line.iter().enumerate() {
+                let mut t = Trial::new(Some(*params), "grid");
+                if let Some(why) = r.out_of_time() {
+                    t.skipped = Some(why);
+                    entry.trials.push(t);
+                    continue;
+                }
+                (r.progress)(&format!("{} {}", file_name(&cand.model.path), params.label()));
+                match r.pass(Some((&cand.model, *params))) {
+                    Ok(runs) => r.record(&mut t, &runs),
+                    Err(e) => {
+                        failures += 1;
+                        let fatal = failures >= 2 || e.starts_with("llama.cpp refused at load") || e.starts_with("llama.cpp refused at context");
+                        t.failure = Some(e);
+                        entry.trials.push(t);
+                        if fatal {
+                            entry.status = format!("failed: {}", t_fail(&entry.trials));
+                            break 'lines;
+                        }
+                        continue;
+                    }
+                }
+                let tg = t.median_tg().unwrap_or(0.0);
+                if best.is_none_or(|(b, _)| tg > b) {
+                    best = Some((tg, *params));
+                }
+                let slower = previous.filter(|&(p, _)| tg < p * (1.0 - s.noise));
+                entry.trials.push(t);
+                if let Some((_, n)) = slower {
+                    for rest in &line[k + 1..] {
+                        let mut skip = Trial::new(Some(*rest), "grid");
+                        skip.skipped = Some(format!("longer drafts got slower from n_max {n} on"));
+                        entry.trials.push(skip);
+                    }
+                    break;
+                }
+                previous = Some((tg, params.n_max));
+            }
+        }
+        if let Some((_, best)) = best {
+            for params in s.grid.n_min_variants(best) {
+                let mut t = Trial::new(Some(params), "n_min");
+                if let Some(why) = r.out_of_time() {
+                    t.skipped = Some(why);
+                } else {
+                    (r.progress)(&format!("{} {}", file_name(&cand.model.path), params.label()));
+                    match r.pass(Some((&cand.model, params))) {
+                        Ok(runs) => r.record(&mut t, &runs),
+                        Err(e) => t.failure = Some(e),
+                    }
+                }
+                entry.trials.push(t);
+            }
+        }
+        if r.out_of_time().is_none() {
+            (r.progress)("the target alone (baseline, again)");
+            if let Ok(runs) = r.pass(None) {
+                r.record(&mut baseline, &runs);
+            }
+        }
+    }
+
+    let interrupted = (r.stop)();
+    let budget_spent = r.out_of_time().is_some() && !interrupted;
+    let mut outcome = Outcome { baseline, confirm_baseline: Vec::new(), winner: None, budget_spent, interrupted };
+    if interrupted {
+        return Ok(outcome);
+    }
+    confirm(&mut r, candidates, entries, &mut outcome);
+    Ok(outcome)
+}
+
+/// The final, interleaved comparison of the two fastest settings with the baseline.
+fn confirm(r: &mut Runner, candidates: &[Option<Candidate>], entries: &mut [DraftEntry], outcome: &mut Outcome) {
+    let s = r.s;
+    let baseline_tg = outcome.baseline.median_tg().unwrap_or(0.0);
+    // The finalists: the two fastest measured settings, unless even the fastest is clearly slower.
+    let mut ranked: Vec<(f64, usize, usize)> = entries
+        .iter()
+        .enumerate()
+        .flat_map(|(e, entry)| entry.trials.iter().enumerate().filter(|(_, t)| t.ok()).map(move |(i, t)| (t.median_tg().unwrap_or(0.0), e, i)))
+        .collect();
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
+    ranked.retain(|&(tg, _, _)| tg > baseline_tg * (1.0 - 2.0 * s.noise));
+    ranked.truncate(2);
+    if ranked.is_empty() {
+        return;
+    }
+    let reps = s.reps.max(2) as usize;
+    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); ranked.len() + 1];
+    for round in 0..reps {
+        let order = stats::shuffled_order(ranked.len() + 1, s.seed.wrapping_add(round as u64));
+        for &slot in &order {
+            if (r.stop)() {
+                outcome.interrupted = true;
+                return;
+            }
+            let measured = if slot == 0 {
+                (r.progress)(&format!("final comparison, round {}/{reps}: the target alone", round + 1));
+                r.pass(None)
+            } else {
+                let (_, e, i) = ranked[slot - 1];
+                let cand = candidates[e].as_ref().expect("measured entries have candidates");
+                let params = entries[e].trials[i].params.expect("draft trials have params");
+                (r.progress)(&format!("final comparison, round {}/{reps}: {}", round + 1, params.label()));
+                r.pass(Some((&cand.model, params)))
+            };
+            match measured {
+                Ok(runs) => rounds[slot].push(rate(&runs)),
+                Err(_) => return, // an unpaired round would bias the comparison: stop, no winner
+            }
+        }
+    }
+    outcome.confirm_baseline = rounds[0].clone();
+    let mut best: Option<Winner> = None;
+    for (slot, &(_, e, i)) in ranked.iter().enumerate() {
+        let ours = &rounds[slot + 1];
+        let Ok(cmp) = stats::compare_paired(ours, &rounds[0], s.noise, stats::DEFAULT_CONFIDENCE, s.seed) else { continue };
+        let trial = &mut entries[e].trials[i];
+        trial.versus_baseline = Some(cmp);
+        let (Ok(tg), Ok(base)) = (Sample::new(ours.clone()), Sample::new(rounds[0].clone())) else { continue };
+        if cmp.verdict != Verdict::Faster || !trial.identical {
+            continue;
+        }
+        if best.as_ref().is_none_or(|b| cmp.ratio > b.comparison.ratio) {
+            best = Some(Winner {
+                draft: entries[e].path.clone(),
+                params: trial.params.expect("draft trial"),
+                tg: tg.summary(),
+                baseline_tg: base.summary(),
+                comparison: cmp,
+                acceptance: trial.acceptance,
+                tokens_per_round: trial.tokens_per_round,
+                mem_bytes: entries[e].mem_bytes.unwrap_or(0),
+            });
+        }
+    }
+    outcome.winner = best;
+}
+
+/// Effective generation speed of a pass: loop tokens over loop time, all prompts together.
+fn rate(runs: &[PromptRun]) -> f64 {
+    let tokens: u64 = runs.iter().map(|r| u64::from(r.loop_tokens())).sum();
+    let seconds: f64 = runs.iter().map(|r| r.gen_seconds).sum();
+    if seconds > 0.0 {
+        tokens as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+/// The last failure of a draft's trials.
+fn t_fail(trials: &[Trial]) -> String {
+    trials.iter().rev().find_map(|t| t.failure.clone()).unwrap_or_default()
+}
+
+fn file_name(p: &std::path::Path) -> String {
+    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+impl Runner<'_> {
+    fn out_of_time(&self) -> Option<String> {
+        if (self.stop)() {
+            return Some("interrupted".into());
+        }
+        (self.started.elapsed() > self.s.budget).then(|| format!("the time budget ({} s) ran out", self.s.budget.as_secs()))
+    }
+
+    /// One pass over the prompt set; a dead worker is replaced for the next pass.
+    fn pass(&mut self, draft: Option<(&DraftModel, DraftParams)>) -> Result<Vec<PromptRun>, String> {
+        if self.worker.is_none() {
+            self.worker = Some(Worker::spawn().map_err(|e| format!("cannot start a worker: {e}"))?);
+        }
+        let request = Request::Speculate(SpeculateRequest {
+            target: self.s.target.clone(),
+            settings: self.s.settings.clone(),
+            context: self.s.context.clone(),
+            draft: draft.map(|(m, p)| (m.clone(), p)),
+            prompts: self.s.prompts.iter().map(|p| p.text.clone()).collect(),
+            n_gen: self.s.n_gen,
+        });
+        let worker = self.worker.as_mut().expect("spawned above");
+        match worker.call(&request, self.s.trial_timeout, self.stop) {
+            Ok(Response::Speculated(a)) => Ok(a.runs),
+            Ok(_) => Err("unexpected answer from the worker".into()),
+            Err(f @ TrialFailure::Refused { .. }) => Err(crate::report::one_line(&f.to_string())),
+            Err(f) => {
+                self.worker = None;
+                Err(crate::report::one_line(&f.to_string()))
+            }
+        }
+    }
+
+    /// Adds a pass to a trial: its speed, and (from the first pass) acceptance and identity.
+    fn record(&self, t: &mut Trial, runs: &[PromptRun]) {
+        t.tg_tps.push(rate(runs));
+        if t.tg_tps.len() > 1 {
+            return;
+        }
+        let sum = |f: fn(&PromptRun) -> u64| runs.iter().map(f).sum::<u64>();
+        let (drafted, accepted, rounds) = (sum(|r| r.drafted.into()), sum(|r| r.accepted.into()), sum(|r| r.rounds.into()));
+        let produced = sum(|r| r.loop_tokens().into());
+        t.acceptance = if drafted > 0 { accepted as f64 / drafted as f64 } else { 0.0 };
+        t.mean_accepted = if rounds > 0 { accepted as f64 / rounds as f64 } else { 0.0 };
+        t.tokens_per_round = if rounds > 0 { produced as f64 / rounds as f64 } else { 0.0 };
+        let pp: f64 = runs.iter().map(|r| r.prompt_seconds).sum();
+        let dpp: f64 = runs.iter().map(|r| r.draft_prompt_seconds).sum();
+        t.draft_pp_overhead = if pp > 0.0 { dpp / pp } else { 0.0 };
+        let mut kinds: Vec<KindAcceptance> = Vec::new();
+        for (run, prompt) in runs.iter().zip(&self.s.prompts) {
+            let k = match kinds.iter_mut().find(|k| k.kind == prompt.kind) {
+                Some(k) => k,
+                None => {
+                    kinds.push(KindAcceptance { kind: prompt.kind.clone(), drafted: 0, accepted: 0, acceptance: 0.0 });
+                    kinds.last_mut().expect("pushed")
+                }
+            };
+            k.drafted += u64::from(run.drafted);
+            k.accepted += u64::from(run.accepted);
+        }
+        for k in &mut kinds {
+            k.acceptance = if k.drafted > 0 { k.accepted as f64 / k.drafted as f64 } else { 0.0 };
+        }
+        t.per_kind = kinds;
+        if !self.reference.is_empty() {
+            for ((run, reference), prompt) in runs.iter().zip(&self.reference).zip(&self.s.prompts) {
+                if run.tokens != *reference {
+                    let at = run.tokens.iter().zip(reference).position(|(a, b)| a != b).unwrap_or(run.tokens.len().min(reference.len()));
+                    t.identical = false;
+                    t.divergence.get_or_insert((prompt.name.clone(), at));
+                }
+            }
+        }
+    }
+}
