@@ -136,7 +136,7 @@ fn output_with_a_draft_is_token_identical_to_the_target_alone() {
         &sb,
         &[
             "draft", demo.to_str().unwrap(), "--draft", draft.to_str().unwrap(), "--json", "-t", "2", "--ctx", "1024",
-            "--draft-max", "4,16", "--draft-p-min", "0,0.8", "--draft-min", "0", "--draft-gen", "20", "--draft-reps", "2",
+            "--draft-max", "4", "--draft-p-min", "0,0.8", "--draft-min", "0", "--draft-gen", "16", "--draft-reps", "2",
             "--draft-budget", "15m", "--seed", "3",
         ],
     );

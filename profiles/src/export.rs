@@ -205,6 +205,13 @@ pub fn export_ollama(p: &Profile) -> String {
             c.devices.join(",")
         );
     }
+    if let Some(d) = &p.draft {
+        let _ = writeln!(
+            out,
+            "# autotune: draft model {} (speculative decoding, {:.1} vs {:.1} t/s): Ollama cannot run a draft model",
+            d.file_name, d.tg_tps, d.baseline_tg_tps
+        );
+    }
     out
 }
 

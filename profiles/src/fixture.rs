@@ -11,6 +11,7 @@ use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 pub fn example_profile() -> Profile {
     let winner = Candidate {
         n_gpu_layers: 99,
+        n_cpu_moe: 0,
         devices: vec!["CUDA0".into()],
         kernels: KernelChoice::Plain,
         threads: 8,

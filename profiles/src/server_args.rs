@@ -40,6 +40,9 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
         opt("-fa", "flash-attn", c.flash_attn.as_str().into()),
         opt("-ngl", "n-gpu-layers", c.n_gpu_layers.to_string()),
     ];
+    if c.n_cpu_moe > 0 {
+        opts.push(opt("--n-cpu-moe", "n-cpu-moe", c.n_cpu_moe.to_string()));
+    }
     if c.kernels == KernelChoice::Plain {
         opts.push(ServerOption {
             short: "--no-repack",

@@ -163,6 +163,7 @@ fn check_winner(p: &Profile) -> Result<()> {
         ));
     }
     in_range("winner.n_gpu_layers", c.n_gpu_layers, 0, MAX_GPU_LAYERS)?;
+    in_range("winner.n_cpu_moe", c.n_cpu_moe, 0, MAX_GPU_LAYERS)?;
     for (i, name) in c.devices.iter().enumerate() {
         if !is_device_name(name) {
             return Err(ProfileError::invalid(
@@ -433,6 +434,7 @@ mod tests {
                     };
                     Candidate {
                         n_gpu_layers: ngl,
+                        n_cpu_moe: 0,
                         devices,
                         kernels,
                         threads,

@@ -191,6 +191,10 @@ impl FromStr for KernelChoice {
 pub struct Candidate {
     /// Layers offloaded to the non-CPU devices (`-ngl`); 0 on a CPU-only machine.
     pub n_gpu_layers: u32,
+    /// MoE models: the expert tensors of the first N layers stay in host memory (llama.cpp's
+    /// `--n-cpu-moe N`); 0 = experts go where their layer goes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub n_cpu_moe: u32,
     /// Devices to use, by llama.cpp's device name (`--device`); empty = llama.cpp's default.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<String>,
@@ -223,12 +227,17 @@ pub enum InvalidCandidate {
     QuantizedVWithoutFlashAttn { type_v: CacheType },
 }
 
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
 impl Candidate {
     /// llama.cpp's defaults for a context on this machine: what a user gets without tuning
     /// (`llama-server -m model.gguf -t THREADS`), the baseline every result is compared with.
     pub fn llama_default(threads: u32, n_gpu_layers: u32) -> Self {
         Candidate {
             n_gpu_layers,
+            n_cpu_moe: 0,
             devices: Vec::new(),
             kernels: KernelChoice::Repack,
             threads,
@@ -257,15 +266,16 @@ impl Candidate {
     }
 
     /// The settings that need a model (re)load: candidates equal in this key share a loaded model.
-    pub fn model_key(&self) -> (u32, &[String], KernelChoice) {
-        (self.n_gpu_layers, &self.devices, self.kernels)
+    pub fn model_key(&self) -> (u32, u32, &[String], KernelChoice) {
+        (self.n_gpu_layers, self.n_cpu_moe, &self.devices, self.kernels)
     }
 
     /// A short human label, e.g. `ngl=0 t=2 b=2048/512 kv=f16/f16 fa=auto repack`.
     pub fn label(&self) -> String {
         let dev = if self.devices.is_empty() { String::new() } else { format!(" dev={}", self.devices.join(",")) };
+        let moe = if self.n_cpu_moe > 0 { format!(" cpu-moe={}", self.n_cpu_moe) } else { String::new() };
         format!(
-            "ngl={}{} t={} b={}/{} kv={}/{} fa={} {}",
+            "ngl={}{moe}{} t={} b={}/{} kv={}/{} fa={} {}",
             self.n_gpu_layers,
             dev,
             self.threads,
@@ -290,6 +300,7 @@ impl Candidate {
             self.type_v != d.type_v,
             self.flash_attn != d.flash_attn,
             !self.devices.is_empty(),
+            self.n_cpu_moe > 0,
         ]
         .iter()
         .filter(|b| **b)

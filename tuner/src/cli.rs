@@ -382,6 +382,9 @@ pub struct MeasureArgs {
     /// Devices to use, comma separated (--device)
     #[arg(long = "device", value_delimiter = ',')]
     pub devices: Vec<String>,
+    /// MoE: keep the experts of the first N layers in host memory (--n-cpu-moe)
+    #[arg(long = "n-cpu-moe", default_value_t = 0)]
+    pub n_cpu_moe: u32,
     /// ggml RPC servers to use as devices, host:port comma separated (see `autotune rpc-serve`)
     #[arg(long, value_delimiter = ',')]
     pub rpc: Vec<String>,
@@ -539,7 +542,8 @@ pub struct DraftArgs {
     /// Seed of the order of the final comparison (recorded in the report)
     #[arg(long)]
     pub seed: Option<u64>,
-    /// A measurement that gives no answer within this time is killed and recorded as failed
+    /// Deadline of one prompt's generation (a pass over the prompt set gets one per prompt): a
+    /// worker that gives no answer in time is killed and the setting recorded as failed
     #[arg(long = "trial-timeout", default_value = "5m", allow_hyphen_values = true)]
     pub trial_timeout: String,
     /// Print the report as JSON instead of a table

@@ -49,6 +49,8 @@ pub struct TuneSettings {
     pub n_layers: u32,
     /// Whether a non-CPU device exists to offload layers to.
     pub offload: bool,
+    /// Whether the model is a mixture of experts (expert placement is searched).
+    pub moe: bool,
 }
 
 /// One candidate's outcome in the run.
@@ -177,6 +179,7 @@ impl<'a> Engine<'a> {
                 use_extra_bufts: c.kernels.use_extra_bufts(),
                 no_alloc: false,
                 rpc: self.settings.rpc.clone(),
+                n_cpu_moe: c.n_cpu_moe,
             },
             context: ContextSettings {
                 n_ctx: self.settings.workload.n_ctx,
@@ -343,7 +346,10 @@ impl<'a> Engine<'a> {
         let mut best = if self.results.iter().any(|r| r.candidate == base && r.ok()) { Some(base.clone()) } else { None };
         if self.settings.offload && !self.out_of_time() {
             let from = best.clone().unwrap_or_else(|| base.clone());
-            let group = self.placement_group(&from);
+            let mut group = self.placement_group(&from);
+            if self.settings.moe {
+                group.extend(self.expert_group(&from));
+            }
             if group.len() > 1 {
                 self.measure_group(&group, "gpu layers");
                 if let Some(b) = self.choose(&group) {

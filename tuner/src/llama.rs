@@ -213,6 +213,15 @@ pub struct ModelSettings {
     /// ggml RPC servers (`host:port`) to connect before loading: they become devices.
     #[serde(default)]
     pub rpc: Vec<String>,
+    /// MoE: expert tensors of the first N layers stay in host memory (llama.cpp's --n-cpu-moe).
+    #[serde(default)]
+    pub n_cpu_moe: u32,
+}
+
+/// The tensor-name pattern of one layer's expert tensors, as llama.cpp's `--n-cpu-moe` writes it
+/// (covers the fused `gate_up` tensors and the `chexps` variant too).
+pub fn expert_pattern(layer: u32) -> String {
+    format!("blk\\.{layer}\\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 }
 
 /// Context-side settings: a change here needs only a new context.
@@ -251,6 +260,18 @@ impl Model {
             devs.push(dev);
         }
         devs.push(std::ptr::null_mut());
+        // Expert tensors of the first n_cpu_moe layers → the CPU's buffer type (NULL-terminated list).
+        let patterns: Vec<CString> =
+            (0..s.n_cpu_moe).map(|i| CString::new(expert_pattern(i)).expect("no NUL in pattern")).collect();
+        let mut overrides: Vec<sys::llama_model_tensor_buft_override> = Vec::new();
+        if !patterns.is_empty() {
+            // SAFETY: registry lookups.
+            let cpu_buft = unsafe { sys::ggml_backend_dev_buffer_type(sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU)) };
+            for p in &patterns {
+                overrides.push(sys::llama_model_tensor_buft_override { pattern: p.as_ptr(), buft: cpu_buft });
+            }
+            overrides.push(sys::llama_model_tensor_buft_override { pattern: std::ptr::null(), buft: std::ptr::null_mut() });
+        }
         // SAFETY: default params are plain data.
         let mut p = unsafe { sys::llama_model_default_params() };
         p.n_gpu_layers = s.n_gpu_layers.min(i32::MAX as u32) as i32;
@@ -262,6 +283,9 @@ impl Model {
         }
         if !s.devices.is_empty() {
             p.devices = devs.as_mut_ptr();
+        }
+        if !overrides.is_empty() {
+            p.tensor_buft_overrides = overrides.as_ptr();
         }
         take_log();
         // SAFETY: path and device list outlive the call; llama.cpp copies what it keeps.
@@ -323,8 +347,16 @@ unsafe impl Send for Context {}
 
 impl Context {
     pub fn new(model: &Arc<Model>, s: &ContextSettings) -> Result<Context, LlamaError> {
+        Self::with_max_outputs(model, s, 0)
+    }
+
+    /// A context whose batches have at most `n_outputs_max` outputs (logits) each, 0 = n_batch. A
+    /// speculative draft needs 1, as llama-server's draft context has, which keeps its compute buffer
+    /// small.
+    pub fn with_max_outputs(model: &Arc<Model>, s: &ContextSettings, n_outputs_max: u32) -> Result<Context, LlamaError> {
         // SAFETY: default params are plain data.
         let mut p = unsafe { sys::llama_context_default_params() };
+        p.n_outputs_max = n_outputs_max;
         p.n_ctx = s.n_ctx;
         p.n_batch = s.n_batch;
         p.n_ubatch = s.n_ubatch;
@@ -503,6 +535,15 @@ pub fn rpc_add_server(endpoint: &str) -> Result<(), LlamaError> {
     }
     let p = rpc_proc("ggml_backend_rpc_add_server").ok_or_else(|| LlamaError::Rpc("this build has no RPC backend".into()))?;
     let c = CString::new(endpoint).map_err(|_| LlamaError::Rpc(format!("bad endpoint '{endpoint}'")))?;
+    // ggml aborts the process when it cannot reach the server: check first.
+    use std::net::ToSocketAddrs;
+    let addr = endpoint
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| LlamaError::Rpc(format!("'{endpoint}' is not a host:port address")))?;
+    std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(3))
+        .map_err(|e| LlamaError::Rpc(format!("cannot connect to the RPC server at {endpoint}: {e} (start one with `autotune rpc-serve`)")))?;
     // SAFETY: the proc address has this signature in ggml-rpc.h.
     let reg = unsafe {
         let f: unsafe extern "C" fn(*const c_char) -> sys::ggml_backend_reg_t = std::mem::transmute(p);

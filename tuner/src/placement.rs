@@ -89,4 +89,17 @@ impl Engine<'_> {
         ns.dedup();
         ns.into_iter().map(|n| Candidate { n_gpu_layers: n, ..from.clone() }).collect()
     }
+
+    /// MoE placement, like llama.cpp's `--n-cpu-moe`: every layer offloaded, with the experts of the
+    /// first N layers kept in host memory — reading only the active experts there is fast, unlike a
+    /// spilled dense layer. Only placements that fit are returned.
+    pub fn expert_group(&mut self, from: &Candidate) -> Vec<Candidate> {
+        let layers = self.settings.n_layers;
+        let mut ns = vec![0, layers / 4, layers / 2, layers * 3 / 4, layers];
+        ns.dedup();
+        ns.into_iter()
+            .map(|n| Candidate { n_gpu_layers: layers + 1, n_cpu_moe: n, ..from.clone() })
+            .filter(|c| self.check_fit(c).is_ok())
+            .collect()
+    }
 }

@@ -36,7 +36,7 @@ impl WorkerPool {
         let m = match request {
             Request::Measure(m) | Request::Footprint(m) => m,
             // Quantize and quality requests hold no placement: they run in a worker of their own.
-            Request::Quit | Request::Quantize(_) | Request::Quality(_) | Request::DraftCheck(_) | Request::Speculate(_) => return Err(TrialFailure::Interrupted),
+            Request::Quit | Request::Quantize(_) | Request::Quality(_) | Request::DraftCheck(_) | Request::Speculate(_) | Request::SpecFootprint(_) => return Err(TrialFailure::Interrupted),
         };
         let key = Self::key(m);
         let idx = match self.workers.iter().position(|(k, _)| *k == key) {

@@ -18,8 +18,13 @@ pub struct Worker {
 
 impl Worker {
     pub fn spawn() -> std::io::Result<Worker> {
-        let exe = std::env::current_exe()?;
+        // On Linux /proc/self/exe still runs this very binary after the file was replaced or removed
+        // (an upgrade or a rebuild during a long run), where its path would name another file or none.
+        let self_exe = std::path::Path::new("/proc/self/exe");
+        let exe = if self_exe.exists() { self_exe.to_path_buf() } else { std::env::current_exe()? };
         let mut cmd = Command::new(exe);
+        let name = std::env::current_exe().map_or_else(|_| "autotune".into(), |p| p.display().to_string());
+        std::os::unix::process::CommandExt::arg0(&mut cmd, name);
         cmd.arg("__worker").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         // Own process group: a Ctrl-C in the terminal reaches the tuner only, which then stops its
         // workers itself (so an interrupt is not mistaken for a crashed candidate).

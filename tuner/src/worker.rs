@@ -39,6 +39,8 @@ pub enum Request {
     DraftCheck(crate::speculative::serve::CheckRequest),
     /// Greedy generation over a prompt set, with a draft model (speculative decoding) or without.
     Speculate(crate::speculative::serve::SpeculateRequest),
+    /// The memory of a draft (or target) for speculative decoding, from a dry run; answered `Footprint`.
+    SpecFootprint(crate::speculative::serve::FootprintRequest),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -82,6 +84,7 @@ pub fn serve() -> anyhow::Result<()> {
             Request::Quality(q) => crate::quant::serve::quality(&q),
             Request::DraftCheck(c) => crate::speculative::serve::check(&c),
             Request::Speculate(r) => crate::speculative::serve::speculate(&r),
+            Request::SpecFootprint(r) => crate::speculative::serve::footprint(&r),
         };
         writeln!(stdout, "{}", serde_json::to_string(&response)?)?;
         stdout.flush()?;

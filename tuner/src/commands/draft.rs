@@ -71,6 +71,7 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
             use_extra_bufts: parse::<KernelChoice>("--kernels", &a.kernels)?.use_extra_bufts(),
             no_alloc: false,
             rpc: Vec::new(),
+            n_cpu_moe: 0,
         },
         context: ContextSettings {
             n_ctx: a.ctx,

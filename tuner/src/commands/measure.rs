@@ -41,6 +41,7 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     let d = doctor::probe(cli.verbose, &a.rpc)?;
     let candidate = Candidate {
         n_gpu_layers: a.n_gpu_layers,
+        n_cpu_moe: a.n_cpu_moe,
         devices: a.devices.clone(),
         kernels: parse::<KernelChoice>("--kernels", &a.kernels)?,
         threads: a.threads.unwrap_or(d.machine.physical_cores),
@@ -63,6 +64,7 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
             use_extra_bufts: candidate.kernels.use_extra_bufts(),
             no_alloc: false,
             rpc: a.rpc.clone(),
+            n_cpu_moe: candidate.n_cpu_moe,
         },
         context: ContextSettings {
             n_ctx: a.ctx,

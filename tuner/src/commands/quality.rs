@@ -74,13 +74,17 @@ pub fn run(cli: &Cli, a: &QualityArgs) -> anyhow::Result<i32> {
         Err(f) => return Err(anyhow::anyhow!("{f}")),
     };
     let failed = table.weights.iter().chain(&table.kv).filter(|r| r.figures.is_none()).count();
+    let total = table.weights.len() + table.kv.len();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&QualityReport { ladder, quality: Some(table) })?);
     } else {
         print!("{}", table.render(None));
     }
+    if failed == total {
+        return Err(Exit::new(exit::NOTHING_MEASURED, "no evaluation succeeded (see the table)"));
+    }
     if failed > 0 {
-        return Err(Exit::new(exit::NOTHING_MEASURED, format!("{failed} evaluations failed (see the table)")));
+        return Err(Exit::new(exit::ERROR, format!("{failed} of {total} evaluations failed (see the table)")));
     }
     Ok(exit::OK)
 }

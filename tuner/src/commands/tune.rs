@@ -136,6 +136,7 @@ fn settings(args: &TuneArgs, model: &std::path::Path, machine: &Machine, n_gpu_l
         budgets: budgets(args, machine)?,
         n_layers: 0,
         offload: !machine.offload_devices().is_empty(),
+        moe: false,
     })
 }
 
@@ -226,6 +227,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     let n_gpu_layers = args.n_gpu_layers.unwrap_or(if offload { n_layers + 1 } else { 0 });
     let mut settings = settings(args, &model_path, &machine, n_gpu_layers)?;
     settings.n_layers = n_layers;
+    settings.moe = info.is_moe();
     let workload_name = workload_numbers(args).3;
 
     let llama_build = profiles::LlamaBuild {

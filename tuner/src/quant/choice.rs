@@ -163,7 +163,7 @@ impl JointReport {
             self.model.display(),
             self.reference.display(),
             self.reference_type,
-            fmt_kld(self.max_kld)
+            self.max_kld
         );
         for r in &self.left_out {
             s.push_str(&format!("left out  {}: {}\n", r.path.display(), r.reason));

@@ -97,7 +97,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
             let status = match q {
                 None => "quality not measured".to_string(),
                 Some(q) if q.figures.is_none() => format!("quality not measured: {}", q.error.clone().unwrap_or_default()),
-                Some(q) if !passes => format!("over the quality gate ({} > {})", fmt_kld(q.kld().unwrap_or(0.0)), fmt_kld(max_kld)),
+                Some(q) if !passes => format!("over the quality gate ({} > {})", fmt_kld(q.kld().unwrap_or(0.0)), max_kld),
                 Some(_) => "to tune".to_string(),
             };
             QuantRow {
@@ -162,7 +162,8 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
                 interrupted = true;
             }
             code => {
-                row.status = format!("not measured: {}", failure_reason(outcome.report.as_ref(), code));
+                let why = failure_reason(outcome.report.as_ref(), code);
+                row.status = if why.starts_with("not measured") { why } else { format!("not measured: {why}") };
             }
         }
         if interrupted || stop.load(Ordering::Relaxed) {
@@ -200,15 +201,24 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         "chose {} among {} quantizations under --max-kld {}: KLD {} from {}, top-1 agreement {}; KV types allowed: {}",
         c.file_type,
         report.quants.len(),
-        fmt_kld(max_kld),
+        max_kld,
         c.kld.map_or("?".into(), fmt_kld),
         report.reference_type,
         c.top1.map_or("?".into(), |t| format!("{:.1}%", t * 100.0)),
         kv_allowed.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(", ")
     ));
     report.notes.extend(choice::spill_notes(&report.quants, chosen));
-    if let Some(faster) = report.quants.iter().filter(|r| !r.passes_gate && r.kld.is_some()).map(|r| r.file_type.clone()).next() {
-        report.notes.push(format!("{faster} and others over the gate were not tuned; raise --max-kld to consider them"));
+    let unmeasured: Vec<&str> =
+        report.quants.iter().filter(|r| r.passes_gate && r.figures.is_none()).map(|r| r.file_type.as_str()).collect();
+    if !unmeasured.is_empty() {
+        report.notes.push(format!(
+            "{} passed the gate but could not be measured (see the status); with a time budget spent, raise --budget",
+            unmeasured.join(", ")
+        ));
+    }
+    let over: Vec<&str> = report.quants.iter().filter(|r| !r.passes_gate && r.kld.is_some()).map(|r| r.file_type.as_str()).collect();
+    if !over.is_empty() {
+        report.notes.push(format!("{} over the quality gate, not tuned; raise --max-kld to consider them", over.join(", ")));
     }
 
     let saved = profiles_of[chosen].as_ref().map(|p| save_profile(p, &report, args)).transpose();
@@ -220,7 +230,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
 
 /// Why nothing can be chosen before anything is tuned, if so.
 fn nothing_passes(report: &JointReport, kv_allowed: &[CacheType]) -> Option<String> {
-    let g = fmt_kld(report.max_kld);
+    let g = report.max_kld;
     if !report.quants.iter().any(|r| r.passes_gate) {
         let best = report.quants.iter().filter(|r| r.kld.is_some()).min_by(|a, b| a.kld.unwrap().total_cmp(&b.kld.unwrap()));
         return Some(match best {

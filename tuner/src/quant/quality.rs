@@ -10,7 +10,7 @@
 
 use super::kld::QualityFigures;
 use super::ladder::{Ladder, Rung};
-use super::serve::QualityRequest;
+use super::serve::{QualityJob, QualityRequest};
 use crate::trial::{TrialFailure, Worker};
 use crate::worker::{Request, Response};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
@@ -114,6 +114,14 @@ impl Subject {
     }
 }
 
+/// One evaluation to run: a model (with an f16 cache for weights, `kv` for KV rows) against the
+/// reference.
+pub struct Task<'s> {
+    pub kind: Kind,
+    pub model: &'s Subject,
+    pub kv: CacheType,
+}
+
 /// Runs evaluations in one worker (the reference stays loaded in it), replacing it after a crash.
 pub struct Evaluator<'a> {
     pub settings: EvalSettings,
@@ -139,24 +147,71 @@ impl<'a> Evaluator<'a> {
         ))
     }
 
-    /// One row: from the cache, or evaluated now (and cached when it succeeded).
-    pub fn evaluate(&mut self, kind: Kind, model: &Subject, reference: &Subject, kv: CacheType) -> Result<QualityRow, TrialFailure> {
-        let cache = self.cache_path(model, reference, kv);
-        if !self.settings.fresh {
-            if let Some(mut row) = std::fs::read_to_string(&cache).ok().and_then(|t| serde_json::from_str::<QualityRow>(&t).ok()) {
-                row.cached = true;
-                row.kind = kind;
-                row.model = model.path.clone();
-                row.reference = reference.path.clone();
-                return Ok(row);
+    /// A cached row for a task, if there is one (and `--fresh` was not given).
+    fn cached(&self, t: &Task, reference: &Subject) -> Option<QualityRow> {
+        if self.settings.fresh {
+            return None;
+        }
+        let text = std::fs::read_to_string(self.cache_path(t.model, reference, t.kv)).ok()?;
+        let mut row: QualityRow = serde_json::from_str(&text).ok()?;
+        row.cached = true;
+        row.kind = t.kind;
+        row.model = t.model.path.clone();
+        row.reference = reference.path.clone();
+        Some(row)
+    }
+
+    /// Rows for every task: from the cache, or evaluated now (and cached when they succeed). Tasks
+    /// are evaluated in batches that share the reference's pass over the text, as many per batch as
+    /// half the available memory holds; a batch whose worker crashes is retried one task at a time,
+    /// so the crash is pinned on the task that caused it.
+    pub fn evaluate(&mut self, tasks: &[Task], reference: &Subject) -> Result<Vec<QualityRow>, TrialFailure> {
+        let mut rows: Vec<Option<QualityRow>> = tasks.iter().map(|t| self.cached(t, reference)).collect();
+        let pending: Vec<usize> = (0..tasks.len()).filter(|&i| rows[i].is_none()).collect();
+        let cap = (crate::machine::Machine::probe(Vec::new()).ram_available_bytes / 2).saturating_sub(reference.size_bytes);
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut used = u64::MAX;
+        for i in pending {
+            let size = if tasks[i].model.identity == reference.identity { 0 } else { tasks[i].model.size_bytes };
+            if used.saturating_add(size) > cap {
+                groups.push(Vec::new());
+                used = 0;
+            }
+            groups.last_mut().expect("pushed above").push(i);
+            used = used.saturating_add(size);
+        }
+        for g in groups {
+            let batch: Vec<&Task> = g.iter().map(|&i| &tasks[i]).collect();
+            match self.run_batch(&batch, reference) {
+                Ok(done) => g.iter().zip(done).for_each(|(&i, r)| rows[i] = Some(r)),
+                Err(TrialFailure::Interrupted) => return Err(TrialFailure::Interrupted),
+                Err(_) if g.len() > 1 => {
+                    for &i in &g {
+                        let r = match self.run_batch(&[&tasks[i]], reference) {
+                            Ok(mut r) => r.remove(0),
+                            Err(TrialFailure::Interrupted) => return Err(TrialFailure::Interrupted),
+                            Err(f) => QualityRow { error: Some(crate::report::one_line(&f.to_string())), ..base_row(&tasks[i], reference) },
+                        };
+                        rows[i] = Some(r);
+                    }
+                }
+                Err(f) => {
+                    for &i in &g {
+                        rows[i] = Some(QualityRow { error: Some(crate::report::one_line(&f.to_string())), ..base_row(&tasks[i], reference) });
+                    }
+                }
             }
         }
+        Ok(rows.into_iter().map(|r| r.expect("every task has a row")).collect())
+    }
+
+    /// One worker request for a batch of tasks; successful rows are cached.
+    fn run_batch(&mut self, batch: &[&Task], reference: &Subject) -> Result<Vec<QualityRow>, TrialFailure> {
         let s = &self.settings;
         let progress = std::env::temp_dir().join(format!("autotune-quality-{}.progress", std::process::id()));
         let request = Request::Quality(QualityRequest {
             reference: reference.path.clone(),
-            model: model.path.clone(),
-            kv,
+            jobs: batch.iter().map(|t| QualityJob { model: t.model.path.clone(), kv: t.kv }).collect(),
             text: s.text.clone(),
             max_tokens: s.max_tokens,
             n_ctx: s.chunk,
@@ -164,94 +219,101 @@ impl<'a> Evaluator<'a> {
             n_gpu_layers: 999,
             progress: Some(progress.clone()),
         });
-        let bar = super::bar(s.quiet, "{spinner} [{elapsed_precise}] quality {prefix} {bar:30} chunk {pos}/{len}");
+        let bar = super::bar(s.quiet, "{spinner} [{elapsed_precise}] quality {prefix} {bar:30} {pos}/{len} chunks");
         if let Some(b) = &bar {
-            b.set_prefix(match kind {
-                Kind::Weights => format!("{} (weights)", model.file_type),
-                Kind::Kv => format!("KV {kv}"),
-            });
+            let names: Vec<String> = batch
+                .iter()
+                .map(|t| match t.kind {
+                    Kind::Weights => t.model.file_type.clone(),
+                    Kind::Kv => format!("KV {}", t.kv),
+                })
+                .collect();
+            b.set_prefix(format!("vs {}: {}", reference.file_type, names.join(", ")));
         }
         if self.worker.is_none() {
             self.worker = Some(Worker::spawn().map_err(|e| TrialFailure::Exited { code: -1, stderr_tail: format!("cannot start worker: {e}") })?);
         }
         let worker = self.worker.as_mut().expect("spawned above");
-        let result = super::call_with_progress(worker, &request, &progress, bar.as_ref(), self.stop, Duration::from_secs(3 * 3600));
+        let result = super::call_with_progress(worker, &request, &progress, bar.as_ref(), self.stop, Duration::from_secs(6 * 3600));
         if let Some(b) = &bar {
             b.finish_and_clear();
         }
-        let mut row = QualityRow {
-            kind,
-            file_type: model.file_type.clone(),
-            kv,
-            model: model.path.clone(),
-            model_fingerprint: model.identity.fingerprint.clone(),
-            size_bytes: model.size_bytes,
-            reference: reference.path.clone(),
-            reference_fingerprint: reference.identity.fingerprint.clone(),
-            figures: None,
-            tokens: 0,
-            chunks: 0,
-            seconds: 0.0,
-            cached: false,
-            error: None,
-        };
-        match result {
-            Ok(Response::Quality(a)) => {
-                row.figures = Some(a.figures);
-                row.tokens = a.tokens;
-                row.chunks = a.chunks;
-                row.seconds = a.seconds;
-                if let Some(dir) = cache.parent() {
-                    let _ = std::fs::create_dir_all(dir);
-                }
-                if let Ok(text) = serde_json::to_string_pretty(&row) {
-                    let _ = profiles::write_atomic(&cache, &text);
-                }
-            }
-            Ok(_) => row.error = Some("unexpected answer from the worker".into()),
-            Err(TrialFailure::Interrupted) => return Err(TrialFailure::Interrupted),
+        let answer = match result {
+            Ok(Response::Quality(a)) => a,
+            Ok(_) => return Err(TrialFailure::Refused { stage: "protocol".into(), message: "unexpected answer from the worker".into() }),
             Err(f) => {
                 if !matches!(f, TrialFailure::Refused { .. }) {
                     self.worker = None; // it is gone
                 }
-                row.error = Some(crate::report::one_line(&f.to_string()));
+                return Err(f);
             }
+        };
+        let mut rows = Vec::new();
+        for (t, result) in batch.iter().zip(answer.results) {
+            let mut row = QualityRow { tokens: answer.tokens, chunks: answer.chunks, ..base_row(t, reference) };
+            match result {
+                Ok((figures, seconds)) => {
+                    row.figures = Some(figures);
+                    row.seconds = seconds;
+                    let cache = self.cache_path(t.model, reference, t.kv);
+                    if let Some(dir) = cache.parent() {
+                        let _ = std::fs::create_dir_all(dir);
+                    }
+                    if let Ok(text) = serde_json::to_string_pretty(&row) {
+                        let _ = profiles::write_atomic(&cache, &text);
+                    }
+                }
+                Err(e) => row.error = Some(crate::report::one_line(&e)),
+            }
+            rows.push(row);
         }
-        Ok(row)
+        Ok(rows)
     }
 
     /// The whole table for a ladder: the reference against itself first (KLD 0: the check that the
     /// comparison is sound), the KV types on the reference, then every other rung.
     pub fn table(&mut self, ladder: &Ladder, reference: &Subject, kv_types: &[CacheType]) -> Result<QualityTable, TrialFailure> {
-        let self_row = self.evaluate(Kind::Weights, reference, reference, CacheType::F16)?;
-        let mut kv = Vec::new();
-        for &t in kv_types {
-            if t == CacheType::F16 {
-                kv.push(QualityRow { kind: Kind::Kv, ..self_row.clone() });
-            } else {
-                kv.push(self.evaluate(Kind::Kv, reference, reference, t)?);
-            }
-        }
-        let mut weights = Vec::new();
         let ref_canon = std::fs::canonicalize(&reference.path).ok();
+        let mut unreadable = Vec::new();
+        let mut subjects = Vec::new();
         for rung in &ladder.rungs {
             if std::fs::canonicalize(&rung.path).ok() == ref_canon {
-                weights.push(self_row.clone());
                 continue;
             }
-            let subject = match Subject::of(rung) {
-                Ok(s) => s,
-                Err(e) => {
-                    weights.push(QualityRow { error: Some(format!("cannot read: {e}")), figures: None, ..failed_row(rung, reference) });
-                    continue;
-                }
-            };
-            weights.push(self.evaluate(Kind::Weights, &subject, reference, CacheType::F16)?);
+            match Subject::of(rung) {
+                Ok(s) => subjects.push(s),
+                Err(e) => unreadable.push((rung, e)),
+            }
         }
-        if !weights.iter().any(|r| r.model_fingerprint == reference.identity.fingerprint) {
-            // An outside reference (--reference): its own row goes first.
-            weights.insert(0, self_row.clone());
+        let mut tasks = vec![Task { kind: Kind::Weights, model: reference, kv: CacheType::F16 }];
+        tasks.extend(kv_types.iter().filter(|&&t| t != CacheType::F16).map(|&kv| Task { kind: Kind::Kv, model: reference, kv }));
+        tasks.extend(subjects.iter().map(|s| Task { kind: Kind::Weights, model: s, kv: CacheType::F16 }));
+        let mut rows = self.evaluate(&tasks, reference)?.into_iter();
+        let self_row = rows.next().expect("the reference's own row");
+        let mut kv = Vec::new();
+        for &t in kv_types {
+            kv.push(if t == CacheType::F16 { QualityRow { kind: Kind::Kv, ..self_row.clone() } } else { rows.next().expect("a KV row") });
         }
+        let mut others: Vec<QualityRow> = rows.collect();
+        for (rung, e) in unreadable {
+            let task = Task { kind: Kind::Weights, model: reference, kv: CacheType::F16 };
+            others.push(QualityRow {
+                file_type: rung.file_type.clone(),
+                model: rung.path.clone(),
+                model_fingerprint: String::new(),
+                size_bytes: rung.size_bytes,
+                error: Some(format!("cannot read: {e}")),
+                ..base_row(&task, reference)
+            });
+        }
+        // Most precise first, as the ladder is ordered; the reference (in the ladder or not) leads.
+        let mut weights = vec![self_row.clone()];
+        for rung in &ladder.rungs {
+            if let Some(pos) = others.iter().position(|r| r.model == rung.path) {
+                weights.push(others.remove(pos));
+            }
+        }
+        weights.extend(others);
         Ok(QualityTable {
             reference: reference.path.clone(),
             reference_type: reference.file_type.clone(),
@@ -269,14 +331,15 @@ impl<'a> Evaluator<'a> {
     }
 }
 
-fn failed_row(rung: &Rung, reference: &Subject) -> QualityRow {
+/// A row with the task's identity and no figures yet.
+fn base_row(t: &Task, reference: &Subject) -> QualityRow {
     QualityRow {
-        kind: Kind::Weights,
-        file_type: rung.file_type.clone(),
-        kv: CacheType::F16,
-        model: rung.path.clone(),
-        model_fingerprint: String::new(),
-        size_bytes: rung.size_bytes,
+        kind: t.kind,
+        file_type: t.model.file_type.clone(),
+        kv: t.kv,
+        model: t.model.path.clone(),
+        model_fingerprint: t.model.identity.fingerprint.clone(),
+        size_bytes: t.model.size_bytes,
         reference: reference.path.clone(),
         reference_fingerprint: reference.identity.fingerprint.clone(),
         figures: None,
@@ -310,7 +373,7 @@ impl QualityTable {
         );
         let gate_cell = |r: &QualityRow| match (gate, r.kld()) {
             (_, None) => r.error.clone().map(|e| format!("failed: {e}")).unwrap_or_else(|| "failed".into()),
-            (Some(g), Some(k)) if k > g => format!("over the gate ({})", fmt_kld(g)),
+            (Some(g), Some(k)) if k > g => format!("over the gate ({g})"),
             (Some(_), Some(_)) => "passes".into(),
             (None, Some(_)) => if r.cached { "cached".into() } else { format!("{:.0} s", r.seconds) },
         };

@@ -146,7 +146,7 @@ thread_local! {
 }
 
 fn load(path: &Path, n_gpu_layers: u32) -> Result<Arc<Model>, String> {
-    let settings = |ngl| ModelSettings { n_gpu_layers: ngl, devices: Vec::new(), use_extra_bufts: true, no_alloc: false, rpc: Vec::new() };
+    let settings = |ngl| ModelSettings { n_gpu_layers: ngl, devices: Vec::new(), use_extra_bufts: true, no_alloc: false, rpc: Vec::new(), n_cpu_moe: 0 };
     match Model::load(path, &settings(n_gpu_layers)) {
         Ok(m) => Ok(Arc::new(m)),
         // Offloading may not fit (two models at once): the CPU gives the same figures, slower.

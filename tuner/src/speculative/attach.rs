@@ -26,6 +26,7 @@ pub fn attach(cli: &Cli, args: &TuneArgs, info: &GgufInfo, profile: &mut Profile
         use_extra_bufts: w.kernels.use_extra_bufts(),
         no_alloc: false,
         rpc: args.rpc.clone(),
+        n_cpu_moe: w.n_cpu_moe,
     };
     let context = ContextSettings {
         n_ctx: profile.workload.n_ctx,

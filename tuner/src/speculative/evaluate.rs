@@ -6,12 +6,11 @@
 use super::prompts::Prompt;
 use super::report::SpeculationReport;
 use super::search::{self, Candidate, DraftEntry, SearchSettings};
-use super::serve::{CheckRequest, DraftModel};
+use super::serve::{CheckRequest, DraftModel, FootprintRequest};
 use super::{compat, discover, Grid};
 use crate::llama::{ContextSettings, ModelSettings};
-use crate::pool::WorkerPool;
 use crate::trial::Worker;
-use crate::worker::{DeviceBytes, MeasureRequest, Request, Response, Workload};
+use crate::worker::{DeviceBytes, Request, Response};
 use search_space::gguf::GgufInfo;
 use search_space::size::format_size;
 use std::path::{Path, PathBuf};
@@ -70,6 +69,7 @@ pub fn draft_model(path: &Path, info: &GgufInfo, target: &ModelSettings, context
             use_extra_bufts: target.use_extra_bufts,
             no_alloc: false,
             rpc: target.rpc.clone(),
+            n_cpu_moe: 0,
         },
         context: context.clone(),
     }
@@ -80,10 +80,10 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
     let files = draft_files(&s.target, &s.target_info, &s.drafts);
     let mut entries: Vec<DraftEntry> = Vec::new();
     let mut candidates: Vec<Option<Candidate>> = Vec::new();
-    let mut checker: Option<Worker> = None;
-    let mut pool = WorkerPool::new(1, s.trial_timeout);
+    // One worker for the vocabulary checks and the dry runs (each loads and frees what it needs).
+    let mut helper: Option<Worker> = None;
     progress("the target's memory (dry run)");
-    let target_mem = footprint(&mut pool, &s.target, &s.settings, &s.context, stop);
+    let target_mem = footprint(&mut helper, s, &s.target, &s.settings, &s.context, 0, stop);
     for path in files {
         let mut entry = DraftEntry { path: path.clone(), file_type: None, size_bytes: 0, status: String::new(), mem_bytes: None, trials: Vec::new() };
         let path = std::fs::canonicalize(&path).unwrap_or(path);
@@ -94,12 +94,12 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
                 entry.file_type = info.file_type_name.clone();
                 entry.size_bytes = info.file_size;
                 progress(&format!("{}: vocabulary", path.display()));
-                entry.status = match compat::precheck(&s.target_info, &info).map_err(|e| e.to_string()).and_then(|()| vocabulary(&mut checker, s, &path, stop)) {
+                entry.status = match compat::precheck(&s.target_info, &info).map_err(|e| e.to_string()).and_then(|()| vocabulary(&mut helper, s, &path, stop)) {
                     Err(reason) => format!("incompatible: {reason}"),
                     Ok(()) => {
                         let model = draft_model(&path, &info, &s.settings, &s.context);
                         progress(&format!("{}: memory (dry run)", path.display()));
-                        match (&target_mem, footprint(&mut pool, &path, &model.settings, &model.context, stop)) {
+                        match (&target_mem, footprint(&mut helper, s, &path, &model.settings, &model.context, DraftModel::N_OUTPUTS_MAX, stop)) {
                             (_, Err(e)) => format!("failed: dry run: {e}"),
                             (Err(e), _) => format!("not measured: the target's dry run failed: {e}"),
                             (Ok(t), Ok(d)) => {
@@ -121,10 +121,9 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
         entries.push(entry);
         candidates.push(candidate);
     }
-    if let Some(w) = checker {
+    if let Some(w) = helper {
         w.quit();
     }
-    pool.shutdown();
     let settings = SearchSettings {
         target: s.target.clone(),
         settings: s.settings.clone(),
@@ -170,36 +169,44 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
     )
 }
 
-/// llama.cpp's vocabulary check, in a worker (vocab-only loads).
-fn vocabulary(worker: &mut Option<Worker>, s: &Setup, draft: &Path, stop: &dyn Fn() -> bool) -> Result<(), String> {
+/// One request to the helper worker (started on first use, replaced after a crash).
+fn ask(worker: &mut Option<Worker>, s: &Setup, request: &Request, stop: &dyn Fn() -> bool) -> Result<Response, String> {
     if worker.is_none() {
         *worker = Some(Worker::spawn().map_err(|e| format!("cannot start a worker: {e}"))?);
     }
+    let answer = worker.as_mut().expect("spawned above").call(request, s.trial_timeout, stop);
+    answer.map_err(|f| {
+        if !matches!(f, crate::trial::TrialFailure::Refused { .. }) {
+            *worker = None;
+        }
+        crate::report::one_line(&f.to_string())
+    })
+}
+
+/// llama.cpp's vocabulary check (vocab-only loads).
+fn vocabulary(worker: &mut Option<Worker>, s: &Setup, draft: &Path, stop: &dyn Fn() -> bool) -> Result<(), String> {
     let request = Request::DraftCheck(CheckRequest { target: s.target.clone(), draft: draft.to_path_buf() });
-    let answer = worker.as_mut().expect("spawned above").call(&request, s.trial_timeout, stop);
-    match answer {
+    match ask(worker, s, &request, stop) {
         Ok(Response::DraftCheck(a)) => a.incompatible.map_or(Ok(()), |i| Err(i.to_string())),
         Ok(_) => Err("unexpected answer from the worker".into()),
-        Err(f) => {
-            *worker = None;
-            Err(format!("llama.cpp could not read the vocabulary: {}", crate::report::one_line(&f.to_string())))
-        }
+        Err(e) => Err(format!("llama.cpp could not read the vocabulary: {e}")),
     }
 }
 
 /// Memory per device of a model with a context, from llama.cpp's dry run (no_alloc).
-fn footprint(pool: &mut WorkerPool, model: &Path, settings: &ModelSettings, context: &ContextSettings, stop: &dyn Fn() -> bool) -> Result<Vec<DeviceBytes>, String> {
-    let request = MeasureRequest {
-        model: model.to_path_buf(),
-        settings: ModelSettings { no_alloc: true, ..settings.clone() },
-        context: context.clone(),
-        workload: Workload { n_ctx: context.n_ctx, n_prompt: 1, n_gen: 1, depth: 0 },
-        seed: 1,
-    };
-    match pool.call(&Request::Footprint(request), stop) {
-        Ok(Response::Footprint(r)) => Ok(r.per_device),
-        Ok(_) => Err("unexpected answer from the worker".into()),
-        Err(f) => Err(crate::report::one_line(&f.to_string())),
+fn footprint(
+    worker: &mut Option<Worker>,
+    s: &Setup,
+    path: &Path,
+    settings: &ModelSettings,
+    context: &ContextSettings,
+    n_outputs_max: u32,
+    stop: &dyn Fn() -> bool,
+) -> Result<Vec<DeviceBytes>, String> {
+    let request = Request::SpecFootprint(FootprintRequest { path: path.to_path_buf(), settings: settings.clone(), context: context.clone(), n_outputs_max });
+    match ask(worker, s, &request, stop)? {
+        Response::Footprint(r) => Ok(r.per_device),
+        _ => Err("unexpected answer from the worker".into()),
     }
 }
 

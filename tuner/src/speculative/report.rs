@@ -42,6 +42,8 @@ pub struct SpeculationReport {
     pub conclusion: String,
     pub budget_spent: bool,
     pub interrupted: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirm_error: Option<String>,
     pub elapsed_s: f64,
     pub llama_version: String,
 }
@@ -63,9 +65,9 @@ impl SpeculationReport {
         elapsed_s: f64,
         llama_version: String,
     ) -> SpeculationReport {
-        let (baseline, confirm, winner, budget_spent, interrupted) = match outcome {
-            Some(o) => (Some(o.baseline), o.confirm_baseline, o.winner, o.budget_spent, o.interrupted),
-            None => (None, Vec::new(), None, false, false),
+        let (baseline, confirm, winner, budget_spent, interrupted, confirm_error) = match outcome {
+            Some(o) => (Some(o.baseline), o.confirm_baseline, o.winner, o.budget_spent, o.interrupted, o.confirm_error),
+            None => (None, Vec::new(), None, false, false, None),
         };
         let mut r = SpeculationReport {
             target: target.to_path_buf(),
@@ -85,6 +87,7 @@ impl SpeculationReport {
             conclusion: String::new(),
             budget_spent,
             interrupted,
+            confirm_error,
             elapsed_s,
             llama_version,
         };
@@ -131,13 +134,28 @@ impl SpeculationReport {
             Some((d, t)) => {
                 let tg = t.median_tg().unwrap_or(0.0);
                 let why = match &t.versus_baseline {
+                    Some(c) if c.verdict == crate::stats::Verdict::Faster => format!(
+                        "{:+.1}%, 95% CI [{:+.1}%, {:+.1}%], but its output differed from the target alone's",
+                        c.ratio * 100.0,
+                        c.ci_low * 100.0,
+                        c.ci_high * 100.0
+                    ),
                     Some(c) if c.ratio > 0.0 => format!(
                         "not faster beyond the noise threshold ({:+.1}%, 95% CI [{:+.1}%, {:+.1}%])",
                         c.ratio * 100.0,
                         c.ci_low * 100.0,
                         c.ci_high * 100.0
                     ),
-                    _ => format!("{:+.0}%", (tg / base - 1.0) * 100.0),
+                    Some(c) => format!(
+                        "{:+.1}%, 95% CI [{:+.1}%, {:+.1}%] in interleaved rounds",
+                        c.ratio * 100.0,
+                        c.ci_low * 100.0,
+                        c.ci_high * 100.0
+                    ),
+                    None => match &self.confirm_error {
+                        Some(e) => format!("{:+.0}% in one pass; {e}", (tg / base - 1.0) * 100.0),
+                        None => format!("{:+.0}% in one pass", (tg / base - 1.0) * 100.0),
+                    },
                 };
                 format!(
                     "no draft pays: the best, {} ({}), generated {:.1} t/s against {:.1} t/s for the target alone ({why}); \
@@ -242,7 +260,10 @@ impl SpeculationReport {
             );
         }
         if self.budget_spent {
-            out.push_str("note    the time budget ran out before every setting was measured; raise --budget\n");
+            out.push_str("note    the time budget ran out before every setting was measured; raise --draft-budget\n");
+        }
+        if let Some(e) = &self.confirm_error {
+            out.push_str(&format!("note    {e}\n"));
         }
         out.push_str(&format!("result  {}\n", self.conclusion));
         out

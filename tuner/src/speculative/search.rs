@@ -9,9 +9,10 @@
 //! 2. the other n_min values for the draft's best setting whose p_min can cut drafts short;
 //! 3. a baseline pass after each draft, so drift shows.
 //!
-//! Then the two fastest settings overall and the baseline are measured again in `reps` interleaved,
+//! Then each draft's fastest setting and the baseline are measured again in `reps` interleaved,
 //! shuffled rounds (the seed is recorded), and a setting wins only when the whole bootstrap interval
-//! of its paired ratio to the baseline lies above the noise threshold (`stats::compare_paired`).
+//! of its paired ratio to the baseline lies above the noise threshold (`stats::compare_paired`); a
+//! draft that loses is reported with that interval too.
 //! Acceptance needs no repetition: with greedy decoding it is a property of the two models and the
 //! text, the same in every pass.
 
@@ -38,8 +39,10 @@ pub struct SearchSettings {
     pub reps: u32,
     pub noise: f64,
     pub seed: u64,
+    /// The deadline of one prompt's generation (a pass over the prompt set gets one per prompt).
     pub trial_timeout: Duration,
-    /// Time for the whole search; what is left unmeasured when it runs out is marked skipped.
+    /// Time for the whole search. The grid gets two thirds of it (what is left unmeasured then is
+    /// marked skipped); the final comparison always runs its rounds.
     pub budget: Duration,
 }
 
@@ -49,7 +52,8 @@ pub struct Trial {
     pub params: Option<DraftParams>,
     /// `grid`, `n_min` or `baseline`.
     pub stage: String,
-    /// Effective generation speed of each pass over the prompt set (tokens/s).
+    /// Effective generation speed of each pass over the prompt set (tokens/s), the final
+    /// comparison's rounds included.
     pub tg_tps: Vec<f64>,
     /// Accepted / drafted tokens.
     pub acceptance: f64,
@@ -161,7 +165,13 @@ pub struct Outcome {
     pub winner: Option<Winner>,
     pub budget_spent: bool,
     pub interrupted: bool,
+    /// Why the final comparison stopped early (no winner is chosen then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirm_error: Option<String>,
 }
+
+/// Most settings in the final comparison (each adds a pass to every round).
+const MAX_FINALISTS: usize = 3;
 
 struct Runner<'a> {
     s: &'a SearchSettings,
@@ -261,7 +271,7 @@ pub fn run(
 
     let interrupted = (r.stop)();
     let budget_spent = r.out_of_time().is_some() && !interrupted;
-    let mut outcome = Outcome { baseline, confirm_baseline: Vec::new(), winner: None, budget_spent, interrupted };
+    let mut outcome = Outcome { baseline, confirm_baseline: Vec::new(), winner: None, budget_spent, interrupted, confirm_error: None };
     if interrupted {
         return Ok(outcome);
     }
@@ -269,19 +279,28 @@ pub fn run(
     Ok(outcome)
 }
 
-/// The final, interleaved comparison of the two fastest settings with the baseline.
+/// The final, interleaved comparison: each draft's fastest setting against the baseline.
 fn confirm(r: &mut Runner, candidates: &[Option<Candidate>], entries: &mut [DraftEntry], outcome: &mut Outcome) {
     let s = r.s;
     let baseline_tg = outcome.baseline.median_tg().unwrap_or(0.0);
-    // The finalists: the two fastest measured settings, unless even the fastest is clearly slower.
+    // The finalists: each draft's fastest setting, unless it is so slow that no repetition could
+    // change the verdict (under half the baseline's speed).
     let mut ranked: Vec<(f64, usize, usize)> = entries
         .iter()
         .enumerate()
-        .flat_map(|(e, entry)| entry.trials.iter().enumerate().filter(|(_, t)| t.ok()).map(move |(i, t)| (t.median_tg().unwrap_or(0.0), e, i)))
+        .filter_map(|(e, entry)| {
+            entry
+                .trials
+                .iter()
+                .enumerate()
+                .filter(|(_, t)| t.ok())
+                .map(|(i, t)| (t.median_tg().unwrap_or(0.0), e, i))
+                .max_by(|a, b| a.0.total_cmp(&b.0))
+        })
+        .filter(|&(tg, _, _)| tg > baseline_tg * 0.5)
         .collect();
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
-    ranked.retain(|&(tg, _, _)| tg > baseline_tg * (1.0 - 2.0 * s.noise));
-    ranked.truncate(2);
+    ranked.truncate(MAX_FINALISTS);
     if ranked.is_empty() {
         return;
     }
@@ -306,11 +325,19 @@ fn confirm(r: &mut Runner, candidates: &[Option<Candidate>], entries: &mut [Draf
             };
             match measured {
                 Ok(runs) => rounds[slot].push(rate(&runs)),
-                Err(_) => return, // an unpaired round would bias the comparison: stop, no winner
+                Err(e) => {
+                    // An unpaired round would bias the comparison: stop, no winner.
+                    outcome.confirm_error = Some(format!("the final comparison stopped in round {}: {e}", round + 1));
+                    return;
+                }
             }
         }
     }
     outcome.confirm_baseline = rounds[0].clone();
+    outcome.baseline.tg_tps.extend(&rounds[0]);
+    for (slot, &(_, e, i)) in ranked.iter().enumerate() {
+        entries[e].trials[i].tg_tps.extend(&rounds[slot + 1]);
+    }
     let mut best: Option<Winner> = None;
     for (slot, &(_, e, i)) in ranked.iter().enumerate() {
         let ours = &rounds[slot + 1];
@@ -362,7 +389,9 @@ impl Runner<'_> {
         if (self.stop)() {
             return Some("interrupted".into());
         }
-        (self.started.elapsed() > self.s.budget).then(|| format!("the time budget ({} s) ran out", self.s.budget.as_secs()))
+        let grid_time = self.s.budget.mul_f64(2.0 / 3.0);
+        (self.started.elapsed() > grid_time)
+            .then(|| format!("the grid's share of the time budget ({} s of {} s) ran out", grid_time.as_secs(), self.s.budget.as_secs()))
     }
 
     /// One pass over the prompt set; a dead worker is replaced for the next pass.
@@ -379,7 +408,8 @@ impl Runner<'_> {
             n_gen: self.s.n_gen,
         });
         let worker = self.worker.as_mut().expect("spawned above");
-        match worker.call(&request, self.s.trial_timeout, self.stop) {
+        let timeout = self.s.trial_timeout.saturating_mul(self.s.prompts.len().max(1) as u32);
+        match worker.call(&request, timeout, self.stop) {
             Ok(Response::Speculated(a)) => Ok(a.runs),
             Ok(_) => Err("unexpected answer from the worker".into()),
             Err(f @ TrialFailure::Refused { .. }) => Err(crate::report::one_line(&f.to_string())),

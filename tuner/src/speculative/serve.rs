@@ -1,5 +1,6 @@
 //! The worker side of speculative decoding: what `autotune __worker` does for a [`CheckRequest`] (are
-//! two vocabularies compatible, asked of llama.cpp with vocab-only loads) and a [`SpeculateRequest`]
+//! two vocabularies compatible, asked of llama.cpp with vocab-only loads), a [`FootprintRequest`]
+//! (a dry run's memory, with the draft's context limits) and a [`SpeculateRequest`]
 //! (generate greedily over a prompt set, with a draft model or with the target alone).
 //!
 //! The loop, greedy, as llama-server's `draft-simple` runs it: the draft proposes up to n_max tokens,
@@ -31,12 +32,44 @@ pub struct CheckAnswer {
     pub incompatible: Option<compat::Incompatibility>,
 }
 
+/// The memory of a model with a context, from a dry-run load (no_alloc): what llama.cpp's own
+/// accounting says per device. `n_outputs_max` as [`DraftModel::N_OUTPUTS_MAX`] for a draft.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FootprintRequest {
+    pub path: PathBuf,
+    pub settings: ModelSettings,
+    pub context: ContextSettings,
+    pub n_outputs_max: u32,
+}
+
+pub fn footprint(r: &FootprintRequest) -> Response {
+    let settings = ModelSettings { no_alloc: true, ..r.settings.clone() };
+    let model = match Model::load(&r.path, &settings) {
+        Ok(m) => Arc::new(m),
+        Err(e) => return failed("load", format!("{}: {e}", r.path.display())),
+    };
+    let ctx = match Context::with_max_outputs(&model, &r.context, r.n_outputs_max) {
+        Ok(c) => c,
+        Err(e) => return failed("context", format!("{}: {e}", r.path.display())),
+    };
+    let breakdown = crate::llama::memory_breakdown(&ctx);
+    let per_device = crate::llama::breakdown_per_device(&breakdown);
+    let reported_bytes = per_device.iter().map(|d| d.bytes).sum();
+    Response::Footprint(crate::worker::LoadReport { per_device, reported_bytes, ..Default::default() })
+}
+
 /// A draft model as the worker loads it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DraftModel {
     pub path: PathBuf,
     pub settings: ModelSettings,
     pub context: ContextSettings,
+}
+
+impl DraftModel {
+    /// Outputs per batch of the draft's context: it only ever needs the last token's logits
+    /// (llama-server's draft context has the same limit).
+    pub const N_OUTPUTS_MAX: u32 = 1;
 }
 
 /// Generate `n_gen` tokens (fewer when the model ends the text) after each prompt, greedily.
@@ -119,7 +152,7 @@ thread_local! {
 }
 
 /// Makes sure `slot` holds this model with this context; true when anything was (re)created.
-fn ensure(slot: &mut Option<Loaded>, path: &PathBuf, settings: &ModelSettings, context: &ContextSettings) -> Result<bool, Response> {
+fn ensure(slot: &mut Option<Loaded>, path: &PathBuf, settings: &ModelSettings, context: &ContextSettings, n_outputs_max: u32) -> Result<bool, Response> {
     let key = (path.clone(), settings.clone());
     let mut fresh = false;
     if slot.as_ref().map(|l| &l.key) != Some(&key) {
@@ -131,7 +164,7 @@ fn ensure(slot: &mut Option<Loaded>, path: &PathBuf, settings: &ModelSettings, c
     let loaded = slot.as_mut().expect("loaded above");
     if loaded.context.as_ref().map(|(c, _)| c) != Some(context) {
         loaded.context = None;
-        let ctx = Context::new(&loaded.model, context).map_err(|e| failed("context", format!("{}: {e}", path.display())))?;
+        let ctx = Context::with_max_outputs(&loaded.model, context, n_outputs_max).map_err(|e| failed("context", format!("{}: {e}", path.display())))?;
         loaded.context = Some((context.clone(), ctx));
         fresh = true;
     }
@@ -148,12 +181,12 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
             return failed("settings", format!("n_max {} needs n_batch of at least {}", p.n_max, p.n_max + 1));
         }
     }
-    let mut fresh = match ensure(&mut state.target, &r.target, &r.settings, &r.context) {
+    let mut fresh = match ensure(&mut state.target, &r.target, &r.settings, &r.context, 0) {
         Ok(f) => f,
         Err(e) => return e,
     };
     match &r.draft {
-        Some((d, _)) => match ensure(&mut state.draft, &d.path, &d.settings, &d.context) {
+        Some((d, _)) => match ensure(&mut state.draft, &d.path, &d.settings, &d.context, DraftModel::N_OUTPUTS_MAX) {
             Ok(f) => fresh |= f,
             Err(e) => return e,
         },
