@@ -144,8 +144,16 @@ impl<'a> Engine<'a> {
         self.stop
     }
 
+    /// llama.cpp's defaults, except for a kernel choice the user excluded with --kernels (a user who
+    /// knows the extra kernels crash here must not see them loaded, even as the baseline).
     pub fn baseline(&self) -> Candidate {
-        Candidate::llama_default(self.settings.default_threads, self.settings.n_gpu_layers)
+        let mut c = Candidate::llama_default(self.settings.default_threads, self.settings.n_gpu_layers);
+        if !self.settings.kernels.contains(&c.kernels) {
+            if let Some(&k) = self.settings.kernels.first() {
+                c.kernels = k;
+            }
+        }
+        c
     }
 
     pub(crate) fn index_of(&mut self, c: &Candidate) -> usize {

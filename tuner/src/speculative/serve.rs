@@ -337,7 +337,11 @@ fn generate(
         target.decode_at(&batch, n_past as i32, true)?;
         let mut accepted = 0usize;
         let next = loop {
-            let choice = argmax(target.logits_ith(accepted as i32));
+            let logits = target.logits_ith(accepted as i32);
+            if logits.is_empty() {
+                return Err(LlamaError::Decode { status: -1, log: format!("no logits for batch position {accepted}") });
+            }
+            let choice = argmax(logits);
             if accepted < drafted.len() && drafted[accepted] == choice {
                 accepted += 1;
             } else {
