@@ -195,7 +195,12 @@ fn joint_tune_chooses_among_quantizations_and_saves_the_winner() {
     assert_eq!(quants[0]["kld"].as_f64(), Some(0.0), "the reference (Q4_K_M, more precise) comes first");
     let chosen = v["chosen"].as_u64().expect("a choice") as usize;
     assert_eq!(quants[chosen]["status"], "chosen");
-    assert!(quants.iter().all(|q| q["figures"]["tg_tps"].as_f64().is_some()), "both were tuned: {quants:?}");
+    assert!(quants[chosen]["figures"]["tg_tps"].as_f64().is_some(), "the choice was measured: {quants:?}");
+    // On a busy machine a rung may get no measurement within its share of the budget; it says so.
+    for q in quants {
+        let measured = q["figures"]["tg_tps"].as_f64().is_some();
+        assert!(measured || q["status"].as_str().unwrap().starts_with("not measured"), "{q}");
+    }
     let stored = sb.stored_profiles();
     assert_eq!(stored.len(), 1);
     let (profile, _) = profiles::Profile::from_toml(&std::fs::read_to_string(&stored[0]).unwrap()).unwrap();

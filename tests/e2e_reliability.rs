@@ -14,7 +14,7 @@ fn a_worker_that_aborts_is_recorded_and_tuning_continues() {
     let mut args = vec!["tune", model.to_str().unwrap(), "--json"];
     args.extend_from_slice(&[
         "--ctx", "256", "--prompt", "32", "--gen", "8", "--budget", "60s", "--min-reps", "2", "--max-reps", "2",
-        "--threads", "2", "--cache-types", "f16", "--flash-attn", "auto", "--ubatch", "512", "--kernels", "plain",
+        "--threads", "1", "--cache-types", "f16", "--flash-attn", "auto", "--ubatch", "512", "--kernels", "repack,plain",
         "--seed", "7",
     ]);
     let o = sb

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 pub struct Placement {
     /// e.g. `CPU`, `CUDA0 (all 27 layers)`, `CUDA0 19/27 layers + CPU`.
     pub text: String,
-    /// Part of the model runs on the CPU although a faster device exists.
+    /// Part of the model runs on the CPU, part on another device: the model did not fit there whole.
     pub spills: bool,
 }
 
@@ -32,7 +32,8 @@ pub fn placement(c: &Candidate, layers: Option<u32>, offload_devices: &[String])
     let devs = if c.devices.is_empty() { offload_devices.join("+") } else { c.devices.join("+") };
     let total = layers.map(|l| l + 1);
     match total {
-        _ if c.n_gpu_layers == 0 => Placement { text: "CPU (no layers offloaded)".into(), spills: true },
+        // Chosen for speed, not forced by memory: running on the CPU is not spilling.
+        _ if c.n_gpu_layers == 0 => Placement { text: "CPU (no layers offloaded)".into(), spills: false },
         Some(t) if c.n_gpu_layers >= t => Placement { text: format!("{devs} (all {t} layers)"), spills: false },
         Some(t) => Placement { text: format!("{devs} {}/{t} layers + CPU", c.n_gpu_layers), spills: true },
         None => Placement { text: format!("{devs} ({} layers)", c.n_gpu_layers), spills: false },
@@ -277,6 +278,8 @@ mod tests {
         let mut c = Candidate::llama_default(4, 28);
         assert_eq!(placement(&c, Some(27), &[]).text, "CPU");
         assert!(!placement(&c, Some(27), &["CUDA0".into()]).spills);
+        c.n_gpu_layers = 0;
+        assert!(!placement(&c, Some(27), &["CUDA0".into()]).spills, "the CPU chosen for speed is not a spill");
         c.n_gpu_layers = 10;
         let p = placement(&c, Some(27), &["CUDA0".into()]);
         assert!(p.spills && p.text.contains("10/28"), "{}", p.text);

@@ -69,6 +69,9 @@ pub fn attach(cli: &Cli, args: &TuneArgs, info: &GgufInfo, profile: &mut Profile
     if !cli.quiet && !args.json {
         eprint!("{}", report.render());
     }
+    if report.interrupted || stop.load(Ordering::Relaxed) {
+        return Ok(Some("speculative decoding: the draft search was interrupted; run again to measure the drafts".into()));
+    }
     if let Some(win) = &report.winner {
         profile.draft = Some(draft_settings(win, &setup)?);
     }
