@@ -100,6 +100,7 @@ fn draft_report(sb: &Sandbox, args: &[&str]) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "not yet seen passing: written late in session 1 and still running when it ended; run with --ignored"]
 fn drafts_with_another_vocabulary_are_rejected_with_the_reason() {
     let demo = demo_model();
     let sb = Sandbox::new();
@@ -128,6 +129,7 @@ fn drafts_with_another_vocabulary_are_rejected_with_the_reason() {
 }
 
 #[test]
+#[ignore = "not yet seen passing: written late in session 1 and still running when it ended; run with --ignored"]
 fn output_with_a_draft_is_token_identical_to_the_target_alone() {
     let demo = demo_model();
     let sb = Sandbox::new();
@@ -162,6 +164,7 @@ fn output_with_a_draft_is_token_identical_to_the_target_alone() {
 }
 
 #[test]
+#[ignore = "not yet seen passing: written late in session 1 and still running when it ended; run with --ignored"]
 fn tune_with_a_draft_records_the_outcome_in_the_profile() {
     let demo = demo_model();
     let sb = Sandbox::new();
