@@ -10,7 +10,10 @@ pub fn bin() -> PathBuf {
 }
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
 }
 
 /// The demo model (fetched and verified by vendor/fetch-demo-model; cached after the first time).
@@ -18,8 +21,14 @@ pub fn demo_model() -> PathBuf {
     if let Some(p) = std::env::var_os("AUTOTUNE_DEMO_MODEL") {
         return p.into();
     }
-    let out = Command::new(repo_root().join("vendor/fetch-demo-model")).output().expect("run vendor/fetch-demo-model");
-    assert!(out.status.success(), "fetching the demo model failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(repo_root().join("vendor/fetch-demo-model"))
+        .output()
+        .expect("run vendor/fetch-demo-model");
+    assert!(
+        out.status.success(),
+        "fetching the demo model failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
 }
 
@@ -30,7 +39,9 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn new() -> Self {
-        Sandbox { dir: tempfile::tempdir().expect("temp dir") }
+        Sandbox {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
     }
     pub fn profiles(&self) -> PathBuf {
         self.dir.path().join("profiles")
@@ -40,7 +51,9 @@ impl Sandbox {
     }
     pub fn cmd(&self) -> Command {
         let mut c = Command::new(bin());
-        c.env("AUTOTUNE_PROFILE_DIR", self.profiles()).env("AUTOTUNE_CACHE_DIR", self.cache()).env_remove("RUST_BACKTRACE");
+        c.env("AUTOTUNE_PROFILE_DIR", self.profiles())
+            .env("AUTOTUNE_CACHE_DIR", self.cache())
+            .env_remove("RUST_BACKTRACE");
         c
     }
     pub fn run(&self, args: &[&str]) -> Output {
@@ -49,22 +62,69 @@ impl Sandbox {
     /// Files in the profile store (none may appear after a failed run).
     pub fn stored_profiles(&self) -> Vec<PathBuf> {
         std::fs::read_dir(self.profiles())
-            .map(|it| it.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect())
+            .map(|it| {
+                it.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 }
 
 /// A short tuning workload so a test finishes in about a minute on 2 cores: the workload and the
 /// repetition limits (no budget: tests add theirs).
-pub const SHORT_WORKLOAD: &[&str] = &["--ctx", "256", "--prompt", "32", "--gen", "8", "--min-reps", "2", "--max-reps", "3", "--seed", "7"];
+pub const SHORT_WORKLOAD: &[&str] = &[
+    "--ctx",
+    "256",
+    "--prompt",
+    "32",
+    "--gen",
+    "8",
+    "--min-reps",
+    "2",
+    "--max-reps",
+    "3",
+    "--seed",
+    "7",
+];
 
 /// A small knob space: two threads, f16/q8_0 KV, default flash attention and micro-batch.
-pub const SHORT_KNOBS: &[&str] = &["--threads", "2", "--cache-types", "f16,q8_0", "--flash-attn", "auto", "--ubatch", "512"];
+pub const SHORT_KNOBS: &[&str] = &[
+    "--threads",
+    "2",
+    "--cache-types",
+    "f16,q8_0",
+    "--flash-attn",
+    "auto",
+    "--ubatch",
+    "512",
+];
 
 /// SHORT_WORKLOAD + SHORT_KNOBS + a 60 s budget.
 pub const SHORT: &[&str] = &[
-    "--ctx", "256", "--prompt", "32", "--gen", "8", "--min-reps", "2", "--max-reps", "3", "--seed", "7",
-    "--threads", "2", "--cache-types", "f16,q8_0", "--flash-attn", "auto", "--ubatch", "512", "--budget", "60s",
+    "--ctx",
+    "256",
+    "--prompt",
+    "32",
+    "--gen",
+    "8",
+    "--min-reps",
+    "2",
+    "--max-reps",
+    "3",
+    "--seed",
+    "7",
+    "--threads",
+    "2",
+    "--cache-types",
+    "f16,q8_0",
+    "--flash-attn",
+    "auto",
+    "--ubatch",
+    "512",
+    "--budget",
+    "60s",
 ];
 
 pub fn stderr(o: &Output) -> String {

@@ -22,18 +22,39 @@ fn tuned() -> &'static Tuned {
     TUNED.get_or_init(|| {
         let model = demo_model();
         // Under the target dir: the fixture lives in a static, which is never dropped.
-        let sandbox = Sandbox { dir: tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir") };
+        let sandbox = Sandbox {
+            dir: tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir"),
+        };
         let profile = sandbox.dir.path().join("tuned.toml");
-        let mut args = vec!["-q", "tune", model.to_str().unwrap(), "--out", profile.to_str().unwrap()];
+        let mut args = vec![
+            "-q",
+            "tune",
+            model.to_str().unwrap(),
+            "--out",
+            profile.to_str().unwrap(),
+        ];
         args.extend_from_slice(SHORT);
         // Plain CPU kernels only: on the test VM the vendor llama-server's AMX kernels (used with weight
         // repacking) die with SIGILL, though the linked llama.cpp runs them; a repack winner would make
         // the --exec test fail for a reason that is not apply's.
         args.extend_from_slice(&["--kernels", "plain"]);
         let o = sandbox.run(&args);
-        assert!(o.status.success(), "tuning failed: {}\n{}", stderr(&o), stdout(&o));
-        assert_eq!(sandbox.stored_profiles().len(), 1, "the profile is in the store");
-        Tuned { sandbox, model, profile }
+        assert!(
+            o.status.success(),
+            "tuning failed: {}\n{}",
+            stderr(&o),
+            stdout(&o)
+        );
+        assert_eq!(
+            sandbox.stored_profiles().len(),
+            1,
+            "the profile is in the store"
+        );
+        Tuned {
+            sandbox,
+            model,
+            profile,
+        }
     })
 }
 
@@ -43,9 +64,16 @@ fn llama_server() -> PathBuf {
     static SERVER: OnceLock<PathBuf> = OnceLock::new();
     SERVER
         .get_or_init(|| {
-            let out = Command::new(repo_root().join("vendor/build-llama-tools")).output().expect("run vendor/build-llama-tools");
-            assert!(out.status.success(), "building llama-server failed: {}", String::from_utf8_lossy(&out.stderr));
-            let bin = PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim()).join("llama-server");
+            let out = Command::new(repo_root().join("vendor/build-llama-tools"))
+                .output()
+                .expect("run vendor/build-llama-tools");
+            assert!(
+                out.status.success(),
+                "building llama-server failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let bin = PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
+                .join("llama-server");
             assert!(bin.is_file(), "{} missing", bin.display());
             bin
         })
@@ -68,7 +96,11 @@ fn tripwire(name: &str) -> (PathBuf, PathBuf) {
     let dir = tuned().sandbox.dir.path();
     let mark = dir.join(format!("{name}.ran"));
     let script = dir.join(format!("{name}.sh"));
-    std::fs::write(&script, format!("#!/bin/sh\ntouch '{}'\nexit 1\n", mark.display())).unwrap();
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\ntouch '{}'\nexit 1\n", mark.display()),
+    )
+    .unwrap();
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -85,12 +117,28 @@ fn s(p: &Path) -> &str {
 fn exec_check_only_starts_the_server_and_compares_its_speed() {
     let t = tuned();
     let server = llama_server();
-    let o = t.sandbox.run(&["apply", s(&t.model), "--exec", "--check-only", "--json", "--server", s(&server)]);
-    assert!(o.status.success(), "apply --exec failed: {}\n{}", stderr(&o), stdout(&o));
+    let o = t.sandbox.run(&[
+        "apply",
+        s(&t.model),
+        "--exec",
+        "--check-only",
+        "--json",
+        "--server",
+        s(&server),
+    ]);
+    assert!(
+        o.status.success(),
+        "apply --exec failed: {}\n{}",
+        stderr(&o),
+        stdout(&o)
+    );
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
 
     let c = &v["completion"];
-    assert!(c["predicted_n"].as_u64().unwrap() > 0, "a completion came back: {v}");
+    assert!(
+        c["predicted_n"].as_u64().unwrap() > 0,
+        "a completion came back: {v}"
+    );
     let server_tg = c["predicted_per_second"].as_f64().unwrap();
     assert!(server_tg > 0.0, "{v}");
     let profile_tg = v["profile_tg_tps"].as_f64().unwrap();
@@ -103,7 +151,10 @@ fn exec_check_only_starts_the_server_and_compares_its_speed() {
     // Speeds are not asserted: on a shared 2-core machine both figures move by a factor of two or more
     // from one minute to the next (performance lives in bench scripts, not timed tests). A gross error,
     // e.g. ms taken for s, is still caught.
-    assert!((0.05..20.0).contains(&ratio), "server tg {server_tg:.2} t/s vs profile {profile_tg:.2} t/s: {ratio:.2}×");
+    assert!(
+        (0.05..20.0).contains(&ratio),
+        "server tg {server_tg:.2} t/s vs profile {profile_tg:.2} t/s: {ratio:.2}×"
+    );
     eprintln!(
         "apply --exec: server tg {server_tg:.2} t/s, profile tg {profile_tg:.2} t/s, ratio {ratio:.2} \
          (within ±{tolerance}: {within})"
@@ -112,23 +163,53 @@ fn exec_check_only_starts_the_server_and_compares_its_speed() {
     // --check-only stopped the server: nothing listens on its port any more.
     let url = v["url"].as_str().unwrap();
     let addr = url.trim_start_matches("http://");
-    assert!(std::net::TcpStream::connect(addr).is_err(), "llama-server still listens on {addr}");
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "llama-server still listens on {addr}"
+    );
 }
 
 #[test]
 fn apply_prints_the_server_command_line() {
     let t = tuned();
     let server = llama_server();
-    let o = t.sandbox.run(&["apply", s(&t.model), "--server", s(&server), "--port", "8123", "--", "--parallel", "1"]);
+    let o = t.sandbox.run(&[
+        "apply",
+        s(&t.model),
+        "--server",
+        s(&server),
+        "--port",
+        "8123",
+        "--",
+        "--parallel",
+        "1",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let line = stdout(&o);
     assert_eq!(line.lines().count(), 1, "{line}");
     assert!(line.starts_with(&format!("{} -m ", s(&server))), "{line}");
-    assert!(line.contains(&format!(" -m {} ", s(&t.model.canonicalize().unwrap()))), "{line}");
-    assert!(line.trim_end().ends_with("--host 127.0.0.1 --port 8123 --parallel 1"), "{line}");
+    assert!(
+        line.contains(&format!(" -m {} ", s(&t.model.canonicalize().unwrap()))),
+        "{line}"
+    );
+    assert!(
+        line.trim_end()
+            .ends_with("--host 127.0.0.1 --port 8123 --parallel 1"),
+        "{line}"
+    );
 
     // The same by profile file.
-    let o = t.sandbox.run(&["apply", s(&t.profile), "--server", s(&server), "--port", "8123", "--", "--parallel", "1"]);
+    let o = t.sandbox.run(&[
+        "apply",
+        s(&t.profile),
+        "--server",
+        s(&server),
+        "--port",
+        "8123",
+        "--",
+        "--parallel",
+        "1",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), line);
 }
@@ -140,22 +221,38 @@ fn a_hand_edited_profile_is_refused_before_anything_runs() {
         let (head, tail) = text.split_at(winner);
         let start = tail.find("\nthreads = ").expect("threads in [winner]") + 1;
         let end = start + tail[start..].find('\n').unwrap();
-        format!("{head}{}threads = \"4; rm -rf /\"{}", &tail[..start], &tail[end..])
+        format!(
+            "{head}{}threads = \"4; rm -rf /\"{}",
+            &tail[..start],
+            &tail[end..]
+        )
     });
     let smuggled = edited("smuggled.toml", |text| {
         let start = text.find("\nserver_args = [").expect("server_args") + 1;
         let end = start + text[start..].find("]\n").unwrap();
         format!("{}, \"--foo\"{}", &text[..end], &text[end..])
     });
-    for (profile, expected) in [(injected, "winner.threads"), (smuggled, "unexpected '--foo'")] {
+    for (profile, expected) in [
+        (injected, "winner.threads"),
+        (smuggled, "unexpected '--foo'"),
+    ] {
         let (server, mark) = tripwire(profile.file_stem().unwrap().to_str().unwrap());
-        let o = tuned().sandbox.run(&["apply", s(&profile), "--exec", "--server", s(&server)]);
+        let o = tuned()
+            .sandbox
+            .run(&["apply", s(&profile), "--exec", "--server", s(&server)]);
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(5), "{err}");
         assert_eq!(err.lines().count(), 1, "one line: {err}");
-        assert!(err.starts_with("autotune: error: ") && err.contains(expected), "{err}");
+        assert!(
+            err.starts_with("autotune: error: ") && err.contains(expected),
+            "{err}"
+        );
         assert!(stdout(&o).is_empty(), "{}", stdout(&o));
-        assert!(!mark.exists(), "the server was run for {}", profile.display());
+        assert!(
+            !mark.exists(),
+            "the server was run for {}",
+            profile.display()
+        );
     }
 }
 
@@ -166,12 +263,16 @@ fn export_writes_every_format() {
         let o = t.sandbox.run(&["export", s(&t.model), "--format", format]);
         assert!(o.status.success(), "{format}: {}", stderr(&o));
         let text = stdout(&o);
-        assert!(text.contains("gemma") || text.contains(".gguf"), "{format}: {text}");
+        assert!(
+            text.contains("gemma") || text.contains(".gguf"),
+            "{format}: {text}"
+        );
         match format {
             "args" => assert!(text.starts_with("llama-server -m "), "{text}"),
             "llama-swap" => assert!(text.contains("${PORT}"), "{text}"),
             "json" => {
-                let p: profiles::Profile = serde_json::from_str(&text).expect("the json export is a profile");
+                let p: profiles::Profile =
+                    serde_json::from_str(&text).expect("the json export is a profile");
                 p.validate(true).unwrap();
             }
             _ => {}
@@ -179,14 +280,27 @@ fn export_writes_every_format() {
     }
 
     let out = t.sandbox.dir.path().join("swap.yaml");
-    let o = t.sandbox.run(&["export", s(&t.profile), "-f", "llama-swap", "--out", s(&out)]);
+    let o = t.sandbox.run(&[
+        "export",
+        s(&t.profile),
+        "-f",
+        "llama-swap",
+        "--out",
+        s(&out),
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).is_empty());
     assert!(std::fs::read_to_string(&out).unwrap().contains("${PORT}"));
 
-    let o = t.sandbox.run(&["export", s(&t.profile), "--format", "yaml"]);
+    let o = t
+        .sandbox
+        .run(&["export", s(&t.profile), "--format", "yaml"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("args, presets, llama-swap, ollama, json"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("args, presets, llama-swap, ollama, json"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -194,17 +308,35 @@ fn a_stale_profile_is_refused_unless_forced() {
     let t = tuned();
     let stale = edited("stale.toml", |text| {
         let machine = text.find("[machine]").expect("[machine] table");
-        let start = machine + text[machine..].find("\nfingerprint = \"").unwrap() + "\nfingerprint = \"".len();
-        format!("{}{}{}", &text[..start], "ab".repeat(32), &text[start + 64..])
+        let start = machine
+            + text[machine..].find("\nfingerprint = \"").unwrap()
+            + "\nfingerprint = \"".len();
+        format!(
+            "{}{}{}",
+            &text[..start],
+            "ab".repeat(32),
+            &text[start + 64..]
+        )
     });
-    let o = t.sandbox.run(&["apply", s(&stale), "--server", s(&llama_server())]);
+    let o = t
+        .sandbox
+        .run(&["apply", s(&stale), "--server", s(&llama_server())]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(5), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("stale") && err.contains("another machine") && err.contains("--force"), "{err}");
+    assert!(
+        err.contains("stale") && err.contains("another machine") && err.contains("--force"),
+        "{err}"
+    );
     assert!(stdout(&o).is_empty());
 
-    let o = t.sandbox.run(&["apply", s(&stale), "--server", s(&llama_server()), "--force"]);
+    let o = t.sandbox.run(&[
+        "apply",
+        s(&stale),
+        "--server",
+        s(&llama_server()),
+        "--force",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("stale"), "warned: {}", stderr(&o));
     assert!(stdout(&o).contains(" -m "));
@@ -222,5 +354,8 @@ fn a_model_without_a_profile_says_what_to_run() {
     let o = sb.run(&["apply", s(&model)]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(5), "{err}");
-    assert!(err.contains("no profile for this model on this machine; run `autotune"), "{err}");
+    assert!(
+        err.contains("no profile for this model on this machine; run `autotune"),
+        "{err}"
+    );
 }

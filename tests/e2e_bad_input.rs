@@ -6,7 +6,10 @@ use common::*;
 fn assert_clean_failure(sb: &Sandbox, o: &std::process::Output, code: i32, needle: &str) {
     let err = stderr(o);
     assert_eq!(o.status.code(), Some(code), "stderr: {err}");
-    assert!(!err.contains("panicked") && !err.contains("RUST_BACKTRACE"), "panic: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("RUST_BACKTRACE"),
+        "panic: {err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     assert!(err.contains(needle), "'{needle}' in: {err}");
     assert!(sb.stored_profiles().is_empty(), "no profile written");

@@ -18,19 +18,54 @@ fn candidates_over_budget_are_pruned_not_loaded() {
     // At ubatch 512 the compute buffer alone holds 512 rows of a 262k-token vocabulary's logits
     // (~512 MiB); at 128 it is a quarter of that. A 450 MiB host budget fits only the latter.
     let o = sb.run(&[
-        "tune", &m, "--json", "--mem-budget", "CPU=450M", "--ubatch", "512,128", "--ctx", "256", "--prompt", "32", "--gen", "8",
-        "--min-reps", "2", "--max-reps", "2", "--threads", "2", "--cache-types", "f16", "--flash-attn", "auto", "--kernels", "plain",
-        "--budget", "90s", "--no-save",
+        "tune",
+        &m,
+        "--json",
+        "--mem-budget",
+        "CPU=450M",
+        "--ubatch",
+        "512,128",
+        "--ctx",
+        "256",
+        "--prompt",
+        "32",
+        "--gen",
+        "8",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "2",
+        "--threads",
+        "2",
+        "--cache-types",
+        "f16",
+        "--flash-attn",
+        "auto",
+        "--kernels",
+        "plain",
+        "--budget",
+        "90s",
+        "--no-save",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let board = r["leaderboard"].as_array().unwrap();
-    let pruned: Vec<_> = board.iter().filter(|e| e["status"].as_str().unwrap().starts_with("pruned")).collect();
+    let pruned: Vec<_> = board
+        .iter()
+        .filter(|e| e["status"].as_str().unwrap().starts_with("pruned"))
+        .collect();
     assert!(!pruned.is_empty(), "{board:?}");
-    assert!(pruned.iter().all(|e| e["candidate"]["n_ubatch"] == 512 && e["figures"].is_null()));
+    assert!(pruned
+        .iter()
+        .all(|e| e["candidate"]["n_ubatch"] == 512 && e["figures"].is_null()));
     assert_eq!(r["winner"]["n_ubatch"], 128);
     // Nothing that was loaded exceeded the budget by llama.cpp's own accounting.
-    for row in r["memory"].as_array().unwrap().iter().filter(|m| m["loaded"] == true) {
+    for row in r["memory"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["loaded"] == true)
+    {
         for d in row["reported"].as_array().unwrap() {
             if d["device"] == "CPU" {
                 assert!(d["bytes"].as_u64().unwrap() <= 450 * 1024 * 1024, "{row}");
@@ -45,17 +80,45 @@ fn a_model_larger_than_every_budget_is_a_clear_error_without_trials() {
     let sb = Sandbox::new();
     let m = model_arg(&model);
     let o = sb.run(&[
-        "tune", &m, "--mem-budget", "CPU=10M", "--ctx", "256", "--prompt", "32", "--gen", "8", "--threads", "2",
-        "--cache-types", "f16", "--kernels", "plain", "--budget", "60s",
+        "tune",
+        &m,
+        "--mem-budget",
+        "CPU=10M",
+        "--ctx",
+        "256",
+        "--prompt",
+        "32",
+        "--gen",
+        "8",
+        "--threads",
+        "2",
+        "--cache-types",
+        "f16",
+        "--kernels",
+        "plain",
+        "--budget",
+        "60s",
     ]);
     assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     let err = stderr(&o);
-    assert!(err.contains("fits the memory budgets") && err.contains("nothing was loaded"), "{err}");
+    assert!(
+        err.contains("fits the memory budgets") && err.contains("nothing was loaded"),
+        "{err}"
+    );
     assert!(sb.stored_profiles().is_empty());
     // No trial ran: the measurement log has no repetition.
     let logs = sb.cache().join("measurements");
     let lines: usize = std::fs::read_dir(&logs)
-        .map(|d| d.flatten().map(|e| std::fs::read_to_string(e.path()).unwrap_or_default().lines().count()).sum())
+        .map(|d| {
+            d.flatten()
+                .map(|e| {
+                    std::fs::read_to_string(e.path())
+                        .unwrap_or_default()
+                        .lines()
+                        .count()
+                })
+                .sum()
+        })
         .unwrap_or(0);
     assert_eq!(lines, 0);
 }
@@ -70,12 +133,23 @@ impl Drop for RpcServer {
 
 #[test]
 fn moe_experts_go_to_the_host_when_the_device_is_small() {
-    let out = Command::new(repo_root().join("vendor/make-tiny-moe")).output().expect("vendor/make-tiny-moe");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(repo_root().join("vendor/make-tiny-moe"))
+        .output()
+        .expect("vendor/make-tiny-moe");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let moe = String::from_utf8(out.stdout).unwrap().trim().to_string();
     let port = 50190 + (std::process::id() % 50) as u16;
     let _server = RpcServer(
-        Command::new(bin()).args(["rpc-serve", "--port", &port.to_string(), "-t", "1"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap(),
+        Command::new(bin())
+            .args(["rpc-serve", "--port", &port.to_string(), "-t", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
     );
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let sb = Sandbox::new();
@@ -83,15 +157,55 @@ fn moe_experts_go_to_the_host_when_the_device_is_small() {
     // fewer layers.
     let rpc = format!("127.0.0.1:{port}");
     let o = sb.run(&[
-        "tune", &moe, "--json", "--rpc", &rpc, "--mem-budget", "RPC0=30M", "--ctx", "256", "--prompt", "32", "--gen", "8",
-        "--min-reps", "2", "--max-reps", "2", "--threads", "2", "--cache-types", "f16", "--flash-attn", "auto", "--ubatch", "128",
-        "--kernels", "plain", "--budget", "150s", "--no-save",
+        "tune",
+        &moe,
+        "--json",
+        "--rpc",
+        &rpc,
+        "--mem-budget",
+        "RPC0=30M",
+        "--ctx",
+        "256",
+        "--prompt",
+        "32",
+        "--gen",
+        "8",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "2",
+        "--threads",
+        "2",
+        "--cache-types",
+        "f16",
+        "--flash-attn",
+        "auto",
+        "--ubatch",
+        "128",
+        "--kernels",
+        "plain",
+        "--budget",
+        "150s",
+        "--no-save",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     let board = r["leaderboard"].as_array().unwrap();
-    let measured_moe = board.iter().filter(|e| e["candidate"]["n_cpu_moe"].as_u64().unwrap_or(0) > 0 && !e["figures"].is_null()).count();
-    assert!(measured_moe >= 1, "an expert placement was measured: {board:#?}");
+    let measured_moe = board
+        .iter()
+        .filter(|e| {
+            e["candidate"]["n_cpu_moe"].as_u64().unwrap_or(0) > 0 && !e["figures"].is_null()
+        })
+        .count();
+    assert!(
+        measured_moe >= 1,
+        "an expert placement was measured: {board:#?}"
+    );
     // Full offload with every expert on the device does not fit and was never loaded.
-    assert!(board.iter().all(|e| !(e["candidate"]["n_gpu_layers"] == 5 && e["candidate"]["n_cpu_moe"].is_null() && !e["figures"].is_null())), "{board:#?}");
+    assert!(
+        board.iter().all(|e| !(e["candidate"]["n_gpu_layers"] == 5
+            && e["candidate"]["n_cpu_moe"].is_null()
+            && !e["figures"].is_null())),
+        "{board:#?}"
+    );
 }

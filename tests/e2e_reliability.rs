@@ -13,9 +13,30 @@ fn a_worker_that_aborts_is_recorded_and_tuning_continues() {
     // Two candidates: llama.cpp's defaults, whose first measure request aborts, then plain kernels.
     let mut args = vec!["tune", model.to_str().unwrap(), "--json"];
     args.extend_from_slice(&[
-        "--ctx", "256", "--prompt", "32", "--gen", "8", "--budget", "60s", "--min-reps", "2", "--max-reps", "2",
-        "--threads", "1", "--cache-types", "f16", "--flash-attn", "auto", "--ubatch", "512", "--kernels", "repack,plain",
-        "--seed", "7",
+        "--ctx",
+        "256",
+        "--prompt",
+        "32",
+        "--gen",
+        "8",
+        "--budget",
+        "60s",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "2",
+        "--threads",
+        "1",
+        "--cache-types",
+        "f16",
+        "--flash-attn",
+        "auto",
+        "--ubatch",
+        "512",
+        "--kernels",
+        "repack,plain",
+        "--seed",
+        "7",
     ]);
     let o = sb
         .cmd()
@@ -32,10 +53,15 @@ fn a_worker_that_aborts_is_recorded_and_tuning_continues() {
     assert!(report["failed"].as_u64().unwrap() >= 1, "{report}");
     let board = report["leaderboard"].as_array().unwrap();
     assert!(
-        board.iter().any(|e| e["status"].as_str().unwrap_or("").contains("SIGABRT")),
+        board
+            .iter()
+            .any(|e| e["status"].as_str().unwrap_or("").contains("SIGABRT")),
         "the failure is that candidate's status: {board:?}"
     );
-    assert!(report["winner_figures"]["tg_tps"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(
+        report["winner_figures"]["tg_tps"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
     assert_eq!(sb.stored_profiles().len(), 1, "a profile is saved");
 }
 
@@ -43,13 +69,18 @@ fn a_worker_that_aborts_is_recorded_and_tuning_continues() {
 fn a_corrupt_store_entry_is_set_aside_and_reported() {
     let sb = Sandbox::new();
     std::fs::create_dir_all(sb.profiles()).unwrap();
-    let bad = sb.profiles().join("broken--000000000000--000000000000.toml");
+    let bad = sb
+        .profiles()
+        .join("broken--000000000000--000000000000.toml");
     std::fs::write(&bad, "schema_version = 1\nthis is [not toml\n").unwrap();
     let o = sb.run(&["show"]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
-    assert!(err.contains("moved aside") && err.contains("broken--"), "{err}");
+    assert!(
+        err.contains("moved aside") && err.contains("broken--"),
+        "{err}"
+    );
     assert!(!bad.exists(), "set aside");
     let aside: Vec<_> = std::fs::read_dir(sb.profiles())
         .unwrap()
@@ -71,5 +102,8 @@ fn a_corrupt_profile_file_is_one_line_and_exit_5() {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(5), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
-    assert!(err.contains("bad.toml") && !err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("bad.toml") && !err.contains("panicked"),
+        "{err}"
+    );
 }

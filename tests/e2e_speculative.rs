@@ -12,10 +12,29 @@ use std::path::{Path, PathBuf};
 fn q4_0_draft(sb: &Sandbox) -> PathBuf {
     let dir = sb.dir.path().join("ladder");
     let model = demo_model();
-    let o = sb.run(&["quantize", model.to_str().unwrap(), "--types", "q4_0", "--allow-requantize", "--out-dir", dir.to_str().unwrap(), "--json"]);
-    assert!(o.status.success(), "quantize failed: {}\n{}", stderr(&o), stdout(&o));
-    let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("quantize --json prints JSON");
-    PathBuf::from(report["files"][0]["path"].as_str().expect("a file was made"))
+    let o = sb.run(&[
+        "quantize",
+        model.to_str().unwrap(),
+        "--types",
+        "q4_0",
+        "--allow-requantize",
+        "--out-dir",
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(
+        o.status.success(),
+        "quantize failed: {}\n{}",
+        stderr(&o),
+        stdout(&o)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout(&o)).expect("quantize --json prints JSON");
+    PathBuf::from(
+        report["files"][0]["path"]
+            .as_str()
+            .expect("a file was made"),
+    )
 }
 
 /// Metadata of a GGUF file, each value as its type and encoded bytes (for copying a tokenizer).
@@ -69,7 +88,10 @@ fn gemma3_with_renamed_token(demo: &Path, changed: usize, out: &Path) {
         .kv_u32("gemma3.attention.value_length", 64)
         .kv_f32("gemma3.attention.layer_norm_rms_epsilon", 1e-6);
     let mut n_vocab = 0u64;
-    for (key, ty, value) in gguf_metadata(demo).into_iter().filter(|(k, _, _)| k.starts_with("tokenizer.")) {
+    for (key, ty, value) in gguf_metadata(demo)
+        .into_iter()
+        .filter(|(k, _, _)| k.starts_with("tokenizer."))
+    {
         let value = if key == "tokenizer.ggml.tokens" {
             // array of strings: elem type, count, then (len, bytes) each
             let count = u64::from_le_bytes(value[4..12].try_into().unwrap());
@@ -78,7 +100,11 @@ fn gemma3_with_renamed_token(demo: &Path, changed: usize, out: &Path) {
             let mut v = value[..12].to_vec();
             for i in 0..count as usize {
                 let len = u64::from_le_bytes(value[p..p + 8].try_into().unwrap()) as usize;
-                let text: &[u8] = if i == changed { b"<renamed by the test>" } else { &value[p + 8..p + 8 + len] };
+                let text: &[u8] = if i == changed {
+                    b"<renamed by the test>"
+                } else {
+                    &value[p + 8..p + 8 + len]
+                };
                 v.extend_from_slice(&(text.len() as u64).to_le_bytes());
                 v.extend_from_slice(text);
                 p += 8 + len;
@@ -89,13 +115,20 @@ fn gemma3_with_renamed_token(demo: &Path, changed: usize, out: &Path) {
         };
         b = b.kv_raw(&key, ty, &value);
     }
-    b = b.tensor("token_embd.weight", ggml::F16, &[64, n_vocab]).tensor("output_norm.weight", ggml::F32, &[64]);
+    b = b
+        .tensor("token_embd.weight", ggml::F16, &[64, n_vocab])
+        .tensor("output_norm.weight", ggml::F32, &[64]);
     b.write_to(out).unwrap();
 }
 
 fn draft_report(sb: &Sandbox, args: &[&str]) -> serde_json::Value {
     let o = sb.run(args);
-    assert!(o.status.success(), "autotune draft failed: {}\n{}", stderr(&o), stdout(&o));
+    assert!(
+        o.status.success(),
+        "autotune draft failed: {}\n{}",
+        stderr(&o),
+        stdout(&o)
+    );
     serde_json::from_str(&stdout(&o)).expect("--json prints JSON")
 }
 
@@ -113,17 +146,35 @@ fn drafts_with_another_vocabulary_are_rejected_with_the_reason() {
 
     let r = draft_report(
         &sb,
-        &["draft", demo.to_str().unwrap(), "--draft", &format!("{},{}", tiny.display(), renamed.display()), "--json", "-t", "2", "--ctx", "512"],
+        &[
+            "draft",
+            demo.to_str().unwrap(),
+            "--draft",
+            &format!("{},{}", tiny.display(), renamed.display()),
+            "--json",
+            "-t",
+            "2",
+            "--ctx",
+            "512",
+        ],
     );
     let drafts = r["drafts"].as_array().unwrap();
     assert_eq!(drafts.len(), 2, "{r:#}");
     let status = |i: usize| drafts[i]["status"].as_str().unwrap().to_string();
     assert!(status(0).starts_with("incompatible:"), "{}", status(0));
-    assert!(status(0).contains("vocabulary sizes differ") || status(0).contains("tokenizers differ"), "{}", status(0));
+    assert!(
+        status(0).contains("vocabulary sizes differ") || status(0).contains("tokenizers differ"),
+        "{}",
+        status(0)
+    );
     assert!(status(1).starts_with("incompatible:"), "{}", status(1));
     assert!(status(1).contains("token 1000 differs"), "{}", status(1));
     assert!(r["winner"].is_null());
-    assert!(r["conclusion"].as_str().unwrap().starts_with("no draft"), "{}", r["conclusion"]);
+    assert!(
+        r["conclusion"].as_str().unwrap().starts_with("no draft"),
+        "{}",
+        r["conclusion"]
+    );
     // Nothing was generated: no compatible draft, so the search never started.
     assert!(r["baseline"].is_null());
 }
@@ -137,17 +188,51 @@ fn output_with_a_draft_is_token_identical_to_the_target_alone() {
     let r = draft_report(
         &sb,
         &[
-            "draft", demo.to_str().unwrap(), "--draft", draft.to_str().unwrap(), "--json", "-t", "2", "--ctx", "1024",
-            "--draft-max", "4", "--draft-p-min", "0,0.8", "--draft-min", "0", "--draft-gen", "16", "--draft-reps", "2",
-            "--draft-budget", "15m", "--seed", "3",
+            "draft",
+            demo.to_str().unwrap(),
+            "--draft",
+            draft.to_str().unwrap(),
+            "--json",
+            "-t",
+            "2",
+            "--ctx",
+            "1024",
+            "--draft-max",
+            "4",
+            "--draft-p-min",
+            "0,0.8",
+            "--draft-min",
+            "0",
+            "--draft-gen",
+            "16",
+            "--draft-reps",
+            "2",
+            "--draft-budget",
+            "15m",
+            "--seed",
+            "3",
         ],
     );
-    assert!(r["prompts"].as_array().unwrap().len() >= 8, "several prompts of several kinds");
-    assert!(!r["baseline"]["tg_tps"].as_array().unwrap().is_empty(), "the target alone was measured: {r:#}");
+    assert!(
+        r["prompts"].as_array().unwrap().len() >= 8,
+        "several prompts of several kinds"
+    );
+    assert!(
+        !r["baseline"]["tg_tps"].as_array().unwrap().is_empty(),
+        "the target alone was measured: {r:#}"
+    );
     let d = &r["drafts"][0];
     assert_eq!(d["status"], "measured", "{d:#}");
-    assert!(d["mem_bytes"].as_u64().unwrap() > 100 << 20, "the draft's memory is counted: {d:#}");
-    let measured: Vec<&serde_json::Value> = d["trials"].as_array().unwrap().iter().filter(|t| t["failure"].is_null() && t["skipped"].is_null()).collect();
+    assert!(
+        d["mem_bytes"].as_u64().unwrap() > 100 << 20,
+        "the draft's memory is counted: {d:#}"
+    );
+    let measured: Vec<&serde_json::Value> = d["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["failure"].is_null() && t["skipped"].is_null())
+        .collect();
     assert!(measured.len() >= 2, "{d:#}");
     for t in &measured {
         // Greedy decoding: the draft changes the speed, never the text.
@@ -157,7 +242,10 @@ fn output_with_a_draft_is_token_identical_to_the_target_alone() {
         assert!(t["tokens_per_round"].as_f64().unwrap() >= 1.0, "{t:#}");
     }
     // A Q4_0 of the same model agrees with it most of the time when it drafts unconditionally.
-    let p0 = measured.iter().find(|t| t["params"]["p_min"].as_f64() == Some(0.0)).expect("a p_min 0 trial");
+    let p0 = measured
+        .iter()
+        .find(|t| t["params"]["p_min"].as_f64() == Some(0.0))
+        .expect("a p_min 0 trial");
     assert!(p0["acceptance"].as_f64().unwrap() > 0.3, "{p0:#}");
     assert!(p0["per_kind"].as_array().unwrap().len() >= 4, "{p0:#}");
     assert!(!r["conclusion"].as_str().unwrap().is_empty());
@@ -170,14 +258,35 @@ fn tune_with_a_draft_records_the_outcome_in_the_profile() {
     let sb = Sandbox::new();
     let draft = q4_0_draft(&sb);
     let out_file = sb.dir.path().join("profile.toml");
-    let mut args = vec!["tune", demo.to_str().unwrap(), "--out", out_file.to_str().unwrap(), "--no-save"];
+    let mut args = vec![
+        "tune",
+        demo.to_str().unwrap(),
+        "--out",
+        out_file.to_str().unwrap(),
+        "--no-save",
+    ];
     args.extend_from_slice(SHORT);
     args.extend_from_slice(&[
-        "--draft", draft.to_str().unwrap(), "--draft-max", "4", "--draft-p-min", "0", "--draft-min", "0", "--draft-gen", "12",
-        "--draft-reps", "2",
+        "--draft",
+        draft.to_str().unwrap(),
+        "--draft-max",
+        "4",
+        "--draft-p-min",
+        "0",
+        "--draft-min",
+        "0",
+        "--draft-gen",
+        "12",
+        "--draft-reps",
+        "2",
     ]);
     let o = sb.run(&args);
-    assert!(o.status.success(), "autotune failed: {}\n{}", stderr(&o), stdout(&o));
+    assert!(
+        o.status.success(),
+        "autotune failed: {}\n{}",
+        stderr(&o),
+        stdout(&o)
+    );
     let text = std::fs::read_to_string(&out_file).unwrap();
     let (profile, unknown) = profiles::Profile::from_toml(&text).expect("profile parses");
     assert!(unknown.is_empty(), "{unknown:?}");
@@ -186,17 +295,40 @@ fn tune_with_a_draft_records_the_outcome_in_the_profile() {
         Some(d) => {
             // The server runs the measured draft: its flags follow the target's.
             let a = &profile.server_args;
-            let pos = a.iter().position(|x| x == "-md").expect("-md in server_args");
+            let pos = a
+                .iter()
+                .position(|x| x == "-md")
+                .expect("-md in server_args");
             assert_eq!(Path::new(&a[pos + 1]), draft.canonicalize().unwrap());
-            assert!(a.windows(2).any(|w| w == ["--spec-draft-n-max", "4"]), "{a:?}");
-            assert!(a.windows(2).any(|w| w == ["--spec-type", "draft-simple"]), "{a:?}");
+            assert!(
+                a.windows(2).any(|w| w == ["--spec-draft-n-max", "4"]),
+                "{a:?}"
+            );
+            assert!(
+                a.windows(2).any(|w| w == ["--spec-type", "draft-simple"]),
+                "{a:?}"
+            );
             assert!(d.tg_tps > d.baseline_tg_tps, "{d:?}");
-            assert!(profile.notes.iter().any(|n| n.starts_with("speculative decoding pays")), "{:?}", profile.notes);
+            assert!(
+                profile
+                    .notes
+                    .iter()
+                    .any(|n| n.starts_with("speculative decoding pays")),
+                "{:?}",
+                profile.notes
+            );
         }
         None => {
             // No draft paid: the profile says so, with the numbers, and the server runs without one.
-            let note = profile.notes.iter().find(|n| n.starts_with("no draft pays")).unwrap_or_else(|| panic!("{:?}", profile.notes));
-            assert!(note.contains("t/s") && note.contains("acceptance"), "{note}");
+            let note = profile
+                .notes
+                .iter()
+                .find(|n| n.starts_with("no draft pays"))
+                .unwrap_or_else(|| panic!("{:?}", profile.notes));
+            assert!(
+                note.contains("t/s") && note.contains("acceptance"),
+                "{note}"
+            );
             assert!(!profile.server_args.iter().any(|x| x == "-md"));
         }
     }

@@ -9,18 +9,35 @@ fn tunes_the_demo_model_and_saves_a_valid_profile() {
     let model = demo_model();
     let sb = Sandbox::new();
     let out_file = sb.dir.path().join("profile.toml");
-    let mut args = vec!["tune", model.to_str().unwrap(), "--out", out_file.to_str().unwrap(), "--json"];
+    let mut args = vec![
+        "tune",
+        model.to_str().unwrap(),
+        "--out",
+        out_file.to_str().unwrap(),
+        "--json",
+    ];
     args.extend_from_slice(SHORT);
     let o = sb.run(&args);
-    assert!(o.status.success(), "autotune failed: {}\n{}", stderr(&o), stdout(&o));
+    assert!(
+        o.status.success(),
+        "autotune failed: {}\n{}",
+        stderr(&o),
+        stdout(&o)
+    );
 
     // The JSON report parses and has a measured winner with real figures.
     let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
     let winner = &report["winner_figures"];
     assert!(winner["pp_tps"].as_f64().unwrap() > 1.0, "{winner}");
     assert!(winner["tg_tps"].as_f64().unwrap() > 1.0, "{winner}");
-    assert!(report["leaderboard"].as_array().unwrap().len() >= 2, "more than one candidate measured");
-    assert!(report["baseline_figures"]["tg_tps"].as_f64().is_some(), "llama.cpp's defaults measured in the same run");
+    assert!(
+        report["leaderboard"].as_array().unwrap().len() >= 2,
+        "more than one candidate measured"
+    );
+    assert!(
+        report["baseline_figures"]["tg_tps"].as_f64().is_some(),
+        "llama.cpp's defaults measured in the same run"
+    );
 
     // The profile: in the store and at --out, identical, parseable, valid.
     let stored = sb.stored_profiles();
@@ -30,20 +47,29 @@ fn tunes_the_demo_model_and_saves_a_valid_profile() {
     let (profile, unknown) = profiles::Profile::from_toml(&text).expect("profile parses");
     assert!(unknown.is_empty(), "{unknown:?}");
     assert_eq!(profile.schema_version, profiles::SCHEMA_VERSION);
-    profile.validate(true).expect("profile validates, model path exists");
+    profile
+        .validate(true)
+        .expect("profile validates, model path exists");
 
     // The server arguments are well formed: llama-server flags with values, the model first.
     let a = &profile.server_args;
     assert_eq!(a[0], "-m");
     assert_eq!(std::path::Path::new(&a[1]), model.canonicalize().unwrap());
-    let pos = |flag: &str| a.iter().position(|x| x == flag).unwrap_or_else(|| panic!("{flag} missing in {a:?}"));
+    let pos = |flag: &str| {
+        a.iter()
+            .position(|x| x == flag)
+            .unwrap_or_else(|| panic!("{flag} missing in {a:?}"))
+    };
     assert_eq!(a[pos("-c") + 1], "256");
     assert_eq!(a[pos("-t") + 1], profile.winner.threads.to_string());
     for flag in ["-b", "-ub", "-ctk", "-ctv", "-fa", "-ngl"] {
         let v = &a[pos(flag) + 1];
         assert!(!v.starts_with('-'), "{flag} has a value: {a:?}");
     }
-    assert_eq!(profile.server_args, profiles::server_args(&profile.winner, &profile.model.path, &profile.workload));
+    assert_eq!(
+        profile.server_args,
+        profiles::server_args(&profile.winner, &profile.model.path, &profile.workload)
+    );
 
     // `show` finds it for this model on this machine.
     let o = sb.run(&["show", model.to_str().unwrap()]);
@@ -77,16 +103,39 @@ fn records_per_candidate(log: &std::path::Path) -> std::collections::HashMap<Str
 fn an_interrupted_run_resumes_without_re_measuring() {
     let model = demo_model();
     let sb = Sandbox::new();
-    let mut args = vec!["tune", model.to_str().unwrap(), "--json", "--cache-types", "f16,q8_0,q4_0", "--budget", "120s"];
+    let mut args = vec![
+        "tune",
+        model.to_str().unwrap(),
+        "--json",
+        "--cache-types",
+        "f16,q8_0,q4_0",
+        "--budget",
+        "120s",
+    ];
     args.extend_from_slice(SHORT_WORKLOAD);
     args.extend_from_slice(&["--threads", "2", "--flash-attn", "auto", "--ubatch", "512"]);
-    let mut child = sb.cmd().args(&args).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut child = sb
+        .cmd()
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     // Interrupt once a few repetitions are in the log.
     let logs = sb.cache().join("measurements");
     let start = std::time::Instant::now();
     loop {
         let n: usize = std::fs::read_dir(&logs)
-            .map(|d| d.flatten().map(|e| std::fs::read_to_string(e.path()).unwrap_or_default().lines().count()).sum())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| {
+                        std::fs::read_to_string(e.path())
+                            .unwrap_or_default()
+                            .lines()
+                            .count()
+                    })
+                    .sum()
+            })
             .unwrap_or(0);
         if n >= 3 || start.elapsed().as_secs() > 120 {
             break;
@@ -97,20 +146,38 @@ fn an_interrupted_run_resumes_without_re_measuring() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
     assert!(stderr(&out).contains("resume"), "{}", stderr(&out));
-    assert!(sb.stored_profiles().is_empty(), "no profile from an interrupted run");
-    let log = std::fs::read_dir(&logs).unwrap().flatten().next().unwrap().path();
+    assert!(
+        sb.stored_profiles().is_empty(),
+        "no profile from an interrupted run"
+    );
+    let log = std::fs::read_dir(&logs)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
     let before = records_per_candidate(&log);
     assert!(before.values().sum::<usize>() >= 3);
 
     let o = sb.run(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let report: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert!(report["reused_repetitions"].as_u64().unwrap() >= 3, "{}", report["reused_repetitions"]);
+    assert!(
+        report["reused_repetitions"].as_u64().unwrap() >= 3,
+        "{}",
+        report["reused_repetitions"]
+    );
     // Candidates complete before the interrupt (--max-reps 3 reached) got no new repetitions, except the
     // winner and runner-up, which are re-measured at the end on purpose.
     let after = records_per_candidate(&log);
     let winner = serde_json::to_string(&report["winner"]).unwrap();
-    let confirmed: Vec<String> = report["leaderboard"].as_array().unwrap().iter().take(2).map(|e| e["candidate"].to_string()).collect();
+    let confirmed: Vec<String> = report["leaderboard"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(2)
+        .map(|e| e["candidate"].to_string())
+        .collect();
     for (cand, n) in &before {
         if *n >= 3 && !confirmed.contains(cand) && *cand != winner {
             assert_eq!(after[cand], *n, "{cand} was measured again after resuming");
@@ -122,13 +189,43 @@ fn an_interrupted_run_resumes_without_re_measuring() {
 fn the_time_budget_is_respected() {
     let model = demo_model();
     let sb = Sandbox::new();
-    let mut args = vec!["tune", model.to_str().unwrap(), "--json", "--budget", "15s", "--cache-types", "f16,q8_0,q4_0"];
-    args.extend_from_slice(&["--ctx", "256", "--prompt", "32", "--gen", "8", "--min-reps", "2", "--max-reps", "10"]);
-    args.extend_from_slice(&["--threads", "1,2", "--flash-attn", "auto,on,off", "--ubatch", "512,256"]);
+    let mut args = vec![
+        "tune",
+        model.to_str().unwrap(),
+        "--json",
+        "--budget",
+        "15s",
+        "--cache-types",
+        "f16,q8_0,q4_0",
+    ];
+    args.extend_from_slice(&[
+        "--ctx",
+        "256",
+        "--prompt",
+        "32",
+        "--gen",
+        "8",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "10",
+    ]);
+    args.extend_from_slice(&[
+        "--threads",
+        "1,2",
+        "--flash-attn",
+        "auto,on,off",
+        "--ubatch",
+        "512,256",
+    ]);
     let t = std::time::Instant::now();
     let o = sb.run(&args);
     let took = t.elapsed().as_secs_f64();
-    assert!(o.status.success() || o.status.code() == Some(4), "{}", stderr(&o));
+    assert!(
+        o.status.success() || o.status.code() == Some(4),
+        "{}",
+        stderr(&o)
+    );
     // One repetition (with its model load) may be in flight when the budget runs out.
     assert!(took < 15.0 + 12.0, "took {took:.1} s for a 15 s budget");
 }

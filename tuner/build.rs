@@ -5,7 +5,9 @@
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_LLAMA_BACKENDS_DIR");
     if let Ok(backends) = std::env::var("DEP_LLAMA_BACKENDS_DIR") {
-        let out = std::path::Path::new(&backends).parent().expect("backends dir has a parent");
+        let out = std::path::Path::new(&backends)
+            .parent()
+            .expect("backends dir has a parent");
         for lib in ["lib", "lib64"] {
             let dir = out.join(lib);
             if dir.is_dir() {

@@ -52,42 +52,77 @@ impl DraftSettings {
 }
 
 pub(crate) fn check(d: &DraftSettings, check_paths: bool) -> Result<()> {
-    let text = d.path.to_str().ok_or_else(|| ProfileError::invalid("draft.path", "is not valid UTF-8"))?;
+    let text = d
+        .path
+        .to_str()
+        .ok_or_else(|| ProfileError::invalid("draft.path", "is not valid UTF-8"))?;
     if text.is_empty() {
         return Err(ProfileError::invalid("draft.path", "is empty"));
     }
     if text.starts_with('-') {
-        return Err(ProfileError::invalid("draft.path", format!("'{text}' starts with '-' (write it as ./{text})")));
+        return Err(ProfileError::invalid(
+            "draft.path",
+            format!("'{text}' starts with '-' (write it as ./{text})"),
+        ));
     }
     if d.fingerprint.len() != 64 || !d.fingerprint.chars().all(|c| c.is_ascii_hexdigit()) {
-        return Err(ProfileError::invalid("draft.fingerprint", "must be 64 hex digits"));
+        return Err(ProfileError::invalid(
+            "draft.fingerprint",
+            "must be 64 hex digits",
+        ));
     }
     if d.n_max == 0 || d.n_max > MAX_DRAFT {
-        return Err(ProfileError::invalid("draft.n_max", format!("must be between 1 and {MAX_DRAFT} (found {})", d.n_max)));
+        return Err(ProfileError::invalid(
+            "draft.n_max",
+            format!("must be between 1 and {MAX_DRAFT} (found {})", d.n_max),
+        ));
     }
     if d.n_min > d.n_max {
-        return Err(ProfileError::invalid("draft.n_min", format!("({}) must not exceed n_max ({})", d.n_min, d.n_max)));
+        return Err(ProfileError::invalid(
+            "draft.n_min",
+            format!("({}) must not exceed n_max ({})", d.n_min, d.n_max),
+        ));
     }
     if !(0.0..=1.0).contains(&d.p_min) {
-        return Err(ProfileError::invalid("draft.p_min", format!("must be between 0 and 1 (found {})", d.p_min)));
+        return Err(ProfileError::invalid(
+            "draft.p_min",
+            format!("must be between 0 and 1 (found {})", d.p_min),
+        ));
     }
     if d.n_gpu_layers > crate::MAX_GPU_LAYERS {
-        return Err(ProfileError::invalid("draft.n_gpu_layers", format!("must be at most {}", crate::MAX_GPU_LAYERS)));
+        return Err(ProfileError::invalid(
+            "draft.n_gpu_layers",
+            format!("must be at most {}", crate::MAX_GPU_LAYERS),
+        ));
     }
     for (i, name) in d.devices.iter().enumerate() {
         if !crate::is_device_name(name) {
-            return Err(ProfileError::invalid(format!("draft.devices[{i}]"), format!("'{name}' is not a device name")));
+            return Err(ProfileError::invalid(
+                format!("draft.devices[{i}]"),
+                format!("'{name}' is not a device name"),
+            ));
         }
     }
-    for (name, v) in [("acceptance", d.acceptance), ("tokens_per_round", d.tokens_per_round), ("tg_tps", d.tg_tps), ("baseline_tg_tps", d.baseline_tg_tps)] {
+    for (name, v) in [
+        ("acceptance", d.acceptance),
+        ("tokens_per_round", d.tokens_per_round),
+        ("tg_tps", d.tg_tps),
+        ("baseline_tg_tps", d.baseline_tg_tps),
+    ] {
         if !v.is_finite() {
-            return Err(ProfileError::invalid(format!("draft.{name}"), format!("must be a finite number (found {v})")));
+            return Err(ProfileError::invalid(
+                format!("draft.{name}"),
+                format!("must be a finite number (found {v})"),
+            ));
         }
     }
     if check_paths && !d.path.is_file() {
         return Err(ProfileError::invalid(
             "draft.path",
-            format!("{} does not exist or is not a file (moved? re-run `autotune tune --draft` on it)", d.path.display()),
+            format!(
+                "{} does not exist or is not a file (moved? re-run `autotune tune --draft` on it)",
+                d.path.display()
+            ),
         ));
     }
     Ok(())
@@ -130,8 +165,22 @@ mod tests {
         assert_eq!(
             tail,
             [
-                "-md", "/models/Qwen3-0.6B-Q4_0.gguf", "--spec-type", "draft-simple", "--spec-draft-n-max", "8",
-                "--spec-draft-n-min", "0", "--spec-draft-p-min", "0.50", "-ngld", "0", "-ctkd", "f16", "-ctvd", "f16"
+                "-md",
+                "/models/Qwen3-0.6B-Q4_0.gguf",
+                "--spec-type",
+                "draft-simple",
+                "--spec-draft-n-max",
+                "8",
+                "--spec-draft-n-min",
+                "0",
+                "--spec-draft-p-min",
+                "0.50",
+                "-ngld",
+                "0",
+                "-ctkd",
+                "f16",
+                "-ctvd",
+                "f16"
             ]
         );
         p.validate(false).unwrap();
@@ -140,7 +189,10 @@ mod tests {
         assert_eq!(back, p);
         assert!(warnings.is_empty(), "{warnings:?}");
         let presets = crate::export_presets(&p);
-        assert!(presets.contains("spec-draft-model = /models/Qwen3-0.6B-Q4_0.gguf"), "{presets}");
+        assert!(
+            presets.contains("spec-draft-model = /models/Qwen3-0.6B-Q4_0.gguf"),
+            "{presets}"
+        );
         assert!(presets.contains("spec-draft-n-max = 8"), "{presets}");
     }
 
@@ -151,17 +203,29 @@ mod tests {
         d.path = "--rpc=evil".into();
         p.draft = Some(d);
         p.refresh_server_args();
-        assert!(p.validate(false).unwrap_err().to_string().contains("draft.path"));
+        assert!(p
+            .validate(false)
+            .unwrap_err()
+            .to_string()
+            .contains("draft.path"));
         let mut d = example_draft();
         d.n_min = 9;
         p.draft = Some(d);
         p.refresh_server_args();
-        assert!(p.validate(false).unwrap_err().to_string().contains("draft.n_min"));
+        assert!(p
+            .validate(false)
+            .unwrap_err()
+            .to_string()
+            .contains("draft.n_min"));
         let mut d = example_draft();
         d.devices = vec!["-x".into()];
         p.draft = Some(d);
         p.refresh_server_args();
-        assert!(p.validate(false).unwrap_err().to_string().contains("draft.devices[0]"));
+        assert!(p
+            .validate(false)
+            .unwrap_err()
+            .to_string()
+            .contains("draft.devices[0]"));
     }
 
     #[test]

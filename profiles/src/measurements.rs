@@ -23,7 +23,6 @@ pub struct Workload {
     pub depth: u32,
 }
 
-
 /// Memory of a loaded configuration: what llama.cpp reported per buffer and what the process holds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LoadReport {
@@ -60,7 +59,6 @@ pub struct Repetition {
     pub load: Option<LoadReport>,
 }
 
-
 /// One buffer llama.cpp reported allocating, e.g. `CPU_Mapped model buffer size = 241.00 MiB`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BufferReport {
@@ -71,7 +69,6 @@ pub struct BufferReport {
     pub bytes: u64,
 }
 
-
 /// How a trial ended when it did not produce a figure.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -80,7 +77,11 @@ pub enum TrialFailure {
     Refused { stage: String, message: String },
     /// The worker died of a signal (SIGILL in a kernel, SIGABRT from GGML_ASSERT, SIGKILL from the OOM
     /// killer or a user).
-    Crashed { signal: i32, name: String, stderr_tail: String },
+    Crashed {
+        signal: i32,
+        name: String,
+        stderr_tail: String,
+    },
     /// The worker exited without answering.
     Exited { code: i32, stderr_tail: String },
     /// No answer within the deadline; the worker was killed.
@@ -92,21 +93,28 @@ pub enum TrialFailure {
 impl std::fmt::Display for TrialFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TrialFailure::Refused { stage, message } => write!(f, "llama.cpp refused at {stage}: {message}"),
-            TrialFailure::Crashed { name, stderr_tail, .. } => {
+            TrialFailure::Refused { stage, message } => {
+                write!(f, "llama.cpp refused at {stage}: {message}")
+            }
+            TrialFailure::Crashed {
+                name, stderr_tail, ..
+            } => {
                 write!(f, "worker killed by {name}")?;
                 if !stderr_tail.is_empty() {
                     write!(f, " ({stderr_tail})")?;
                 }
                 Ok(())
             }
-            TrialFailure::Exited { code, stderr_tail } => write!(f, "worker exited with code {code}: {stderr_tail}"),
-            TrialFailure::TimedOut { seconds } => write!(f, "no answer within {seconds} s; worker killed"),
+            TrialFailure::Exited { code, stderr_tail } => {
+                write!(f, "worker exited with code {code}: {stderr_tail}")
+            }
+            TrialFailure::TimedOut { seconds } => {
+                write!(f, "no answer within {seconds} s; worker killed")
+            }
             TrialFailure::Interrupted => write!(f, "interrupted"),
         }
     }
 }
-
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Context {
@@ -131,15 +139,30 @@ pub struct Record {
 
 impl Record {
     pub fn rep(c: &Candidate, rep: &Repetition) -> Self {
-        Record { context: None, candidate: c.clone(), rep: Some(rep.clone()), failure: None, unix: now() }
+        Record {
+            context: None,
+            candidate: c.clone(),
+            rep: Some(rep.clone()),
+            failure: None,
+            unix: now(),
+        }
     }
     pub fn failure(c: &Candidate, f: &TrialFailure) -> Self {
-        Record { context: None, candidate: c.clone(), rep: None, failure: Some(f.clone()), unix: now() }
+        Record {
+            context: None,
+            candidate: c.clone(),
+            rep: None,
+            failure: Some(f.clone()),
+            unix: now(),
+        }
     }
 }
 
 fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// The append-only log of one (model, build, machine, workload), plus what earlier runs left in it.
@@ -171,8 +194,18 @@ impl MeasurementLog {
                 }
             }
         }
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
-        Ok(MeasurementLog { path: path.to_path_buf(), context, previous, corrupt_lines, appended: 0, file: Some(file) })
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(MeasurementLog {
+            path: path.to_path_buf(),
+            context,
+            previous,
+            corrupt_lines,
+            appended: 0,
+            file: Some(file),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -185,14 +218,20 @@ impl MeasurementLog {
 
     /// Repetitions earlier runs measured for this candidate.
     pub fn previous_reps(&self, c: &Candidate) -> Vec<Repetition> {
-        self.previous.iter().filter(|r| &r.candidate == c).filter_map(|r| r.rep.clone()).collect()
+        self.previous
+            .iter()
+            .filter(|r| &r.candidate == c)
+            .filter_map(|r| r.rep.clone())
+            .collect()
     }
 
     /// Appends one record as a single write (one line), flushed at once.
     pub fn append(&mut self, record: &Record) {
         let mut r = record.clone();
         r.context = Some(self.context.clone());
-        let Ok(mut line) = serde_json::to_string(&r) else { return };
+        let Ok(mut line) = serde_json::to_string(&r) else {
+            return;
+        };
         line.push('\n');
         if let Some(f) = self.file.as_mut() {
             if f.write_all(line.as_bytes()).and_then(|_| f.flush()).is_ok() {

@@ -237,7 +237,9 @@ impl Profile {
     pub fn expected_server_args(&self) -> Vec<String> {
         let mut args = server_args(&self.winner, &self.model.path, &self.workload);
         if let Some(d) = &self.draft {
-            args.extend(crate::server_args::words(crate::server_args::draft_options(d)));
+            args.extend(crate::server_args::words(
+                crate::server_args::draft_options(d),
+            ));
         }
         args
     }

@@ -80,12 +80,28 @@ pub(crate) fn words(options: Vec<ServerOption>) -> Vec<String> {
 /// `-md PATH --spec-type draft-simple --spec-draft-n-max N --spec-draft-n-min N --spec-draft-p-min P
 /// -ngld N -ctkd K -ctvd V [-devd A,B]`.
 pub fn draft_options(d: &crate::DraftSettings) -> Vec<ServerOption> {
-    let opt = |short, long, value: String| ServerOption { short, long, value: Some(value) };
+    let opt = |short, long, value: String| ServerOption {
+        short,
+        long,
+        value: Some(value),
+    };
     let mut opts = vec![
-        opt("-md", "spec-draft-model", d.path.to_string_lossy().into_owned()),
+        opt(
+            "-md",
+            "spec-draft-model",
+            d.path.to_string_lossy().into_owned(),
+        ),
         opt("--spec-type", "spec-type", "draft-simple".into()),
-        opt("--spec-draft-n-max", "spec-draft-n-max", d.n_max.to_string()),
-        opt("--spec-draft-n-min", "spec-draft-n-min", d.n_min.to_string()),
+        opt(
+            "--spec-draft-n-max",
+            "spec-draft-n-max",
+            d.n_max.to_string(),
+        ),
+        opt(
+            "--spec-draft-n-min",
+            "spec-draft-n-min",
+            d.n_min.to_string(),
+        ),
         opt("--spec-draft-p-min", "spec-draft-p-min", d.p_min_arg()),
         opt("-ngld", "spec-draft-ngl", d.n_gpu_layers.to_string()),
         opt("-ctkd", "spec-draft-type-k", d.type_k.as_str().into()),

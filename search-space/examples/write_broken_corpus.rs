@@ -21,8 +21,10 @@ fn main() -> ExitCode {
         eprintln!("write_broken_corpus: cannot create {}: {e}", dir.display());
         return ExitCode::from(1);
     }
-    let mut files: Vec<(String, Vec<u8>, &str)> =
-        broken_corpus().into_iter().map(|b| (format!("{}.gguf", b.name), b.bytes, b.variant)).collect();
+    let mut files: Vec<(String, Vec<u8>, &str)> = broken_corpus()
+        .into_iter()
+        .map(|b| (format!("{}.gguf", b.name), b.bytes, b.variant))
+        .collect();
     // Part 1 of 3, named the way llama-gguf-split names parts, alone in the folder.
     files.push((
         "split-first-part-alone-00001-of-00003.gguf".into(),

@@ -254,26 +254,47 @@ impl Candidate {
             return Err(InvalidCandidate::ZeroThreads);
         }
         if self.n_batch == 0 || self.n_ubatch == 0 {
-            return Err(InvalidCandidate::ZeroBatch { n_batch: self.n_batch, n_ubatch: self.n_ubatch });
+            return Err(InvalidCandidate::ZeroBatch {
+                n_batch: self.n_batch,
+                n_ubatch: self.n_ubatch,
+            });
         }
         if self.n_ubatch > self.n_batch {
-            return Err(InvalidCandidate::UbatchOverBatch { n_batch: self.n_batch, n_ubatch: self.n_ubatch });
+            return Err(InvalidCandidate::UbatchOverBatch {
+                n_batch: self.n_batch,
+                n_ubatch: self.n_ubatch,
+            });
         }
         if self.type_v.is_quantized() && self.flash_attn == FlashAttn::Off {
-            return Err(InvalidCandidate::QuantizedVWithoutFlashAttn { type_v: self.type_v });
+            return Err(InvalidCandidate::QuantizedVWithoutFlashAttn {
+                type_v: self.type_v,
+            });
         }
         Ok(())
     }
 
     /// The settings that need a model (re)load: candidates equal in this key share a loaded model.
     pub fn model_key(&self) -> (u32, u32, &[String], KernelChoice) {
-        (self.n_gpu_layers, self.n_cpu_moe, &self.devices, self.kernels)
+        (
+            self.n_gpu_layers,
+            self.n_cpu_moe,
+            &self.devices,
+            self.kernels,
+        )
     }
 
     /// A short human label, e.g. `ngl=0 t=2 b=2048/512 kv=f16/f16 fa=auto repack`.
     pub fn label(&self) -> String {
-        let dev = if self.devices.is_empty() { String::new() } else { format!(" dev={}", self.devices.join(",")) };
-        let moe = if self.n_cpu_moe > 0 { format!(" cpu-moe={}", self.n_cpu_moe) } else { String::new() };
+        let dev = if self.devices.is_empty() {
+            String::new()
+        } else {
+            format!(" dev={}", self.devices.join(","))
+        };
+        let moe = if self.n_cpu_moe > 0 {
+            format!(" cpu-moe={}", self.n_cpu_moe)
+        } else {
+            String::new()
+        };
         format!(
             "ngl={}{moe}{} t={} b={}/{} kv={}/{} fa={} {}",
             self.n_gpu_layers,
@@ -331,7 +352,10 @@ mod tests {
         let mut c = Candidate::llama_default(2, 0);
         c.type_v = CacheType::Q4_0;
         c.flash_attn = FlashAttn::Off;
-        assert!(matches!(c.validate(), Err(InvalidCandidate::QuantizedVWithoutFlashAttn { .. })));
+        assert!(matches!(
+            c.validate(),
+            Err(InvalidCandidate::QuantizedVWithoutFlashAttn { .. })
+        ));
         c.flash_attn = FlashAttn::On;
         assert!(c.validate().is_ok());
     }

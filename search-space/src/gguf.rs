@@ -111,12 +111,19 @@ impl GgufInfo {
     /// split model are next to it. Reads only the header, whatever the size of the file.
     pub fn inspect(path: &Path) -> Result<GgufInfo, GgufError> {
         let unreadable = |e: io::Error| match e.kind() {
-            io::ErrorKind::NotFound => GgufError::NotFound { path: path.to_path_buf() },
-            _ => GgufError::Unreadable { path: path.to_path_buf(), source: e },
+            io::ErrorKind::NotFound => GgufError::NotFound {
+                path: path.to_path_buf(),
+            },
+            _ => GgufError::Unreadable {
+                path: path.to_path_buf(),
+                source: e,
+            },
         };
         let meta = std::fs::metadata(path).map_err(unreadable)?;
         if meta.is_dir() {
-            return Err(GgufError::IsDirectory { path: path.to_path_buf() });
+            return Err(GgufError::IsDirectory {
+                path: path.to_path_buf(),
+            });
         }
         let file = File::open(path).map_err(unreadable)?;
         let info = Self::from_reader(BufReader::with_capacity(64 * 1024, file), meta.len(), path)?;
@@ -150,10 +157,17 @@ impl GgufInfo {
                 return Err(r.truncated("the GGUF magic", 0));
             }
             let hint = error::not_gguf_hint(&magic);
-            return Err(GgufError::NotGguf { path: path_buf, found: magic.escape_ascii().to_string(), hint });
+            return Err(GgufError::NotGguf {
+                path: path_buf,
+                found: magic.escape_ascii().to_string(),
+                hint,
+            });
         }
         let (version, tensor_count, kv_count) = r.header()?;
-        let meta = Metadata { path, map: r.metadata(kv_count, keeps_contents)? };
+        let meta = Metadata {
+            path,
+            map: r.metadata(kv_count, keeps_contents)?,
+        };
         let alignment = meta.alignment()?;
         let raw = r.tensor_infos(tensor_count)?;
 
@@ -165,7 +179,10 @@ impl GgufInfo {
         let (mut parameter_count, mut tensor_bytes) = (0u64, 0u64);
         for t in raw {
             let start = data_start.and_then(|d| d.checked_add(t.offset));
-            if start.and_then(|s| s.checked_add(t.bytes)).is_none_or(|end| end > file_size) {
+            if start
+                .and_then(|s| s.checked_add(t.bytes))
+                .is_none_or(|end| end > file_size)
+            {
                 let what = format!("the {} bytes of data of tensor '{}'", t.bytes, t.name);
                 return Err(r.truncated(&what, start.unwrap_or(u64::MAX)));
             }
@@ -198,7 +215,12 @@ impl GgufInfo {
         let split = meta.split()?;
         if let Some(s) = split.filter(|s| s.no != 0) {
             let first = split_part_paths(path, s.no, s.count).and_then(|p| p.into_iter().next());
-            return Err(GgufError::NotFirstSplit { path: path_buf, no: s.no, count: s.count, first });
+            return Err(GgufError::NotFirstSplit {
+                path: path_buf,
+                no: s.no,
+                count: s.count,
+                first,
+            });
         }
 
         let architecture = meta
@@ -214,7 +236,11 @@ impl GgufInfo {
             } else {
                 "; check for a newer autotune, or convert the model with a matching llama.cpp"
             };
-            return Err(GgufError::UnsupportedArchitecture { path: path_buf, arch: architecture, hint });
+            return Err(GgufError::UnsupportedArchitecture {
+                path: path_buf,
+                arch: architecture,
+                hint,
+            });
         }
         let arch_key = |suffix: &str| format!("{architecture}.{suffix}");
         let file_type = meta.uint::<u32>("general.file_type")?;
@@ -257,13 +283,19 @@ pub fn split_part_paths(path: &Path, no: u16, count: u16) -> Option<Vec<PathBuf>
     let suffix = format!("-{:05}-of-{count:05}.gguf", u32::from(no) + 1);
     let prefix = file_name.strip_suffix(&suffix).filter(|p| !p.is_empty())?;
     let dir = path.parent().unwrap_or(Path::new(""));
-    Some((1..=count).map(|k| dir.join(format!("{prefix}-{k:05}-of-{count:05}.gguf"))).collect())
+    Some(
+        (1..=count)
+            .map(|k| dir.join(format!("{prefix}-{k:05}-of-{count:05}.gguf")))
+            .collect(),
+    )
 }
 
 /// Keys whose string text, or short integer array contents, the inspector reads.
 fn keeps_contents(key: &str) -> bool {
-    matches!(key, "general.architecture" | "general.name" | "tokenizer.ggml.model")
-        || key.ends_with(".attention.head_count")
+    matches!(
+        key,
+        "general.architecture" | "general.name" | "tokenizer.ggml.model"
+    ) || key.ends_with(".attention.head_count")
         || key.ends_with(".attention.head_count_kv")
 }
 
@@ -301,9 +333,9 @@ impl Metadata<'_> {
     fn uint<T: TryFrom<i128> + Unsigned>(&self, key: &str) -> Result<Option<T>, GgufError> {
         match self.map.get(key) {
             None => Ok(None),
-            Some(v @ Value::Int(_, n)) => {
-                T::try_from(*n).map(Some).map_err(|_| self.wrong(key, T::EXPECTED, v))
-            }
+            Some(v @ Value::Int(_, n)) => T::try_from(*n)
+                .map(Some)
+                .map_err(|_| self.wrong(key, T::EXPECTED, v)),
             Some(v) => Err(self.wrong(key, T::EXPECTED, v)),
         }
     }
@@ -312,9 +344,15 @@ impl Metadata<'_> {
     fn uint_or_per_layer(&self, key: &str) -> Result<Option<u64>, GgufError> {
         const EXPECTED: &str = "an unsigned integer or an array of them";
         match self.map.get(key) {
-            Some(v @ Value::Array { ints: Some(ints), .. }) => {
+            Some(
+                v @ Value::Array {
+                    ints: Some(ints), ..
+                },
+            ) => {
                 let max = ints.iter().copied().max();
-                max.map(u64::try_from).transpose().map_err(|_| self.wrong(key, EXPECTED, v))
+                max.map(u64::try_from)
+                    .transpose()
+                    .map_err(|_| self.wrong(key, EXPECTED, v))
             }
             Some(v @ Value::Array { .. }) => Err(self.wrong(key, EXPECTED, v)),
             _ => self.uint::<u64>(key),
@@ -324,7 +362,11 @@ impl Metadata<'_> {
     fn string_array_len(&self, key: &str) -> Result<Option<u64>, GgufError> {
         match self.map.get(key) {
             None => Ok(None),
-            Some(Value::Array { elem: ValueType::String, count, .. }) => Ok(Some(*count)),
+            Some(Value::Array {
+                elem: ValueType::String,
+                count,
+                ..
+            }) => Ok(Some(*count)),
             Some(v) => Err(self.wrong(key, "an array of strings", v)),
         }
     }
@@ -347,7 +389,9 @@ impl Metadata<'_> {
     }
 
     fn split(&self) -> Result<Option<SplitInfo>, GgufError> {
-        let Some(count) = self.uint::<u16>("split.count")? else { return Ok(None) };
+        let Some(count) = self.uint::<u16>("split.count")? else {
+            return Ok(None);
+        };
         let no = self.uint::<u16>("split.no")?.unwrap_or(0);
         if count > 0 && no >= count {
             return Err(GgufError::BadMetadata {
@@ -356,7 +400,11 @@ impl Metadata<'_> {
                 reason: format!("is {no}, but split.count is only {count}"),
             });
         }
-        Ok(Some(SplitInfo { no, count, tensors_count: self.uint("split.tensors.count")? }))
+        Ok(Some(SplitInfo {
+            no,
+            count,
+            tensors_count: self.uint("split.tensors.count")?,
+        }))
     }
 }
 

@@ -43,7 +43,10 @@ impl ModelIdentity {
         Ok(ModelIdentity {
             fingerprint: hex::encode(hasher.finalize()),
             size_bytes: size,
-            file_name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            file_name: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
         })
     }
 
@@ -57,7 +60,10 @@ impl ModelIdentity {
 fn copy_exact(file: &mut File, n: u64, hasher: &mut Sha256) -> io::Result<()> {
     let copied = io::copy(&mut file.by_ref().take(n), hasher)?;
     if copied != n {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file changed while it was read"));
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the file changed while it was read",
+        ));
     }
     Ok(())
 }
@@ -93,7 +99,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let size = (HEAD_BYTES + TAIL_BYTES + 4096) as usize;
         let base = vec![7u8; size];
-        let id = |name: &str, bytes: &[u8]| ModelIdentity::of_file(&write(dir.path(), name, bytes)).unwrap();
+        let id = |name: &str, bytes: &[u8]| {
+            ModelIdentity::of_file(&write(dir.path(), name, bytes)).unwrap()
+        };
         let a = id("a", &base);
         let mut middle = base.clone();
         middle[HEAD_BYTES as usize + 10] = 0;

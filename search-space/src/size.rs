@@ -2,14 +2,18 @@
 
 /// A size string that could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid size '{0}': write a non-negative number with an optional unit, e.g. 512M, 1.5G, 2GiB")]
+#[error(
+    "invalid size '{0}': write a non-negative number with an optional unit, e.g. 512M, 1.5G, 2GiB"
+)]
 pub struct ParseSizeError(pub String);
 
 /// Parses a byte size. Units are binary (K = KiB = 1024); `B` and a trailing `iB` are optional.
 pub fn parse_size(s: &str) -> Result<u64, ParseSizeError> {
     let err = || ParseSizeError(s.to_string());
     let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     if num.is_empty() {
         return Err(err());

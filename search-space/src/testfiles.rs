@@ -69,7 +69,12 @@ impl GgufBuilder {
 
     /// A version 3 file with no keys and no tensors.
     pub fn empty() -> Self {
-        GgufBuilder { version: 3, alignment: DEFAULT_ALIGNMENT.into(), kvs: Vec::new(), tensors: Vec::new() }
+        GgufBuilder {
+            version: 3,
+            alignment: DEFAULT_ALIGNMENT.into(),
+            kvs: Vec::new(),
+            tensors: Vec::new(),
+        }
     }
 
     /// A small but complete model of architecture `arch`: the usual hyperparameters, a four-token
@@ -154,23 +159,34 @@ impl GgufBuilder {
     /// Sets `general.alignment` (a u32) and aligns the data to it. Must be a power of two to build a
     /// file llama.cpp accepts; other values are written as given, with data aligned to 1.
     pub fn alignment(mut self, alignment: u32) -> Self {
-        self.alignment = if alignment.is_power_of_two() { alignment.into() } else { 1 };
+        self.alignment = if alignment.is_power_of_two() {
+            alignment.into()
+        } else {
+            1
+        };
         self.kv_u32("general.alignment", alignment)
     }
 
     /// Marks this file as part `no` (from 0) of a model split into `count` files.
     pub fn split(self, no: u16, count: u16, tensors_count: i32) -> Self {
-        self.kv_u16("split.no", no).kv_u16("split.count", count).kv_raw(
-            "split.tensors.count",
-            value_type::I32,
-            &tensors_count.to_le_bytes(),
-        )
+        self.kv_u16("split.no", no)
+            .kv_u16("split.count", count)
+            .kv_raw(
+                "split.tensors.count",
+                value_type::I32,
+                &tensors_count.to_le_bytes(),
+            )
     }
 
     /// Adds a tensor whose data follows the previous one's, zero-filled. Its size comes from ggml's
     /// type table; an unknown type or an impossible shape gets no data.
     pub fn tensor(mut self, name: &str, ggml_type: u32, dims: &[u64]) -> Self {
-        self.tensors.push(TensorSpec { name: name.into(), ggml_type, dims: dims.to_vec(), offset: None });
+        self.tensors.push(TensorSpec {
+            name: name.into(),
+            ggml_type,
+            dims: dims.to_vec(),
+            offset: None,
+        });
         self
     }
 
@@ -234,7 +250,10 @@ fn align(x: u64, a: u64) -> u64 {
 fn data_size(ty: u32, dims: &[u64]) -> u64 {
     let Some(t) = ggml_type(ty) else { return 0 };
     let elements = dims.iter().try_fold(1u64, |n, d| n.checked_mul(*d));
-    elements.and_then(|n| (n / t.block_size).checked_mul(t.type_size)).filter(|b| *b <= 64 << 20).unwrap_or(0)
+    elements
+        .and_then(|n| (n / t.block_size).checked_mul(t.type_size))
+        .filter(|b| *b <= 64 << 20)
+        .unwrap_or(0)
 }
 
 /// Offsets of the fixed header fields, for patching built files.
@@ -289,20 +308,72 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
     patch_u64(&mut huge_key, header::KV_COUNT, 1);
     huge_key.extend_from_slice(&(1u64 << 40).to_le_bytes());
     huge_key.extend_from_slice(b"general.architecture");
-    let n_dims_9 = GgufBuilder::new("llama").tensor("t", ggml::F32, &[1; 9]).build();
-    let f = |name, bytes, kind, variant| BrokenFile { name, bytes, kind, variant };
+    let n_dims_9 = GgufBuilder::new("llama")
+        .tensor("t", ggml::F32, &[1; 9])
+        .build();
+    let f = |name, bytes, kind, variant| BrokenFile {
+        name,
+        bytes,
+        kind,
+        variant,
+    };
     vec![
         f("empty", Vec::new(), Invalid, "Empty"),
-        f("text", b"hello, this is not a model\n".to_vec(), Invalid, "NotGguf"),
-        f("zip", b"PK\x03\x04\x14\x00\x00\x00".to_vec(), Invalid, "NotGguf"),
-        f("html", b"<!DOCTYPE html><html>".to_vec(), Invalid, "NotGguf"),
+        f(
+            "text",
+            b"hello, this is not a model\n".to_vec(),
+            Invalid,
+            "NotGguf",
+        ),
+        f(
+            "zip",
+            b"PK\x03\x04\x14\x00\x00\x00".to_vec(),
+            Invalid,
+            "NotGguf",
+        ),
+        f(
+            "html",
+            b"<!DOCTYPE html><html>".to_vec(),
+            Invalid,
+            "NotGguf",
+        ),
         f("truncated-magic", b"GG".to_vec(), Invalid, "Truncated"),
-        f("truncated-header", good[..12].to_vec(), Invalid, "Truncated"),
-        f("truncated-in-metadata", good[..meta_start + 30].to_vec(), Invalid, "Truncated"),
-        f("truncated-in-tensor-infos", good[..tensors_start + 10].to_vec(), Invalid, "Truncated"),
-        f("truncated-in-data", good[..data_start].to_vec(), Invalid, "Truncated"),
-        f("version-1", patched(&|b| patch_u32(b, header::VERSION, 1)), Unsupported, "UnsupportedVersion"),
-        f("version-4", patched(&|b| patch_u32(b, header::VERSION, 4)), Unsupported, "UnsupportedVersion"),
+        f(
+            "truncated-header",
+            good[..12].to_vec(),
+            Invalid,
+            "Truncated",
+        ),
+        f(
+            "truncated-in-metadata",
+            good[..meta_start + 30].to_vec(),
+            Invalid,
+            "Truncated",
+        ),
+        f(
+            "truncated-in-tensor-infos",
+            good[..tensors_start + 10].to_vec(),
+            Invalid,
+            "Truncated",
+        ),
+        f(
+            "truncated-in-data",
+            good[..data_start].to_vec(),
+            Invalid,
+            "Truncated",
+        ),
+        f(
+            "version-1",
+            patched(&|b| patch_u32(b, header::VERSION, 1)),
+            Unsupported,
+            "UnsupportedVersion",
+        ),
+        f(
+            "version-4",
+            patched(&|b| patch_u32(b, header::VERSION, 4)),
+            Unsupported,
+            "UnsupportedVersion",
+        ),
         f(
             "big-endian",
             patched(&|b| patch_u32(b, header::VERSION, 3u32.swap_bytes())),
@@ -315,18 +386,32 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
             Invalid,
             "AbsurdCount",
         ),
-        f("absurd-kv-count", patched(&|b| patch_u64(b, header::KV_COUNT, u64::MAX)), Invalid, "AbsurdCount"),
-        f("kv-count-past-eof", patched(&|b| patch_u64(b, header::KV_COUNT, 90_000)), Invalid, "Truncated"),
+        f(
+            "absurd-kv-count",
+            patched(&|b| patch_u64(b, header::KV_COUNT, u64::MAX)),
+            Invalid,
+            "AbsurdCount",
+        ),
+        f(
+            "kv-count-past-eof",
+            patched(&|b| patch_u64(b, header::KV_COUNT, 90_000)),
+            Invalid,
+            "Truncated",
+        ),
         f("huge-key-length", huge_key, Invalid, "AbsurdCount"),
         f(
             "block-count-is-a-string",
-            GgufBuilder::new("llama").kv_str("llama.block_count", "32").build(),
+            GgufBuilder::new("llama")
+                .kv_str("llama.block_count", "32")
+                .build(),
             Invalid,
             "WrongType",
         ),
         f(
             "architecture-is-a-number",
-            GgufBuilder::empty().kv_u32("general.architecture", 1).build(),
+            GgufBuilder::empty()
+                .kv_u32("general.architecture", 1)
+                .build(),
             Invalid,
             "WrongType",
         ),
@@ -342,18 +427,29 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
             Unsupported,
             "UnsupportedArchitecture",
         ),
-        f("mmproj", GgufBuilder::new("clip").build(), Unsupported, "UnsupportedArchitecture"),
+        f(
+            "mmproj",
+            GgufBuilder::new("clip").build(),
+            Unsupported,
+            "UnsupportedArchitecture",
+        ),
         f(
             "bad-utf8-name",
             GgufBuilder::new("llama")
-                .kv_raw("general.name", value_type::STRING, &string_bytes(b"\xff\xfe"))
+                .kv_raw(
+                    "general.name",
+                    value_type::STRING,
+                    &string_bytes(b"\xff\xfe"),
+                )
                 .build(),
             Invalid,
             "BadString",
         ),
         f(
             "duplicate-key",
-            GgufBuilder::new("llama").kv_str("general.architecture", "llama").build(),
+            GgufBuilder::new("llama")
+                .kv_str("general.architecture", "llama")
+                .build(),
             Invalid,
             "BadMetadata",
         ),
@@ -366,7 +462,11 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
         f(
             "nested-array",
             GgufBuilder::new("llama")
-                .kv_raw("x", value_type::ARRAY, &[9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+                .kv_raw(
+                    "x",
+                    value_type::ARRAY,
+                    &[9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                )
                 .build(),
             Invalid,
             "BadMetadata",
@@ -386,25 +486,35 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
         ),
         f(
             "tensor-row-not-multiple-of-block",
-            GgufBuilder::new("llama").tensor("t", ggml::Q4_K, &[100]).build(),
+            GgufBuilder::new("llama")
+                .tensor("t", ggml::Q4_K, &[100])
+                .build(),
             Invalid,
             "BadTensor",
         ),
         f(
             "tensor-duplicate-name",
-            GgufBuilder::new("llama").tensor("t", ggml::F32, &[8]).tensor("t", ggml::F32, &[8]).build(),
+            GgufBuilder::new("llama")
+                .tensor("t", ggml::F32, &[8])
+                .tensor("t", ggml::F32, &[8])
+                .build(),
             Invalid,
             "BadTensor",
         ),
         f(
             "tensor-offset-beyond-eof",
-            GgufBuilder::new("llama").tensor_at("t", ggml::F32, &[8], 1 << 30).build(),
+            GgufBuilder::new("llama")
+                .tensor_at("t", ggml::F32, &[8], 1 << 30)
+                .build(),
             Invalid,
             "Truncated",
         ),
         f(
             "tensor-offset-out-of-order",
-            GgufBuilder::new("llama").tensor("a", ggml::F32, &[8]).tensor_at("b", ggml::F32, &[8], 0).build(),
+            GgufBuilder::new("llama")
+                .tensor("a", ggml::F32, &[8])
+                .tensor_at("b", ggml::F32, &[8], 0)
+                .build(),
             Invalid,
             "BadTensor",
         ),

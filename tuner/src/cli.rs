@@ -95,11 +95,19 @@ pub struct TuneArgs {
     pub threads: Option<Vec<u32>>,
 
     /// KV cache types to try (applied to K and V together), e.g. f16,q8_0,q4_0
-    #[arg(long = "cache-types", value_delimiter = ',', default_value = "f16,q8_0,q4_0")]
+    #[arg(
+        long = "cache-types",
+        value_delimiter = ',',
+        default_value = "f16,q8_0,q4_0"
+    )]
     pub cache_types: Vec<String>,
 
     /// Flash attention settings to try: on, off, auto
-    #[arg(long = "flash-attn", value_delimiter = ',', default_value = "auto,on,off")]
+    #[arg(
+        long = "flash-attn",
+        value_delimiter = ',',
+        default_value = "auto,on,off"
+    )]
     pub flash_attn: Vec<String>,
 
     /// CPU kernel choices to try: repack (llama.cpp's extra buffer types: weight repack / AMX) and
@@ -162,7 +170,11 @@ pub struct TuneArgs {
     pub seed: Option<u64>,
 
     /// A trial that gives no answer within this time is killed and recorded as timed out
-    #[arg(long = "trial-timeout", default_value = "5m", allow_hyphen_values = true)]
+    #[arg(
+        long = "trial-timeout",
+        default_value = "5m",
+        allow_hyphen_values = true
+    )]
     pub trial_timeout: String,
 
     /// Ignore measurements of earlier runs (by default they are reused when still valid)
@@ -225,7 +237,11 @@ pub struct QuantizeArgs {
     pub src: PathBuf,
     /// Quantizations to write, comma separated (llama-quantize's names: f16, bf16, q8_0, q6_k,
     /// q5_k_m, q4_k_m, q4_0, …)
-    #[arg(long, value_delimiter = ',', default_value = "f16,q8_0,q6_k,q5_k_m,q4_k_m,q4_0")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "f16,q8_0,q6_k,q5_k_m,q4_k_m,q4_0"
+    )]
     pub types: Vec<String>,
     /// Folder to write them to (default: a folder per source under $AUTOTUNE_CACHE_DIR/ladder/)
     #[arg(long = "out-dir")]
@@ -257,7 +273,11 @@ pub struct QualityArgs {
     #[arg(long)]
     pub reference: Option<PathBuf>,
     /// KV-cache types to evaluate (on the reference's weights), comma separated
-    #[arg(long = "kv-types", value_delimiter = ',', default_value = "f16,q8_0,q4_0")]
+    #[arg(
+        long = "kv-types",
+        value_delimiter = ',',
+        default_value = "f16,q8_0,q4_0"
+    )]
     pub kv_types: Vec<String>,
     /// Evaluate only the first N tokens of the text (faster, noisier)
     #[arg(long)]
@@ -488,7 +508,11 @@ pub struct DraftSearchArgs {
     pub draft_min: Vec<u32>,
     /// Draft confidence thresholds to try (--spec-draft-p-min): drafting stops when the draft's top
     /// token is less likely than this
-    #[arg(long = "draft-p-min", value_delimiter = ',', default_value = "0,0.5,0.8")]
+    #[arg(
+        long = "draft-p-min",
+        value_delimiter = ',',
+        default_value = "0,0.5,0.8"
+    )]
     pub draft_p_min: Vec<f32>,
     /// Tokens generated per prompt of the prompt set (more: steadier acceptance figures, longer runs)
     #[arg(long = "draft-gen", default_value_t = 48)]
@@ -501,7 +525,11 @@ pub struct DraftSearchArgs {
     #[arg(long = "draft-reps", default_value_t = 3)]
     pub draft_reps: u32,
     /// Time for the draft search, e.g. 90s, 5m (settings left unmeasured are reported as skipped)
-    #[arg(long = "draft-budget", default_value = "5m", allow_hyphen_values = true)]
+    #[arg(
+        long = "draft-budget",
+        default_value = "5m",
+        allow_hyphen_values = true
+    )]
     pub draft_budget: String,
 }
 
@@ -544,7 +572,11 @@ pub struct DraftArgs {
     pub seed: Option<u64>,
     /// Deadline of one prompt's generation (a pass over the prompt set gets one per prompt): a
     /// worker that gives no answer in time is killed and the setting recorded as failed
-    #[arg(long = "trial-timeout", default_value = "5m", allow_hyphen_values = true)]
+    #[arg(
+        long = "trial-timeout",
+        default_value = "5m",
+        allow_hyphen_values = true
+    )]
     pub trial_timeout: String,
     /// Print the report as JSON instead of a table
     #[arg(long)]
@@ -552,8 +584,21 @@ pub struct DraftArgs {
 }
 
 /// The subcommand names, for the `autotune model.gguf` short form.
-pub const SUBCOMMANDS: &[&str] =
-    &["tune", "doctor", "show", "measure", "apply", "export", "rpc-serve", "__worker", "help", "quantize", "quality", "explain", "draft"];
+pub const SUBCOMMANDS: &[&str] = &[
+    "tune",
+    "doctor",
+    "show",
+    "measure",
+    "apply",
+    "export",
+    "rpc-serve",
+    "__worker",
+    "help",
+    "quantize",
+    "quality",
+    "explain",
+    "draft",
+];
 
 /// llama.cpp's multi-letter single-dash flags, which clap cannot express as short flags.
 const LLAMA_STYLE_FLAGS: &[&str] = &["-ngl", "-ctk", "-ctv", "-fa", "-ub"];
@@ -567,11 +612,18 @@ pub fn with_default_subcommand(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::O
             _ => a,
         })
         .collect();
-    let has_sub = args.iter().skip(1).any(|a| a.to_str().is_some_and(|s| SUBCOMMANDS.contains(&s)));
-    let wants_help_or_version = args.iter().skip(1).any(|a| {
-        matches!(a.to_str(), Some("-h" | "--help" | "-V" | "--version"))
-    });
-    let has_positional = args.iter().skip(1).any(|a| !a.to_string_lossy().starts_with('-'));
+    let has_sub = args
+        .iter()
+        .skip(1)
+        .any(|a| a.to_str().is_some_and(|s| SUBCOMMANDS.contains(&s)));
+    let wants_help_or_version = args
+        .iter()
+        .skip(1)
+        .any(|a| matches!(a.to_str(), Some("-h" | "--help" | "-V" | "--version")));
+    let has_positional = args
+        .iter()
+        .skip(1)
+        .any(|a| !a.to_string_lossy().starts_with('-'));
     if !has_sub && has_positional && !(wants_help_or_version && args.len() == 2) {
         args.insert(1, "tune".into());
     }
@@ -597,17 +649,25 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
             num.push(ch);
             continue;
         }
-        let v: f64 = num.parse().map_err(|_| format!("invalid duration '{s}': write e.g. 90s, 5m, 1h"))?;
+        let v: f64 = num
+            .parse()
+            .map_err(|_| format!("invalid duration '{s}': write e.g. 90s, 5m, 1h"))?;
         num.clear();
         total += v * match ch {
             's' => 1.0,
             'm' => 60.0,
             'h' => 3600.0,
-            _ => return Err(format!("invalid duration '{s}': unknown unit '{ch}' (use s, m, h)")),
+            _ => {
+                return Err(format!(
+                    "invalid duration '{s}': unknown unit '{ch}' (use s, m, h)"
+                ))
+            }
         };
     }
     if !num.is_empty() {
-        return Err(format!("invalid duration '{s}': a number needs a unit (s, m, h)"));
+        return Err(format!(
+            "invalid duration '{s}': a number needs a unit (s, m, h)"
+        ));
     }
     if total <= 0.0 {
         return Err(format!("invalid duration '{s}': it must be positive"));
@@ -627,7 +687,13 @@ mod tests {
         assert_eq!(a[1], "doctor");
         let a = with_default_subcommand(vec!["autotune".into(), "--help".into()]);
         assert_eq!(a.len(), 2);
-        let a = with_default_subcommand(vec!["autotune".into(), "measure".into(), "m.gguf".into(), "-ngl".into(), "9".into()]);
+        let a = with_default_subcommand(vec![
+            "autotune".into(),
+            "measure".into(),
+            "m.gguf".into(),
+            "-ngl".into(),
+            "9".into(),
+        ]);
         assert_eq!(a[3], "--ngl");
     }
 

@@ -8,12 +8,12 @@
 //! Every candidate is measured in rounds: each round runs every unfinished candidate once, in a
 //! shuffled order (seeded, recorded), so slow drift of the machine hits all candidates alike.
 
-use profiles::measurements::{MeasurementLog, Record};
+use crate::llama::{ContextSettings, ModelSettings};
 use crate::pool::WorkerPool;
 use crate::stats::{self, Sample, Summary, Verdict};
 use crate::trial::TrialFailure;
 use crate::worker::{LoadReport, MeasureRequest, Repetition, Request, Response, Workload};
-use crate::llama::{ContextSettings, ModelSettings};
+use profiles::measurements::{MeasurementLog, Record};
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -70,7 +70,15 @@ pub struct CandidateResult {
 
 impl CandidateResult {
     fn new(candidate: Candidate) -> Self {
-        CandidateResult { candidate, predicted: None, reps: Vec::new(), load: None, failure: None, skipped: None, seconds: 0.0 }
+        CandidateResult {
+            candidate,
+            predicted: None,
+            reps: Vec::new(),
+            load: None,
+            failure: None,
+            skipped: None,
+            seconds: 0.0,
+        }
     }
 
     pub fn ok(&self) -> bool {
@@ -88,7 +96,9 @@ impl CandidateResult {
     }
 
     pub fn summary_of(&self, f: impl Fn(&Repetition) -> Option<f64>) -> Option<Summary> {
-        Sample::new(self.reps.iter().filter_map(f).collect()).ok().map(|s| s.summary())
+        Sample::new(self.reps.iter().filter_map(f).collect())
+            .ok()
+            .map(|s| s.summary())
     }
 
     pub fn mem_bytes(&self) -> u64 {
@@ -99,7 +109,11 @@ impl CandidateResult {
 /// The objective: expected seconds for one request of the workload,
 /// `n_prompt / pp + n_gen / tg`, with tg measured at depth when a depth is set.
 pub fn score_seconds(r: &Repetition, w: &Workload) -> f64 {
-    let tg = if w.depth > 0 { r.tg_depth_tps.unwrap_or(r.tg_tps) } else { r.tg_tps };
+    let tg = if w.depth > 0 {
+        r.tg_depth_tps.unwrap_or(r.tg_tps)
+    } else {
+        r.tg_tps
+    };
     w.n_prompt as f64 / r.pp_tps.max(1e-9) + w.n_gen as f64 / tg.max(1e-9)
 }
 
@@ -137,7 +151,20 @@ impl<'a> Engine<'a> {
         progress: &'a dyn Progress,
     ) -> Self {
         let dry = WorkerPool::new(1, pool.timeout);
-        Engine { settings, results: Vec::new(), pool, dry, footprints: Default::default(), log, started: Instant::now(), round: 0, stop, progress, interrupted: false, budget_spent: false }
+        Engine {
+            settings,
+            results: Vec::new(),
+            pool,
+            dry,
+            footprints: Default::default(),
+            log,
+            started: Instant::now(),
+            round: 0,
+            stop,
+            progress,
+            interrupted: false,
+            budget_spent: false,
+        }
     }
 
     pub(crate) fn stop_fn(&self) -> &'a dyn Fn() -> bool {
@@ -147,7 +174,8 @@ impl<'a> Engine<'a> {
     /// llama.cpp's defaults, except for a kernel choice the user excluded with --kernels (a user who
     /// knows the extra kernels crash here must not see them loaded, even as the baseline).
     pub fn baseline(&self) -> Candidate {
-        let mut c = Candidate::llama_default(self.settings.default_threads, self.settings.n_gpu_layers);
+        let mut c =
+            Candidate::llama_default(self.settings.default_threads, self.settings.n_gpu_layers);
         if !self.settings.kernels.contains(&c.kernels) {
             if let Some(&k) = self.settings.kernels.first() {
                 c.kernels = k;
@@ -239,13 +267,15 @@ impl<'a> Engine<'a> {
         let mut dropped = vec![false; idx.len()];
         loop {
             self.drop_clear_losers(&idx, &mut dropped);
-            let pending: Vec<usize> =
-                (0..idx.len()).filter(|&k| !dropped[k] && self.wants_more(idx[k], spent[k])).collect();
+            let pending: Vec<usize> = (0..idx.len())
+                .filter(|&k| !dropped[k] && self.wants_more(idx[k], spent[k]))
+                .collect();
             if pending.is_empty() || self.out_of_time() {
                 break;
             }
             self.round += 1;
-            let order = stats::shuffled_order(pending.len(), self.settings.seed.wrapping_add(self.round));
+            let order =
+                stats::shuffled_order(pending.len(), self.settings.seed.wrapping_add(self.round));
             for o in order {
                 if self.out_of_time() {
                     break;
@@ -259,9 +289,16 @@ impl<'a> Engine<'a> {
             }
         }
         if self.budget_spent || self.interrupted {
-            let why = if self.interrupted { "not measured: interrupted" } else { "not measured: time budget spent" };
+            let why = if self.interrupted {
+                "not measured: interrupted"
+            } else {
+                "not measured: time budget spent"
+            };
             for &i in &idx {
-                if self.results[i].reps.len() < 2 && self.results[i].failure.is_none() && self.results[i].skipped.is_none() {
+                if self.results[i].reps.len() < 2
+                    && self.results[i].failure.is_none()
+                    && self.results[i].skipped.is_none()
+                {
                     self.results[i].skipped = Some(why.to_string());
                 }
             }
@@ -274,8 +311,15 @@ impl<'a> Engine<'a> {
     /// for the leaders.
     fn drop_clear_losers(&self, idx: &[usize], dropped: &mut [bool]) {
         let w = &self.settings.workload;
-        let samples: Vec<Option<Sample>> = idx.iter().map(|&i| self.results[i].rate_sample(w)).collect();
-        let Some(leader) = samples.iter().flatten().map(|s| s.median()).fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+        let samples: Vec<Option<Sample>> = idx
+            .iter()
+            .map(|&i| self.results[i].rate_sample(w))
+            .collect();
+        let Some(leader) = samples
+            .iter()
+            .flatten()
+            .map(|s| s.median())
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
         else {
             return;
         };
@@ -293,7 +337,8 @@ impl<'a> Engine<'a> {
         let label = c.label();
         let req = self.request(&c);
         if self.pool.crashes_for(&req) >= 2 {
-            self.results[i].skipped = Some("skipped: this placement and kernel choice crashed twice".into());
+            self.results[i].skipped =
+                Some("skipped: this placement and kernel choice crashed twice".into());
             return;
         }
         self.progress.candidate_started(&label, axis);
@@ -325,20 +370,37 @@ impl<'a> Engine<'a> {
     /// tied with it and uses less memory or is simpler (closer to llama.cpp's defaults).
     pub fn choose(&self, among: &[Candidate]) -> Option<Candidate> {
         let w = &self.settings.workload;
-        let measured: Vec<&CandidateResult> =
-            among.iter().filter_map(|c| self.results.iter().find(|r| &r.candidate == c)).filter(|r| r.ok()).collect();
+        let measured: Vec<&CandidateResult> = among
+            .iter()
+            .filter_map(|c| self.results.iter().find(|r| &r.candidate == c))
+            .filter(|r| r.ok())
+            .collect();
         let top = measured.iter().max_by(|a, b| {
-            let (ma, mb) = (a.rate_sample(w).map(|s| s.median()), b.rate_sample(w).map(|s| s.median()));
+            let (ma, mb) = (
+                a.rate_sample(w).map(|s| s.median()),
+                b.rate_sample(w).map(|s| s.median()),
+            );
             ma.partial_cmp(&mb).unwrap_or(std::cmp::Ordering::Equal)
         })?;
         let top_sample = top.rate_sample(w)?;
         let tied = measured.iter().filter(|r| {
             r.rate_sample(w)
-                .map(|s| stats::compare(&s, &top_sample, self.settings.noise, 0.95, self.settings.seed).verdict == Verdict::Tie)
+                .map(|s| {
+                    stats::compare(
+                        &s,
+                        &top_sample,
+                        self.settings.noise,
+                        0.95,
+                        self.settings.seed,
+                    )
+                    .verdict
+                        == Verdict::Tie
+                })
                 .unwrap_or(false)
                 || std::ptr::eq(**r, *top)
         });
-        tied.min_by(|a, b| tie_break(a, b)).map(|r| r.candidate.clone())
+        tied.min_by(|a, b| tie_break(a, b))
+            .map(|r| r.candidate.clone())
     }
 
     /// The coordinate-descent search. Returns the winner (if anything was measured).
@@ -351,7 +413,11 @@ impl<'a> Engine<'a> {
             }
         }
         self.measure_group(std::slice::from_ref(&base), "defaults");
-        let mut best = if self.results.iter().any(|r| r.candidate == base && r.ok()) { Some(base.clone()) } else { None };
+        let mut best = if self.results.iter().any(|r| r.candidate == base && r.ok()) {
+            Some(base.clone())
+        } else {
+            None
+        };
         if self.settings.offload && !self.out_of_time() {
             let from = best.clone().unwrap_or_else(|| base.clone());
             let mut group = self.placement_group(&from);
@@ -377,7 +443,10 @@ impl<'a> Engine<'a> {
                 break;
             }
             let from = best.clone().unwrap_or_else(|| base.clone());
-            let mut group: Vec<Candidate> = vary(&self.settings, &from).into_iter().filter(|c| c.validate().is_ok()).collect();
+            let mut group: Vec<Candidate> = vary(&self.settings, &from)
+                .into_iter()
+                .filter(|c| c.validate().is_ok())
+                .collect();
             if !group.contains(&from) {
                 group.insert(0, from.clone());
             }
@@ -391,7 +460,12 @@ impl<'a> Engine<'a> {
             }
             if let Some(b) = &best {
                 let margin = self.margin_over_runner_up(b);
-                self.progress.best(&b.label(), margin, self.started.elapsed(), self.settings.budget);
+                self.progress.best(
+                    &b.label(),
+                    margin,
+                    self.started.elapsed(),
+                    self.settings.budget,
+                );
             }
         }
         best
@@ -409,7 +483,12 @@ impl<'a> Engine<'a> {
     /// Relative margin of `best` over the next-best measured candidate.
     pub fn margin_over_runner_up(&self, best: &Candidate) -> Option<f64> {
         let w = &self.settings.workload;
-        let b = self.results.iter().find(|r| &r.candidate == best)?.rate_sample(w)?.median();
+        let b = self
+            .results
+            .iter()
+            .find(|r| &r.candidate == best)?
+            .rate_sample(w)?
+            .median();
         let next = self
             .results
             .iter()
@@ -421,7 +500,11 @@ impl<'a> Engine<'a> {
 
     /// Re-measures the winner and the runner-up, interleaved, at the end of the run; returns the
     /// relative drift of each (new median vs the run's median).
-    pub fn confirm(&mut self, winner: &Candidate, runner_up: Option<&Candidate>) -> Vec<(Candidate, f64)> {
+    pub fn confirm(
+        &mut self,
+        winner: &Candidate,
+        runner_up: Option<&Candidate>,
+    ) -> Vec<(Candidate, f64)> {
         let w = self.settings.workload.clone();
         let mut group = vec![winner.clone()];
         group.extend(runner_up.cloned());
@@ -429,7 +512,11 @@ impl<'a> Engine<'a> {
             .iter()
             .map(|c| {
                 let r = self.results.iter().find(|r| &r.candidate == c);
-                (c.clone(), r.map_or(0, |r| r.reps.len()), r.and_then(|r| r.rate_sample(&w)).map(|s| s.median()))
+                (
+                    c.clone(),
+                    r.map_or(0, |r| r.reps.len()),
+                    r.and_then(|r| r.rate_sample(&w)).map(|s| s.median()),
+                )
             })
             .collect();
         for _ in 0..2 {
@@ -437,7 +524,8 @@ impl<'a> Engine<'a> {
                 break;
             }
             self.round += 1;
-            for o in stats::shuffled_order(group.len(), self.settings.seed.wrapping_add(self.round)) {
+            for o in stats::shuffled_order(group.len(), self.settings.seed.wrapping_add(self.round))
+            {
                 let i = self.index_of(&group[o]);
                 self.measure_once(i, "confirm");
             }
@@ -446,7 +534,10 @@ impl<'a> Engine<'a> {
             .into_iter()
             .filter_map(|(c, n0, old)| {
                 let r = self.results.iter().find(|r| r.candidate == c)?;
-                let new: Vec<f64> = r.reps[n0.min(r.reps.len())..].iter().map(|x| 1.0 / score_seconds(x, &w)).collect();
+                let new: Vec<f64> = r.reps[n0.min(r.reps.len())..]
+                    .iter()
+                    .map(|x| 1.0 / score_seconds(x, &w))
+                    .collect();
                 let new_median = Sample::new(new).ok()?.median();
                 Some((c, new_median / old? - 1.0))
             })
@@ -460,30 +551,63 @@ impl<'a> Engine<'a> {
 }
 
 fn vary_threads(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
-    s.threads_options.iter().map(|&t| Candidate { threads: t, ..from.clone() }).collect()
+    s.threads_options
+        .iter()
+        .map(|&t| Candidate {
+            threads: t,
+            ..from.clone()
+        })
+        .collect()
 }
 fn vary_kernels(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
-    s.kernels.iter().map(|&k| Candidate { kernels: k, ..from.clone() }).collect()
+    s.kernels
+        .iter()
+        .map(|&k| Candidate {
+            kernels: k,
+            ..from.clone()
+        })
+        .collect()
 }
 fn vary_flash_attn(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
-    s.flash_attn.iter().map(|&f| Candidate { flash_attn: f, ..from.clone() }).collect()
+    s.flash_attn
+        .iter()
+        .map(|&f| Candidate {
+            flash_attn: f,
+            ..from.clone()
+        })
+        .collect()
 }
 fn vary_cache(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
-    let fa = if from.flash_attn == FlashAttn::Off { FlashAttn::Auto } else { from.flash_attn };
-    s
-        .cache_types
+    let fa = if from.flash_attn == FlashAttn::Off {
+        FlashAttn::Auto
+    } else {
+        from.flash_attn
+    };
+    s.cache_types
         .iter()
         .map(|&t| {
-            let flash_attn = if t.is_quantized() { fa } else { from.flash_attn };
-            Candidate { type_k: t, type_v: t, flash_attn, ..from.clone() }
+            let flash_attn = if t.is_quantized() {
+                fa
+            } else {
+                from.flash_attn
+            };
+            Candidate {
+                type_k: t,
+                type_v: t,
+                flash_attn,
+                ..from.clone()
+            }
         })
         .collect()
 }
 fn vary_batch(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
-    s
-        .ubatch_options
+    s.ubatch_options
         .iter()
-        .map(|&ub| Candidate { n_ubatch: ub, n_batch: from.n_batch.max(ub), ..from.clone() })
+        .map(|&ub| Candidate {
+            n_ubatch: ub,
+            n_batch: from.n_batch.max(ub),
+            ..from.clone()
+        })
         .collect()
 }
 
@@ -520,7 +644,11 @@ pub fn grid(s: &TuneSettings, base: &Candidate) -> Vec<Candidate> {
 fn tie_break(a: &CandidateResult, b: &CandidateResult) -> std::cmp::Ordering {
     a.mem_bytes()
         .cmp(&b.mem_bytes())
-        .then(a.candidate.kv_bytes_factor().total_cmp(&b.candidate.kv_bytes_factor()))
+        .then(
+            a.candidate
+                .kv_bytes_factor()
+                .total_cmp(&b.candidate.kv_bytes_factor()),
+        )
         .then(a.candidate.complexity().cmp(&b.candidate.complexity()))
         .then(a.candidate.cmp(&b.candidate))
 }

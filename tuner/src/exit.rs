@@ -25,6 +25,9 @@ pub struct Exit {
 
 impl Exit {
     pub fn new(code: i32, message: impl Into<String>) -> anyhow::Error {
-        anyhow::Error::new(Exit { code, message: message.into() })
+        anyhow::Error::new(Exit {
+            code,
+            message: message.into(),
+        })
     }
 }

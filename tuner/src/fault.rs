@@ -46,7 +46,11 @@ impl std::str::FromStr for Fault {
             "segv" => FaultKind::Segv,
             "hang" => FaultKind::Hang,
             "exit" => FaultKind::Exit,
-            _ => return Err(format!("unknown fault '{kind}' (use abort, segv, hang or exit)")),
+            _ => {
+                return Err(format!(
+                    "unknown fault '{kind}' (use abort, segv, hang or exit)"
+                ))
+            }
         };
         match at.parse::<u64>() {
             Ok(at) if at >= 1 => Ok(Fault { kind, at }),
@@ -59,7 +63,9 @@ impl std::str::FromStr for Fault {
 fn configured() -> Option<Fault> {
     static FAULT: OnceLock<Option<Fault>> = OnceLock::new();
     *FAULT.get_or_init(|| {
-        let spec = std::env::var("AUTOTUNE_FAULT").ok().filter(|s| !s.trim().is_empty())?;
+        let spec = std::env::var("AUTOTUNE_FAULT")
+            .ok()
+            .filter(|s| !s.trim().is_empty())?;
         match spec.parse() {
             Ok(f) => Some(f),
             Err(e) => {
@@ -87,7 +93,11 @@ fn next_count() -> u64 {
     let Some(file) = std::env::var_os("AUTOTUNE_FAULT_COUNTER") else {
         return LOCAL.fetch_add(1, Ordering::Relaxed) + 1;
     };
-    let n = std::fs::read_to_string(&file).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0) + 1;
+    let n = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        + 1;
     // Written before firing, so a crash does not make the next worker fire again.
     let _ = std::fs::write(&file, n.to_string());
     n
@@ -95,7 +105,10 @@ fn next_count() -> u64 {
 
 fn fire(kind: FaultKind) {
     // Lower case "abort" so the tuner's stderr tail picks this line as the reason.
-    eprintln!("autotune: AUTOTUNE_FAULT: injecting {} (test hook)", format!("{kind:?}").to_lowercase());
+    eprintln!(
+        "autotune: AUTOTUNE_FAULT: injecting {} (test hook)",
+        format!("{kind:?}").to_lowercase()
+    );
     match kind {
         FaultKind::Abort => std::process::abort(),
         FaultKind::Segv => {
@@ -119,8 +132,20 @@ mod tests {
 
     #[test]
     fn parses_kind_and_request_number() {
-        assert_eq!("abort@2".parse::<Fault>(), Ok(Fault { kind: FaultKind::Abort, at: 2 }));
-        assert_eq!("segv".parse::<Fault>(), Ok(Fault { kind: FaultKind::Segv, at: 1 }));
+        assert_eq!(
+            "abort@2".parse::<Fault>(),
+            Ok(Fault {
+                kind: FaultKind::Abort,
+                at: 2
+            })
+        );
+        assert_eq!(
+            "segv".parse::<Fault>(),
+            Ok(Fault {
+                kind: FaultKind::Segv,
+                at: 1
+            })
+        );
         assert_eq!("hang@1".parse::<Fault>().unwrap().kind, FaultKind::Hang);
         assert_eq!("exit@3".parse::<Fault>().unwrap().at, 3);
         assert!("abort@0".parse::<Fault>().is_err());

@@ -6,9 +6,9 @@
 //! exposed by the higher-level `llama-cpp-2` wrapper. Everything unsafe stays in this file.
 
 use llama_cpp_sys_2 as sys;
+pub use profiles::measurements::BufferReport;
 use search_space::{CacheType, FlashAttn};
 use serde::{Deserialize, Serialize};
-pub use profiles::measurements::BufferReport;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
 use std::ptr::NonNull;
@@ -52,7 +52,9 @@ extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_char, _use
         return;
     }
     // SAFETY: llama.cpp passes a NUL-terminated string valid for the duration of the call.
-    let line = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
+    let line = unsafe { CStr::from_ptr(text) }
+        .to_string_lossy()
+        .into_owned();
     if *ECHO_LOG.get().unwrap_or(&false) {
         eprint!("{line}");
     }
@@ -74,7 +76,9 @@ extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_char, _use
 
 /// Takes (and clears) what llama.cpp has logged since the last call.
 pub fn take_log() -> Vec<String> {
-    LOG.lock().map(|mut l| std::mem::take(&mut *l)).unwrap_or_default()
+    LOG.lock()
+        .map(|mut l| std::mem::take(&mut *l))
+        .unwrap_or_default()
 }
 
 /// The last error-looking lines of a log, for failure reasons.
@@ -84,8 +88,19 @@ pub fn log_tail(log: &[String]) -> String {
         .map(|s| s.trim())
         .filter(|s| s.contains("error") || s.contains("failed") || s.contains("ERROR"))
         .collect();
-    let lines = if errors.is_empty() { log.iter().map(|s| s.trim()).collect::<Vec<_>>() } else { errors };
-    lines.iter().rev().take(2).rev().cloned().collect::<Vec<_>>().join(" | ")
+    let lines = if errors.is_empty() {
+        log.iter().map(|s| s.trim()).collect::<Vec<_>>()
+    } else {
+        errors
+    };
+    lines
+        .iter()
+        .rev()
+        .take(2)
+        .rev()
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 /// Starts llama.cpp once per process: routes its log into our buffer (echoed to stderr when `echo`),
@@ -96,7 +111,8 @@ pub fn init(echo: bool) {
         // SAFETY: the callback is a plain function that lives for the whole program.
         unsafe { sys::llama_log_set(Some(log_callback), std::ptr::null_mut()) };
         load_backend_modules();
-        llama_cpp_2::llama_backend::LlamaBackend::init().expect("llama.cpp backend initialises once")
+        llama_cpp_2::llama_backend::LlamaBackend::init()
+            .expect("llama.cpp backend initialises once")
     });
 }
 
@@ -117,7 +133,10 @@ fn load_backend_modules() {
     }
     for d in dirs {
         let has_cpu = std::fs::read_dir(&d)
-            .map(|it| it.flatten().any(|e| e.file_name().to_string_lossy().contains("ggml-cpu")))
+            .map(|it| {
+                it.flatten()
+                    .any(|e| e.file_name().to_string_lossy().contains("ggml-cpu"))
+            })
             .unwrap_or(false);
         if has_cpu {
             llama_cpp_2::llama_backend::load_backends_from_path(&d);
@@ -162,7 +181,9 @@ pub fn backends() -> Vec<String> {
 /// llama.cpp's own system information line (`CPU : SSE3 = 1 | AVX512 = 1 | AMX_INT8 = 1 | ...`).
 pub fn system_info() -> String {
     // SAFETY: returns a static string.
-    unsafe { cstr(sys::llama_print_system_info()) }.trim().to_string()
+    unsafe { cstr(sys::llama_print_system_info()) }
+        .trim()
+        .to_string()
 }
 
 /// The CPU variant ggml loaded (from the module file name it logged, or from system info).
@@ -185,8 +206,15 @@ extern "C" {
 pub fn build_info() -> (String, String) {
     // SAFETY: read-only globals initialised at load time.
     let (number, commit) = unsafe { (LLAMA_BUILD_NUMBER, cstr(LLAMA_COMMIT)) };
-    let commit = if commit.is_empty() || commit == "unknown" { "llama-cpp-sys-2 0.1.161".to_string() } else { commit };
-    (format!("{LLAMA_VERSION} (build {number}, commit {commit})"), commit)
+    let commit = if commit.is_empty() || commit == "unknown" {
+        "llama-cpp-sys-2 0.1.161".to_string()
+    } else {
+        commit
+    };
+    (
+        format!("{LLAMA_VERSION} (build {number}, commit {commit})"),
+        commit,
+    )
 }
 
 /// llama.cpp's version (its CMakeLists' LLAMA_VERSION) of the sources llama-cpp-sys-2 0.1.161 vendors.
@@ -251,7 +279,8 @@ impl Model {
             .ok_or_else(|| LlamaError::BadPath(path.display().to_string()))?;
         let mut devs: Vec<sys::ggml_backend_dev_t> = Vec::new();
         for name in &s.devices {
-            let cname = CString::new(name.as_str()).map_err(|_| LlamaError::UnknownDevice(name.clone()))?;
+            let cname =
+                CString::new(name.as_str()).map_err(|_| LlamaError::UnknownDevice(name.clone()))?;
             // SAFETY: looks a name up in ggml's device registry.
             let dev = unsafe { sys::ggml_backend_dev_by_name(cname.as_ptr()) };
             if dev.is_null() {
@@ -261,16 +290,27 @@ impl Model {
         }
         devs.push(std::ptr::null_mut());
         // Expert tensors of the first n_cpu_moe layers → the CPU's buffer type (NULL-terminated list).
-        let patterns: Vec<CString> =
-            (0..s.n_cpu_moe).map(|i| CString::new(expert_pattern(i)).expect("no NUL in pattern")).collect();
+        let patterns: Vec<CString> = (0..s.n_cpu_moe)
+            .map(|i| CString::new(expert_pattern(i)).expect("no NUL in pattern"))
+            .collect();
         let mut overrides: Vec<sys::llama_model_tensor_buft_override> = Vec::new();
         if !patterns.is_empty() {
             // SAFETY: registry lookups.
-            let cpu_buft = unsafe { sys::ggml_backend_dev_buffer_type(sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU)) };
+            let cpu_buft = unsafe {
+                sys::ggml_backend_dev_buffer_type(sys::ggml_backend_dev_by_type(
+                    sys::GGML_BACKEND_DEVICE_TYPE_CPU,
+                ))
+            };
             for p in &patterns {
-                overrides.push(sys::llama_model_tensor_buft_override { pattern: p.as_ptr(), buft: cpu_buft });
+                overrides.push(sys::llama_model_tensor_buft_override {
+                    pattern: p.as_ptr(),
+                    buft: cpu_buft,
+                });
             }
-            overrides.push(sys::llama_model_tensor_buft_override { pattern: std::ptr::null(), buft: std::ptr::null_mut() });
+            overrides.push(sys::llama_model_tensor_buft_override {
+                pattern: std::ptr::null(),
+                buft: std::ptr::null_mut(),
+            });
         }
         // SAFETY: default params are plain data.
         let mut p = unsafe { sys::llama_model_default_params() };
@@ -290,7 +330,9 @@ impl Model {
         take_log();
         // SAFETY: path and device list outlive the call; llama.cpp copies what it keeps.
         let ptr = unsafe { sys::llama_model_load_from_file(cpath.as_ptr(), p) };
-        NonNull::new(ptr).map(|ptr| Model { ptr }).ok_or_else(|| LlamaError::ModelLoad(log_tail(&take_log())))
+        NonNull::new(ptr)
+            .map(|ptr| Model { ptr })
+            .ok_or_else(|| LlamaError::ModelLoad(log_tail(&take_log())))
     }
 
     pub fn n_vocab(&self) -> i32 {
@@ -353,7 +395,11 @@ impl Context {
     /// A context whose batches have at most `n_outputs_max` outputs (logits) each, 0 = n_batch. A
     /// speculative draft needs 1, as llama-server's draft context has, which keeps its compute buffer
     /// small.
-    pub fn with_max_outputs(model: &Arc<Model>, s: &ContextSettings, n_outputs_max: u32) -> Result<Context, LlamaError> {
+    pub fn with_max_outputs(
+        model: &Arc<Model>,
+        s: &ContextSettings,
+        n_outputs_max: u32,
+    ) -> Result<Context, LlamaError> {
         // SAFETY: default params are plain data.
         let mut p = unsafe { sys::llama_context_default_params() };
         p.n_outputs_max = n_outputs_max;
@@ -375,7 +421,11 @@ impl Context {
         // SAFETY: model is valid and outlives the context (borrow).
         let ptr = unsafe { sys::llama_init_from_model(model.ptr.as_ptr(), p) };
         NonNull::new(ptr)
-            .map(|ptr| Context { ptr, model: Arc::clone(model), n_batch: s.n_batch })
+            .map(|ptr| Context {
+                ptr,
+                model: Arc::clone(model),
+                n_batch: s.n_batch,
+            })
             .ok_or_else(|| LlamaError::Context(log_tail(&take_log())))
     }
 
@@ -394,10 +444,17 @@ impl Context {
         for chunk in tokens.chunks_mut(self.n_batch.max(1) as usize) {
             // SAFETY: the batch views `chunk`, which outlives the call; positions are assigned by
             // llama.cpp from the memory's current end.
-            let status =
-                unsafe { sys::llama_decode(self.ptr.as_ptr(), sys::llama_batch_get_one(chunk.as_mut_ptr(), chunk.len() as i32)) };
+            let status = unsafe {
+                sys::llama_decode(
+                    self.ptr.as_ptr(),
+                    sys::llama_batch_get_one(chunk.as_mut_ptr(), chunk.len() as i32),
+                )
+            };
             if status != 0 {
-                return Err(LlamaError::Decode { status, log: log_tail(&take_log()) });
+                return Err(LlamaError::Decode {
+                    status,
+                    log: log_tail(&take_log()),
+                });
             }
         }
         Ok(())
@@ -435,15 +492,27 @@ impl Drop for Context {
 pub fn parse_buffer_reports(log: &[String]) -> Vec<BufferReport> {
     let mut out = Vec::new();
     for line in log {
-        let Some(idx) = line.find(" buffer size") else { continue };
-        let Some(eq) = line[idx..].find('=') else { continue };
+        let Some(idx) = line.find(" buffer size") else {
+            continue;
+        };
+        let Some(eq) = line[idx..].find('=') else {
+            continue;
+        };
         let head = line[..idx].trim();
         let mut words = head.rsplitn(2, char::is_whitespace);
         let what = words.next().unwrap_or("").to_string();
-        let buffer = words.next().unwrap_or("").rsplit(|c: char| c.is_whitespace()).next().unwrap_or("").to_string();
+        let buffer = words
+            .next()
+            .unwrap_or("")
+            .rsplit(|c: char| c.is_whitespace())
+            .next()
+            .unwrap_or("")
+            .to_string();
         let tail = line[idx + eq + 1..].trim();
         let mut parts = tail.split_whitespace();
-        let (Some(num), Some(unit)) = (parts.next(), parts.next()) else { continue };
+        let (Some(num), Some(unit)) = (parts.next(), parts.next()) else {
+            continue;
+        };
         let Ok(v) = num.parse::<f64>() else { continue };
         let mult = match unit {
             "MiB" => 1024.0 * 1024.0,
@@ -455,7 +524,11 @@ pub fn parse_buffer_reports(log: &[String]) -> Vec<BufferReport> {
         if buffer.is_empty() || what.is_empty() {
             continue;
         }
-        out.push(BufferReport { buffer, what, bytes: (v * mult) as u64 });
+        out.push(BufferReport {
+            buffer,
+            what,
+            bytes: (v * mult) as u64,
+        });
     }
     out
 }
@@ -499,17 +572,26 @@ pub fn buffer_device(buffer: &str, devices: &[DeviceInfo]) -> String {
 }
 
 /// Sums buffer reports per device.
-pub fn bytes_per_device(buffers: &[BufferReport], devices: &[DeviceInfo]) -> Vec<profiles::measurements::DeviceBytes> {
+pub fn bytes_per_device(
+    buffers: &[BufferReport],
+    devices: &[DeviceInfo],
+) -> Vec<profiles::measurements::DeviceBytes> {
     let mut map: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     for b in buffers {
         *map.entry(buffer_device(&b.buffer, devices)).or_default() += b.bytes;
     }
-    map.into_iter().map(|(device, bytes)| profiles::measurements::DeviceBytes { device, bytes }).collect()
+    map.into_iter()
+        .map(|(device, bytes)| profiles::measurements::DeviceBytes { device, bytes })
+        .collect()
 }
 
 /// Free memory per non-CPU device right now (device name → free bytes).
 pub fn device_free() -> Vec<(String, u64)> {
-    devices().into_iter().filter(|d| d.kind != "cpu").map(|d| (d.name, d.memory_free)).collect()
+    devices()
+        .into_iter()
+        .filter(|d| d.kind != "cpu")
+        .map(|d| (d.name, d.memory_free))
+        .collect()
 }
 
 fn rpc_proc(name: &str) -> Option<*mut c_void> {
@@ -529,12 +611,16 @@ static RPC_SERVERS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// Connects to a ggml RPC server (`host:port`), which then appears as a non-CPU device. Idempotent.
 pub fn rpc_add_server(endpoint: &str) -> Result<(), LlamaError> {
-    let mut added = RPC_SERVERS.lock().map_err(|_| LlamaError::Rpc("lock poisoned".into()))?;
+    let mut added = RPC_SERVERS
+        .lock()
+        .map_err(|_| LlamaError::Rpc("lock poisoned".into()))?;
     if added.iter().any(|e| e == endpoint) {
         return Ok(());
     }
-    let p = rpc_proc("ggml_backend_rpc_add_server").ok_or_else(|| LlamaError::Rpc("this build has no RPC backend".into()))?;
-    let c = CString::new(endpoint).map_err(|_| LlamaError::Rpc(format!("bad endpoint '{endpoint}'")))?;
+    let p = rpc_proc("ggml_backend_rpc_add_server")
+        .ok_or_else(|| LlamaError::Rpc("this build has no RPC backend".into()))?;
+    let c = CString::new(endpoint)
+        .map_err(|_| LlamaError::Rpc(format!("bad endpoint '{endpoint}'")))?;
     // ggml aborts the process when it cannot reach the server: check first.
     use std::net::ToSocketAddrs;
     let addr = endpoint
@@ -546,11 +632,14 @@ pub fn rpc_add_server(endpoint: &str) -> Result<(), LlamaError> {
         .map_err(|e| LlamaError::Rpc(format!("cannot connect to the RPC server at {endpoint}: {e} (start one with `autotune rpc-serve`)")))?;
     // SAFETY: the proc address has this signature in ggml-rpc.h.
     let reg = unsafe {
-        let f: unsafe extern "C" fn(*const c_char) -> sys::ggml_backend_reg_t = std::mem::transmute(p);
+        let f: unsafe extern "C" fn(*const c_char) -> sys::ggml_backend_reg_t =
+            std::mem::transmute(p);
         f(c.as_ptr())
     };
     if reg.is_null() {
-        return Err(LlamaError::Rpc(format!("cannot connect to the RPC server at {endpoint}")));
+        return Err(LlamaError::Rpc(format!(
+            "cannot connect to the RPC server at {endpoint}"
+        )));
     }
     // SAFETY: registers the returned backend registry with ggml.
     unsafe { sys::ggml_backend_register(reg) };
@@ -560,8 +649,10 @@ pub fn rpc_add_server(endpoint: &str) -> Result<(), LlamaError> {
 
 /// Serves this machine's CPU as a ggml RPC device on `endpoint`; blocks for ever.
 pub fn rpc_start_server(endpoint: &str, threads: usize) -> Result<(), LlamaError> {
-    let p = rpc_proc("ggml_backend_rpc_start_server").ok_or_else(|| LlamaError::Rpc("this build has no RPC backend".into()))?;
-    let c = CString::new(endpoint).map_err(|_| LlamaError::Rpc(format!("bad endpoint '{endpoint}'")))?;
+    let p = rpc_proc("ggml_backend_rpc_start_server")
+        .ok_or_else(|| LlamaError::Rpc("this build has no RPC backend".into()))?;
+    let c = CString::new(endpoint)
+        .map_err(|_| LlamaError::Rpc(format!("bad endpoint '{endpoint}'")))?;
     // SAFETY: plain registry lookup.
     let mut cpu = unsafe { sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU) };
     if cpu.is_null() {
@@ -569,8 +660,13 @@ pub fn rpc_start_server(endpoint: &str, threads: usize) -> Result<(), LlamaError
     }
     // SAFETY: the proc address has this signature in ggml-rpc.h; the device pointer outlives the call.
     unsafe {
-        let f: unsafe extern "C" fn(*const c_char, *const c_char, usize, usize, *mut sys::ggml_backend_dev_t) =
-            std::mem::transmute(p);
+        let f: unsafe extern "C" fn(
+            *const c_char,
+            *const c_char,
+            usize,
+            usize,
+            *mut sys::ggml_backend_dev_t,
+        ) = std::mem::transmute(p);
         f(c.as_ptr(), std::ptr::null(), threads, 1, &mut cpu);
     }
     Ok(())
@@ -609,7 +705,9 @@ impl BreakdownRow {
 /// valid for dry-run (`no_alloc`) loads too: what its fit routine plans with.
 pub fn memory_breakdown(ctx: &Context) -> Vec<BreakdownRow> {
     let path = std::env::temp_dir().join(format!("autotune-breakdown-{}.log", std::process::id()));
-    let Some(cpath) = path.to_str().and_then(|p| CString::new(p).ok()) else { return Vec::new() };
+    let Some(cpath) = path.to_str().and_then(|p| CString::new(p).ok()) else {
+        return Vec::new();
+    };
     // SAFETY: the logger is a process-wide singleton; set_file pauses (drains) and resumes its thread.
     unsafe {
         let log = common_log_main();
@@ -631,10 +729,14 @@ pub fn parse_breakdown(text: &str) -> Vec<BreakdownRow> {
     const MIB: u64 = 1024 * 1024;
     let mut rows = Vec::new();
     for line in text.lines() {
-        let Some(dash) = line.find("|   - ").or_else(|| line.find("| - ")) else { continue };
+        let Some(dash) = line.find("|   - ").or_else(|| line.find("| - ")) else {
+            continue;
+        };
         let rest = &line[dash + 1..];
         let mut cells = rest.split('|');
-        let (Some(label), Some(values)) = (cells.next(), cells.next()) else { continue };
+        let (Some(label), Some(values)) = (cells.next(), cells.next()) else {
+            continue;
+        };
         let name = label.trim().trim_start_matches('-').trim();
         let name = name.split(" (").next().unwrap_or(name).trim().to_string();
         let nums: Vec<u64> = values
@@ -648,7 +750,12 @@ pub fn parse_breakdown(text: &str) -> Vec<BreakdownRow> {
             4 => (nums[1], nums[2], nums[3]),
             _ => continue,
         };
-        rows.push(BreakdownRow { name, model: model * MIB, context: context * MIB, compute: compute * MIB });
+        rows.push(BreakdownRow {
+            name,
+            model: model * MIB,
+            context: context * MIB,
+            compute: compute * MIB,
+        });
     }
     rows
 }
@@ -657,10 +764,16 @@ pub fn parse_breakdown(text: &str) -> Vec<BreakdownRow> {
 pub fn breakdown_per_device(rows: &[BreakdownRow]) -> Vec<profiles::measurements::DeviceBytes> {
     let mut map: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     for r in rows {
-        let dev = if r.name == "Host" || r.name.starts_with("CPU") { "CPU".to_string() } else { r.name.clone() };
+        let dev = if r.name == "Host" || r.name.starts_with("CPU") {
+            "CPU".to_string()
+        } else {
+            r.name.clone()
+        };
         *map.entry(dev).or_default() += r.total();
     }
-    map.into_iter().map(|(device, bytes)| profiles::measurements::DeviceBytes { device, bytes }).collect()
+    map.into_iter()
+        .map(|(device, bytes)| profiles::measurements::DeviceBytes { device, bytes })
+        .collect()
 }
 
 #[cfg(test)]
@@ -695,7 +808,15 @@ impl Model {
             let mut cap = text.len() + 16;
             loop {
                 let mut out = vec![0i32; cap];
-                let n = sys::llama_tokenize(vocab, text.as_ptr().cast(), len, out.as_mut_ptr(), cap as i32, false, false);
+                let n = sys::llama_tokenize(
+                    vocab,
+                    text.as_ptr().cast(),
+                    len,
+                    out.as_mut_ptr(),
+                    cap as i32,
+                    false,
+                    false,
+                );
                 if n >= 0 {
                     out.truncate(n as usize);
                     return Ok(out);
@@ -731,7 +852,10 @@ impl Context {
             let status = sys::llama_decode(self.ptr.as_ptr(), b);
             sys::llama_batch_free(batch);
             if status != 0 {
-                return Err(LlamaError::Decode { status, log: log_tail(&take_log()) });
+                return Err(LlamaError::Decode {
+                    status,
+                    log: log_tail(&take_log()),
+                });
             }
         }
         Ok(())
@@ -754,8 +878,18 @@ impl Context {
 /// Writes `dst` as `src` quantized to the llama file type `ftype` (llama.cpp's quantizer, as
 /// `llama-quantize` runs it). `allow_requantize` lets it start from already quantized tensors.
 /// The error is llama.cpp's last error lines.
-pub fn quantize_model(src: &Path, dst: &Path, ftype: u32, allow_requantize: bool, threads: u32) -> Result<(), String> {
-    let c = |p: &Path| p.to_str().and_then(|s| CString::new(s).ok()).ok_or_else(|| format!("path is not valid UTF-8 or contains NUL: {}", p.display()));
+pub fn quantize_model(
+    src: &Path,
+    dst: &Path,
+    ftype: u32,
+    allow_requantize: bool,
+    threads: u32,
+) -> Result<(), String> {
+    let c = |p: &Path| {
+        p.to_str()
+            .and_then(|s| CString::new(s).ok())
+            .ok_or_else(|| format!("path is not valid UTF-8 or contains NUL: {}", p.display()))
+    };
     let (csrc, cdst) = (c(src)?, c(dst)?);
     // SAFETY: default params are plain data; the paths outlive the call.
     let status = unsafe {
@@ -766,7 +900,10 @@ pub fn quantize_model(src: &Path, dst: &Path, ftype: u32, allow_requantize: bool
         sys::llama_model_quantize(csrc.as_ptr(), cdst.as_ptr(), &p)
     };
     if status != 0 {
-        return Err(format!("llama_model_quantize failed: {}", log_tail(&take_log())));
+        return Err(format!(
+            "llama_model_quantize failed: {}",
+            log_tail(&take_log())
+        ));
     }
     Ok(())
 }
@@ -796,7 +933,9 @@ impl Model {
         take_log();
         // SAFETY: the path outlives the call.
         let ptr = unsafe { sys::llama_model_load_from_file(cpath.as_ptr(), p) };
-        NonNull::new(ptr).map(|ptr| Model { ptr }).ok_or_else(|| LlamaError::ModelLoad(log_tail(&take_log())))
+        NonNull::new(ptr)
+            .map(|ptr| Model { ptr })
+            .ok_or_else(|| LlamaError::ModelLoad(log_tail(&take_log())))
     }
 
     fn vocab(&self) -> *const sys::llama_vocab {
@@ -849,10 +988,21 @@ impl Context {
     /// chunks of n_batch. With `all_logits` every token gets an output (read them with
     /// [`Context::logits_ith`], indexed from 0 within the batch; `tokens` must then fit one batch),
     /// else only the last token does ([`Context::last_logits`]).
-    pub fn decode_at(&mut self, tokens: &[i32], pos0: i32, all_logits: bool) -> Result<(), LlamaError> {
+    pub fn decode_at(
+        &mut self,
+        tokens: &[i32],
+        pos0: i32,
+        all_logits: bool,
+    ) -> Result<(), LlamaError> {
         let n_batch = self.n_batch.max(1) as usize;
         if all_logits && tokens.len() > n_batch {
-            return Err(LlamaError::Decode { status: -1, log: format!("{} tokens with logits exceed n_batch {n_batch}", tokens.len()) });
+            return Err(LlamaError::Decode {
+                status: -1,
+                log: format!(
+                    "{} tokens with logits exceed n_batch {n_batch}",
+                    tokens.len()
+                ),
+            });
         }
         let chunks = tokens.len().div_ceil(n_batch);
         for (c, chunk) in tokens.chunks(n_batch).enumerate() {
@@ -868,14 +1018,18 @@ impl Context {
                     *batch.pos.add(i) = start + i as i32;
                     *batch.n_seq_id.add(i) = 1;
                     *(*batch.seq_id.add(i)) = 0;
-                    *batch.logits.add(i) = i8::from(all_logits || (last_chunk && i + 1 == chunk.len()));
+                    *batch.logits.add(i) =
+                        i8::from(all_logits || (last_chunk && i + 1 == chunk.len()));
                 }
                 let mut b = batch;
                 b.n_tokens = n;
                 let status = sys::llama_decode(self.ptr.as_ptr(), b);
                 sys::llama_batch_free(batch);
                 if status != 0 {
-                    return Err(LlamaError::Decode { status, log: log_tail(&take_log()) });
+                    return Err(LlamaError::Decode {
+                        status,
+                        log: log_tail(&take_log()),
+                    });
                 }
             }
         }

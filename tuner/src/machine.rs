@@ -27,24 +27,41 @@ impl Machine {
             .and_then(|l| l.split(':').nth(1))
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-        let logical = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
-        let physical = physical_cores(&cpuinfo).unwrap_or(logical).clamp(1, logical.max(1));
+        let logical = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
+        let physical = physical_cores(&cpuinfo)
+            .unwrap_or(logical)
+            .clamp(1, logical.max(1));
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let ram_bytes = meminfo_kib(&meminfo, "MemTotal:") * 1024;
         let ram_available_bytes = meminfo_kib(&meminfo, "MemAvailable:") * 1024;
         let os = std::fs::read_to_string("/etc/os-release")
             .ok()
             .and_then(|t| {
-                t.lines()
-                    .find(|l| l.starts_with("PRETTY_NAME="))
-                    .map(|l| l.trim_start_matches("PRETTY_NAME=").trim_matches('"').to_string())
+                t.lines().find(|l| l.starts_with("PRETTY_NAME=")).map(|l| {
+                    l.trim_start_matches("PRETTY_NAME=")
+                        .trim_matches('"')
+                        .to_string()
+                })
             })
             .unwrap_or_else(|| std::env::consts::OS.to_string());
-        let hostname = std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_default();
+        let hostname = std::fs::read_to_string("/etc/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default();
         let mut h = Sha256::new();
-        h.update(format!("{cpu}|{physical}|{logical}|{}|{os}", ram_bytes >> 30));
+        h.update(format!(
+            "{cpu}|{physical}|{logical}|{}|{os}",
+            ram_bytes >> 30
+        ));
         for d in &devices {
-            h.update(format!("|{}|{}|{}|{}", d.name, d.description, d.kind, d.memory_total >> 20));
+            h.update(format!(
+                "|{}|{}|{}|{}",
+                d.name,
+                d.description,
+                d.kind,
+                d.memory_total >> 20
+            ));
         }
         Machine {
             fingerprint: hex::encode(h.finalize()),
@@ -72,7 +89,10 @@ fn physical_cores(cpuinfo: &str) -> Option<u32> {
         if let Some(v) = line.strip_prefix("physical id") {
             phys = v.trim_start_matches([' ', '\t', ':']).trim().to_string();
         } else if let Some(v) = line.strip_prefix("core id") {
-            seen.insert((phys.clone(), v.trim_start_matches([' ', '\t', ':']).trim().to_string()));
+            seen.insert((
+                phys.clone(),
+                v.trim_start_matches([' ', '\t', ':']).trim().to_string(),
+            ));
         }
     }
     if seen.is_empty() {

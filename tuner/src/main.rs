@@ -31,12 +31,18 @@ fn main() {
             }
             // One line: clap's own first line ("error: ..."), without the usage block.
             let text = e.render().to_string();
-            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("error: bad usage");
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("error: bad usage");
             eprintln!("autotune: {} (see autotune --help)", first.trim());
             std::process::exit(exit::USAGE);
         }
     };
-    if matches!(cli.command, cli::Command::Doctor(_) | cli::Command::Show(_) | cli::Command::Export(_)) {
+    if matches!(
+        cli.command,
+        cli::Command::Doctor(_) | cli::Command::Show(_) | cli::Command::Export(_)
+    ) {
         // Commands that only print: `autotune doctor | head` ends quietly like other CLI tools. (Not for
         // commands that talk to workers or servers through pipes: a dead worker must not kill the tuner.)
         // SAFETY: restoring the default disposition of a signal.
@@ -59,7 +65,9 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            let code = e.downcast_ref::<exit::Exit>().map_or(exit::ERROR, |x| x.code);
+            let code = e
+                .downcast_ref::<exit::Exit>()
+                .map_or(exit::ERROR, |x| x.code);
             // One line, whatever the error carries (a quoted line of a bad file, a source chain).
             eprintln!("autotune: error: {}", report::one_line(&format!("{e:#}")));
             std::process::exit(code);

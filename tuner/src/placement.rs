@@ -44,7 +44,12 @@ impl Engine<'_> {
         }
         let report = self.footprint(c).map_err(|e| format!("pruned: {e}"))?;
         for d in &report.per_device {
-            if let Some((_, budget)) = self.settings.budgets.iter().find(|(name, _)| *name == d.device) {
+            if let Some((_, budget)) = self
+                .settings
+                .budgets
+                .iter()
+                .find(|(name, _)| *name == d.device)
+            {
                 if d.bytes > *budget {
                     return Err(format!(
                         "pruned: needs {} on {}, budget {}",
@@ -62,7 +67,13 @@ impl Engine<'_> {
     /// `None` when not even zero layers fit.
     pub fn max_fitting_layers(&mut self, c: &Candidate) -> Option<u32> {
         let all = self.settings.n_layers + 1;
-        let fits = |e: &mut Self, n: u32| e.check_fit(&Candidate { n_gpu_layers: n, ..c.clone() }).is_ok();
+        let fits = |e: &mut Self, n: u32| {
+            e.check_fit(&Candidate {
+                n_gpu_layers: n,
+                ..c.clone()
+            })
+            .is_ok()
+        };
         if fits(self, all) {
             return Some(all);
         }
@@ -83,11 +94,18 @@ impl Engine<'_> {
 
     /// GPU-layer counts to measure: the most that fit, a few steps down, and none (CPU only).
     pub fn placement_group(&mut self, from: &Candidate) -> Vec<Candidate> {
-        let Some(max) = self.max_fitting_layers(from) else { return Vec::new() };
+        let Some(max) = self.max_fitting_layers(from) else {
+            return Vec::new();
+        };
         let mut ns = vec![max, max.saturating_sub(1), max * 3 / 4, max / 2, max / 4, 0];
         ns.sort_unstable_by(|a, b| b.cmp(a));
         ns.dedup();
-        ns.into_iter().map(|n| Candidate { n_gpu_layers: n, ..from.clone() }).collect()
+        ns.into_iter()
+            .map(|n| Candidate {
+                n_gpu_layers: n,
+                ..from.clone()
+            })
+            .collect()
     }
 
     /// MoE placement, like llama.cpp's `--n-cpu-moe`: every layer offloaded, with the experts of the
@@ -98,7 +116,11 @@ impl Engine<'_> {
         let mut ns = vec![0, layers / 4, layers / 2, layers * 3 / 4, layers];
         ns.dedup();
         ns.into_iter()
-            .map(|n| Candidate { n_gpu_layers: layers + 1, n_cpu_moe: n, ..from.clone() })
+            .map(|n| Candidate {
+                n_gpu_layers: layers + 1,
+                n_cpu_moe: n,
+                ..from.clone()
+            })
             .filter(|c| self.check_fit(c).is_ok())
             .collect()
     }

@@ -20,11 +20,20 @@ pub struct WorkerPool {
 
 impl WorkerPool {
     pub fn new(max_alive: usize, timeout: Duration) -> Self {
-        WorkerPool { workers: Vec::new(), max_alive: max_alive.max(1), crashes: HashMap::new(), timeout }
+        WorkerPool {
+            workers: Vec::new(),
+            max_alive: max_alive.max(1),
+            crashes: HashMap::new(),
+            timeout,
+        }
     }
 
     fn key(m: &MeasureRequest) -> ModelKey {
-        format!("{}|{}", m.model.display(), serde_json::to_string(&m.settings).expect("serialises"))
+        format!(
+            "{}|{}",
+            m.model.display(),
+            serde_json::to_string(&m.settings).expect("serialises")
+        )
     }
 
     pub fn crashes_for(&self, m: &MeasureRequest) -> u32 {
@@ -32,11 +41,20 @@ impl WorkerPool {
     }
 
     /// Sends a request to the worker holding this model (spawning or evicting as needed).
-    pub fn call(&mut self, request: &Request, stop: &dyn Fn() -> bool) -> Result<Response, TrialFailure> {
+    pub fn call(
+        &mut self,
+        request: &Request,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Response, TrialFailure> {
         let m = match request {
             Request::Measure(m) | Request::Footprint(m) => m,
             // Quantize and quality requests hold no placement: they run in a worker of their own.
-            Request::Quit | Request::Quantize(_) | Request::Quality(_) | Request::DraftCheck(_) | Request::Speculate(_) | Request::SpecFootprint(_) => return Err(TrialFailure::Interrupted),
+            Request::Quit
+            | Request::Quantize(_)
+            | Request::Quality(_)
+            | Request::DraftCheck(_)
+            | Request::Speculate(_)
+            | Request::SpecFootprint(_) => return Err(TrialFailure::Interrupted),
         };
         let key = Self::key(m);
         let idx = match self.workers.iter().position(|(k, _)| *k == key) {
@@ -46,7 +64,10 @@ impl WorkerPool {
                     let (_, w) = self.workers.remove(0);
                     w.quit();
                 }
-                let w = Worker::spawn().map_err(|e| TrialFailure::Exited { code: -1, stderr_tail: format!("cannot start worker: {e}") })?;
+                let w = Worker::spawn().map_err(|e| TrialFailure::Exited {
+                    code: -1,
+                    stderr_tail: format!("cannot start worker: {e}"),
+                })?;
                 self.workers.push((key.clone(), w));
                 self.workers.len() - 1
             }
@@ -62,7 +83,12 @@ impl WorkerPool {
             Err(failure) => {
                 // The worker is gone (crashed, killed or timed out): forget it.
                 self.workers.remove(idx);
-                if matches!(failure, TrialFailure::Crashed { .. } | TrialFailure::Exited { .. } | TrialFailure::TimedOut { .. }) {
+                if matches!(
+                    failure,
+                    TrialFailure::Crashed { .. }
+                        | TrialFailure::Exited { .. }
+                        | TrialFailure::TimedOut { .. }
+                ) {
                     *self.crashes.entry(key).or_insert(0) += 1;
                 }
             }

@@ -57,9 +57,21 @@ pub fn memory_rows(results: &[CandidateResult]) -> Vec<MemoryRow> {
         .map(|r| MemoryRow {
             candidate: r.candidate.clone(),
             loaded: r.load.is_some() || !r.reps.is_empty(),
-            predicted: r.predicted.as_ref().map(|p| p.per_device.clone()).unwrap_or_default(),
-            reported: r.load.as_ref().map(|l| l.per_device.clone()).unwrap_or_default(),
-            actual: r.load.as_ref().map(|l| l.actual.clone()).unwrap_or_default(),
+            predicted: r
+                .predicted
+                .as_ref()
+                .map(|p| p.per_device.clone())
+                .unwrap_or_default(),
+            reported: r
+                .load
+                .as_ref()
+                .map(|l| l.per_device.clone())
+                .unwrap_or_default(),
+            actual: r
+                .load
+                .as_ref()
+                .map(|l| l.actual.clone())
+                .unwrap_or_default(),
         })
         .collect()
 }
@@ -105,13 +117,22 @@ pub fn figures(r: &CandidateResult, w: &Workload) -> Option<Figures> {
 
 /// Ranks every candidate: measured ones by median request rate (ties marked when the decision rule
 /// cannot separate a row from the one above), then failed and unmeasured ones with their reasons.
-pub fn leaderboard(results: &[CandidateResult], w: &Workload, noise: f64, seed: u64) -> Vec<LeaderboardEntry> {
-    let mut ok: Vec<(&CandidateResult, Sample)> =
-        results.iter().filter(|r| r.ok()).filter_map(|r| r.rate_sample(w).map(|s| (r, s))).collect();
+pub fn leaderboard(
+    results: &[CandidateResult],
+    w: &Workload,
+    noise: f64,
+    seed: u64,
+) -> Vec<LeaderboardEntry> {
+    let mut ok: Vec<(&CandidateResult, Sample)> = results
+        .iter()
+        .filter(|r| r.ok())
+        .filter_map(|r| r.rate_sample(w).map(|s| (r, s)))
+        .collect();
     ok.sort_by(|a, b| b.1.median().total_cmp(&a.1.median()));
     let mut out = Vec::new();
     for (i, (r, s)) in ok.iter().enumerate() {
-        let tie = i > 0 && stats::compare(&ok[i - 1].1, s, noise, 0.95, seed).verdict == Verdict::Tie;
+        let tie =
+            i > 0 && stats::compare(&ok[i - 1].1, s, noise, 0.95, seed).verdict == Verdict::Tie;
         out.push(LeaderboardEntry {
             rank: (i + 1) as u32,
             tie_with_previous: tie,
@@ -129,7 +150,13 @@ pub fn leaderboard(results: &[CandidateResult], w: &Workload, noise: f64, seed: 
             "not measured: too few repetitions".into()
         };
         let status = one_line(&status);
-        out.push(LeaderboardEntry { rank: 0, tie_with_previous: false, status, candidate: r.candidate.clone(), figures: None });
+        out.push(LeaderboardEntry {
+            rank: 0,
+            tie_with_previous: false,
+            status,
+            candidate: r.candidate.clone(),
+            figures: None,
+        });
     }
     out
 }
@@ -161,14 +188,22 @@ impl Report {
             format_size(self.machine.ram_bytes),
             self.llama.version,
             self.llama.backends.join(", "),
-            self.llama.cpu_variant.as_ref().map(|v| format!(", CPU variant {v}")).unwrap_or_default()
+            self.llama
+                .cpu_variant
+                .as_ref()
+                .map(|v| format!(", CPU variant {v}"))
+                .unwrap_or_default()
         ));
         s.push_str(&format!(
             "workload ctx {} · prompt {} · gen {}{} · noise ±{:.0}% · seed {} · {:.0} s\n\n",
             self.workload.n_ctx,
             self.workload.n_prompt,
             self.workload.n_gen,
-            if self.workload.depth > 0 { format!(" · depth {}", self.workload.depth) } else { String::new() },
+            if self.workload.depth > 0 {
+                format!(" · depth {}", self.workload.depth)
+            } else {
+                String::new()
+            },
             self.noise * 100.0,
             self.seed,
             self.elapsed_s
@@ -184,7 +219,13 @@ impl Report {
         t.set_header(header);
         let baseline = self.baseline.as_ref();
         for e in self.leaderboard.iter().take(top.max(1)) {
-            let rank = if e.rank == 0 { "-".to_string() } else if e.tie_with_previous { format!("={}", e.rank) } else { e.rank.to_string() };
+            let rank = if e.rank == 0 {
+                "-".to_string()
+            } else if e.tie_with_previous {
+                format!("={}", e.rank)
+            } else {
+                e.rank.to_string()
+            };
             let mut label = e.candidate.label();
             if Some(&e.candidate) == baseline {
                 label.push_str("  (llama.cpp defaults)");
@@ -192,13 +233,27 @@ impl Report {
             let mut row = vec![Cell::new(rank), Cell::new(label)];
             match &e.figures {
                 Some(f) => {
-                    row.push(Cell::new(format!("{:.1} {}", f.pp_tps, ci(f.pp_ci, f.pp_tps))).set_alignment(CellAlignment::Right));
-                    row.push(Cell::new(format!("{:.1} {}", f.tg_tps, ci(f.tg_ci, f.tg_tps))).set_alignment(CellAlignment::Right));
+                    row.push(
+                        Cell::new(format!("{:.1} {}", f.pp_tps, ci(f.pp_ci, f.pp_tps)))
+                            .set_alignment(CellAlignment::Right),
+                    );
+                    row.push(
+                        Cell::new(format!("{:.1} {}", f.tg_tps, ci(f.tg_ci, f.tg_tps)))
+                            .set_alignment(CellAlignment::Right),
+                    );
                     if depth {
-                        row.push(Cell::new(f.tg_depth_tps.map_or("-".into(), |v| format!("{v:.1}"))));
+                        row.push(Cell::new(
+                            f.tg_depth_tps.map_or("-".into(), |v| format!("{v:.1}")),
+                        ));
                     }
-                    row.push(Cell::new(format!("{:.3}", f.score_s)).set_alignment(CellAlignment::Right));
-                    row.push(Cell::new(if f.mem_bytes > 0 { format_size(f.mem_bytes) } else { "-".into() }));
+                    row.push(
+                        Cell::new(format!("{:.3}", f.score_s)).set_alignment(CellAlignment::Right),
+                    );
+                    row.push(Cell::new(if f.mem_bytes > 0 {
+                        format_size(f.mem_bytes)
+                    } else {
+                        "-".into()
+                    }));
                     row.push(Cell::new(f.repetitions));
                     row.push(Cell::new(if e.tie_with_previous { "tie" } else { "ok" }));
                 }
@@ -215,7 +270,10 @@ impl Report {
         s.push_str(&t.to_string());
         s.push('\n');
         if self.leaderboard.len() > top {
-            s.push_str(&format!("({} more rows in --json and in the profile)\n", self.leaderboard.len() - top));
+            s.push_str(&format!(
+                "({} more rows in --json and in the profile)\n",
+                self.leaderboard.len() - top
+            ));
         }
         if let (Some(w), Some(wf)) = (&self.winner, &self.winner_figures) {
             s.push_str(&format!("\nwinner  {}\n", w.label()));
@@ -259,5 +317,9 @@ fn truncate(s: &str, n: usize) -> String {
 
 /// Profiles hold one-line strings: llama.cpp's multi-line messages are joined.
 pub fn one_line(s: &str) -> String {
-    s.split(['\n', '\r']).map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" | ")
+    s.split(['\n', '\r'])
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ")
 }

@@ -21,11 +21,19 @@ impl Worker {
         // On Linux /proc/self/exe still runs this very binary after the file was replaced or removed
         // (an upgrade or a rebuild during a long run), where its path would name another file or none.
         let self_exe = std::path::Path::new("/proc/self/exe");
-        let exe = if self_exe.exists() { self_exe.to_path_buf() } else { std::env::current_exe()? };
+        let exe = if self_exe.exists() {
+            self_exe.to_path_buf()
+        } else {
+            std::env::current_exe()?
+        };
         let mut cmd = Command::new(exe);
-        let name = std::env::current_exe().map_or_else(|_| "autotune".into(), |p| p.display().to_string());
+        let name =
+            std::env::current_exe().map_or_else(|_| "autotune".into(), |p| p.display().to_string());
         std::os::unix::process::CommandExt::arg0(&mut cmd, name);
-        cmd.arg("__worker").stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.arg("__worker")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         // Own process group: a Ctrl-C in the terminal reaches the tuner only, which then stops its
         // workers itself (so an interrupt is not mistaken for a crashed candidate).
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
@@ -55,7 +63,12 @@ impl Worker {
                 }
             }
         });
-        Ok(Worker { child, stdin, lines: rx, stderr })
+        Ok(Worker {
+            child,
+            stdin,
+            lines: rx,
+            stderr,
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -64,9 +77,17 @@ impl Worker {
 
     /// Sends one request and waits for its answer. `stop` is polled so an interrupt ends the wait.
     /// On any failure other than `Refused` the worker is gone and must be replaced.
-    pub fn call(&mut self, request: &Request, timeout: Duration, stop: &dyn Fn() -> bool) -> Result<Response, TrialFailure> {
+    pub fn call(
+        &mut self,
+        request: &Request,
+        timeout: Duration,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Response, TrialFailure> {
         let line = serde_json::to_string(request).expect("requests serialise");
-        if writeln!(self.stdin, "{line}").and_then(|_| self.stdin.flush()).is_err() {
+        if writeln!(self.stdin, "{line}")
+            .and_then(|_| self.stdin.flush())
+            .is_err()
+        {
             return Err(self.death());
         }
         let start = std::time::Instant::now();
@@ -74,7 +95,9 @@ impl Worker {
             match self.lines.recv_timeout(Duration::from_millis(100)) {
                 Ok(answer) => {
                     return match serde_json::from_str::<Response>(&answer) {
-                        Ok(Response::Failed { stage, message }) => Err(TrialFailure::Refused { stage, message }),
+                        Ok(Response::Failed { stage, message }) => {
+                            Err(TrialFailure::Refused { stage, message })
+                        }
                         Ok(r) => Ok(r),
                         // A stray line on stdout (llama.cpp printing there) is skipped.
                         Err(_) => continue,
@@ -88,7 +111,9 @@ impl Worker {
                     }
                     if start.elapsed() > timeout {
                         self.kill();
-                        return Err(TrialFailure::TimedOut { seconds: timeout.as_secs() });
+                        return Err(TrialFailure::TimedOut {
+                            seconds: timeout.as_secs(),
+                        });
                     }
                 }
             }
@@ -99,10 +124,25 @@ impl Worker {
         let lines = self.stderr.lock().map(|v| v.clone()).unwrap_or_default();
         let interesting: Vec<&String> = lines
             .iter()
-            .filter(|l| l.contains("error") || l.contains("GGML_ASSERT") || l.contains("abort") || l.contains("failed"))
+            .filter(|l| {
+                l.contains("error")
+                    || l.contains("GGML_ASSERT")
+                    || l.contains("abort")
+                    || l.contains("failed")
+            })
             .collect();
-        let pick: Vec<&String> = if interesting.is_empty() { lines.iter().collect() } else { interesting };
-        pick.iter().rev().take(2).rev().map(|s| s.trim()).collect::<Vec<_>>().join(" | ")
+        let pick: Vec<&String> = if interesting.is_empty() {
+            lines.iter().collect()
+        } else {
+            interesting
+        };
+        pick.iter()
+            .rev()
+            .take(2)
+            .rev()
+            .map(|s| s.trim())
+            .collect::<Vec<_>>()
+            .join(" | ")
     }
 
     /// The worker's stdout closed: collect how it ended.
@@ -115,12 +155,22 @@ impl Worker {
             Ok(s) => {
                 use std::os::unix::process::ExitStatusExt;
                 if let Some(sig) = s.signal() {
-                    TrialFailure::Crashed { signal: sig, name: signal_name(sig), stderr_tail: tail }
+                    TrialFailure::Crashed {
+                        signal: sig,
+                        name: signal_name(sig),
+                        stderr_tail: tail,
+                    }
                 } else {
-                    TrialFailure::Exited { code: s.code().unwrap_or(-1), stderr_tail: tail }
+                    TrialFailure::Exited {
+                        code: s.code().unwrap_or(-1),
+                        stderr_tail: tail,
+                    }
                 }
             }
-            Err(e) => TrialFailure::Exited { code: -1, stderr_tail: e.to_string() },
+            Err(e) => TrialFailure::Exited {
+                code: -1,
+                stderr_tail: e.to_string(),
+            },
         }
     }
 
@@ -130,7 +180,11 @@ impl Worker {
     }
 
     pub fn quit(mut self) {
-        let _ = writeln!(self.stdin, "{}", serde_json::to_string(&Request::Quit).expect("serialises"));
+        let _ = writeln!(
+            self.stdin,
+            "{}",
+            serde_json::to_string(&Request::Quit).expect("serialises")
+        );
         let _ = self.stdin.flush();
         std::thread::sleep(Duration::from_millis(10));
         match self.child.try_wait() {
@@ -156,7 +210,9 @@ impl Drop for Worker {
 /// A signal's conventional name, with what it usually means for a trial.
 pub fn signal_name(sig: i32) -> String {
     let name = match sig {
-        libc::SIGILL => "SIGILL (illegal instruction: a CPU kernel the machine or OS does not support)",
+        libc::SIGILL => {
+            "SIGILL (illegal instruction: a CPU kernel the machine or OS does not support)"
+        }
         libc::SIGABRT => "SIGABRT (llama.cpp aborted)",
         libc::SIGSEGV => "SIGSEGV (segmentation fault)",
         libc::SIGBUS => "SIGBUS (bus error)",

@@ -48,7 +48,10 @@ pub enum Response {
     Measured(Repetition),
     Footprint(LoadReport),
     /// llama.cpp refused (returned an error) without crashing.
-    Failed { stage: String, message: String },
+    Failed {
+        stage: String,
+        message: String,
+    },
     Quantized(crate::quant::serve::QuantizeAnswer),
     Quality(crate::quant::serve::QualityAnswer),
     DraftCheck(crate::speculative::serve::CheckAnswer),
@@ -69,7 +72,10 @@ pub fn serve() -> anyhow::Result<()> {
         let request: Request = match serde_json::from_str(&line) {
             Ok(r) => r,
             Err(e) => {
-                let r = Response::Failed { stage: "protocol".into(), message: e.to_string() };
+                let r = Response::Failed {
+                    stage: "protocol".into(),
+                    message: e.to_string(),
+                };
                 writeln!(stdout, "{}", serde_json::to_string(&r)?)?;
                 stdout.flush()?;
                 continue;
@@ -110,15 +116,20 @@ impl WorkerState {
         let key = (m.model.clone(), m.settings.clone());
         let mut fresh = false;
         for endpoint in &m.settings.rpc {
-            llama::rpc_add_server(endpoint).map_err(|e| Response::Failed { stage: "rpc".into(), message: e.to_string() })?;
+            llama::rpc_add_server(endpoint).map_err(|e| Response::Failed {
+                stage: "rpc".into(),
+                message: e.to_string(),
+            })?;
         }
         if self.model.as_ref().map(|(k, _)| k) != Some(&key) {
             self.context = None;
             self.model = None;
             self.before_load = (llama::device_free(), committed_bytes());
             let t = Instant::now();
-            let model = Model::load(&m.model, &m.settings)
-                .map_err(|e| Response::Failed { stage: "load".into(), message: e.to_string() })?;
+            let model = Model::load(&m.model, &m.settings).map_err(|e| Response::Failed {
+                stage: "load".into(),
+                message: e.to_string(),
+            })?;
             self.load_seconds = t.elapsed().as_secs_f64();
             self.load_log = llama::take_log();
             self.model = Some((key, Arc::new(model)));
@@ -127,8 +138,10 @@ impl WorkerState {
         if self.context.as_ref().map(|(c, _)| c) != Some(&m.context) {
             self.context = None;
             let model = &self.model.as_ref().expect("model loaded above").1;
-            let ctx = Context::new(model, &m.context)
-                .map_err(|e| Response::Failed { stage: "context".into(), message: e.to_string() })?;
+            let ctx = Context::new(model, &m.context).map_err(|e| Response::Failed {
+                stage: "context".into(),
+                message: e.to_string(),
+            })?;
             self.context = Some((m.context.clone(), ctx));
             fresh = true;
         }
@@ -155,11 +168,25 @@ impl WorkerState {
             let overhead = committed_bytes().saturating_sub(self.before_load.1);
             match per_device.iter_mut().find(|d| d.device == "CPU") {
                 Some(cpu) => cpu.bytes += overhead,
-                None => per_device.push(DeviceBytes { device: "CPU".into(), bytes: overhead }),
+                None => per_device.push(DeviceBytes {
+                    device: "CPU".into(),
+                    bytes: overhead,
+                }),
             }
         }
-        let reported_bytes = if breakdown.is_empty() { reported_bytes } else { per_device.iter().map(|d| d.bytes).sum() };
-        let mut report = LoadReport { load_seconds: self.load_seconds, buffers, rss_bytes: 0, reported_bytes, per_device, actual: Vec::new() };
+        let reported_bytes = if breakdown.is_empty() {
+            reported_bytes
+        } else {
+            per_device.iter().map(|d| d.bytes).sum()
+        };
+        let mut report = LoadReport {
+            load_seconds: self.load_seconds,
+            buffers,
+            rss_bytes: 0,
+            reported_bytes,
+            per_device,
+            actual: Vec::new(),
+        };
         if !m.settings.no_alloc {
             self.fill_actual(&mut report);
         }
@@ -170,10 +197,16 @@ impl WorkerState {
     fn fill_actual(&self, report: &mut LoadReport) {
         report.rss_bytes = rss_bytes();
         let committed = committed_bytes();
-        let mut actual = vec![DeviceBytes { device: "CPU".into(), bytes: committed.saturating_sub(self.before_load.1) }];
+        let mut actual = vec![DeviceBytes {
+            device: "CPU".into(),
+            bytes: committed.saturating_sub(self.before_load.1),
+        }];
         for (name, free_after) in llama::device_free() {
             if let Some((_, free_before)) = self.before_load.0.iter().find(|(n, _)| *n == name) {
-                actual.push(DeviceBytes { device: name, bytes: free_before.saturating_sub(free_after) });
+                actual.push(DeviceBytes {
+                    device: name,
+                    bytes: free_before.saturating_sub(free_after),
+                });
             }
         }
         report.actual = actual;
@@ -194,7 +227,9 @@ impl WorkerState {
         let ctx = &mut self.context.as_mut().expect("context created above").1;
         let mut tokens = TokenSource::new(m.seed, ctx.model().n_vocab(), ctx.model().bos());
         let w = &m.workload;
-        let run = |ctx: &mut Context, tokens: &mut TokenSource| -> Result<Repetition, llama::LlamaError> {
+        let run = |ctx: &mut Context,
+                   tokens: &mut TokenSource|
+         -> Result<Repetition, llama::LlamaError> {
             if load.is_some() {
                 // Warm-up, discarded: first touches of weights and buffers, thread pool start.
                 ctx.clear();
@@ -206,8 +241,17 @@ impl WorkerState {
             }
             let pp_tps = time_prompt(ctx, tokens, w.n_prompt)?;
             let tg_tps = time_generation(ctx, tokens, 0, w.n_gen)?;
-            let tg_depth_tps = if w.depth > 0 { Some(time_generation(ctx, tokens, w.depth, w.n_gen)?) } else { None };
-            Ok(Repetition { pp_tps, tg_tps, tg_depth_tps, load: load.clone() })
+            let tg_depth_tps = if w.depth > 0 {
+                Some(time_generation(ctx, tokens, w.depth, w.n_gen)?)
+            } else {
+                None
+            };
+            Ok(Repetition {
+                pp_tps,
+                tg_tps,
+                tg_depth_tps,
+                load: load.clone(),
+            })
         };
         match run(ctx, &mut tokens) {
             Ok(mut r) => {
@@ -217,7 +261,10 @@ impl WorkerState {
                 }
                 Response::Measured(r)
             }
-            Err(e) => Response::Failed { stage: "decode".into(), message: e.to_string() },
+            Err(e) => Response::Failed {
+                stage: "decode".into(),
+                message: e.to_string(),
+            },
         }
     }
 }
@@ -228,7 +275,11 @@ fn ctx_batch(m: &MeasureRequest) -> u32 {
 
 /// Prompt processing: an empty cache, `n` tokens in batches of n_batch, synchronised before the
 /// clock stops.
-fn time_prompt(ctx: &mut Context, tokens: &mut TokenSource, n: u32) -> Result<f64, llama::LlamaError> {
+fn time_prompt(
+    ctx: &mut Context,
+    tokens: &mut TokenSource,
+    n: u32,
+) -> Result<f64, llama::LlamaError> {
     ctx.clear();
     let mut prompt = tokens.prompt(n);
     let t = Instant::now();
@@ -238,7 +289,12 @@ fn time_prompt(ctx: &mut Context, tokens: &mut TokenSource, n: u32) -> Result<f6
 }
 
 /// Generation: `depth` tokens already in the cache (filled untimed), then `n` single-token decodes.
-fn time_generation(ctx: &mut Context, tokens: &mut TokenSource, depth: u32, n: u32) -> Result<f64, llama::LlamaError> {
+fn time_generation(
+    ctx: &mut Context,
+    tokens: &mut TokenSource,
+    depth: u32,
+    n: u32,
+) -> Result<f64, llama::LlamaError> {
     ctx.clear();
     if depth > 0 {
         ctx.decode(&mut tokens.prompt(depth))?;
@@ -246,7 +302,11 @@ fn time_generation(ctx: &mut Context, tokens: &mut TokenSource, depth: u32, n: u
     }
     let t = Instant::now();
     for i in 0..n {
-        let mut tok = [if depth == 0 && i == 0 { tokens.bos } else { tokens.next() }];
+        let mut tok = [if depth == 0 && i == 0 {
+            tokens.bos
+        } else {
+            tokens.next()
+        }];
         ctx.decode(&mut tok)?;
     }
     ctx.synchronize();
@@ -262,7 +322,11 @@ struct TokenSource {
 
 impl TokenSource {
     fn new(seed: u64, n_vocab: i32, bos: i32) -> Self {
-        TokenSource { state: seed ^ 0x9E37_79B9_7F4A_7C15, n_vocab: n_vocab.max(1), bos: bos.max(0) }
+        TokenSource {
+            state: seed ^ 0x9E37_79B9_7F4A_7C15,
+            n_vocab: n_vocab.max(1),
+            bos: bos.max(0),
+        }
     }
     fn next(&mut self) -> i32 {
         // xorshift64*
@@ -304,7 +368,11 @@ pub fn committed_bytes() -> u64 {
 pub fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
         // SAFETY: sysconf is a plain query.
         .map(|pages| pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64)
         .unwrap_or(0)

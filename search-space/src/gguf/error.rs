@@ -64,20 +64,34 @@ pub enum GgufError {
          download or copy it again",
         path.display()
     )]
-    Truncated { path: PathBuf, what: String, offset: u64 },
+    Truncated {
+        path: PathBuf,
+        what: String,
+        offset: u64,
+    },
 
     #[error(
         "{}: {what} is {count}, more than the limit of {limit}; the file is damaged or not a model",
         path.display()
     )]
-    AbsurdCount { path: PathBuf, what: String, count: u64, limit: u64 },
+    AbsurdCount {
+        path: PathBuf,
+        what: String,
+        count: u64,
+        limit: u64,
+    },
 
     #[error(
         "{}: metadata key '{key}' should be {expected} but is {found}; the file was written by a broken \
          converter, convert the model again",
         path.display()
     )]
-    WrongType { path: PathBuf, key: String, expected: &'static str, found: String },
+    WrongType {
+        path: PathBuf,
+        key: String,
+        expected: &'static str,
+        found: String,
+    },
 
     #[error(
         "{}: required metadata key '{key}' is missing; the file is not a complete llama.cpp model",
@@ -92,13 +106,21 @@ pub enum GgufError {
         "{}: metadata key '{key}' {reason}; the file is damaged or was written by a broken converter",
         path.display()
     )]
-    BadMetadata { path: PathBuf, key: String, reason: String },
+    BadMetadata {
+        path: PathBuf,
+        key: String,
+        reason: String,
+    },
 
     #[error(
         "{}: tensor '{name}' {reason}; the file is damaged or was written by a broken converter",
         path.display()
     )]
-    BadTensor { path: PathBuf, name: String, reason: String },
+    BadTensor {
+        path: PathBuf,
+        name: String,
+        reason: String,
+    },
 
     #[error(
         "{}: this is part {} of a model split into {count} files, but {} missing: {}; put all parts in \
@@ -108,7 +130,12 @@ pub enum GgufError {
         if missing.len() == 1 { "this part is" } else { "these parts are" },
         missing.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
     )]
-    MissingSplitParts { path: PathBuf, no: u16, count: u16, missing: Vec<PathBuf> },
+    MissingSplitParts {
+        path: PathBuf,
+        no: u16,
+        count: u16,
+        missing: Vec<PathBuf>,
+    },
 
     #[error(
         "{}: this is part {} of a model split into {count} files; pass the first part{}",
@@ -194,7 +221,11 @@ pub(crate) fn not_gguf_hint(magic: &[u8]) -> &'static str {
         "; it is a model in the old GGML format: convert the original model again with llama.cpp"
     } else if magic.first().is_some_and(|b| *b == b'{' || *b == b'[') {
         "; it looks like JSON: pass the .gguf model file, not a configuration file"
-    } else if !magic.is_empty() && magic.iter().all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace()) {
+    } else if !magic.is_empty()
+        && magic
+            .iter()
+            .all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace())
+    {
         "; it looks like a text file: pass the .gguf model file"
     } else {
         "; pass a .gguf model file (convert other formats with llama.cpp's convert_hf_to_gguf.py)"

@@ -144,7 +144,14 @@ pub(super) struct Reader<R> {
 
 impl<R: Read> Reader<R> {
     pub(super) fn new(inner: R, file_size: u64, path: PathBuf) -> Self {
-        Reader { inner, pos: 0, file_size, path, context: None, scratch: Vec::new() }
+        Reader {
+            inner,
+            pos: 0,
+            file_size,
+            path,
+            context: None,
+            scratch: Vec::new(),
+        }
     }
 
     pub(super) fn pos(&self) -> u64 {
@@ -163,18 +170,30 @@ impl<R: Read> Reader<R> {
     }
 
     pub(super) fn truncated(&self, what: &str, offset: u64) -> GgufError {
-        GgufError::Truncated { path: self.path.clone(), what: self.what(what), offset }
+        GgufError::Truncated {
+            path: self.path.clone(),
+            what: self.what(what),
+            offset,
+        }
     }
 
     fn absurd(&self, what: &str, count: u64, limit: u64) -> GgufError {
-        GgufError::AbsurdCount { path: self.path.clone(), what: self.what(what), count, limit }
+        GgufError::AbsurdCount {
+            path: self.path.clone(),
+            what: self.what(what),
+            count,
+            limit,
+        }
     }
 
     fn io_error(&self, e: io::Error, what: &str, offset: u64) -> GgufError {
         if e.kind() == io::ErrorKind::UnexpectedEof {
             self.truncated(what, offset)
         } else {
-            GgufError::Unreadable { path: self.path.clone(), source: e }
+            GgufError::Unreadable {
+                path: self.path.clone(),
+                source: e,
+            }
         }
     }
 
@@ -189,7 +208,9 @@ impl<R: Read> Reader<R> {
     fn bytes<const N: usize>(&mut self, what: &str) -> Result<[u8; N], GgufError> {
         let mut buf = [0u8; N];
         let start = self.pos;
-        self.inner.read_exact(&mut buf).map_err(|e| self.io_error(e, what, start))?;
+        self.inner
+            .read_exact(&mut buf)
+            .map_err(|e| self.io_error(e, what, start))?;
         self.pos += N as u64;
         Ok(buf)
     }
@@ -200,7 +221,10 @@ impl<R: Read> Reader<R> {
         (&mut self.inner)
             .take(4)
             .read_to_end(&mut buf)
-            .map_err(|e| GgufError::Unreadable { path: self.path.clone(), source: e })?;
+            .map_err(|e| GgufError::Unreadable {
+                path: self.path.clone(),
+                source: e,
+            })?;
         self.pos += buf.len() as u64;
         Ok(buf)
     }
@@ -246,9 +270,10 @@ impl<R: Read> Reader<R> {
         self.pos += len;
         match std::str::from_utf8(&self.scratch) {
             Ok(s) => Ok(Some(s.to_string())),
-            Err(e) => {
-                Err(GgufError::BadString { path: self.path.clone(), offset: start + e.valid_up_to() as u64 })
-            }
+            Err(e) => Err(GgufError::BadString {
+                path: self.path.clone(),
+                offset: start + e.valid_up_to() as u64,
+            }),
         }
     }
 
@@ -274,10 +299,15 @@ impl<R: Read> Reader<R> {
     pub(super) fn header(&mut self) -> Result<(u32, u64, u64), GgufError> {
         let version = self.u32("the GGUF version")?;
         if version != 0 && version & 0xFFFF == 0 {
-            return Err(GgufError::BigEndian { path: self.path.clone() });
+            return Err(GgufError::BigEndian {
+                path: self.path.clone(),
+            });
         }
         if !(2..=3).contains(&version) {
-            return Err(GgufError::UnsupportedVersion { path: self.path.clone(), version });
+            return Err(GgufError::UnsupportedVersion {
+                path: self.path.clone(),
+                version,
+            });
         }
         let tensor_count = self.u64("the tensor count")?;
         if tensor_count > MAX_TENSOR_COUNT {
@@ -324,16 +354,25 @@ impl<R: Read> Reader<R> {
     }
 
     fn bad_metadata(&self, key: &str, reason: String) -> GgufError {
-        GgufError::BadMetadata { path: self.path.clone(), key: key.to_string(), reason }
+        GgufError::BadMetadata {
+            path: self.path.clone(),
+            key: key.to_string(),
+            reason,
+        }
     }
 
     fn bad_tensor(&self, name: &str, reason: String) -> GgufError {
-        GgufError::BadTensor { path: self.path.clone(), name: name.to_string(), reason }
+        GgufError::BadTensor {
+            path: self.path.clone(),
+            name: name.to_string(),
+            reason,
+        }
     }
 
     fn value_type(&mut self, key: &str) -> Result<ValueType, GgufError> {
         let n = self.u32("the value type")?;
-        ValueType::from_u32(n).ok_or_else(|| self.bad_metadata(key, format!("has unknown value type {n}")))
+        ValueType::from_u32(n)
+            .ok_or_else(|| self.bad_metadata(key, format!("has unknown value type {n}")))
     }
 
     fn value(&mut self, key: &str, keep: bool) -> Result<Value, GgufError> {
@@ -348,7 +387,10 @@ impl<R: Read> Reader<R> {
     fn array(&mut self, key: &str, keep: bool) -> Result<Value, GgufError> {
         let elem = self.value_type(key)?;
         if elem == ValueType::Array {
-            return Err(self.bad_metadata(key, "is an array of arrays, which llama.cpp does not read".into()));
+            return Err(self.bad_metadata(
+                key,
+                "is an array of arrays, which llama.cpp does not read".into(),
+            ));
         }
         let count = self.u64("the array length")?;
         if count > MAX_ARRAY_COUNT {
@@ -364,13 +406,20 @@ impl<R: Read> Reader<R> {
                 MAX_METADATA_BYTES,
             ));
         }
-        self.need(total, &format!("the array ({count} {} elements)", elem.name()))?;
+        self.need(
+            total,
+            &format!("the array ({count} {} elements)", elem.name()),
+        )?;
         let mut ints = None;
         if elem == ValueType::String {
             for _ in 0..count {
                 self.string("an array element", false)?;
                 if self.pos > MAX_METADATA_BYTES {
-                    return Err(self.absurd("the size of the metadata", self.pos, MAX_METADATA_BYTES));
+                    return Err(self.absurd(
+                        "the size of the metadata",
+                        self.pos,
+                        MAX_METADATA_BYTES,
+                    ));
                 }
             }
         } else if keep && elem.is_integer() && count <= MAX_KEPT_ARRAY {
@@ -390,7 +439,10 @@ impl<R: Read> Reader<R> {
     /// Reads and validates `count` tensor descriptions (the checks llama.cpp's gguf reader makes).
     pub(super) fn tensor_infos(&mut self, count: u64) -> Result<Vec<RawTensor>, GgufError> {
         // name length 8 + n_dims 4 + type 4 + offset 8
-        self.need(count.saturating_mul(24), &format!("the tensor descriptions ({count} declared)"))?;
+        self.need(
+            count.saturating_mul(24),
+            &format!("the tensor descriptions ({count} declared)"),
+        )?;
         let mut tensors = Vec::with_capacity(count.min(4096) as usize);
         let mut seen = HashSet::new();
         for i in 0..count {
@@ -420,7 +472,14 @@ impl<R: Read> Reader<R> {
             let offset = self.u64("the data offset")?;
             let (elements, bytes) =
                 tensor_size(&dims, ty).map_err(|reason| self.bad_tensor(&name, reason))?;
-            tensors.push(RawTensor { name, ggml_type: ty, dims, offset, elements, bytes });
+            tensors.push(RawTensor {
+                name,
+                ggml_type: ty,
+                dims,
+                offset,
+                elements,
+                bytes,
+            });
         }
         self.context = None;
         Ok(tensors)
@@ -429,12 +488,14 @@ impl<R: Read> Reader<R> {
 
 /// Element count and byte size of a tensor, or why its shape or type is invalid.
 fn tensor_size(dims: &[u64], ty: u32) -> Result<(u64, u64), String> {
-    let t =
-        ggml_type(ty).ok_or_else(|| format!("has unknown ggml type {ty} (a newer llama.cpp may know it)"))?;
+    let t = ggml_type(ty)
+        .ok_or_else(|| format!("has unknown ggml type {ty} (a newer llama.cpp may know it)"))?;
     let mut elements: u64 = 1;
     for &d in dims {
         if d > i64::MAX as u64 {
-            return Err(format!("has a dimension of {d}, more than ggml can represent"));
+            return Err(format!(
+                "has a dimension of {d}, more than ggml can represent"
+            ));
         }
         elements = elements
             .checked_mul(d)
@@ -460,7 +521,10 @@ mod tests {
 
     #[test]
     fn sizes_follow_block_layout() {
-        assert_eq!(tensor_size(&[4096, 4096], 0), Ok((4096 * 4096, 4096 * 4096 * 4)));
+        assert_eq!(
+            tensor_size(&[4096, 4096], 0),
+            Ok((4096 * 4096, 4096 * 4096 * 4))
+        );
         assert_eq!(tensor_size(&[256, 2], 12), Ok((512, 2 * 144)));
         assert_eq!(tensor_size(&[], 0), Ok((1, 4)));
         assert!(tensor_size(&[100], 12).is_err());

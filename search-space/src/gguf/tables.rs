@@ -12,7 +12,12 @@ pub struct GgmlType {
 }
 
 const fn t(id: u32, name: &'static str, block_size: u64, type_size: u64) -> GgmlType {
-    GgmlType { id, name, block_size, type_size }
+    GgmlType {
+        id,
+        name,
+        block_size,
+        type_size,
+    }
 }
 
 /// From `type_traits` in ggml/src/ggml.c; the byte sizes are `sizeof(block_*)` from ggml-common.h, printed by
@@ -104,7 +109,10 @@ const FILE_TYPES: &[(u32, &str)] = &[
 
 /// The name of a `general.file_type` value, or `None` when llama.cpp has no name for it.
 pub fn file_type_name(file_type: u32) -> Option<&'static str> {
-    FILE_TYPES.iter().find(|(n, _)| *n == file_type).map(|(_, name)| *name)
+    FILE_TYPES
+        .iter()
+        .find(|(n, _)| *n == file_type)
+        .map(|(_, name)| *name)
 }
 
 /// Every architecture llama.cpp can load: the strings of `LLM_ARCH_NAMES` in src/llama-arch.cpp, in its

@@ -11,7 +11,11 @@ fn read(bytes: &[u8]) -> Result<GgufInfo, GgufError> {
 }
 
 fn variant(e: &GgufError) -> String {
-    format!("{e:?}").split([' ', '{', '(']).next().unwrap_or_default().to_string()
+    format!("{e:?}")
+        .split([' ', '{', '('])
+        .next()
+        .unwrap_or_default()
+        .to_string()
 }
 
 #[test]
@@ -34,7 +38,11 @@ fn valid_file_reads_back() {
     assert_eq!(info.tokenizer_model.as_deref(), Some("llama"));
     assert_eq!(info.split, None);
     assert_eq!(info.tensor_count, 4);
-    let names: Vec<_> = info.tensors.iter().map(|t| (t.name.as_str(), t.type_name.as_str())).collect();
+    let names: Vec<_> = info
+        .tensors
+        .iter()
+        .map(|t| (t.name.as_str(), t.type_name.as_str()))
+        .collect();
     assert_eq!(
         names,
         [
@@ -81,7 +89,10 @@ fn integers_of_any_fitting_type_are_accepted() {
     assert_eq!(info.block_count, Some(32));
     assert_eq!(info.context_length, Some(131_072));
     assert_eq!(info.embedding_length, Some(4096));
-    assert_eq!((info.expert_count, info.expert_used_count), (Some(8), Some(2)));
+    assert_eq!(
+        (info.expert_count, info.expert_used_count),
+        (Some(8), Some(2))
+    );
     assert!(info.is_moe());
     assert_eq!(info.head_count_kv, Some(8), "the largest per-layer count");
 }
@@ -96,20 +107,42 @@ fn integers_that_do_not_fit_are_wrong_types() {
         GgufBuilder::new("llama").kv_array_u32("llama.block_count", &[1]),
     ] {
         let e = read(&b.build()).unwrap_err();
-        assert!(matches!(&e, GgufError::WrongType { key, .. } if key == "llama.block_count"), "{e:?}");
+        assert!(
+            matches!(&e, GgufError::WrongType { key, .. } if key == "llama.block_count"),
+            "{e:?}"
+        );
     }
 }
 
 #[test]
 fn wrong_type_names_key_expected_and_found() {
-    let e = read(&GgufBuilder::new("llama").kv_str("llama.block_count", "32").build()).unwrap_err();
+    let e = read(
+        &GgufBuilder::new("llama")
+            .kv_str("llama.block_count", "32")
+            .build(),
+    )
+    .unwrap_err();
     assert_eq!(
         e.to_string(),
         "m.gguf: metadata key 'llama.block_count' should be an unsigned integer that fits in 32 bits but \
          is a string; the file was written by a broken converter, convert the model again"
     );
-    let e = read(&GgufBuilder::new("llama").kv_u32("tokenizer.ggml.tokens", 3).build()).unwrap_err();
-    assert!(matches!(e, GgufError::WrongType { expected: "an array of strings", .. }), "{e:?}");
+    let e = read(
+        &GgufBuilder::new("llama")
+            .kv_u32("tokenizer.ggml.tokens", 3)
+            .build(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GgufError::WrongType {
+                expected: "an array of strings",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -132,10 +165,20 @@ fn messages_name_the_file_and_what_it_is() {
          .gguf file from it"
     );
     let e = read(b"hello world").unwrap_err();
-    assert!(e.to_string().contains("(starts with \"hell\"); it looks like a text file"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("(starts with \"hell\"); it looks like a text file"),
+        "{e}"
+    );
     let e = read(&GgufBuilder::tiny_model("not-a-real-arch").build()).unwrap_err();
-    assert!(matches!(&e, GgufError::UnsupportedArchitecture { arch, .. } if arch == "not-a-real-arch"));
-    assert!(e.to_string().starts_with("m.gguf: architecture 'not-a-real-arch' is not supported"), "{e}");
+    assert!(
+        matches!(&e, GgufError::UnsupportedArchitecture { arch, .. } if arch == "not-a-real-arch")
+    );
+    assert!(
+        e.to_string()
+            .starts_with("m.gguf: architecture 'not-a-real-arch' is not supported"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -150,9 +193,12 @@ fn every_prefix_of_a_valid_file_is_truncated() {
         // A reader that ends in the header before the size it was given is truncated too (the data
         // itself is never read, so there only the size counts).
         if len + 32 <= data_start {
-            let e =
-                GgufInfo::from_reader(&bytes[..len], bytes.len() as u64, Path::new("m.gguf")).unwrap_err();
-            assert!(matches!(e, GgufError::Truncated { .. }), "reader ending at {len}: {e:?}");
+            let e = GgufInfo::from_reader(&bytes[..len], bytes.len() as u64, Path::new("m.gguf"))
+                .unwrap_err();
+            assert!(
+                matches!(e, GgufError::Truncated { .. }),
+                "reader ending at {len}: {e:?}"
+            );
         }
     }
     assert!(matches!(read(&[]), Err(GgufError::Empty { .. })));
@@ -160,15 +206,27 @@ fn every_prefix_of_a_valid_file_is_truncated() {
 
 #[test]
 fn truncation_says_what_and_where() {
-    let bytes = GgufBuilder::new("llama").tensor("t", ggml::F32, &[8]).build();
+    let bytes = GgufBuilder::new("llama")
+        .tensor("t", ggml::F32, &[8])
+        .build();
     let e = read(&bytes[..bytes.len() - 1]).unwrap_err();
-    let GgufError::Truncated { what, offset, .. } = &e else { panic!("{e:?}") };
+    let GgufError::Truncated { what, offset, .. } = &e else {
+        panic!("{e:?}")
+    };
     assert_eq!(what, "the 32 bytes of data of tensor 't'");
     assert_eq!(*offset, bytes.len() as u64 - 32);
     let e = read(&bytes[..40]).unwrap_err();
-    assert!(e.to_string().contains("reading the key of metadata key number 1 (at byte 32)"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("reading the key of metadata key number 1 (at byte 32)"),
+        "{e}"
+    );
     let e = read(&bytes[..30]).unwrap_err();
-    assert!(e.to_string().contains("reading the metadata (1 key-value pairs declared) (at byte 24)"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("reading the metadata (1 key-value pairs declared) (at byte 24)"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -176,20 +234,64 @@ fn absurd_counts_are_refused_before_allocating() {
     let mut bytes = GgufBuilder::new("llama").build();
     patch_u64(&mut bytes, 8, 2_000_000);
     let e = read(&bytes).unwrap_err();
-    assert!(matches!(e, GgufError::AbsurdCount { count: 2_000_000, limit: MAX_TENSOR_COUNT, .. }), "{e:?}");
-    let array = [&value_type::U8.to_le_bytes()[..], &(MAX_ARRAY_COUNT + 1).to_le_bytes()].concat();
-    let e = read(&GgufBuilder::new("llama").kv_raw("x", value_type::ARRAY, &array).build()).unwrap_err();
-    assert!(matches!(e, GgufError::AbsurdCount { limit: MAX_ARRAY_COUNT, .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            GgufError::AbsurdCount {
+                count: 2_000_000,
+                limit: MAX_TENSOR_COUNT,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let array = [
+        &value_type::U8.to_le_bytes()[..],
+        &(MAX_ARRAY_COUNT + 1).to_le_bytes(),
+    ]
+    .concat();
+    let e = read(
+        &GgufBuilder::new("llama")
+            .kv_raw("x", value_type::ARRAY, &array)
+            .build(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GgufError::AbsurdCount {
+                limit: MAX_ARRAY_COUNT,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     // An array that is allowed but longer than the file is truncated, not read element by element.
-    let array = [&value_type::STRING.to_le_bytes()[..], &40_000_000u64.to_le_bytes()].concat();
-    let e = read(&GgufBuilder::new("llama").kv_raw("x", value_type::ARRAY, &array).build()).unwrap_err();
+    let array = [
+        &value_type::STRING.to_le_bytes()[..],
+        &40_000_000u64.to_le_bytes(),
+    ]
+    .concat();
+    let e = read(
+        &GgufBuilder::new("llama")
+            .kv_raw("x", value_type::ARRAY, &array)
+            .build(),
+    )
+    .unwrap_err();
     assert!(matches!(e, GgufError::Truncated { .. }), "{e:?}");
 }
 
 #[test]
 fn n_dims_above_four_is_a_bad_tensor() {
-    let e = read(&GgufBuilder::new("llama").tensor("blk.0.x", ggml::F32, &[1; 9]).build()).unwrap_err();
-    let GgufError::BadTensor { name, reason, .. } = &e else { panic!("{e:?}") };
+    let e = read(
+        &GgufBuilder::new("llama")
+            .tensor("blk.0.x", ggml::F32, &[1; 9])
+            .build(),
+    )
+    .unwrap_err();
+    let GgufError::BadTensor { name, reason, .. } = &e else {
+        panic!("{e:?}")
+    };
     assert_eq!(name, "blk.0.x");
     assert!(reason.contains("9 dimensions"), "{reason}");
 }
@@ -201,7 +303,10 @@ fn tensor_offset_beyond_the_end_is_truncated() {
         .tensor_at("b", ggml::F32, &[4], 1 << 40)
         .build();
     let e = read(&bytes).unwrap_err();
-    assert!(matches!(&e, GgufError::Truncated { what, .. } if what.contains("tensor 'b'")), "{e:?}");
+    assert!(
+        matches!(&e, GgufError::Truncated { what, .. } if what.contains("tensor 'b'")),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -211,18 +316,26 @@ fn missing_and_directory_and_unreadable() {
     let e = GgufInfo::inspect(&missing).unwrap_err();
     assert!(matches!(e, GgufError::NotFound { .. }));
     assert_eq!(e.kind(), GgufErrorKind::NotFound);
-    assert!(e.to_string().starts_with(&format!("{}: no such file", missing.display())));
+    assert!(e
+        .to_string()
+        .starts_with(&format!("{}: no such file", missing.display())));
 
     let e = GgufInfo::inspect(dir.path()).unwrap_err();
     assert!(matches!(e, GgufError::IsDirectory { .. }), "{e:?}");
 
     let empty = dir.path().join("empty.gguf");
     std::fs::write(&empty, b"").unwrap();
-    assert!(matches!(GgufInfo::inspect(&empty), Err(GgufError::Empty { .. })));
+    assert!(matches!(
+        GgufInfo::inspect(&empty),
+        Err(GgufError::Empty { .. })
+    ));
 
     let text = dir.path().join("notes.txt");
     std::fs::write(&text, "some notes\n").unwrap();
-    assert!(matches!(GgufInfo::inspect(&text), Err(GgufError::NotGguf { .. })));
+    assert!(matches!(
+        GgufInfo::inspect(&text),
+        Err(GgufError::NotGguf { .. })
+    ));
 
     struct Failing;
     impl Read for Failing {
@@ -239,26 +352,55 @@ fn missing_and_directory_and_unreadable() {
 fn split_parts_must_sit_together() {
     let dir = tempfile::tempdir().unwrap();
     let part = |k: u16| dir.path().join(format!("model-{k:05}-of-00003.gguf"));
-    GgufBuilder::tiny_model("llama").split(0, 3, 12).write_to(&part(1)).unwrap();
+    GgufBuilder::tiny_model("llama")
+        .split(0, 3, 12)
+        .write_to(&part(1))
+        .unwrap();
     std::fs::write(part(2), b"").unwrap();
     let e = GgufInfo::inspect(&part(1)).unwrap_err();
-    let GgufError::MissingSplitParts { no: 0, count: 3, missing, .. } = &e else { panic!("{e:?}") };
+    let GgufError::MissingSplitParts {
+        no: 0,
+        count: 3,
+        missing,
+        ..
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
     assert_eq!(missing, &[part(3)]);
     assert_eq!(e.kind(), GgufErrorKind::NotFound);
-    assert!(e.to_string().contains("this is part 1 of a model split into 3 files, but this part is missing"));
+    assert!(e
+        .to_string()
+        .contains("this is part 1 of a model split into 3 files, but this part is missing"));
 
     std::fs::write(part(3), b"").unwrap();
     let info = GgufInfo::inspect(&part(1)).unwrap();
-    assert_eq!(info.split, Some(SplitInfo { no: 0, count: 3, tensors_count: Some(12) }));
+    assert_eq!(
+        info.split,
+        Some(SplitInfo {
+            no: 0,
+            count: 3,
+            tensors_count: Some(12)
+        })
+    );
 
     // A later part names the first.
-    GgufBuilder::new("llama").split(1, 3, 12).write_to(&part(2)).unwrap();
+    GgufBuilder::new("llama")
+        .split(1, 3, 12)
+        .write_to(&part(2))
+        .unwrap();
     let e = GgufInfo::inspect(&part(2)).unwrap_err();
-    assert!(matches!(&e, GgufError::NotFirstSplit { first: Some(p), .. } if *p == part(1)), "{e:?}");
+    assert!(
+        matches!(&e, GgufError::NotFirstSplit { first: Some(p), .. } if *p == part(1)),
+        "{e:?}"
+    );
 
     // Files not named like llama.cpp's splits are not checked for siblings.
     let odd = dir.path().join("renamed.gguf");
-    GgufBuilder::tiny_model("llama").split(0, 3, 12).write_to(&odd).unwrap();
+    GgufBuilder::tiny_model("llama")
+        .split(0, 3, 12)
+        .write_to(&odd)
+        .unwrap();
     assert!(GgufInfo::inspect(&odd).is_ok());
 }
 
@@ -267,10 +409,16 @@ fn split_paths_follow_llama_cpp_naming() {
     let paths = split_part_paths(Path::new("/m/qwen-00002-of-00002.gguf"), 1, 2).unwrap();
     assert_eq!(
         paths,
-        [PathBuf::from("/m/qwen-00001-of-00002.gguf"), PathBuf::from("/m/qwen-00002-of-00002.gguf")]
+        [
+            PathBuf::from("/m/qwen-00001-of-00002.gguf"),
+            PathBuf::from("/m/qwen-00002-of-00002.gguf")
+        ]
     );
     assert_eq!(split_part_paths(Path::new("qwen.gguf"), 0, 2), None);
-    assert_eq!(split_part_paths(Path::new("-00001-of-00002.gguf"), 0, 2), None);
+    assert_eq!(
+        split_part_paths(Path::new("-00001-of-00002.gguf"), 0, 2),
+        None
+    );
 }
 
 #[test]
@@ -290,7 +438,10 @@ fn tables_are_consistent() {
 fn real_model_when_cached() {
     let path = Path::new("/root/.cache/autotune/models/gemma-3-270m-q4_k_m.gguf");
     if !path.exists() {
-        eprintln!("note: {} is absent, skipping the real-model check", path.display());
+        eprintln!(
+            "note: {} is absent, skipping the real-model check",
+            path.display()
+        );
         return;
     }
     // Values checked against an independent reading of the header.

@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-
 /// Finds the profile `target` names and checks that it may be used: a `.toml` file is read as a profile;
 /// anything else is a model file whose profile for this machine is looked up in the store.
 ///
@@ -30,7 +29,9 @@ use std::time::{Duration, Instant};
 /// devices, another llama.cpp build or another model file. A stale profile is refused unless `force`.
 /// Errors carry exit code 5 (bad profile) and fit on one line.
 pub fn resolve(target: &Path, force: bool, verbose: bool) -> anyhow::Result<StoredProfile> {
-    let is_profile_file = target.extension().is_some_and(|e| e.eq_ignore_ascii_case("toml"));
+    let is_profile_file = target
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
     if !is_profile_file {
         tune::inspect_model(target)?;
     }
@@ -38,27 +39,38 @@ pub fn resolve(target: &Path, force: bool, verbose: bool) -> anyhow::Result<Stor
     let stored = if is_profile_file {
         StoredProfile::read(target).map_err(bad_profile)?
     } else {
-        let id = ModelIdentity::of_file(target).with_context(|| format!("{}: cannot read", target.display()))?;
+        let id = ModelIdentity::of_file(target)
+            .with_context(|| format!("{}: cannot read", target.display()))?;
         let store = Store::open(Store::default_dir().map_err(bad_profile)?).map_err(bad_profile)?;
-        store.find(&here.machine.fingerprint, &id.fingerprint).map_err(bad_profile)?.ok_or_else(|| {
-            Exit::new(
-                exit::BAD_PROFILE,
-                format!(
-                    "{}: no profile for this model on this machine; run `autotune {}` first",
-                    target.display(),
-                    profiles::shell_quote(&[target.to_string_lossy()])
-                ),
-            )
-        })?
+        store
+            .find(&here.machine.fingerprint, &id.fingerprint)
+            .map_err(bad_profile)?
+            .ok_or_else(|| {
+                Exit::new(
+                    exit::BAD_PROFILE,
+                    format!(
+                        "{}: no profile for this model on this machine; run `autotune {}` first",
+                        target.display(),
+                        profiles::shell_quote(&[target.to_string_lossy()])
+                    ),
+                )
+            })?
     };
     for w in &stored.warnings {
         eprintln!("autotune: warning: {}: {w}", stored.path.display());
     }
-    stored.profile.validate(true).map_err(|e| bad_profile(e.with_path(&stored.path)))?;
+    stored
+        .profile
+        .validate(true)
+        .map_err(|e| bad_profile(e.with_path(&stored.path)))?;
 
     let changes = staleness(&stored.profile, &here);
     if !changes.is_empty() {
-        let reason = format!("profile {} is stale: {}", stored.path.display(), changes.join("; "));
+        let reason = format!(
+            "profile {} is stale: {}",
+            stored.path.display(),
+            changes.join("; ")
+        );
         if !force {
             return Err(Exit::new(
                 exit::BAD_PROFILE,
@@ -84,9 +96,18 @@ fn staleness(p: &Profile, here: &doctor::Doctor) -> Vec<String> {
         ));
     }
     let was: Vec<&str> = p.machine.devices.iter().map(|d| d.name.as_str()).collect();
-    let now: Vec<&str> = here.machine.devices.iter().map(|d| d.name.as_str()).collect();
+    let now: Vec<&str> = here
+        .machine
+        .devices
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
     if was != now {
-        changes.push(format!("devices were [{}], now [{}]", was.join(", "), now.join(", ")));
+        changes.push(format!(
+            "devices were [{}], now [{}]",
+            was.join(", "),
+            now.join(", ")
+        ));
     }
     let build = |version: &str, variant: Option<&str>| match variant {
         Some(v) => format!("{version} ({v})"),
@@ -105,7 +126,10 @@ fn staleness(p: &Profile, here: &doctor::Doctor) -> Vec<String> {
             short(&p.model.fingerprint),
             short(&id.fingerprint)
         )),
-        Err(e) => changes.push(format!("model file {} cannot be read: {e}", p.model.path.display())),
+        Err(e) => changes.push(format!(
+            "model file {} cannot be read: {e}",
+            p.model.path.display()
+        )),
     }
     changes
 }
@@ -121,7 +145,11 @@ fn bad_profile(e: profiles::ProfileError) -> anyhow::Error {
 }
 
 fn one_line(text: &str) -> String {
-    text.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The result of `apply --exec`: what was started, and how fast it generated compared with the profile.
@@ -164,7 +192,13 @@ struct Timings {
 
 pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     if !(args.tolerance.is_finite() && args.tolerance > 0.0) {
-        return Err(Exit::new(exit::USAGE, format!("--tolerance {} must be a positive number, e.g. 0.25", args.tolerance)));
+        return Err(Exit::new(
+            exit::USAGE,
+            format!(
+                "--tolerance {} must be a positive number, e.g. 0.25",
+                args.tolerance
+            ),
+        ));
     }
     let stored = resolve(&args.target, args.force, cli.verbose)?;
     let p = &stored.profile;
@@ -182,9 +216,18 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         }
     }
 
-    let port = if args.port == 0 { free_port(&args.host)? } else { args.port };
+    let port = if args.port == 0 {
+        free_port(&args.host)?
+    } else {
+        args.port
+    };
     let mut argv = p.server_args.clone();
-    argv.extend(["--host".to_string(), args.host.clone(), "--port".to_string(), port.to_string()]);
+    argv.extend([
+        "--host".to_string(),
+        args.host.clone(),
+        "--port".to_string(),
+        port.to_string(),
+    ]);
     argv.extend(args.extra.iter().cloned());
 
     if !args.exec {
@@ -212,7 +255,10 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         )
     })?;
     if !is_loopback(&args.host) {
-        eprintln!("autotune: warning: llama-server will listen on {}: reachable from other machines", args.host);
+        eprintln!(
+            "autotune: warning: llama-server will listen on {}: reachable from other machines",
+            args.host
+        );
     }
     // Installed before the server starts, so a Ctrl-C at any point stops it instead of orphaning it.
     let signal = Arc::new(AtomicUsize::new(0));
@@ -225,7 +271,10 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     let mut proc = ServerProcess::start(&server, &argv, cli.verbose)?;
     let url = format!("http://{}:{port}", connect_host(&args.host));
     if !cli.quiet {
-        eprintln!("autotune: started llama-server (pid {}), waiting for {url}/health", proc.child.id());
+        eprintln!(
+            "autotune: started llama-server (pid {}), waiting for {url}/health",
+            proc.child.id()
+        );
     }
     server::wait_ready(&mut proc, &url, &signal)?;
     let ready_s = started.elapsed().as_secs_f64();
@@ -233,9 +282,14 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     // The first completion warms the server up (page cache, allocations, first-request paths); the
     // second is the one compared. Both leave room for the prompt in the context.
     let n_gen = p.workload.n_gen.max(1);
-    let timeout = Duration::from_secs_f64((60.0 + 10.0 * f64::from(n_gen) / p.figures.tg_tps.max(0.1)).min(3600.0));
+    let timeout = Duration::from_secs_f64(
+        (60.0 + 10.0 * f64::from(n_gen) / p.figures.tg_tps.max(0.1)).min(3600.0),
+    );
     let warmup = server::complete(&mut proc, &url, n_gen.min(16), timeout, &signal)?;
-    let room = p.workload.n_ctx.saturating_sub(u32::try_from(warmup.timings.prompt_n).unwrap_or(u32::MAX) + 1);
+    let room = p
+        .workload
+        .n_ctx
+        .saturating_sub(u32::try_from(warmup.timings.prompt_n).unwrap_or(u32::MAX) + 1);
     if room < n_gen {
         eprintln!(
             "autotune: warning: the context ({} tokens) leaves room for {room} generated tokens after the check's \
@@ -245,7 +299,10 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     }
     let answer = server::complete(&mut proc, &url, n_gen.min(room).max(1), timeout, &signal)?;
     if answer.timings.predicted_n == 0 || answer.content.is_empty() {
-        return Err(Exit::new(exit::ERROR, "llama-server answered the completion without generating any text"));
+        return Err(Exit::new(
+            exit::ERROR,
+            "llama-server answered the completion without generating any text",
+        ));
     }
 
     let tg_ratio = answer.timings.predicted_per_second / p.figures.tg_tps;
@@ -255,7 +312,9 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         server_version: version,
         profile_llama,
         same_llama_build: same_build,
-        command: std::iter::once(server.to_string_lossy().into_owned()).chain(argv).collect(),
+        command: std::iter::once(server.to_string_lossy().into_owned())
+            .chain(argv)
+            .collect(),
         url: url.clone(),
         ready_s,
         completion: answer.timings,
@@ -286,13 +345,20 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         return Ok(exit::OK);
     }
     proc.echo.store(true, Ordering::Relaxed);
-    eprintln!("autotune: llama-server is running at {url} (pid {}); press Ctrl-C to stop it", proc.child.id());
+    eprintln!(
+        "autotune: llama-server is running at {url} (pid {}); press Ctrl-C to stop it",
+        proc.child.id()
+    );
     server::serve_in_foreground(&mut proc, &signal)
 }
 
 fn render(c: &Check) -> String {
     let t = &c.completion;
-    let verdict = if c.within_tolerance { "within" } else { "beyond" };
+    let verdict = if c.within_tolerance {
+        "within"
+    } else {
+        "beyond"
+    };
     format!(
         "profile     {}\nserver      {} ({})\ncommand     {}\nready       {} after {:.1} s\n\
          generation  {:.1} t/s from the server, {:.1} t/s in the profile: {:.2}× ({verdict} ±{:.0}%)\n\
@@ -315,7 +381,10 @@ fn render(c: &Check) -> String {
 
 /// `--server`, else `llama-server` on PATH, else the vendor build in the cache (the one built for the
 /// profile's CPU variant if there are several).
-fn find_server(explicit: Option<&Path>, cpu_variant: Option<&str>) -> anyhow::Result<Option<PathBuf>> {
+fn find_server(
+    explicit: Option<&Path>,
+    cpu_variant: Option<&str>,
+) -> anyhow::Result<Option<PathBuf>> {
     if let Some(path) = explicit {
         return which::which(path)
             .map(Some)
@@ -331,7 +400,12 @@ fn find_server(explicit: Option<&Path>, cpu_variant: Option<&str>) -> anyhow::Re
         .flatten()
         .filter_map(|d| {
             let bin = d.path().join("bin").join("llama-server");
-            let modified = bin.metadata().ok().filter(|m| m.is_file())?.modified().ok()?;
+            let modified = bin
+                .metadata()
+                .ok()
+                .filter(|m| m.is_file())?
+                .modified()
+                .ok()?;
             let name = d.file_name().to_string_lossy().into_owned();
             let matches = cpu_variant.is_some_and(|v| name.ends_with(&format!("-{v}")));
             Some((matches, modified, bin))
@@ -363,8 +437,15 @@ fn server_version(server: &Path) -> Option<String> {
     let mut text = String::new();
     let _ = child.stderr.take()?.read_to_string(&mut text);
     let _ = child.stdout.take()?.read_to_string(&mut text);
-    let line = text.lines().find(|l| l.trim_start().starts_with("version:"))?;
-    Some(line.trim().trim_start_matches("version:").trim().to_string())
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("version:"))?;
+    Some(
+        line.trim()
+            .trim_start_matches("version:")
+            .trim()
+            .to_string(),
+    )
 }
 
 /// Whether the server's version line names the build the profile was measured with.
@@ -383,7 +464,10 @@ fn free_port(host: &str) -> anyhow::Result<u16> {
 }
 
 fn is_loopback(host: &str) -> bool {
-    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Where to connect to reach a server listening on `host` (a wildcard address is reached by loopback).

@@ -39,12 +39,22 @@ pub fn run(cli: &Cli, args: &DoctorArgs) -> anyhow::Result<i32> {
         return Ok(exit::OK);
     }
     let m = &d.machine;
-    println!("cpu          {} ({} cores, {} logical CPUs)", m.cpu, m.physical_cores, m.logical_cpus);
-    println!("memory       {} total, {} available", format_size(m.ram_bytes), format_size(m.ram_available_bytes));
+    println!(
+        "cpu          {} ({} cores, {} logical CPUs)",
+        m.cpu, m.physical_cores, m.logical_cpus
+    );
+    println!(
+        "memory       {} total, {} available",
+        format_size(m.ram_bytes),
+        format_size(m.ram_available_bytes)
+    );
     println!("os           {}", m.os);
     println!("llama.cpp    {}", d.llama_version);
     println!("backends     {}", d.backends.join(", "));
-    println!("cpu variant  {}", d.cpu_variant.as_deref().unwrap_or("(static build)"));
+    println!(
+        "cpu variant  {}",
+        d.cpu_variant.as_deref().unwrap_or("(static build)")
+    );
     println!("system info  {}", d.system_info);
     println!("devices");
     for dev in &m.devices {

@@ -25,7 +25,12 @@ pub struct SearchFlags {
 
 pub fn search_settings(a: &DraftSearchArgs) -> anyhow::Result<SearchFlags> {
     let usage = |m: String| Exit::new(exit::USAGE, m);
-    let grid = Grid::new(a.draft_max.clone(), a.draft_min.clone(), a.draft_p_min.clone()).map_err(usage)?;
+    let grid = Grid::new(
+        a.draft_max.clone(),
+        a.draft_min.clone(),
+        a.draft_p_min.clone(),
+    )
+    .map_err(usage)?;
     let prompts = match &a.draft_prompts {
         Some(p) => prompts::from_file(p).map_err(|e| usage(format!("--draft-prompts: {e}")))?,
         None => prompts::built_in(),
@@ -36,29 +41,46 @@ pub fn search_settings(a: &DraftSearchArgs) -> anyhow::Result<SearchFlags> {
     if a.draft_reps < 2 {
         return Err(usage("--draft-reps must be at least 2".into()));
     }
-    let budget = crate::cli::parse_duration(&a.draft_budget).map_err(|e| usage(format!("--draft-budget: {e}")))?;
-    Ok(SearchFlags { grid, prompts, n_gen: a.draft_gen, reps: a.draft_reps, budget })
+    let budget = crate::cli::parse_duration(&a.draft_budget)
+        .map_err(|e| usage(format!("--draft-budget: {e}")))?;
+    Ok(SearchFlags {
+        grid,
+        prompts,
+        n_gen: a.draft_gen,
+        reps: a.draft_reps,
+        budget,
+    })
 }
 
 fn parse<T: std::str::FromStr>(flag: &str, v: &str) -> anyhow::Result<T>
 where
     T::Err: std::fmt::Display,
 {
-    v.parse::<T>().map_err(|e| Exit::new(exit::USAGE, format!("{flag}: {e}")))
+    v.parse::<T>()
+        .map_err(|e| Exit::new(exit::USAGE, format!("{flag}: {e}")))
 }
 
 pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
     let info = inspect_model(&a.target)?;
-    let target = std::fs::canonicalize(&a.target).with_context(|| format!("{}: cannot resolve path", a.target.display()))?;
+    let target = std::fs::canonicalize(&a.target)
+        .with_context(|| format!("{}: cannot resolve path", a.target.display()))?;
     let search = search_settings(&a.search)?;
     if !(a.noise > 0.0 && a.noise < 1.0) {
-        return Err(Exit::new(exit::USAGE, format!("--noise {} must be between 0 and 1", a.noise)));
+        return Err(Exit::new(
+            exit::USAGE,
+            format!("--noise {} must be between 0 and 1", a.noise),
+        ));
     }
     let stop = crate::quant::interrupt_flag()?;
     let d = doctor::probe(cli.verbose, &[])?;
     let offload = !d.machine.offload_devices().is_empty();
-    let n_gpu_layers = a.n_gpu_layers.unwrap_or(if offload { info.block_count.unwrap_or(0) + 1 } else { 0 });
-    let margin = search_space::size::parse_size(&a.mem_margin).map_err(|e| Exit::new(exit::USAGE, format!("--mem-margin: {e}")))?;
+    let n_gpu_layers = a.n_gpu_layers.unwrap_or(if offload {
+        info.block_count.unwrap_or(0) + 1
+    } else {
+        0
+    });
+    let margin = search_space::size::parse_size(&a.mem_margin)
+        .map_err(|e| Exit::new(exit::USAGE, format!("--mem-margin: {e}")))?;
     let threads = a.threads.unwrap_or(d.machine.physical_cores).max(1);
     let n_batch = 2048u32.max(search.grid.n_max.iter().max().copied().unwrap_or(16) + 1);
     let setup = Setup {
@@ -87,10 +109,21 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
         n_gen: search.n_gen,
         reps: search.reps,
         noise: a.noise,
-        seed: a.seed.unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(1)),
-        trial_timeout: crate::cli::parse_duration(&a.trial_timeout).map_err(|e| Exit::new(exit::USAGE, format!("--trial-timeout: {e}")))?,
+        seed: a.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(1)
+        }),
+        trial_timeout: crate::cli::parse_duration(&a.trial_timeout)
+            .map_err(|e| Exit::new(exit::USAGE, format!("--trial-timeout: {e}")))?,
         budget: search.budget,
-        budgets: d.machine.devices.iter().map(|x| (x.name.clone(), x.memory_free.saturating_sub(margin))).collect(),
+        budgets: d
+            .machine
+            .devices
+            .iter()
+            .map(|x| (x.name.clone(), x.memory_free.saturating_sub(margin)))
+            .collect(),
         llama_version: d.llama_version.clone(),
     };
     if setup.context.n_ctx < 256 {
@@ -113,7 +146,10 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
         print!("{}", report.render());
     }
     if report.interrupted || stop.load(Ordering::Relaxed) {
-        return Err(Exit::new(exit::INTERRUPTED, "interrupted; nothing is kept (run again)"));
+        return Err(Exit::new(
+            exit::INTERRUPTED,
+            "interrupted; nothing is kept (run again)",
+        ));
     }
     Ok(exit::OK)
 }

@@ -8,14 +8,23 @@ use profiles::ExportFormat;
 
 pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
     // The format first: a typo is a usage error, whatever state the profile is in.
-    let format: ExportFormat = args.format.parse().map_err(|e: profiles::UnknownExportFormat| Exit::new(exit::USAGE, e.to_string()))?;
+    let format: ExportFormat = args
+        .format
+        .parse()
+        .map_err(|e: profiles::UnknownExportFormat| Exit::new(exit::USAGE, e.to_string()))?;
     let stored = super::apply::resolve(&args.target, args.force, cli.verbose)?;
-    let text = profiles::export(&stored.profile, format).map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?;
+    let text = profiles::export(&stored.profile, format)
+        .map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?;
     match &args.out {
         Some(out) => {
-            profiles::write_atomic(out, &text).with_context(|| format!("cannot write {}", out.display()))?;
+            profiles::write_atomic(out, &text)
+                .with_context(|| format!("cannot write {}", out.display()))?;
             if !cli.quiet {
-                eprintln!("autotune: wrote {} ({format}) from {}", out.display(), stored.path.display());
+                eprintln!(
+                    "autotune: wrote {} ({format}) from {}",
+                    out.display(),
+                    stored.path.display()
+                );
             }
         }
         None => print!("{text}"),

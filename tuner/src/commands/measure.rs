@@ -32,7 +32,8 @@ fn parse<T: std::str::FromStr>(flag: &str, v: &str) -> anyhow::Result<T>
 where
     T::Err: std::fmt::Display,
 {
-    v.parse::<T>().map_err(|e| Exit::new(exit::USAGE, format!("{flag}: {e}")))
+    v.parse::<T>()
+        .map_err(|e| Exit::new(exit::USAGE, format!("{flag}: {e}")))
 }
 
 pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
@@ -51,11 +52,21 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         type_v: parse::<CacheType>("--cache-type-v", &a.cache_type_v)?,
         flash_attn: parse::<FlashAttn>("--flash-attn", &a.flash_attn)?,
     };
-    candidate.validate().map_err(|e| Exit::new(exit::USAGE, e.to_string()))?;
+    candidate
+        .validate()
+        .map_err(|e| Exit::new(exit::USAGE, e.to_string()))?;
     if a.reps < 2 || a.ctx == 0 || a.prompt == 0 || a.gen == 0 {
-        return Err(Exit::new(exit::USAGE, "--reps must be at least 2; --ctx, --prompt and --gen at least 1"));
+        return Err(Exit::new(
+            exit::USAGE,
+            "--reps must be at least 2; --ctx, --prompt and --gen at least 1",
+        ));
     }
-    let workload = Workload { n_ctx: a.ctx, n_prompt: a.prompt, n_gen: a.gen, depth: a.depth };
+    let workload = Workload {
+        n_ctx: a.ctx,
+        n_prompt: a.prompt,
+        n_gen: a.gen,
+        depth: a.depth,
+    };
     let request = MeasureRequest {
         model,
         settings: ModelSettings {
@@ -86,7 +97,12 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         let r = match pool.call(&Request::Footprint(dry), &never) {
             Ok(Response::Footprint(r)) => Some(r),
             Ok(_) => None,
-            Err(f) => return Err(Exit::new(exit::NOTHING_MEASURED, format!("dry run of {}: {f}", candidate.label()))),
+            Err(f) => {
+                return Err(Exit::new(
+                    exit::NOTHING_MEASURED,
+                    format!("dry run of {}: {f}", candidate.label()),
+                ))
+            }
         };
         pool.shutdown();
         r
@@ -105,7 +121,12 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
                 reps.push(r);
             }
             Ok(_) => {}
-            Err(f) => return Err(Exit::new(exit::NOTHING_MEASURED, format!("{}: {f}", candidate.label()))),
+            Err(f) => {
+                return Err(Exit::new(
+                    exit::NOTHING_MEASURED,
+                    format!("{}: {f}", candidate.label()),
+                ))
+            }
         }
     }
     pool.shutdown();
@@ -148,8 +169,16 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     }
     if let (Some(p), Some(l)) = (&m.predicted, &m.load) {
         for d in &p.per_device {
-            let reported = l.per_device.iter().find(|x| x.device == d.device).map_or(0, |x| x.bytes);
-            let actual = l.actual.iter().find(|x| x.device == d.device).map(|x| x.bytes);
+            let reported = l
+                .per_device
+                .iter()
+                .find(|x| x.device == d.device)
+                .map_or(0, |x| x.bytes);
+            let actual = l
+                .actual
+                .iter()
+                .find(|x| x.device == d.device)
+                .map(|x| x.bytes);
             println!(
                 "  memory {:<8} predicted {:>10}  llama.cpp after load {:>10}  measured {}",
                 d.device,

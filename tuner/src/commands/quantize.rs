@@ -25,8 +25,10 @@ pub struct QuantizeReport {
 
 pub fn run(cli: &Cli, a: &QuantizeArgs) -> anyhow::Result<i32> {
     let info = inspect_model(&a.src)?;
-    let src = std::fs::canonicalize(&a.src).with_context(|| format!("{}: cannot resolve path", a.src.display()))?;
-    let types = make::parse_types(&a.types).map_err(|e| Exit::new(exit::USAGE, format!("--types: {e}")))?;
+    let src = std::fs::canonicalize(&a.src)
+        .with_context(|| format!("{}: cannot resolve path", a.src.display()))?;
+    let types =
+        make::parse_types(&a.types).map_err(|e| Exit::new(exit::USAGE, format!("--types: {e}")))?;
     let src_type = info.file_type_name.clone();
     let quantized_source = !src_type.as_deref().is_some_and(make::is_float);
     let needs_work = types.iter().any(|t| Some(t.ftype) != info.file_type);
@@ -53,12 +55,21 @@ pub fn run(cli: &Cli, a: &QuantizeArgs) -> anyhow::Result<i32> {
     let out_dir = match &a.out_dir {
         Some(d) => d.clone(),
         None => {
-            let id = ModelIdentity::of_file(&src).with_context(|| format!("{}: cannot read", src.display()))?;
-            let name = src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            cache_dir().join("ladder").join(format!("{}-{}", make::base_name(&name, src_type.as_deref()), &id.short()[..8]))
+            let id = ModelIdentity::of_file(&src)
+                .with_context(|| format!("{}: cannot read", src.display()))?;
+            let name = src
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            cache_dir().join("ladder").join(format!(
+                "{}-{}",
+                make::base_name(&name, src_type.as_deref()),
+                &id.short()[..8]
+            ))
         }
     };
-    std::fs::create_dir_all(&out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
+    std::fs::create_dir_all(&out_dir)
+        .with_context(|| format!("cannot create {}", out_dir.display()))?;
     let settings = MakeSettings {
         src: &src,
         src_info: &info,
@@ -73,7 +84,10 @@ pub fn run(cli: &Cli, a: &QuantizeArgs) -> anyhow::Result<i32> {
     let stop = crate::quant::interrupt_flag()?;
     let mut files = Vec::new();
     for (i, t) in types.iter().enumerate() {
-        let bar = crate::quant::bar(cli.quiet, "{spinner} [{elapsed_precise}] {prefix} {bar:30} {pos}/{len} tensors");
+        let bar = crate::quant::bar(
+            cli.quiet,
+            "{spinner} [{elapsed_precise}] {prefix} {bar:30} {pos}/{len} tensors",
+        );
         if let Some(b) = &bar {
             b.set_prefix(format!("{} ({}/{})", t.name, i + 1, types.len()));
         }
@@ -89,20 +103,43 @@ pub fn run(cli: &Cli, a: &QuantizeArgs) -> anyhow::Result<i32> {
                 files.push(m);
             }
             Err(TrialFailure::Interrupted) => {
-                return Err(Exit::new(exit::INTERRUPTED, "interrupted; the files finished so far are kept, run again to make the rest"));
+                return Err(Exit::new(
+                    exit::INTERRUPTED,
+                    "interrupted; the files finished so far are kept, run again to make the rest",
+                ));
             }
-            Err(f) => files.push(Made { file_type: t.name.into(), path: PathBuf::new(), status: format!("failed: {f}"), size_bytes: 0, seconds: 0.0 }),
+            Err(f) => files.push(Made {
+                file_type: t.name.into(),
+                path: PathBuf::new(),
+                status: format!("failed: {f}"),
+                size_bytes: 0,
+                seconds: 0.0,
+            }),
         }
     }
-    let report = QuantizeReport { source: src, source_type: src_type, out_dir, requantized: quantized_source && needs_work, files };
+    let report = QuantizeReport {
+        source: src,
+        source_type: src_type,
+        out_dir,
+        requantized: quantized_source && needs_work,
+        files,
+    };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", render(&report));
     }
-    let failed: Vec<&str> = report.files.iter().filter(|m| m.failed()).map(|m| m.file_type.as_str()).collect();
+    let failed: Vec<&str> = report
+        .files
+        .iter()
+        .filter(|m| m.failed())
+        .map(|m| m.file_type.as_str())
+        .collect();
     if !failed.is_empty() {
-        return Err(Exit::new(exit::ERROR, format!("could not make {} (see the table)", failed.join(", "))));
+        return Err(Exit::new(
+            exit::ERROR,
+            format!("could not make {} (see the table)", failed.join(", ")),
+        ));
     }
     Ok(exit::OK)
 }
@@ -114,9 +151,20 @@ fn render(r: &QuantizeReport) -> String {
     for m in &r.files {
         t.add_row([
             m.file_type.clone(),
-            m.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-            if m.size_bytes > 0 { format_size(m.size_bytes) } else { "-".into() },
-            if m.seconds > 0.0 { format!("{:.0} s", m.seconds) } else { "-".into() },
+            m.path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            if m.size_bytes > 0 {
+                format_size(m.size_bytes)
+            } else {
+                "-".into()
+            },
+            if m.seconds > 0.0 {
+                format!("{:.0} s", m.seconds)
+            } else {
+                "-".into()
+            },
             m.status.clone(),
         ]);
     }
@@ -125,6 +173,10 @@ fn render(r: &QuantizeReport) -> String {
         r.source.display(),
         r.source_type.as_deref().unwrap_or("?"),
         r.out_dir.display(),
-        r.files.iter().find(|m| !m.failed()).map(|m| m.path.display().to_string()).unwrap_or_else(|| r.source.display().to_string())
+        r.files
+            .iter()
+            .find(|m| !m.failed())
+            .map(|m| m.path.display().to_string())
+            .unwrap_or_else(|| r.source.display().to_string())
     )
 }

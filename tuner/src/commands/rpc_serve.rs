@@ -8,7 +8,11 @@ use crate::llama;
 
 pub fn run(cli: &Cli, a: &RpcServeArgs) -> anyhow::Result<i32> {
     llama::init(cli.verbose);
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let threads = a.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
     if threads == 0 {
         return Err(Exit::new(exit::USAGE, "--threads must be at least 1"));
     }
@@ -17,6 +21,7 @@ pub fn run(cli: &Cli, a: &RpcServeArgs) -> anyhow::Result<i32> {
         eprintln!("autotune: warning: the RPC protocol has no authentication; {endpoint} is reachable from the network");
     }
     eprintln!("autotune: serving the CPU as an RPC device on {endpoint} ({threads} threads); Ctrl-C stops");
-    llama::rpc_start_server(&endpoint, threads).map_err(|e| Exit::new(exit::ERROR, e.to_string()))?;
+    llama::rpc_start_server(&endpoint, threads)
+        .map_err(|e| Exit::new(exit::ERROR, e.to_string()))?;
     Ok(exit::OK)
 }

@@ -22,7 +22,10 @@ pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
             return Ok(exit::OK);
         }
         if entries.is_empty() {
-            println!("no profiles in {} yet: run `autotune MODEL.gguf`", store.dir().display());
+            println!(
+                "no profiles in {} yet: run `autotune MODEL.gguf`",
+                store.dir().display()
+            );
         }
         for e in &entries {
             match &e.result {
@@ -32,30 +35,42 @@ pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
                     s.winner,
                     s.pp_tps,
                     s.tg_tps,
-                    s.tg_speedup.map(|x| format!(" ({:+.0}% vs defaults)", (x - 1.0) * 100.0)).unwrap_or_default(),
+                    s.tg_speedup
+                        .map(|x| format!(" ({:+.0}% vs defaults)", (x - 1.0) * 100.0))
+                        .unwrap_or_default(),
                     e.path.display()
                 ),
-                Err(err) => eprintln!("autotune: warning: {}: {}", e.path.display(), crate::report::one_line(err)),
+                Err(err) => eprintln!(
+                    "autotune: warning: {}: {}",
+                    e.path.display(),
+                    crate::report::one_line(err)
+                ),
             }
         }
         return Ok(exit::OK);
     };
-    let stored = if target.extension().is_some_and(|e| e == "toml") {
-        StoredProfile::read(target).map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?
-    } else {
-        crate::commands::tune::inspect_model(target)?;
-        let id = ModelIdentity::of_file(target)?;
-        let doctor = crate::commands::doctor::probe(cli.verbose, &[])?;
-        match store.find(&doctor.machine.fingerprint, &id.fingerprint).map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))? {
-            Some(p) => p,
-            None => {
-                return Err(Exit::new(
+    let stored =
+        if target.extension().is_some_and(|e| e == "toml") {
+            StoredProfile::read(target).map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?
+        } else {
+            crate::commands::tune::inspect_model(target)?;
+            let id = ModelIdentity::of_file(target)?;
+            let doctor = crate::commands::doctor::probe(cli.verbose, &[])?;
+            match store
+                .find(&doctor.machine.fingerprint, &id.fingerprint)
+                .map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?
+            {
+                Some(p) => p,
+                None => return Err(Exit::new(
                     exit::BAD_PROFILE,
-                    format!("{}: no profile for this model on this machine; run `autotune {}` first", target.display(), target.display()),
-                ))
+                    format!(
+                        "{}: no profile for this model on this machine; run `autotune {}` first",
+                        target.display(),
+                        target.display()
+                    ),
+                )),
             }
-        }
-    };
+        };
     for w in &stored.warnings {
         eprintln!("autotune: warning: {}: {w}", stored.path.display());
     }

@@ -4,13 +4,13 @@
 use crate::cli::{parse_duration, Cli, TuneArgs};
 use crate::engine::{Engine, Progress, TuneSettings};
 use crate::exit::{self, Exit};
-use profiles::measurements::{self, MeasurementLog};
 use crate::pool::WorkerPool;
 use crate::report::{self, ModelSummary, Report};
 use crate::worker::{Repetition, Workload};
 use crate::{commands::doctor, machine::Machine};
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use profiles::measurements::{self, MeasurementLog};
 use profiles::{Figures, Profile, Store};
 use search_space::gguf::GgufInfo;
 use search_space::identity::ModelIdentity;
@@ -24,15 +24,28 @@ use std::time::Duration;
 /// The request shape: the preset's numbers (or llama-bench's pp512/tg128), overridden by explicit flags.
 pub fn workload_numbers(args: &TuneArgs) -> (u32, u32, u32, String) {
     let (p, g, d) = args.workload.map(|w| w.numbers()).unwrap_or((512, 128, 0));
-    let name = match (args.workload, args.prompt.is_some() || args.gen.is_some() || args.depth.is_some()) {
+    let name = match (
+        args.workload,
+        args.prompt.is_some() || args.gen.is_some() || args.depth.is_some(),
+    ) {
         (Some(w), false) => w.name().to_string(),
         (Some(w), true) => format!("{} (adjusted)", w.name()),
         (None, _) => "custom".to_string(),
     };
-    (args.prompt.unwrap_or(p), args.gen.unwrap_or(g), args.depth.unwrap_or(d), name)
+    (
+        args.prompt.unwrap_or(p),
+        args.gen.unwrap_or(g),
+        args.depth.unwrap_or(d),
+        name,
+    )
 }
 
-fn settings(args: &TuneArgs, model: &std::path::Path, machine: &Machine, n_gpu_layers: u32) -> anyhow::Result<TuneSettings> {
+fn settings(
+    args: &TuneArgs,
+    model: &std::path::Path,
+    machine: &Machine,
+    n_gpu_layers: u32,
+) -> anyhow::Result<TuneSettings> {
     let usage = |m: String| Exit::new(exit::USAGE, m);
     let (prompt, gen, depth, _) = workload_numbers(args);
     if args.ctx == 0 {
@@ -41,20 +54,27 @@ fn settings(args: &TuneArgs, model: &std::path::Path, machine: &Machine, n_gpu_l
     if prompt == 0 || gen == 0 {
         return Err(usage("--prompt and --gen must be at least 1 token".into()));
     }
-    if prompt as u64 + depth as u64 > args.ctx as u64 || gen as u64 + depth as u64 > args.ctx as u64 {
+    if prompt as u64 + depth as u64 > args.ctx as u64 || gen as u64 + depth as u64 > args.ctx as u64
+    {
         return Err(usage(format!(
             "--depth {depth} plus --prompt {prompt} or --gen {gen} does not fit in --ctx {}: raise --ctx or lower them",
             args.ctx
         )));
     }
     if !(args.noise > 0.0 && args.noise < 1.0) {
-        return Err(usage(format!("--noise {} must be between 0 and 1 (e.g. 0.02 for 2%)", args.noise)));
+        return Err(usage(format!(
+            "--noise {} must be between 0 and 1 (e.g. 0.02 for 2%)",
+            args.noise
+        )));
     }
     if args.min_reps < 2 || args.max_reps < args.min_reps {
-        return Err(usage("--min-reps must be at least 2 and --max-reps at least --min-reps".into()));
+        return Err(usage(
+            "--min-reps must be at least 2 and --max-reps at least --min-reps".into(),
+        ));
     }
     let budget = parse_duration(&args.budget).map_err(|e| usage(format!("--budget: {e}")))?;
-    let trial_timeout = parse_duration(&args.trial_timeout).map_err(|e| usage(format!("--trial-timeout: {e}")))?;
+    let trial_timeout =
+        parse_duration(&args.trial_timeout).map_err(|e| usage(format!("--trial-timeout: {e}")))?;
     let _ = trial_timeout;
     let cache_types = args
         .cache_types
@@ -97,7 +117,11 @@ fn settings(args: &TuneArgs, model: &std::path::Path, machine: &Machine, n_gpu_l
         }
     };
     // llama.cpp's default thread count is the number of physical cores (its "math" cores).
-    let default_threads = if threads_options.contains(&physical) { physical } else { threads_options[0] };
+    let default_threads = if threads_options.contains(&physical) {
+        physical
+    } else {
+        threads_options[0]
+    };
     let (min_reps, max_reps, mut noise) = if args.quick {
         (args.min_reps.min(3), args.max_reps.min(4), args.noise)
     } else if args.thorough {
@@ -108,7 +132,13 @@ fn settings(args: &TuneArgs, model: &std::path::Path, machine: &Machine, n_gpu_l
     if args.thorough {
         noise = noise.min(0.02);
     }
-    let per_candidate = if args.quick { 8 } else if args.thorough { 120 } else { 40 };
+    let per_candidate = if args.quick {
+        8
+    } else if args.thorough {
+        120
+    } else {
+        40
+    };
     Ok(TuneSettings {
         model: model.to_path_buf(),
         workload: Workload {
@@ -121,9 +151,16 @@ fn settings(args: &TuneArgs, model: &std::path::Path, machine: &Machine, n_gpu_l
         min_reps,
         max_reps,
         candidate_cap: Duration::from_secs(per_candidate),
-        budget: if args.quick { budget.min(Duration::from_secs(75)) } else { budget },
+        budget: if args.quick {
+            budget.min(Duration::from_secs(75))
+        } else {
+            budget
+        },
         seed: args.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(1)
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(1)
         }),
         threads_options,
         default_threads,
@@ -143,17 +180,24 @@ fn settings(args: &TuneArgs, model: &std::path::Path, machine: &Machine, n_gpu_l
 /// Memory budget per device: `--mem-budget DEV=SIZE`, else free memory minus `--mem-margin`.
 fn budgets(args: &TuneArgs, machine: &Machine) -> anyhow::Result<Vec<(String, u64)>> {
     let usage = |m: String| Exit::new(exit::USAGE, m);
-    let margin = search_space::size::parse_size(&args.mem_margin).map_err(|e| usage(format!("--mem-margin: {e}")))?;
+    let margin = search_space::size::parse_size(&args.mem_margin)
+        .map_err(|e| usage(format!("--mem-margin: {e}")))?;
     let mut explicit = Vec::new();
     for item in &args.mem_budget {
-        let (dev, size) = item
-            .split_once('=')
-            .ok_or_else(|| usage(format!("--mem-budget '{item}': write DEVICE=SIZE, e.g. RPC0=300M")))?;
+        let (dev, size) = item.split_once('=').ok_or_else(|| {
+            usage(format!(
+                "--mem-budget '{item}': write DEVICE=SIZE, e.g. RPC0=300M"
+            ))
+        })?;
         if !machine.devices.iter().any(|d| d.name == dev) {
             let names: Vec<&str> = machine.devices.iter().map(|d| d.name.as_str()).collect();
-            return Err(usage(format!("--mem-budget: unknown device '{dev}' (devices: {})", names.join(", "))));
+            return Err(usage(format!(
+                "--mem-budget: unknown device '{dev}' (devices: {})",
+                names.join(", ")
+            )));
         }
-        let bytes = search_space::size::parse_size(size).map_err(|e| usage(format!("--mem-budget {dev}: {e}")))?;
+        let bytes = search_space::size::parse_size(size)
+            .map_err(|e| usage(format!("--mem-budget {dev}: {e}")))?;
         explicit.push((dev.to_string(), bytes));
     }
     Ok(machine
@@ -198,7 +242,9 @@ impl Progress for Bar {
     }
     fn best(&self, label: &str, margin: Option<f64>, elapsed: Duration, budget: Duration) {
         let left = budget.saturating_sub(elapsed).as_secs();
-        let m = margin.map(|m| format!(", {:+.1}% over the runner-up", m * 100.0)).unwrap_or_default();
+        let m = margin
+            .map(|m| format!(", {:+.1}% over the runner-up", m * 100.0))
+            .unwrap_or_default();
         if let Some(b) = &self.0 {
             b.println(format!("best so far: {label}{m} ({left} s of budget left)"));
         }
@@ -212,19 +258,24 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     }
     // ---- end of quantization choice ----
     let info = inspect_model(&args.model)?;
-    let model_path = std::fs::canonicalize(&args.model).with_context(|| format!("{}: cannot resolve path", args.model.display()))?;
-    let identity = ModelIdentity::of_file(&model_path).with_context(|| format!("{}: cannot read", model_path.display()))?;
+    let model_path = std::fs::canonicalize(&args.model)
+        .with_context(|| format!("{}: cannot resolve path", args.model.display()))?;
+    let identity = ModelIdentity::of_file(&model_path)
+        .with_context(|| format!("{}: cannot read", model_path.display()))?;
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop)).context("cannot install the interrupt handler")?;
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("cannot install the interrupt handler")?;
     }
 
     let doctor = doctor::probe(cli.verbose, &args.rpc)?;
     let machine = doctor.machine.clone();
     let offload = !machine.offload_devices().is_empty();
     let n_layers = info.block_count.unwrap_or(0);
-    let n_gpu_layers = args.n_gpu_layers.unwrap_or(if offload { n_layers + 1 } else { 0 });
+    let n_gpu_layers = args
+        .n_gpu_layers
+        .unwrap_or(if offload { n_layers + 1 } else { 0 });
     let mut settings = settings(args, &model_path, &machine, n_gpu_layers)?;
     settings.n_layers = n_layers;
     settings.moe = info.is_moe();
@@ -242,11 +293,16 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     let _lock = match store.try_lock()? {
         Some(g) => g,
         None => {
-            eprintln!("autotune: another autotune run holds the store lock; waiting for it to finish");
+            eprintln!(
+                "autotune: another autotune run holds the store lock; waiting for it to finish"
+            );
             // Polled rather than a blocking lock(), so Ctrl-C still works while waiting.
             loop {
                 if stop.load(Ordering::Relaxed) {
-                    return Err(Exit::new(exit::INTERRUPTED, "interrupted while waiting for the store lock; nothing was measured"));
+                    return Err(Exit::new(
+                        exit::INTERRUPTED,
+                        "interrupted while waiting for the store lock; nothing was measured",
+                    ));
                 }
                 if let Some(g) = store.try_lock()? {
                     break g;
@@ -256,10 +312,16 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         }
     };
 
-    let log_path = cache_dir().join("measurements").join(format!("{}.jsonl", identity.short()));
+    let log_path = cache_dir()
+        .join("measurements")
+        .join(format!("{}.jsonl", identity.short()));
     let log_context = measurements::Context {
         model: identity.fingerprint.clone(),
-        llama: format!("{} {}", llama_build.version, llama_build.cpu_variant.clone().unwrap_or_default()),
+        llama: format!(
+            "{} {}",
+            llama_build.version,
+            llama_build.cpu_variant.clone().unwrap_or_default()
+        ),
         machine: machine.fingerprint.clone(),
         workload: settings.workload.clone(),
     };
@@ -267,20 +329,34 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         .with_context(|| format!("cannot open the measurement log {}", log_path.display()))?;
     let reused = log.previous_count();
     if log.corrupt_lines > 0 {
-        eprintln!("autotune: warning: {} corrupt lines in {} were ignored", log.corrupt_lines, log_path.display());
+        eprintln!(
+            "autotune: warning: {} corrupt lines in {} were ignored",
+            log.corrupt_lines,
+            log_path.display()
+        );
     }
 
     let show_bar = !cli.quiet && std::io::stderr().is_terminal();
     let bar = Bar(show_bar.then(|| {
         let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-        b.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {pos} reps · {prefix} · {wide_msg}").expect("valid template"));
+        b.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {pos} reps · {prefix} · {wide_msg}",
+            )
+            .expect("valid template"),
+        );
         b.enable_steady_tick(Duration::from_millis(200));
         b
     }));
 
     // Two models loaded at once only when they fit comfortably in memory.
     // With RPC devices one worker at a time: a ggml RPC server serves one client at a time.
-    let max_alive = if args.rpc.is_empty() && info.file_size.saturating_mul(4) < machine.ram_available_bytes { 2 } else { 1 };
+    let max_alive =
+        if args.rpc.is_empty() && info.file_size.saturating_mul(4) < machine.ram_available_bytes {
+            2
+        } else {
+            1
+        };
     let timeout = parse_duration(&args.trial_timeout).map_err(|e| Exit::new(exit::USAGE, e))?;
     let pool = WorkerPool::new(max_alive, timeout);
     let stop_fn = {
@@ -294,15 +370,33 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     let started = std::time::Instant::now();
     let mut engine = Engine::new(settings, pool, Some(&mut log), &stop_fn, &bar);
     let baseline = engine.baseline();
-    let mut winner = if args.exhaustive { engine.run_exhaustive() } else { engine.run() };
+    let mut winner = if args.exhaustive {
+        engine.run_exhaustive()
+    } else {
+        engine.run()
+    };
     let mut confirm_drift = Vec::new();
     if let Some(w) = winner.clone() {
         if !engine.interrupted {
             let board = report::leaderboard(&engine.results, &workload, noise, seed);
-            let runner_up = board.iter().filter(|e| e.figures.is_some()).map(|e| e.candidate.clone()).find(|c| c != &w);
+            let runner_up = board
+                .iter()
+                .filter(|e| e.figures.is_some())
+                .map(|e| e.candidate.clone())
+                .find(|c| c != &w);
             // The confirmation rounds run within the budget (they stop when it is spent).
-            confirm_drift = engine.confirm(&w, runner_up.as_ref()).into_iter().map(|(c, d)| (c.label(), d)).collect();
-            if let Some(b) = engine.choose(&board.iter().filter(|e| e.figures.is_some()).map(|e| e.candidate.clone()).collect::<Vec<_>>()) {
+            confirm_drift = engine
+                .confirm(&w, runner_up.as_ref())
+                .into_iter()
+                .map(|(c, d)| (c.label(), d))
+                .collect();
+            if let Some(b) = engine.choose(
+                &board
+                    .iter()
+                    .filter(|e| e.figures.is_some())
+                    .map(|e| e.candidate.clone())
+                    .collect::<Vec<_>>(),
+            ) {
                 winner = Some(b);
             }
         }
@@ -318,18 +412,30 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
 
     let board = report::leaderboard(&results, &workload, noise, seed);
     let figures_of = |c: &search_space::Candidate| -> Option<Figures> {
-        results.iter().find(|r| &r.candidate == c).and_then(|r| report::figures(r, &workload))
+        results
+            .iter()
+            .find(|r| &r.candidate == c)
+            .and_then(|r| report::figures(r, &workload))
     };
     let winner_figures = winner.as_ref().and_then(figures_of);
     let baseline_figures = figures_of(&baseline);
     let mut notes = Vec::new();
     for r in results.iter().filter(|r| r.failure.is_some()) {
         if let Some(crate::trial::TrialFailure::Crashed { name, .. }) = &r.failure {
-            notes.push(report::one_line(&format!("{} crashed ({name}); recorded and skipped", r.candidate.label())));
+            notes.push(report::one_line(&format!(
+                "{} crashed ({name}); recorded and skipped",
+                r.candidate.label()
+            )));
         }
     }
-    if results.iter().any(|r| r.skipped.as_deref().is_some_and(|s| s.contains("budget"))) {
-        notes.push(format!("the time budget ({} s) ran out before every candidate was measured; raise --budget", budget.as_secs()));
+    if results
+        .iter()
+        .any(|r| r.skipped.as_deref().is_some_and(|s| s.contains("budget")))
+    {
+        notes.push(format!(
+            "the time budget ({} s) ran out before every candidate was measured; raise --budget",
+            budget.as_secs()
+        ));
     }
 
     let mut report = Report {
@@ -379,16 +485,31 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     }
     let (Some(winner), Some(figures)) = (winner, winner_figures) else {
         emit(&report, args)?;
-        if !results.is_empty() && results.iter().all(|r| r.skipped.as_deref().is_some_and(|s| s.starts_with("pruned"))) {
-            let reason = results.iter().find_map(|r| r.skipped.clone()).unwrap_or_default();
+        if !results.is_empty()
+            && results.iter().all(|r| {
+                r.skipped
+                    .as_deref()
+                    .is_some_and(|s| s.starts_with("pruned"))
+            })
+        {
+            let reason = results
+                .iter()
+                .find_map(|r| r.skipped.clone())
+                .unwrap_or_default();
             return Err(Exit::new(
                 exit::NOTHING_MEASURED,
-                format!("{}: no configuration fits the memory budgets ({reason}); nothing was loaded", model_path.display()),
+                format!(
+                    "{}: no configuration fits the memory budgets ({reason}); nothing was loaded",
+                    model_path.display()
+                ),
             ));
         }
         return Err(Exit::new(
             exit::NOTHING_MEASURED,
-            format!("{}: no configuration could be measured (see the statuses above)", model_path.display()),
+            format!(
+                "{}: no configuration could be measured (see the statuses above)",
+                model_path.display()
+            ),
         ));
     };
 
@@ -401,7 +522,10 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     };
     let mut profile = Profile {
         schema_version: profiles::SCHEMA_VERSION,
-        created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        created_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
         autotune_version: env!("CARGO_PKG_VERSION").to_string(),
         server_args: Vec::new(),
         notes: report.notes.clone(),
@@ -443,21 +567,31 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         draft: None,
     };
     // Speculative decoding (--draft): measured with the winner's settings; the draft or a note.
-    if let Some(note) = crate::speculative::attach::attach(cli, args, &info, &mut profile, &budgets(args, &machine)?, &stop)? {
+    if let Some(note) = crate::speculative::attach::attach(
+        cli,
+        args,
+        &info,
+        &mut profile,
+        &budgets(args, &machine)?,
+        &stop,
+    )? {
         report.notes.push(note.clone());
         profile.notes.push(note);
     }
     // The winner's bandwidth roofline (a ~1 s probe, now that the workers are gone), for `explain`.
     profile.roofline = Some(crate::commands::explain::roofline_for_run(&info, &profile));
     profile.refresh_server_args();
-    profile.validate(false).map_err(|e| anyhow::anyhow!("internal error: the new profile does not validate: {e}"))?;
+    profile
+        .validate(false)
+        .map_err(|e| anyhow::anyhow!("internal error: the new profile does not validate: {e}"))?;
     if !args.no_save {
         let path = store.save(&profile).context("cannot save the profile")?;
         report.profile_path = Some(path);
     }
     if let Some(out) = &args.out {
         let text = profile.to_toml()?;
-        profiles::write_atomic(out, &text).with_context(|| format!("cannot write {}", out.display()))?;
+        profiles::write_atomic(out, &text)
+            .with_context(|| format!("cannot write {}", out.display()))?;
         if report.profile_path.is_none() {
             report.profile_path = Some(out.clone());
         }

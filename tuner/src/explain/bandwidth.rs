@@ -40,7 +40,9 @@ pub fn measure_cpu() -> Option<Bandwidth> {
         .and_then(|m| meminfo_bytes(&m, "MemAvailable:"))
         .unwrap_or(u64::MAX);
     let size = buffer_size(llc, available)?;
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let words = (size / 8) as usize;
     let mut buffer: Vec<u64> = Vec::new();
     buffer.try_reserve_exact(words).ok()?;
@@ -57,7 +59,9 @@ pub fn measure_cpu() -> Option<Bandwidth> {
         let t = Instant::now();
         std::thread::scope(|s| {
             for part in buffer.chunks(chunk) {
-                s.spawn(move || std::hint::black_box(part.iter().fold(0u64, |a, &x| a.wrapping_add(x))));
+                s.spawn(move || {
+                    std::hint::black_box(part.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
+                });
             }
         });
         let secs = t.elapsed().as_secs_f64();
@@ -67,7 +71,11 @@ pub fn measure_cpu() -> Option<Bandwidth> {
         passes += 1;
     }
     let cache = match llc {
-        Some(c) => format!(" ({:.1}× the {} last-level cache)", size as f64 / c as f64, search_space::size::format_size(c)),
+        Some(c) => format!(
+            " ({:.1}× the {} last-level cache)",
+            size as f64 / c as f64,
+            search_space::size::format_size(c)
+        ),
         None => String::new(),
     };
     // Other work on the machine takes bandwidth and cores from the probe: say so with the figure.
@@ -89,7 +97,9 @@ pub fn measure_cpu() -> Option<Bandwidth> {
 /// The probe's buffer: `CACHE_MULTIPLE` × the cache, within bounds, and at most a quarter of the free
 /// memory; `None` when that leaves less than the smallest useful buffer.
 fn buffer_size(llc: Option<u64>, available: u64) -> Option<u64> {
-    let wanted = llc.map_or(MIN_BUFFER, |c| c.saturating_mul(CACHE_MULTIPLE)).clamp(MIN_BUFFER, MAX_BUFFER);
+    let wanted = llc
+        .map_or(MIN_BUFFER, |c| c.saturating_mul(CACHE_MULTIPLE))
+        .clamp(MIN_BUFFER, MAX_BUFFER);
     let size = wanted.min(available / 4) & !0xfff;
     (size >= MIN_BUFFER / 4).then_some(size)
 }
@@ -98,7 +108,12 @@ fn buffer_size(llc: Option<u64>, available: u64) -> Option<u64> {
 /// fourth field, `running/total`): unlike the load average, it has no memory of work just finished.
 fn runnable_threads() -> Option<u32> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    text.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
+    text.split_whitespace()
+        .nth(3)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The largest cache of CPU 0 (Linux sysfs), in bytes.
@@ -112,7 +127,13 @@ fn last_level_cache_bytes() -> Option<u64> {
 }
 
 fn meminfo_bytes(meminfo: &str, key: &str) -> Option<u64> {
-    let kib: u64 = meminfo.lines().find(|l| l.starts_with(key))?.split_whitespace().nth(1)?.parse().ok()?;
+    let kib: u64 = meminfo
+        .lines()
+        .find(|l| l.starts_with(key))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
     Some(kib * 1024)
 }
 

@@ -31,19 +31,35 @@ pub struct Chart {
 
 /// Writes the charts that have something to show into `dir` as `<stem>-leaderboard.svg` and, when
 /// more than one GPU-layer count was measured, `<stem>-gpu-layers.svg`.
-pub fn write(profile: &Profile, explanation: &Explanation, dir: &Path, stem: &str) -> anyhow::Result<Vec<Chart>> {
+pub fn write(
+    profile: &Profile,
+    explanation: &Explanation,
+    dir: &Path,
+    stem: &str,
+) -> anyhow::Result<Vec<Chart>> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut out = Vec::new();
-    let measured_counts = explanation.placements.iter().filter(|p| p.tg_tps.is_some()).count();
+    let measured_counts = explanation
+        .placements
+        .iter()
+        .filter(|p| p.tg_tps.is_some())
+        .count();
     if measured_counts > 1 {
         let path = dir.join(format!("{stem}-gpu-layers.svg"));
-        gpu_layers(profile, &explanation.placements, &path).with_context(|| format!("cannot draw {}", path.display()))?;
-        out.push(Chart { title: "tg and pp against GPU layers".into(), path });
+        gpu_layers(profile, &explanation.placements, &path)
+            .with_context(|| format!("cannot draw {}", path.display()))?;
+        out.push(Chart {
+            title: "tg and pp against GPU layers".into(),
+            path,
+        });
     }
     if profile.leaderboard.iter().any(|e| e.figures.is_some()) {
         let path = dir.join(format!("{stem}-leaderboard.svg"));
         leaderboard(profile, &path).with_context(|| format!("cannot draw {}", path.display()))?;
-        out.push(Chart { title: "leaderboard".into(), path });
+        out.push(Chart {
+            title: "leaderboard".into(),
+            path,
+        });
     }
     Ok(out)
 }
@@ -55,17 +71,28 @@ fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
 /// tg (left axis) and pp (right axis) of the best candidate at each GPU-layer count; counts where
 /// nothing was measured are crosses on the axis; the winner's count and "all layers" are marked.
 fn gpu_layers(profile: &Profile, points: &[PlacementPoint], path: &Path) -> anyhow::Result<()> {
-    let mut ok: Vec<(u32, f64, f64)> =
-        points.iter().filter_map(|p| Some((p.n_gpu_layers, p.tg_tps?, p.pp_tps?))).collect();
+    let mut ok: Vec<(u32, f64, f64)> = points
+        .iter()
+        .filter_map(|p| Some((p.n_gpu_layers, p.tg_tps?, p.pp_tps?)))
+        .collect();
     ok.sort_by_key(|p| p.0);
     let all_layers = profile.roofline.as_ref().map(|r| r.layers + 1);
-    let x_max = points.iter().map(|p| p.n_gpu_layers).chain(all_layers).max().unwrap_or(1).max(1) as f64;
+    let x_max = points
+        .iter()
+        .map(|p| p.n_gpu_layers)
+        .chain(all_layers)
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
     let tg_max = ok.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.2;
     let pp_max = ok.iter().map(|p| p.2).fold(0.0, f64::max).max(1e-3) * 1.2;
 
     let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let title = format!("{}: speed against layers offloaded", profile.model.file_name);
+    let title = format!(
+        "{}: speed against layers offloaded",
+        profile.model.file_name
+    );
     let mut chart = ChartBuilder::on(&root)
         .caption(title, (FONT, 20))
         .margin(15)
@@ -83,18 +110,29 @@ fn gpu_layers(profile: &Profile, points: &[PlacementPoint], path: &Path) -> anyh
         .label_style((FONT, 14))
         .draw()
         .map_err(err)?;
-    chart.configure_secondary_axes().y_desc("pp, tokens/s (prompt)").label_style((FONT, 14)).draw().map_err(err)?;
+    chart
+        .configure_secondary_axes()
+        .y_desc("pp, tokens/s (prompt)")
+        .label_style((FONT, 14))
+        .draw()
+        .map_err(err)?;
 
     let winner = f64::from(profile.winner.n_gpu_layers);
     chart
-        .draw_series(std::iter::once(PathElement::new(vec![(winner, 0.0), (winner, tg_max)], WINNER_COLOR.stroke_width(2))))
+        .draw_series(std::iter::once(PathElement::new(
+            vec![(winner, 0.0), (winner, tg_max)],
+            WINNER_COLOR.stroke_width(2),
+        )))
         .map_err(err)?
         .label(format!("winner (ngl={})", profile.winner.n_gpu_layers))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], WINNER_COLOR.stroke_width(2)));
     if let Some(all) = all_layers {
         let all = f64::from(all);
         chart
-            .draw_series(std::iter::once(PathElement::new(vec![(all, 0.0), (all, tg_max)], BLACK.mix(0.4).stroke_width(1))))
+            .draw_series(std::iter::once(PathElement::new(
+                vec![(all, 0.0), (all, tg_max)],
+                BLACK.mix(0.4).stroke_width(1),
+            )))
             .map_err(err)?
             .label(format!("all layers (ngl={all:.0})"))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
@@ -106,17 +144,29 @@ fn gpu_layers(profile: &Profile, points: &[PlacementPoint], path: &Path) -> anyh
         .map_err(err)?
         .label("tg (left axis)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], TG_COLOR.stroke_width(3)));
-    chart.draw_series(tg.iter().map(|&p| Circle::new(p, 4, TG_COLOR.filled()))).map_err(err)?;
+    chart
+        .draw_series(tg.iter().map(|&p| Circle::new(p, 4, TG_COLOR.filled())))
+        .map_err(err)?;
     chart
         .draw_secondary_series(LineSeries::new(pp.clone(), PP_COLOR.stroke_width(3)))
         .map_err(err)?
         .label("pp (right axis)")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], PP_COLOR.stroke_width(3)));
-    chart.draw_secondary_series(pp.iter().map(|&p| Circle::new(p, 4, PP_COLOR.filled()))).map_err(err)?;
-    let failed: Vec<f64> = points.iter().filter(|p| p.tg_tps.is_none()).map(|p| f64::from(p.n_gpu_layers)).collect();
+    chart
+        .draw_secondary_series(pp.iter().map(|&p| Circle::new(p, 4, PP_COLOR.filled())))
+        .map_err(err)?;
+    let failed: Vec<f64> = points
+        .iter()
+        .filter(|p| p.tg_tps.is_none())
+        .map(|p| f64::from(p.n_gpu_layers))
+        .collect();
     if !failed.is_empty() {
         chart
-            .draw_series(failed.iter().map(|&x| Cross::new((x, 0.0), 6, FAILED_COLOR.stroke_width(2))))
+            .draw_series(
+                failed
+                    .iter()
+                    .map(|&x| Cross::new((x, 0.0), 6, FAILED_COLOR.stroke_width(2))),
+            )
             .map_err(err)?
             .label("not measured (did not fit or failed)")
             .legend(|(x, y)| Cross::new((x + 10, y), 5, FAILED_COLOR.stroke_width(2)));
@@ -136,9 +186,19 @@ fn gpu_layers(profile: &Profile, points: &[PlacementPoint], path: &Path) -> anyh
 /// One bar per measured candidate (seconds per request, shorter is faster), best at the top: the
 /// winner in green, llama.cpp's defaults in grey; each bar labelled with its tg and pp.
 fn leaderboard(profile: &Profile, path: &Path) -> anyhow::Result<()> {
-    let rows: Vec<_> = profile.leaderboard.iter().filter_map(|e| e.figures.as_ref().map(|f| (e, f))).take(MAX_BARS).collect();
+    let rows: Vec<_> = profile
+        .leaderboard
+        .iter()
+        .filter_map(|e| e.figures.as_ref().map(|f| (e, f)))
+        .take(MAX_BARS)
+        .collect();
     let n = rows.len();
-    let x_max = rows.iter().map(|r| r.1.score_s).fold(0.0, f64::max).max(1e-6) * 1.45;
+    let x_max = rows
+        .iter()
+        .map(|r| r.1.score_s)
+        .fold(0.0, f64::max)
+        .max(1e-6)
+        * 1.45;
     const LABEL_WIDTH: u32 = 400;
     let height = 110 + 30 * n as u32;
     let root = SVGBackend::new(path, (1150, height)).into_drawing_area();
@@ -148,7 +208,11 @@ fn leaderboard(profile: &Profile, path: &Path) -> anyhow::Result<()> {
         profile.model.file_name,
         profile.workload.n_prompt,
         profile.workload.n_gen,
-        if profile.workload.depth > 0 { format!(" at depth {}", profile.workload.depth) } else { String::new() }
+        if profile.workload.depth > 0 {
+            format!(" at depth {}", profile.workload.depth)
+        } else {
+            String::new()
+        }
     );
     let mut chart = ChartBuilder::on(&root)
         .caption(title, (FONT, 18))
@@ -165,7 +229,8 @@ fn leaderboard(profile: &Profile, path: &Path) -> anyhow::Result<()> {
         .label_style((FONT, 13))
         .draw()
         .map_err(err)?;
-    let label_style = TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    let label_style =
+        TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
     for (i, (entry, f)) in rows.iter().enumerate() {
         let top = (n - i) as f64;
         let is_winner = entry.candidate == profile.winner;
@@ -178,17 +243,29 @@ fn leaderboard(profile: &Profile, path: &Path) -> anyhow::Result<()> {
             BAR_COLOR
         };
         chart
-            .draw_series(std::iter::once(Rectangle::new([(0.0, top - 0.85), (f.score_s, top - 0.15)], color.filled())))
+            .draw_series(std::iter::once(Rectangle::new(
+                [(0.0, top - 0.85), (f.score_s, top - 0.15)],
+                color.filled(),
+            )))
             .map_err(err)?;
-        let figures = format!("{:.3} s · tg {:.1} · pp {:.1}", f.score_s, f.tg_tps, f.pp_tps);
+        let figures = format!(
+            "{:.3} s · tg {:.1} · pp {:.1}",
+            f.score_s, f.tg_tps, f.pp_tps
+        );
         let (end, y) = chart.backend_coord(&(f.score_s, top - 0.5));
-        root.draw(&Text::new(figures, (end + 6, y), label_style.clone())).map_err(err)?;
-        let rank = if entry.tie_with_previous { format!("={}", entry.rank) } else { entry.rank.to_string() };
+        root.draw(&Text::new(figures, (end + 6, y), label_style.clone()))
+            .map_err(err)?;
+        let rank = if entry.tie_with_previous {
+            format!("={}", entry.rank)
+        } else {
+            entry.rank.to_string()
+        };
         let mut label = format!("{rank:>3}  {}", entry.candidate.label());
         if is_defaults {
             label.push_str(" (defaults)");
         }
-        root.draw(&Text::new(label, (10, y), label_style.clone())).map_err(err)?;
+        root.draw(&Text::new(label, (10, y), label_style.clone()))
+            .map_err(err)?;
     }
     root.present().map_err(err)?;
     Ok(())

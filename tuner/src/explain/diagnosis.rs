@@ -90,8 +90,16 @@ enum Knob {
     Batch,
 }
 
-const KNOBS: [Knob; 8] =
-    [Knob::GpuLayers, Knob::Devices, Knob::Threads, Knob::Kernels, Knob::FlashAttn, Knob::KvCache, Knob::Ubatch, Knob::Batch];
+const KNOBS: [Knob; 8] = [
+    Knob::GpuLayers,
+    Knob::Devices,
+    Knob::Threads,
+    Knob::Kernels,
+    Knob::FlashAttn,
+    Knob::KvCache,
+    Knob::Ubatch,
+    Knob::Batch,
+];
 
 impl Knob {
     fn name(self) -> &'static str {
@@ -142,7 +150,10 @@ impl Knob {
 }
 
 fn measured(profile: &Profile) -> impl Iterator<Item = (&LeaderboardEntry, &profiles::Figures)> {
-    profile.leaderboard.iter().filter_map(|e| e.figures.as_ref().map(|f| (e, f)))
+    profile
+        .leaderboard
+        .iter()
+        .filter_map(|e| e.figures.as_ref().map(|f| (e, f)))
 }
 
 /// For each knob varied in the run, its best and worst value among candidates that differ only in
@@ -162,16 +173,32 @@ pub fn knob_effects(profile: &Profile) -> Vec<KnobEffect> {
             }
         }
         let winner_key = knob.cleared(&profile.winner);
-        let chosen = groups.iter().find(|(k, v)| *k == winner_key && v.len() > 1).map(|g| (g, true)).or_else(|| {
-            groups
-                .iter()
-                .filter(|(_, v)| v.len() > 1)
-                .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(best_of(&b.1).total_cmp(&best_of(&a.1))))
-                .map(|g| (g, false))
-        });
-        let Some(((_, values), around_winner)) = chosen else { continue };
-        let best = values.iter().min_by(|a, b| a.1.total_cmp(&b.1)).expect("two values");
-        let worst = values.iter().max_by(|a, b| a.1.total_cmp(&b.1)).expect("two values");
+        let chosen = groups
+            .iter()
+            .find(|(k, v)| *k == winner_key && v.len() > 1)
+            .map(|g| (g, true))
+            .or_else(|| {
+                groups
+                    .iter()
+                    .filter(|(_, v)| v.len() > 1)
+                    .max_by(|a, b| {
+                        a.1.len()
+                            .cmp(&b.1.len())
+                            .then(best_of(&b.1).total_cmp(&best_of(&a.1)))
+                    })
+                    .map(|g| (g, false))
+            });
+        let Some(((_, values), around_winner)) = chosen else {
+            continue;
+        };
+        let best = values
+            .iter()
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .expect("two values");
+        let worst = values
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .expect("two values");
         let winner_value = knob.value(&profile.winner);
         out.push(KnobEffect {
             knob: knob.name(),
@@ -195,13 +222,19 @@ fn best_of(values: &[(String, f64)]) -> f64 {
 
 /// The best measured figures at each GPU-layer count, most layers first.
 pub fn placements(profile: &Profile) -> Vec<PlacementPoint> {
-    let mut counts: Vec<u32> = profile.leaderboard.iter().map(|e| e.candidate.n_gpu_layers).collect();
+    let mut counts: Vec<u32> = profile
+        .leaderboard
+        .iter()
+        .map(|e| e.candidate.n_gpu_layers)
+        .collect();
     counts.sort_unstable_by(|a, b| b.cmp(a));
     counts.dedup();
     counts
         .into_iter()
         .map(|n| {
-            let best = measured(profile).filter(|(e, _)| e.candidate.n_gpu_layers == n).min_by(|a, b| a.1.score_s.total_cmp(&b.1.score_s));
+            let best = measured(profile)
+                .filter(|(e, _)| e.candidate.n_gpu_layers == n)
+                .min_by(|a, b| a.1.score_s.total_cmp(&b.1.score_s));
             match best {
                 Some((_, f)) => PlacementPoint {
                     n_gpu_layers: n,
@@ -245,14 +278,21 @@ pub fn findings(
 }
 
 fn finding(topic: Topic, text: String) -> Finding {
-    Finding { topic, text, details: Vec::new() }
+    Finding {
+        topic,
+        text,
+        details: Vec::new(),
+    }
 }
 
 fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
     let devs = offload_devices(profile);
     // Out of memory when loaded, or pruned by the placement's dry run ("pruned: needs X on DEV").
-    let failures =
-        profile.leaderboard.iter().filter(|e| e.status.contains("out of memory") || e.status.starts_with("pruned: needs")).count();
+    let failures = profile
+        .leaderboard
+        .iter()
+        .filter(|e| e.status.contains("out of memory") || e.status.starts_with("pruned: needs"))
+        .count();
     let failed = match failures {
         0 => String::new(),
         1 => "; 1 configuration did not fit".to_string(),
@@ -262,7 +302,11 @@ fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
     if devs.is_empty() || ok.iter().all(|p| p.n_gpu_layers == 0) {
         let mem = profile.figures.mem_bytes;
         let ram = profile.machine.ram_bytes;
-        let on = if devs.is_empty() { "CPU only".to_string() } else { format!("CPU only (no layers on {} measured)", devs.join(", ")) };
+        let on = if devs.is_empty() {
+            "CPU only".to_string()
+        } else {
+            format!("CPU only (no layers on {} measured)", devs.join(", "))
+        };
         let text = if mem > 0 && ram > 0 {
             format!(
                 "yes: {on}; the winner takes {} of {} RAM ({:.0}%){failed}",
@@ -271,7 +315,10 @@ fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
                 100.0 * mem as f64 / ram as f64
             )
         } else {
-            format!("yes: {on}; the model file is {}{failed}", format_size(profile.model.size_bytes))
+            format!(
+                "yes: {on}; the model file is {}{failed}",
+                format_size(profile.model.size_bytes)
+            )
         };
         return finding(Topic::Fit, text);
     }
@@ -311,22 +358,35 @@ fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
     let details = placements
         .iter()
         .map(|p| match (p.tg_tps, p.pp_tps, p.score_s) {
-            (Some(tg), Some(pp), Some(s)) => format!("ngl={:<4} tg {tg:.1} t/s, pp {pp:.1} t/s, {s:.3} s/request", p.n_gpu_layers),
+            (Some(tg), Some(pp), Some(s)) => format!(
+                "ngl={:<4} tg {tg:.1} t/s, pp {pp:.1} t/s, {s:.3} s/request",
+                p.n_gpu_layers
+            ),
             _ => format!("ngl={:<4} {}", p.n_gpu_layers, p.status),
         })
         .collect();
-    Finding { topic: Topic::Fit, text, details }
+    Finding {
+        topic: Topic::Fit,
+        text,
+        details,
+    }
 }
 
 fn bandwidth(roofline: Option<&RooflineView>) -> Finding {
     let Some(r) = roofline else {
-        return finding(Topic::Bandwidth, "unknown: this profile has no roofline record".into());
+        return finding(
+            Topic::Bandwidth,
+            "unknown: this profile has no roofline record".into(),
+        );
     };
     let (Some(p), Some(c)) = (r.percent_of_ceiling, r.ceiling_tps) else {
         let why = if r.bandwidth_bytes_per_s.is_none() {
             "the memory bandwidth was not measured".to_string()
         } else {
-            format!("the weights are on {}, whose bandwidth is not measured here", r.offload_devices.join(", "))
+            format!(
+                "the weights are on {}, whose bandwidth is not measured here",
+                r.offload_devices.join(", ")
+            )
         };
         return finding(Topic::Bandwidth, format!("unknown: {why}"));
     };
@@ -334,7 +394,10 @@ fn bandwidth(roofline: Option<&RooflineView>) -> Finding {
         RooflineScope::CpuShare => "the CPU share's",
         _ => "the",
     };
-    let figure = format!("tg {:.1} t/s is {p:.0}% of {of} {c:.1} t/s memory roofline", r.measured_tps);
+    let figure = format!(
+        "tg {:.1} t/s is {p:.0}% of {of} {c:.1} t/s memory roofline",
+        r.measured_tps
+    );
     let text = if p >= 70.0 {
         format!(
             "bound: {figure}; only fewer bytes per token (a smaller quantization, a quantized KV cache at depth) \
@@ -361,11 +424,18 @@ fn model(profile: &Profile, roofline: Option<&RooflineView>) -> Finding {
     let Some(r) = profile.roofline.as_ref() else {
         return finding(
             Topic::Model,
-            format!("{} ({}); parameter counts are not recorded in this profile", profile.model.architecture, format_size(profile.model.size_bytes)),
+            format!(
+                "{} ({}); parameter counts are not recorded in this profile",
+                profile.model.architecture,
+                format_size(profile.model.size_bytes)
+            ),
         );
     };
     if r.is_moe() {
-        let (used, count) = (r.expert_used_count.unwrap_or(1), r.expert_count.unwrap_or(1));
+        let (used, count) = (
+            r.expert_used_count.unwrap_or(1),
+            r.expert_count.unwrap_or(1),
+        );
         return finding(
             Topic::Model,
             format!(
@@ -378,7 +448,10 @@ fn model(profile: &Profile, roofline: Option<&RooflineView>) -> Finding {
     }
     let bound = roofline.and_then(|v| v.percent_of_ceiling);
     let base = if r.active_parameters >= r.parameters {
-        format!("dense: every token reads all {} parameters", params(r.parameters))
+        format!(
+            "dense: every token reads all {} parameters",
+            params(r.parameters)
+        )
     } else {
         format!(
             "dense: every token reads {} of its {} parameters (all but other tokens' embedding rows)",
@@ -410,7 +483,10 @@ fn secs(s: f64) -> String {
 fn prefill(profile: &Profile) -> Finding {
     let f = &profile.figures;
     let w = &profile.workload;
-    let first = f.ttft_ms.map(|ms| ms / 1000.0).unwrap_or(w.n_prompt as f64 / f.pp_tps.max(1e-12));
+    let first = f
+        .ttft_ms
+        .map(|ms| ms / 1000.0)
+        .unwrap_or(w.n_prompt as f64 / f.pp_tps.max(1e-12));
     let gen = w.n_gen as f64 / generation_tps(profile).max(1e-12);
     let share = 100.0 * first / (first + gen);
     let figure = format!(
@@ -455,15 +531,34 @@ fn devices(profile: &Profile) -> Finding {
     match best.as_slice() {
         [] => finding(Topic::Devices, "nothing was measured".into()),
         [(only, _, _)] => {
-            let more = if offload.is_empty() || only != "CPU" { String::new() } else { format!(" ({} not used)", offload.join(", ")) };
-            finding(Topic::Devices, format!("one placement measured ({only}){more}; nothing to compare"))
-        }
-        [(first, s, tg), rest @ ..] => {
-            let others: Vec<String> =
-                rest.iter().map(|(c, s2, tg2)| format!("{c} {} (tg {tg2:.1}, {:+.0}%)", secs(*s2), (s2 / s - 1.0) * 100.0)).collect();
+            let more = if offload.is_empty() || only != "CPU" {
+                String::new()
+            } else {
+                format!(" ({} not used)", offload.join(", "))
+            };
             finding(
                 Topic::Devices,
-                format!("{first} is fastest: {} per request (tg {tg:.1} t/s) vs {}", secs(*s), others.join(", ")),
+                format!("one placement measured ({only}){more}; nothing to compare"),
+            )
+        }
+        [(first, s, tg), rest @ ..] => {
+            let others: Vec<String> = rest
+                .iter()
+                .map(|(c, s2, tg2)| {
+                    format!(
+                        "{c} {} (tg {tg2:.1}, {:+.0}%)",
+                        secs(*s2),
+                        (s2 / s - 1.0) * 100.0
+                    )
+                })
+                .collect();
+            finding(
+                Topic::Devices,
+                format!(
+                    "{first} is fastest: {} per request (tg {tg:.1} t/s) vs {}",
+                    secs(*s),
+                    others.join(", ")
+                ),
             )
         }
     }
@@ -474,9 +569,15 @@ fn settings(knobs: &[KnobEffect]) -> Finding {
         return finding(Topic::Settings, "no knob was varied".into());
     };
     let line = |k: &KnobEffect| {
-        let noise = if k.slower < NOISE { ", within noise" } else { "" };
+        let noise = if k.slower < NOISE {
+            ", within noise"
+        } else {
+            ""
+        };
         let around = match (&k.winner_value, k.around_winner) {
-            (Some(v), _) => format!("; the winner has {v}: a tie, broken toward less memory or fewer changes"),
+            (Some(v), _) => {
+                format!("; the winner has {v}: a tie, broken toward less memory or fewer changes")
+            }
             (None, true) => String::new(),
             (None, false) => "; measured around an earlier best".to_string(),
         };
@@ -495,5 +596,9 @@ fn settings(knobs: &[KnobEffect]) -> Finding {
     } else {
         format!("{} mattered most", top.knob)
     };
-    Finding { topic: Topic::Settings, text, details: knobs.iter().map(line).collect() }
+    Finding {
+        topic: Topic::Settings,
+        text,
+        details: knobs.iter().map(line).collect(),
+    }
 }

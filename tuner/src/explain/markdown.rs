@@ -8,10 +8,19 @@ use search_space::size::format_size;
 use std::path::Path;
 
 /// The report; chart links are relative to `dir` (the report's folder) when the charts are inside it.
-pub fn render(profile: &Profile, explanation: &Explanation, charts: &[Chart], dir: &Path) -> String {
+pub fn render(
+    profile: &Profile,
+    explanation: &Explanation,
+    charts: &[Chart],
+    dir: &Path,
+) -> String {
     let mut s = String::new();
     let w = &profile.workload;
-    s.push_str(&format!("# {} on {}\n\n", profile.model.file_name, cell(&profile.machine.hostname)));
+    s.push_str(&format!(
+        "# {} on {}\n\n",
+        profile.model.file_name,
+        cell(&profile.machine.hostname)
+    ));
     s.push_str(&format!(
         "{} ({} cores / {} CPUs, {} RAM), llama.cpp {}{}. Workload `{}`: context {}, prompt {}, generation {}{}.\n\n",
         profile.machine.cpu,
@@ -34,7 +43,11 @@ pub fn render(profile: &Profile, explanation: &Explanation, charts: &[Chart], di
         f.tg_tps,
         f.score_s
     ));
-    if let Some(b) = profile.baseline.as_ref().filter(|b| b.tg_tps > 0.0 && b.score_s > 0.0) {
+    if let Some(b) = profile
+        .baseline
+        .as_ref()
+        .filter(|b| b.tg_tps > 0.0 && b.score_s > 0.0)
+    {
         s.push_str(&format!(
             " (llama.cpp's defaults: tg {:.1} t/s, {:.3} s per request; {:+.1}% tg)",
             b.tg_tps,
@@ -46,7 +59,11 @@ pub fn render(profile: &Profile, explanation: &Explanation, charts: &[Chart], di
     s.push_str(&profiles::shell_quote(&profile.server_args));
     s.push_str("\n```\n\n## Diagnosis\n\n");
     for finding in &explanation.findings {
-        s.push_str(&format!("- **{}**: {}\n", finding.topic.name(), finding.text));
+        s.push_str(&format!(
+            "- **{}**: {}\n",
+            finding.topic.name(),
+            finding.text
+        ));
         for d in &finding.details {
             s.push_str(&format!("  - {d}\n"));
         }
@@ -81,17 +98,34 @@ pub fn render(profile: &Profile, explanation: &Explanation, charts: &[Chart], di
         }
         let row = match &e.figures {
             Some(f) => {
-                let mut cols = vec![rank, label, format!("{:.1}", f.pp_tps), format!("{:.1}", f.tg_tps)];
+                let mut cols = vec![
+                    rank,
+                    label,
+                    format!("{:.1}", f.pp_tps),
+                    format!("{:.1}", f.tg_tps),
+                ];
                 if depth {
                     cols.push(f.tg_depth_tps.map_or("-".into(), |v| format!("{v:.1}")));
                 }
-                let mem = if f.mem_bytes > 0 { format_size(f.mem_bytes) } else { "-".into() };
-                cols.extend([format!("{:.3}", f.score_s), mem, f.repetitions.to_string(), cell(&e.status)]);
+                let mem = if f.mem_bytes > 0 {
+                    format_size(f.mem_bytes)
+                } else {
+                    "-".into()
+                };
+                cols.extend([
+                    format!("{:.3}", f.score_s),
+                    mem,
+                    f.repetitions.to_string(),
+                    cell(&e.status),
+                ]);
                 cols
             }
             None => {
                 let mut cols = vec![rank, label];
-                cols.extend(std::iter::repeat_n("-".to_string(), if depth { 6 } else { 5 }));
+                cols.extend(std::iter::repeat_n(
+                    "-".to_string(),
+                    if depth { 6 } else { 5 },
+                ));
                 cols.push(cell(&e.status));
                 cols
             }

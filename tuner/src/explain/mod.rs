@@ -68,8 +68,15 @@ impl RooflineView {
     pub fn of(profile: &Profile) -> Option<RooflineView> {
         let r = profile.roofline.as_ref()?;
         let measured = generation_tps(profile);
-        let offload_devices: Vec<String> = if r.cpu_bytes < r.bytes_per_token() { offload_devices(profile) } else { Vec::new() };
-        let ceiling = r.cpu_bandwidth.filter(|b| *b > 0.0 && r.cpu_bytes > 0).map(|b| b / r.cpu_bytes as f64);
+        let offload_devices: Vec<String> = if r.cpu_bytes < r.bytes_per_token() {
+            offload_devices(profile)
+        } else {
+            Vec::new()
+        };
+        let ceiling = r
+            .cpu_bandwidth
+            .filter(|b| *b > 0.0 && r.cpu_bytes > 0)
+            .map(|b| b / r.cpu_bytes as f64);
         let scope = match ceiling {
             None => RooflineScope::None,
             Some(_) if offload_devices.is_empty() => RooflineScope::Whole,
@@ -124,7 +131,11 @@ impl RooflineView {
             }
             _ => "not computed: the memory bandwidth was not measured".to_string(),
         };
-        vec![("bandwidth", bandwidth), ("per token", per_token), ("ceiling", ceiling)]
+        vec![
+            ("bandwidth", bandwidth),
+            ("per token", per_token),
+            ("ceiling", ceiling),
+        ]
     }
 }
 
@@ -134,7 +145,12 @@ impl Explanation {
         let knob_effects = diagnosis::knob_effects(profile);
         let placements = diagnosis::placements(profile);
         let findings = diagnosis::findings(profile, roofline.as_ref(), &knob_effects, &placements);
-        Explanation { roofline, findings, knob_effects, placements }
+        Explanation {
+            roofline,
+            findings,
+            knob_effects,
+            placements,
+        }
     }
 
     /// The roofline block (when there is one) and the diagnosis, as printed after a run and by
@@ -148,7 +164,9 @@ impl Explanation {
                     s.push_str(&format!("  {label:<12}{text}\n"));
                 }
             }
-            None => s.push_str("roofline    not recorded in this profile (explain the model file to compute it)\n"),
+            None => s.push_str(
+                "roofline    not recorded in this profile (explain the model file to compute it)\n",
+            ),
         }
         s.push_str("\ndiagnosis (most impact first)\n");
         s.push_str(&self.render_findings("  ", 12));
@@ -180,7 +198,13 @@ pub fn generation_tps(profile: &Profile) -> f64 {
 
 /// Names of the profile machine's devices other than the CPU.
 pub fn offload_devices(profile: &Profile) -> Vec<String> {
-    profile.machine.devices.iter().filter(|d| d.kind != "cpu").map(|d| d.name.clone()).collect()
+    profile
+        .machine
+        .devices
+        .iter()
+        .filter(|d| d.kind != "cpu")
+        .map(|d| d.name.clone())
+        .collect()
 }
 
 /// Decimal bytes as bandwidth figures are written (`12.3 GB`, `185.2 MB`): GB/s and MB per token

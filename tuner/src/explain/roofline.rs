@@ -95,7 +95,12 @@ fn kv_per_layer(info: &GgufInfo, c: &Candidate, layers: u32) -> Vec<u64> {
     (0..layers)
         .map(|l| {
             let (k, v) = if any_k {
-                (width("attn_k.weight", l).unwrap_or(0), width("attn_v.weight", l).or(width("attn_k.weight", l)).unwrap_or(0))
+                (
+                    width("attn_k.weight", l).unwrap_or(0),
+                    width("attn_v.weight", l)
+                        .or(width("attn_k.weight", l))
+                        .unwrap_or(0),
+                )
             } else {
                 (fallback, fallback)
             };
@@ -118,7 +123,10 @@ pub fn token_reads(info: &GgufInfo, c: &Candidate, w: &Workload, offload: bool) 
         // The lookup is on the CPU; a tied output projection is placed with the output layer.
         Part::Lookup => !(tied_output && output_offloaded),
     };
-    let mut r = TokenReads { kv_tokens: w.depth + w.n_gen.div_ceil(2), ..Default::default() };
+    let mut r = TokenReads {
+        kv_tokens: w.depth + w.n_gen.div_ceil(2),
+        ..Default::default()
+    };
     for t in &info.tensors {
         let (bytes, params) = per_token(t, info, tied_output);
         r.parameters += elements(t);
@@ -160,7 +168,10 @@ pub fn roofline(
         kv_bytes_per_cached_token: r.kv_bytes_per_cached_token,
         cpu_bytes: r.cpu_bytes,
         cpu_bandwidth: bandwidth.map(|b| b.bytes_per_s),
-        bandwidth_method: bandwidth.map_or_else(|| "not measured".to_string(), |b| format!("CPU: {}", b.method)),
+        bandwidth_method: bandwidth.map_or_else(
+            || "not measured".to_string(),
+            |b| format!("CPU: {}", b.method),
+        ),
     }
 }
 
@@ -172,11 +183,22 @@ mod tests {
 
     fn info_of(b: GgufBuilder) -> GgufInfo {
         let bytes = b.build();
-        GgufInfo::from_reader(&bytes[..], bytes.len() as u64, std::path::Path::new("fixture.gguf")).unwrap()
+        GgufInfo::from_reader(
+            &bytes[..],
+            bytes.len() as u64,
+            std::path::Path::new("fixture.gguf"),
+        )
+        .unwrap()
     }
 
     fn workload(n_gen: u32, depth: u32) -> Workload {
-        Workload { n_ctx: 4096, n_prompt: 512, n_gen, depth, name: "custom".into() }
+        Workload {
+            n_ctx: 4096,
+            n_prompt: 512,
+            n_gen,
+            depth,
+            name: "custom".into(),
+        }
     }
 
     /// Two layers of a dense llama-shaped model: embedding 256, 4 heads, 2 KV heads (K/V width 128),
@@ -229,7 +251,12 @@ mod tests {
     fn a_tied_output_reads_the_whole_embedding_table() {
         let info = info_of(dense(false));
         let all: u64 = info.tensors.iter().map(|t| t.bytes).sum();
-        let r = token_reads(&info, &Candidate::llama_default(2, 0), &workload(128, 0), false);
+        let r = token_reads(
+            &info,
+            &Candidate::llama_default(2, 0),
+            &workload(128, 0),
+            false,
+        );
         assert_eq!(r.weight_bytes, all);
     }
 
@@ -256,7 +283,12 @@ mod tests {
                 .kv_u32("llama.attention.head_count_kv", 2)
                 .tensor("blk.0.ffn_up.weight", ggml::F16, &[512, 64]),
         );
-        let r = token_reads(&info, &Candidate::llama_default(1, 0), &workload(1, 0), false);
+        let r = token_reads(
+            &info,
+            &Candidate::llama_default(1, 0),
+            &workload(1, 0),
+            false,
+        );
         // 3 layers × (K + V) × 2 KV heads × 64 dims × 2 bytes.
         assert_eq!(r.kv_bytes_per_cached_token, 3 * 2 * 128 * 2);
     }
@@ -275,18 +307,32 @@ mod tests {
             .tensor("blk.0.ffn_down_exps.weight", ggml::Q8_0, &[128, 64, 8])
             .tensor("output.weight", ggml::F16, &[64, 32]);
         let info = info_of(moe);
-        let r = token_reads(&info, &Candidate::llama_default(2, 0), &workload(2, 0), false);
-        let exps = bytes_of(&info, "blk.0.ffn_up_exps.weight") + bytes_of(&info, "blk.0.ffn_down_exps.weight");
+        let r = token_reads(
+            &info,
+            &Candidate::llama_default(2, 0),
+            &workload(2, 0),
+            false,
+        );
+        let exps = bytes_of(&info, "blk.0.ffn_up_exps.weight")
+            + bytes_of(&info, "blk.0.ffn_down_exps.weight");
         let dense_part = 2 * 64 * 32 * 2 + 64 * 8 * 4 + 64 * 32 * 2;
         assert_eq!(r.weight_bytes, dense_part + exps / 4 + 64 * 2);
-        assert_eq!(r.active_parameters, 2 * 64 * 32 + 64 * 8 + 64 * 32 + 2 * 64 * 128 * 8 / 4 + 64);
+        assert_eq!(
+            r.active_parameters,
+            2 * 64 * 32 + 64 * 8 + 64 * 32 + 2 * 64 * 128 * 8 / 4 + 64
+        );
     }
 
     #[test]
     fn offloaded_layers_leave_the_cpu_its_share() {
         let info = info_of(dense(true));
         let w = workload(2, 0);
-        let layer: u64 = info.tensors.iter().filter(|t| t.name.starts_with("blk.1.")).map(|t| t.bytes).sum();
+        let layer: u64 = info
+            .tensors
+            .iter()
+            .filter(|t| t.name.starts_with("blk.1."))
+            .map(|t| t.bytes)
+            .sum();
         let row = bytes_of(&info, "token_embd.weight") / 1024;
         let output = bytes_of(&info, "output.weight") + bytes_of(&info, "output_norm.weight");
         let cpu_only = token_reads(&info, &Candidate::llama_default(2, 0), &w, true);

@@ -1,8 +1,8 @@
 //! Snapshot tests of the explanation on recorded measurements: a CPU-only run, an offload run with a
 //! GPU-layer axis, a mixture of experts, and a profile without a roofline record.
 
-use super::*;
 use super::diagnosis::Topic;
+use super::*;
 use profiles::{example_profile, DeviceRef, Figures, LeaderboardEntry, Roofline};
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 
@@ -22,7 +22,13 @@ fn figures(pp: f64, tg: f64, w: &profiles::Workload, mem: u64) -> Figures {
 }
 
 fn entry(rank: u32, c: Candidate, f: Option<Figures>, status: &str) -> LeaderboardEntry {
-    LeaderboardEntry { rank, tie_with_previous: false, status: status.into(), candidate: c, figures: f }
+    LeaderboardEntry {
+        rank,
+        tie_with_previous: false,
+        status: status.into(),
+        candidate: c,
+        figures: f,
+    }
 }
 
 /// Re-ranks measured rows by score (unmeasured ones last, rank 0), as the tuner does.
@@ -62,27 +68,68 @@ pub fn cpu_profile() -> profiles::Profile {
     p.model.path = "/models/gemma-3-270m-q4_k_m.gguf".into();
     p.model.architecture = "gemma3".into();
     p.model.size_bytes = 253_104_832;
-    p.workload = profiles::Workload { n_ctx: 4096, n_prompt: 512, n_gen: 128, depth: 0, name: "custom".into() };
+    p.workload = profiles::Workload {
+        n_ctx: 4096,
+        n_prompt: 512,
+        n_gen: 128,
+        depth: 0,
+        name: "custom".into(),
+    };
     let w = p.workload.clone();
     let defaults = Candidate::llama_default(2, 0);
-    let one_thread = Candidate { threads: 1, ..defaults.clone() };
-    let plain = Candidate { kernels: KernelChoice::Plain, ..defaults.clone() };
-    let q8 = Candidate { type_k: CacheType::Q8_0, type_v: CacheType::Q8_0, flash_attn: FlashAttn::On, ..defaults.clone() };
-    let fa_on = Candidate { flash_attn: FlashAttn::On, ..defaults.clone() };
-    let winner = Candidate { n_ubatch: 256, ..defaults.clone() };
-    let ub128 = Candidate { n_ubatch: 128, ..defaults.clone() };
+    let one_thread = Candidate {
+        threads: 1,
+        ..defaults.clone()
+    };
+    let plain = Candidate {
+        kernels: KernelChoice::Plain,
+        ..defaults.clone()
+    };
+    let q8 = Candidate {
+        type_k: CacheType::Q8_0,
+        type_v: CacheType::Q8_0,
+        flash_attn: FlashAttn::On,
+        ..defaults.clone()
+    };
+    let fa_on = Candidate {
+        flash_attn: FlashAttn::On,
+        ..defaults.clone()
+    };
+    let winner = Candidate {
+        n_ubatch: 256,
+        ..defaults.clone()
+    };
+    let ub128 = Candidate {
+        n_ubatch: 128,
+        ..defaults.clone()
+    };
     let base = figures(610.0, 41.0, &w, 310 << 20);
     let rows = vec![
         entry(0, defaults.clone(), Some(base.clone()), "ok"),
-        entry(0, one_thread, Some(figures(330.0, 27.5, &w, 310 << 20)), "ok"),
+        entry(
+            0,
+            one_thread,
+            Some(figures(330.0, 27.5, &w, 310 << 20)),
+            "ok",
+        ),
         entry(0, plain, Some(figures(560.0, 40.2, &w, 305 << 20)), "ok"),
         entry(0, fa_on, Some(figures(612.0, 41.1, &w, 309 << 20)), "ok"),
         entry(0, q8, Some(figures(590.0, 40.0, &w, 300 << 20)), "ok"),
-        entry(0, winner.clone(), Some(figures(650.0, 41.3, &w, 300 << 20)), "ok"),
+        entry(
+            0,
+            winner.clone(),
+            Some(figures(650.0, 41.3, &w, 300 << 20)),
+            "ok",
+        ),
         entry(0, ub128, Some(figures(540.0, 40.9, &w, 296 << 20)), "ok"),
     ];
     p.leaderboard = ranked(rows);
-    p.figures = p.leaderboard.iter().find(|e| e.candidate == winner).and_then(|e| e.figures.clone()).unwrap();
+    p.figures = p
+        .leaderboard
+        .iter()
+        .find(|e| e.candidate == winner)
+        .and_then(|e| e.figures.clone())
+        .unwrap();
     p.baseline = Some(base);
     p.winner = winner;
     p.roofline = Some(Roofline {
@@ -120,16 +167,57 @@ pub fn rpc_profile() -> profiles::Profile {
     let w = p.workload.clone();
     let at = |n: u32| Candidate::llama_default(2, n);
     let mut rows = vec![];
-    for (n, pp, tg) in [(12, 420.0, 22.0), (11, 430.0, 23.1), (9, 450.0, 25.8), (6, 500.0, 29.5), (3, 560.0, 35.0), (0, 610.0, 41.0)] {
+    for (n, pp, tg) in [
+        (12, 420.0, 22.0),
+        (11, 430.0, 23.1),
+        (9, 450.0, 25.8),
+        (6, 500.0, 29.5),
+        (3, 560.0, 35.0),
+        (0, 610.0, 41.0),
+    ] {
         rows.push(entry(0, at(n), Some(figures(pp, tg, &w, 310 << 20)), "ok"));
     }
-    rows.push(entry(0, Candidate { threads: 1, ..at(0) }, Some(figures(330.0, 27.5, &w, 310 << 20)), "ok"));
-    let winner = Candidate { n_ubatch: 256, ..at(0) };
-    rows.push(entry(0, winner.clone(), Some(figures(650.0, 41.3, &w, 300 << 20)), "ok"));
-    rows.push(entry(0, Candidate { n_ubatch: 2048, n_batch: 2048, ..at(12) }, None, "failed: out of memory on RPC0"));
+    rows.push(entry(
+        0,
+        Candidate {
+            threads: 1,
+            ..at(0)
+        },
+        Some(figures(330.0, 27.5, &w, 310 << 20)),
+        "ok",
+    ));
+    let winner = Candidate {
+        n_ubatch: 256,
+        ..at(0)
+    };
+    rows.push(entry(
+        0,
+        winner.clone(),
+        Some(figures(650.0, 41.3, &w, 300 << 20)),
+        "ok",
+    ));
+    rows.push(entry(
+        0,
+        Candidate {
+            n_ubatch: 2048,
+            n_batch: 2048,
+            ..at(12)
+        },
+        None,
+        "failed: out of memory on RPC0",
+    ));
     p.leaderboard = ranked(rows);
-    p.figures = p.leaderboard.iter().find(|e| e.candidate == winner).and_then(|e| e.figures.clone()).unwrap();
-    p.baseline = p.leaderboard.iter().find(|e| e.candidate == at(12)).and_then(|e| e.figures.clone());
+    p.figures = p
+        .leaderboard
+        .iter()
+        .find(|e| e.candidate == winner)
+        .and_then(|e| e.figures.clone())
+        .unwrap();
+    p.baseline = p
+        .leaderboard
+        .iter()
+        .find(|e| e.candidate == at(12))
+        .and_then(|e| e.figures.clone());
     p.winner = winner;
     p.refresh_server_args();
     p
@@ -140,7 +228,13 @@ fn moe_profile() -> profiles::Profile {
     let mut p = cpu_profile();
     p.model.file_name = "Qwen3-30B-A3B-Q4_K_M.gguf".into();
     p.model.architecture = "qwen3moe".into();
-    p.workload = profiles::Workload { n_ctx: 8192, n_prompt: 3000, n_gen: 128, depth: 0, name: "long-prompt".into() };
+    p.workload = profiles::Workload {
+        n_ctx: 8192,
+        n_prompt: 3000,
+        n_gen: 128,
+        depth: 0,
+        name: "long-prompt".into(),
+    };
     let w = p.workload.clone();
     p.figures = figures(45.0, 8.1, &w, 18 << 30);
     p.leaderboard = vec![entry(1, p.winner.clone(), Some(p.figures.clone()), "ok")];
@@ -192,10 +286,19 @@ fn markdown_report() {
     let p = rpc_profile();
     let e = Explanation::of(&p);
     let charts = [
-        charts::Chart { title: "tg and pp against GPU layers".into(), path: "/out/p-gpu-layers.svg".into() },
-        charts::Chart { title: "leaderboard".into(), path: "/out/p-leaderboard.svg".into() },
+        charts::Chart {
+            title: "tg and pp against GPU layers".into(),
+            path: "/out/p-gpu-layers.svg".into(),
+        },
+        charts::Chart {
+            title: "leaderboard".into(),
+            path: "/out/p-leaderboard.svg".into(),
+        },
     ];
-    insta::assert_snapshot!("rpc_markdown", markdown::render(&p, &e, &charts, std::path::Path::new("/out")));
+    insta::assert_snapshot!(
+        "rpc_markdown",
+        markdown::render(&p, &e, &charts, std::path::Path::new("/out"))
+    );
 }
 
 #[test]
@@ -208,10 +311,16 @@ fn knob_effects_compare_the_winners_neighbours_first() {
     assert_eq!(names[0], "threads");
     let ub = effects.iter().find(|k| k.knob == "micro-batch").unwrap();
     assert!(ub.around_winner);
-    assert_eq!((ub.best.as_str(), ub.worst.as_str(), ub.values), ("ub=256", "ub=128", 3));
+    assert_eq!(
+        (ub.best.as_str(), ub.worst.as_str(), ub.values),
+        ("ub=256", "ub=128", 3)
+    );
     let threads = &effects[0];
     assert!(!threads.around_winner);
-    assert_eq!((threads.best.as_str(), threads.worst.as_str()), ("t=2", "t=1"));
+    assert_eq!(
+        (threads.best.as_str(), threads.worst.as_str()),
+        ("t=2", "t=1")
+    );
     assert!(effects.windows(2).all(|w| w[0].slower >= w[1].slower));
 }
 
@@ -237,7 +346,10 @@ fn the_roofline_percentage_is_tg_over_bandwidth_per_byte() {
     let mut partial = p.clone();
     partial.machine.devices = rpc_profile().machine.devices;
     partial.roofline.as_mut().unwrap().cpu_bytes = 100_000_000;
-    assert_eq!(RooflineView::of(&partial).unwrap().scope, RooflineScope::CpuShare);
+    assert_eq!(
+        RooflineView::of(&partial).unwrap().scope,
+        RooflineScope::CpuShare
+    );
     partial.roofline.as_mut().unwrap().cpu_bytes = 0;
     let full = RooflineView::of(&partial).unwrap();
     assert_eq!((full.scope, full.ceiling_tps), (RooflineScope::None, None));
@@ -252,23 +364,47 @@ fn charts_are_svg_files() {
     assert_eq!(written.len(), 2);
     for c in &written {
         let svg = std::fs::read_to_string(&c.path).unwrap();
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{}", c.path.display());
+        assert!(
+            svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"),
+            "{}",
+            c.path.display()
+        );
         assert!(svg.contains("<text"), "labels are text elements");
     }
     // A CPU-only run has no GPU-layer axis: only the leaderboard is drawn.
     let p = cpu_profile();
     let written = charts::write(&p, &Explanation::of(&p), dir.path(), "cpu").unwrap();
-    assert_eq!(written.iter().map(|c| c.title.as_str()).collect::<Vec<_>>(), ["leaderboard"]);
+    assert_eq!(
+        written.iter().map(|c| c.title.as_str()).collect::<Vec<_>>(),
+        ["leaderboard"]
+    );
 }
 
 #[test]
 fn a_winner_chosen_by_a_tie_is_named_in_its_knob_line() {
     let mut p = cpu_profile();
     // The plain kernels lose by 3% but suppose the decision rule called it a tie and took them.
-    p.winner = Candidate { kernels: KernelChoice::Plain, ..Candidate::llama_default(2, 0) };
+    p.winner = Candidate {
+        kernels: KernelChoice::Plain,
+        ..Candidate::llama_default(2, 0)
+    };
     let e = Explanation::of(&p);
     let kernels = e.knob_effects.iter().find(|k| k.knob == "kernels").unwrap();
-    assert_eq!((kernels.best.as_str(), kernels.winner_value.as_deref()), ("repack", Some("plain")));
-    let settings = e.findings.iter().find(|f| f.topic == Topic::Settings).unwrap();
-    assert!(settings.details.iter().any(|d| d.contains("the winner has plain: a tie")), "{:?}", settings.details);
+    assert_eq!(
+        (kernels.best.as_str(), kernels.winner_value.as_deref()),
+        ("repack", Some("plain"))
+    );
+    let settings = e
+        .findings
+        .iter()
+        .find(|f| f.topic == Topic::Settings)
+        .unwrap();
+    assert!(
+        settings
+            .details
+            .iter()
+            .any(|d| d.contains("the winner has plain: a tie")),
+        "{:?}",
+        settings.details
+    );
 }

@@ -27,16 +27,35 @@ pub struct Placement {
 /// Where `c` puts a model of `layers` layers, given the offload devices of the machine.
 pub fn placement(c: &Candidate, layers: Option<u32>, offload_devices: &[String]) -> Placement {
     if offload_devices.is_empty() {
-        return Placement { text: "CPU".into(), spills: false };
+        return Placement {
+            text: "CPU".into(),
+            spills: false,
+        };
     }
-    let devs = if c.devices.is_empty() { offload_devices.join("+") } else { c.devices.join("+") };
+    let devs = if c.devices.is_empty() {
+        offload_devices.join("+")
+    } else {
+        c.devices.join("+")
+    };
     let total = layers.map(|l| l + 1);
     match total {
         // Chosen for speed, not forced by memory: running on the CPU is not spilling.
-        _ if c.n_gpu_layers == 0 => Placement { text: "CPU (no layers offloaded)".into(), spills: false },
-        Some(t) if c.n_gpu_layers >= t => Placement { text: format!("{devs} (all {t} layers)"), spills: false },
-        Some(t) => Placement { text: format!("{devs} {}/{t} layers + CPU", c.n_gpu_layers), spills: true },
-        None => Placement { text: format!("{devs} ({} layers)", c.n_gpu_layers), spills: false },
+        _ if c.n_gpu_layers == 0 => Placement {
+            text: "CPU (no layers offloaded)".into(),
+            spills: false,
+        },
+        Some(t) if c.n_gpu_layers >= t => Placement {
+            text: format!("{devs} (all {t} layers)"),
+            spills: false,
+        },
+        Some(t) => Placement {
+            text: format!("{devs} {}/{t} layers + CPU", c.n_gpu_layers),
+            spills: true,
+        },
+        None => Placement {
+            text: format!("{devs} ({} layers)", c.n_gpu_layers),
+            spills: false,
+        },
     }
 }
 
@@ -68,22 +87,39 @@ impl QuantRow {
 /// Index of the chosen rung: the fastest measured rung that passes the gate; a tie (relative
 /// difference within `noise`) goes to the lower KL divergence, then the smaller file.
 pub fn choose(rows: &[QuantRow], noise: f64) -> Option<usize> {
-    let measured: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].passes_gate && rows[i].score().is_some()).collect();
-    let best = measured.iter().copied().min_by(|&a, &b| rows[a].score().unwrap().total_cmp(&rows[b].score().unwrap()))?;
+    let measured: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].passes_gate && rows[i].score().is_some())
+        .collect();
+    let best = measured.iter().copied().min_by(|&a, &b| {
+        rows[a]
+            .score()
+            .unwrap()
+            .total_cmp(&rows[b].score().unwrap())
+    })?;
     let best_score = rows[best].score()?;
     measured
         .into_iter()
-        .filter(|&i| rows[i].score().is_some_and(|s| s <= best_score * (1.0 + noise)))
+        .filter(|&i| {
+            rows[i]
+                .score()
+                .is_some_and(|s| s <= best_score * (1.0 + noise))
+        })
         .min_by(|&a, &b| {
-            let (ka, kb) = (rows[a].kld.unwrap_or(f64::INFINITY), rows[b].kld.unwrap_or(f64::INFINITY));
-            ka.total_cmp(&kb).then(rows[a].size_bytes.cmp(&rows[b].size_bytes))
+            let (ka, kb) = (
+                rows[a].kld.unwrap_or(f64::INFINITY),
+                rows[b].kld.unwrap_or(f64::INFINITY),
+            );
+            ka.total_cmp(&kb)
+                .then(rows[a].size_bytes.cmp(&rows[b].size_bytes))
         })
 }
 
 /// "A smaller quant that fits beats a larger one that spills", for every such pair.
 pub fn spill_notes(rows: &[QuantRow], chosen: usize) -> Vec<String> {
     let w = &rows[chosen];
-    let (Some(wp), Some(ws)) = (&w.placement, w.score()) else { return Vec::new() };
+    let (Some(wp), Some(ws)) = (&w.placement, w.score()) else {
+        return Vec::new();
+    };
     if wp.spills {
         return Vec::new();
     }
@@ -148,7 +184,12 @@ impl JointReport {
             kv: quality
                 .kv
                 .iter()
-                .map(|r| KvRow { kv: r.kv, kld: r.kld(), top1: r.figures.as_ref().map(|f| f.top1), allowed: r.passes(max_kld) })
+                .map(|r| KvRow {
+                    kv: r.kv,
+                    kld: r.kld(),
+                    top1: r.figures.as_ref().map(|f| f.top1),
+                    allowed: r.passes(max_kld),
+                })
                 .collect(),
             quality,
             quants: Vec::new(),
@@ -173,14 +214,32 @@ impl JointReport {
             .kv
             .iter()
             .map(|k| {
-                let verdict = if k.allowed { "allowed" } else { "over the gate" };
-                format!("{} {} ({verdict})", k.kv, k.kld.map_or("failed".into(), fmt_kld))
+                let verdict = if k.allowed {
+                    "allowed"
+                } else {
+                    "over the gate"
+                };
+                format!(
+                    "{} {} ({verdict})",
+                    k.kv,
+                    k.kld.map_or("failed".into(), fmt_kld)
+                )
             })
             .collect();
         s.push_str(&format!("KV cache  {}\n\n", kv.join(" · ")));
         let mut t = Table::new();
         t.load_preset(UTF8_FULL_CONDENSED);
-        t.set_header(["quant", "size", "fits where", "pp t/s", "tg t/s", "s/request", "KLD", "top-1", "status"]);
+        t.set_header([
+            "quant",
+            "size",
+            "fits where",
+            "pp t/s",
+            "tg t/s",
+            "s/request",
+            "KLD",
+            "top-1",
+            "status",
+        ]);
         let right = |s: String| Cell::new(s).set_alignment(CellAlignment::Right);
         for (i, r) in self.quants.iter().enumerate() {
             let mark = if Some(i) == self.chosen { "▶ " } else { "" };
@@ -250,26 +309,59 @@ mod tests {
                 tg_ci: None,
                 repetitions: 3,
             }),
-            placement: Some(Placement { text: if spills { "GPU0 10/27 layers + CPU".into() } else { "GPU0 (all 27 layers)".into() }, spills }),
+            placement: Some(Placement {
+                text: if spills {
+                    "GPU0 10/27 layers + CPU".into()
+                } else {
+                    "GPU0 (all 27 layers)".into()
+                },
+                spills,
+            }),
             status: String::new(),
         }
     }
 
     #[test]
     fn fastest_under_the_gate_wins_and_ties_go_to_quality() {
-        let rows = vec![row("F16", 500, 0.0, Some(2.0), true), row("Q8_0", 260, 0.001, Some(1.0), false), row("Q4_0", 150, 0.2, Some(0.5), false)];
-        assert_eq!(choose(&rows, 0.02), Some(1), "Q4_0 is faster but over the gate");
-        let rows = vec![row("Q8_0", 260, 0.001, Some(1.01), false), row("Q4_K_M", 160, 0.03, Some(1.0), false)];
-        assert_eq!(choose(&rows, 0.02), Some(0), "within the noise: the better quality wins");
-        assert_eq!(choose(&[row("Q4_0", 1, 0.2, Some(1.0), false)], 0.02), None, "nothing passes");
+        let rows = vec![
+            row("F16", 500, 0.0, Some(2.0), true),
+            row("Q8_0", 260, 0.001, Some(1.0), false),
+            row("Q4_0", 150, 0.2, Some(0.5), false),
+        ];
+        assert_eq!(
+            choose(&rows, 0.02),
+            Some(1),
+            "Q4_0 is faster but over the gate"
+        );
+        let rows = vec![
+            row("Q8_0", 260, 0.001, Some(1.01), false),
+            row("Q4_K_M", 160, 0.03, Some(1.0), false),
+        ];
+        assert_eq!(
+            choose(&rows, 0.02),
+            Some(0),
+            "within the noise: the better quality wins"
+        );
+        assert_eq!(
+            choose(&[row("Q4_0", 1, 0.2, Some(1.0), false)], 0.02),
+            None,
+            "nothing passes"
+        );
     }
 
     #[test]
     fn says_when_a_smaller_quant_that_fits_beats_a_larger_one_that_spills() {
-        let rows = vec![row("F16", 500, 0.0, Some(2.0), true), row("Q8_0", 260, 0.001, Some(1.0), false)];
+        let rows = vec![
+            row("F16", 500, 0.0, Some(2.0), true),
+            row("Q8_0", 260, 0.001, Some(1.0), false),
+        ];
         let notes = spill_notes(&rows, 1);
         assert_eq!(notes.len(), 1);
-        assert!(notes[0].contains("a smaller quant that fits beats a larger one that spills"), "{}", notes[0]);
+        assert!(
+            notes[0].contains("a smaller quant that fits beats a larger one that spills"),
+            "{}",
+            notes[0]
+        );
         assert!(spill_notes(&rows, 0).is_empty());
     }
 
@@ -279,7 +371,10 @@ mod tests {
         assert_eq!(placement(&c, Some(27), &[]).text, "CPU");
         assert!(!placement(&c, Some(27), &["CUDA0".into()]).spills);
         c.n_gpu_layers = 0;
-        assert!(!placement(&c, Some(27), &["CUDA0".into()]).spills, "the CPU chosen for speed is not a spill");
+        assert!(
+            !placement(&c, Some(27), &["CUDA0".into()]).spills,
+            "the CPU chosen for speed is not a spill"
+        );
         c.n_gpu_layers = 10;
         let p = placement(&c, Some(27), &["CUDA0".into()]);
         assert!(p.spills && p.text.contains("10/28"), "{}", p.text);

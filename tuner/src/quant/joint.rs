@@ -62,7 +62,9 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     inspect_model(&args.model)?;
     let max_kld = args.max_kld.unwrap_or(super::DEFAULT_MAX_KLD);
     if !(max_kld.is_finite() && max_kld >= 0.0) {
-        return Err(usage(format!("--max-kld {max_kld}: give a divergence in nats per token, at least 0 (e.g. 0.05)")));
+        return Err(usage(format!(
+            "--max-kld {max_kld}: give a divergence in nats per token, at least 0 (e.g. 0.05)"
+        )));
     }
     let kv_types = args
         .cache_types
@@ -78,13 +80,25 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     }
 
     let stop = super::interrupt_flag()?;
-    let settings = crate::commands::quality::eval_settings(None, args.quality_tokens, 512, None, false, cli.quiet)?;
+    let settings = crate::commands::quality::eval_settings(
+        None,
+        args.quality_tokens,
+        512,
+        None,
+        false,
+        cli.quiet,
+    )?;
     let mut evaluator = Evaluator::new(settings, &stop);
     let table = evaluator.table(&ladder, &reference, &kv_types);
     evaluator.shutdown();
     let table = match table {
         Ok(t) => t,
-        Err(TrialFailure::Interrupted) => return Err(Exit::new(exit::INTERRUPTED, "interrupted; finished quality evaluations are cached")),
+        Err(TrialFailure::Interrupted) => {
+            return Err(Exit::new(
+                exit::INTERRUPTED,
+                "interrupted; finished quality evaluations are cached",
+            ))
+        }
         Err(f) => return Err(anyhow::anyhow!("quality evaluation: {f}")),
     };
     let mut report = JointReport::new(&ladder, table, max_kld);
@@ -92,12 +106,23 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         .rungs
         .iter()
         .map(|r| {
-            let q: Option<&QualityRow> = report.quality.weights.iter().find(|q| same_file(&q.model, &r.path));
+            let q: Option<&QualityRow> = report
+                .quality
+                .weights
+                .iter()
+                .find(|q| same_file(&q.model, &r.path));
             let passes = q.is_some_and(|q| q.passes(max_kld));
             let status = match q {
                 None => "quality not measured".to_string(),
-                Some(q) if q.figures.is_none() => format!("quality not measured: {}", q.error.clone().unwrap_or_default()),
-                Some(q) if !passes => format!("over the quality gate ({} > {})", fmt_kld(q.kld().unwrap_or(0.0)), max_kld),
+                Some(q) if q.figures.is_none() => format!(
+                    "quality not measured: {}",
+                    q.error.clone().unwrap_or_default()
+                ),
+                Some(q) if !passes => format!(
+                    "over the quality gate ({} > {})",
+                    fmt_kld(q.kld().unwrap_or(0.0)),
+                    max_kld
+                ),
                 Some(_) => "to tune".to_string(),
             };
             QuantRow {
@@ -116,16 +141,24 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         })
         .collect();
     // The user's order of KV types, cut to those the gate allows.
-    let kv_allowed: Vec<CacheType> =
-        kv_types.iter().copied().filter(|t| report.kv.iter().any(|k| k.kv == *t && k.allowed)).collect();
+    let kv_allowed: Vec<CacheType> = kv_types
+        .iter()
+        .copied()
+        .filter(|t| report.kv.iter().any(|k| k.kv == *t && k.allowed))
+        .collect();
 
     if let Some(why) = nothing_passes(&report, &kv_allowed) {
         emit(&report, args)?;
-        return Err(Exit::new(exit::NOTHING_MEASURED, format!("{why}; nothing was tuned and no profile was written")));
+        return Err(Exit::new(
+            exit::NOTHING_MEASURED,
+            format!("{why}; nothing was tuned and no profile was written"),
+        ));
     }
 
     // Tune every rung that passes, the budget shared among them.
-    let to_tune: Vec<usize> = (0..report.quants.len()).filter(|&i| report.quants[i].passes_gate).collect();
+    let to_tune: Vec<usize> = (0..report.quants.len())
+        .filter(|&i| report.quants[i].passes_gate)
+        .collect();
     // A floor, so a short budget shared by a long ladder still measures llama.cpp's defaults.
     let per_rung = (budget / to_tune.len() as u32).max(MIN_BUDGET_PER_RUNG);
     let work = std::env::temp_dir().join(format!("autotune-joint-{}", std::process::id()));
@@ -154,7 +187,11 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
                 if let Some(v) = &outcome.report {
                     fill_from_report(row, v);
                 }
-                row.status = if row.figures.is_some() { "measured".into() } else { "not measured: no figures in the report".into() };
+                row.status = if row.figures.is_some() {
+                    "measured".into()
+                } else {
+                    "not measured: no figures in the report".into()
+                };
                 profiles_of[i] = out.exists().then_some(out);
             }
             Some(exit::INTERRUPTED) => {
@@ -163,7 +200,11 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
             }
             code => {
                 let why = failure_reason(outcome.report.as_ref(), code);
-                row.status = if why.starts_with("not measured") { why } else { format!("not measured: {why}") };
+                row.status = if why.starts_with("not measured") {
+                    why
+                } else {
+                    format!("not measured: {why}")
+                };
             }
         }
         if interrupted || stop.load(Ordering::Relaxed) {
@@ -174,7 +215,10 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     if interrupted {
         let _ = std::fs::remove_dir_all(&work);
         emit(&report, args)?;
-        return Err(Exit::new(exit::INTERRUPTED, "interrupted; measurements are kept, run the same command again to resume"));
+        return Err(Exit::new(
+            exit::INTERRUPTED,
+            "interrupted; measurements are kept, run the same command again to resume",
+        ));
     }
 
     let noise = args.noise;
@@ -207,21 +251,38 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         c.top1.map_or("?".into(), |t| format!("{:.1}%", t * 100.0)),
         kv_allowed.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(", ")
     ));
-    report.notes.extend(choice::spill_notes(&report.quants, chosen));
-    let unmeasured: Vec<&str> =
-        report.quants.iter().filter(|r| r.passes_gate && r.figures.is_none()).map(|r| r.file_type.as_str()).collect();
+    report
+        .notes
+        .extend(choice::spill_notes(&report.quants, chosen));
+    let unmeasured: Vec<&str> = report
+        .quants
+        .iter()
+        .filter(|r| r.passes_gate && r.figures.is_none())
+        .map(|r| r.file_type.as_str())
+        .collect();
     if !unmeasured.is_empty() {
         report.notes.push(format!(
             "{} passed the gate but could not be measured (see the status); with a time budget spent, raise --budget",
             unmeasured.join(", ")
         ));
     }
-    let over: Vec<&str> = report.quants.iter().filter(|r| !r.passes_gate && r.kld.is_some()).map(|r| r.file_type.as_str()).collect();
+    let over: Vec<&str> = report
+        .quants
+        .iter()
+        .filter(|r| !r.passes_gate && r.kld.is_some())
+        .map(|r| r.file_type.as_str())
+        .collect();
     if !over.is_empty() {
-        report.notes.push(format!("{} over the quality gate, not tuned; raise --max-kld to consider them", over.join(", ")));
+        report.notes.push(format!(
+            "{} over the quality gate, not tuned; raise --max-kld to consider them",
+            over.join(", ")
+        ));
     }
 
-    let saved = profiles_of[chosen].as_ref().map(|p| save_profile(p, &report, args)).transpose();
+    let saved = profiles_of[chosen]
+        .as_ref()
+        .map(|p| save_profile(p, &report, args))
+        .transpose();
     let _ = std::fs::remove_dir_all(&work);
     report.profile_path = saved?.flatten();
     emit(&report, args)?;
@@ -232,7 +293,11 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
 fn nothing_passes(report: &JointReport, kv_allowed: &[CacheType]) -> Option<String> {
     let g = report.max_kld;
     if !report.quants.iter().any(|r| r.passes_gate) {
-        let best = report.quants.iter().filter(|r| r.kld.is_some()).min_by(|a, b| a.kld.unwrap().total_cmp(&b.kld.unwrap()));
+        let best = report
+            .quants
+            .iter()
+            .filter(|r| r.kld.is_some())
+            .min_by(|a, b| a.kld.unwrap().total_cmp(&b.kld.unwrap()));
         return Some(match best {
             Some(b) => format!(
                 "no quantization passes the quality gate --max-kld {g}: the closest to the reference ({}) is {} with a KL \
@@ -245,7 +310,11 @@ fn nothing_passes(report: &JointReport, kv_allowed: &[CacheType]) -> Option<Stri
         });
     }
     if kv_allowed.is_empty() {
-        let tried: Vec<String> = report.kv.iter().map(|k| format!("{} {}", k.kv, k.kld.map_or("failed".into(), fmt_kld))).collect();
+        let tried: Vec<String> = report
+            .kv
+            .iter()
+            .map(|k| format!("{} {}", k.kv, k.kld.map_or("failed".into(), fmt_kld)))
+            .collect();
         return Some(format!(
             "no KV-cache type in --cache-types passes the quality gate --max-kld {g} ({}); add f16 to --cache-types",
             tried.join(", ")
@@ -256,9 +325,24 @@ fn nothing_passes(report: &JointReport, kv_allowed: &[CacheType]) -> Option<Stri
 
 /// The child `tune` for one rung: the user's own arguments, minus the joint ones and those the
 /// parent sets (`--budget`, `--cache-types`, `--out`, `--json`, `--no-save`), for the rung's file.
-pub fn child_args(raw: &[OsString], model: &Path, rung: &Path, kv: &[CacheType], budget: Duration, out: &Path) -> Vec<OsString> {
+pub fn child_args(
+    raw: &[OsString],
+    model: &Path,
+    rung: &Path,
+    kv: &[CacheType],
+    budget: Duration,
+    out: &Path,
+) -> Vec<OsString> {
     const MULTI: &[&str] = &["--quants"];
-    const ONE: &[&str] = &["--max-kld", "--reference", "--quality-tokens", "--out", "-o", "--budget", "--cache-types"];
+    const ONE: &[&str] = &[
+        "--max-kld",
+        "--reference",
+        "--quality-tokens",
+        "--out",
+        "-o",
+        "--budget",
+        "--cache-types",
+    ];
     const FLAGS: &[&str] = &["--ladder", "--json", "--no-save"];
     let mut out_args: Vec<OsString> = vec!["tune".into(), rung.as_os_str().to_owned()];
     let mut it = raw.iter().skip(1).peekable();
@@ -285,7 +369,10 @@ pub fn child_args(raw: &[OsString], model: &Path, rung: &Path, kv: &[CacheType],
         }
         if MULTI.contains(&name) {
             if !s.contains('=') {
-                while it.peek().is_some_and(|n| !n.to_string_lossy().starts_with('-')) {
+                while it
+                    .peek()
+                    .is_some_and(|n| !n.to_string_lossy().starts_with('-'))
+                {
                     it.next();
                 }
             }
@@ -298,7 +385,12 @@ pub fn child_args(raw: &[OsString], model: &Path, rung: &Path, kv: &[CacheType],
         out_args.push(a.into());
     }
     out_args.push(out.as_os_str().to_owned());
-    out_args.extend(["--budget".into(), format!("{}s", budget.as_secs().max(1)).into(), "--cache-types".into(), kv.join(",").into()]);
+    out_args.extend([
+        "--budget".into(),
+        format!("{}s", budget.as_secs().max(1)).into(),
+        "--cache-types".into(),
+        kv.join(",").into(),
+    ]);
     out_args
 }
 
@@ -313,7 +405,12 @@ struct ChildOutcome {
 /// this process alone is forwarded after a grace period.
 fn run_child(args: Vec<OsString>, stop: &AtomicBool) -> std::io::Result<ChildOutcome> {
     let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe).args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
     let mut stdout = child.stdout.take().expect("piped stdout");
     let reader = std::thread::spawn(move || {
         let mut s = String::new();
@@ -336,7 +433,10 @@ fn run_child(args: Vec<OsString>, stop: &AtomicBool) -> std::io::Result<ChildOut
         std::thread::sleep(Duration::from_millis(100));
     };
     let text = reader.join().unwrap_or_default();
-    Ok(ChildOutcome { code: status.code(), report: serde_json::from_str(&text).ok() })
+    Ok(ChildOutcome {
+        code: status.code(),
+        report: serde_json::from_str(&text).ok(),
+    })
 }
 
 /// Fills a row from the child's JSON report (the `tune` report: winner, figures, model, machine).
@@ -346,15 +446,28 @@ fn fill_from_report(row: &mut QuantRow, v: &serde_json::Value) {
     let layers = v["model"]["layers"].as_u64().map(|l| l as u32);
     let offload: Vec<String> = v["machine"]["devices"]
         .as_array()
-        .map(|d| d.iter().filter(|d| d["kind"] != "cpu").filter_map(|d| d["name"].as_str().map(str::to_string)).collect())
+        .map(|d| {
+            d.iter()
+                .filter(|d| d["kind"] != "cpu")
+                .filter_map(|d| d["name"].as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default();
-    row.placement = row.winner.as_ref().map(|w| choice::placement(w, layers, &offload));
+    row.placement = row
+        .winner
+        .as_ref()
+        .map(|w| choice::placement(w, layers, &offload));
 }
 
 /// A one-line reason for a child that did not succeed.
 fn failure_reason(report: Option<&serde_json::Value>, code: Option<i32>) -> String {
     let from_board = report.and_then(|v| {
-        v["leaderboard"].as_array()?.iter().filter_map(|e| e["status"].as_str()).find(|s| *s != "ok").map(str::to_string)
+        v["leaderboard"]
+            .as_array()?
+            .iter()
+            .filter_map(|e| e["status"].as_str())
+            .find(|s| *s != "ok")
+            .map(str::to_string)
     });
     match (from_board, code) {
         (Some(s), _) => s,
@@ -364,11 +477,21 @@ fn failure_reason(report: Option<&serde_json::Value>, code: Option<i32>) -> Stri
 }
 
 /// Saves the chosen rung's profile (written by its child) with notes on the choice.
-fn save_profile(path: &Path, report: &JointReport, args: &TuneArgs) -> anyhow::Result<Option<PathBuf>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let (mut profile, _) = Profile::from_toml(&text).map_err(|e| anyhow::anyhow!("internal error: the chosen profile does not parse: {e}"))?;
-    profile.notes.extend(report.notes.iter().map(|n| crate::report::one_line(n)));
-    profile.validate(false).map_err(|e| anyhow::anyhow!("internal error: the chosen profile does not validate: {e}"))?;
+fn save_profile(
+    path: &Path,
+    report: &JointReport,
+    args: &TuneArgs,
+) -> anyhow::Result<Option<PathBuf>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (mut profile, _) = Profile::from_toml(&text)
+        .map_err(|e| anyhow::anyhow!("internal error: the chosen profile does not parse: {e}"))?;
+    profile
+        .notes
+        .extend(report.notes.iter().map(|n| crate::report::one_line(n)));
+    profile.validate(false).map_err(|e| {
+        anyhow::anyhow!("internal error: the chosen profile does not validate: {e}")
+    })?;
     let mut saved = None;
     if !args.no_save {
         let store = Store::open(Store::default_dir()?).context("cannot open the profile store")?;
@@ -376,7 +499,8 @@ fn save_profile(path: &Path, report: &JointReport, args: &TuneArgs) -> anyhow::R
         saved = Some(store.save(&profile).context("cannot save the profile")?);
     }
     if let Some(out) = &args.out {
-        profiles::write_atomic(out, &profile.to_toml()?).with_context(|| format!("cannot write {}", out.display()))?;
+        profiles::write_atomic(out, &profile.to_toml()?)
+            .with_context(|| format!("cannot write {}", out.display()))?;
         saved = saved.or_else(|| Some(out.clone()));
     }
     Ok(saved)
@@ -398,19 +522,57 @@ mod tests {
     #[test]
     fn child_arguments_keep_the_users_flags_and_replace_the_joint_ones() {
         let raw: Vec<OsString> = [
-            "autotune", "tune", "m.gguf", "--quants", "a.gguf", "b.gguf", "--ctx", "256", "--max-kld=0.1", "--json",
-            "--budget", "5m", "-t", "1,2", "--ladder", "--out", "p.toml", "--cache-types", "f16,q4_0", "--quick",
+            "autotune",
+            "tune",
+            "m.gguf",
+            "--quants",
+            "a.gguf",
+            "b.gguf",
+            "--ctx",
+            "256",
+            "--max-kld=0.1",
+            "--json",
+            "--budget",
+            "5m",
+            "-t",
+            "1,2",
+            "--ladder",
+            "--out",
+            "p.toml",
+            "--cache-types",
+            "f16,q4_0",
+            "--quick",
         ]
         .iter()
         .map(OsString::from)
         .collect();
-        let a = child_args(&raw, Path::new("m.gguf"), Path::new("/l/m-Q8_0.gguf"), &[CacheType::F16, CacheType::Q8_0], Duration::from_secs(60), Path::new("/t/0.toml"));
+        let a = child_args(
+            &raw,
+            Path::new("m.gguf"),
+            Path::new("/l/m-Q8_0.gguf"),
+            &[CacheType::F16, CacheType::Q8_0],
+            Duration::from_secs(60),
+            Path::new("/t/0.toml"),
+        );
         let a: Vec<String> = a.iter().map(|s| s.to_string_lossy().into_owned()).collect();
         assert_eq!(
             a,
             [
-                "tune", "/l/m-Q8_0.gguf", "--ctx", "256", "-t", "1,2", "--quick", "--no-save", "--json", "--out", "/t/0.toml",
-                "--budget", "60s", "--cache-types", "f16,q8_0"
+                "tune",
+                "/l/m-Q8_0.gguf",
+                "--ctx",
+                "256",
+                "-t",
+                "1,2",
+                "--quick",
+                "--no-save",
+                "--json",
+                "--out",
+                "/t/0.toml",
+                "--budget",
+                "60s",
+                "--cache-types",
+                "f16,q8_0"
             ]
         );
     }

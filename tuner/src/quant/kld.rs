@@ -50,7 +50,10 @@ pub fn compare_position(reference: &[f32], model: &[f32], next: Option<i32>) -> 
             kld += (f64::from(e) / sum_r) * ((f64::from(a) - lse_r) - (f64::from(b) - lse_m));
         }
     }
-    let at = |x: &[f32], lse: f64| next.and_then(|t| x.get(usize::try_from(t).ok()?)).map(|&v| f64::from(v) - lse);
+    let at = |x: &[f32], lse: f64| {
+        next.and_then(|t| x.get(usize::try_from(t).ok()?))
+            .map(|&v| f64::from(v) - lse)
+    };
     PositionStats {
         // Tiny negative sums are rounding; KL divergence is never negative.
         kld: kld.max(0.0),
@@ -104,7 +107,11 @@ impl Accumulator {
         let n = self.klds.len();
         let nf = n.max(1) as f64;
         let mean = self.klds.iter().sum::<f64>() / nf;
-        let var = if n > 1 { self.klds.iter().map(|k| (k - mean).powi(2)).sum::<f64>() / (nf - 1.0) } else { 0.0 };
+        let var = if n > 1 {
+            self.klds.iter().map(|k| (k - mean).powi(2)).sum::<f64>() / (nf - 1.0)
+        } else {
+            0.0
+        };
         self.klds.sort_by(f64::total_cmp);
         let quantile = |q: f64| -> f64 {
             if n == 0 {
@@ -112,7 +119,13 @@ impl Accumulator {
             }
             self.klds[((q * (n - 1) as f64).round() as usize).min(n - 1)]
         };
-        let ppl = |nll: f64| if self.scored > 0 { (nll / self.scored as f64).exp() } else { f64::NAN };
+        let ppl = |nll: f64| {
+            if self.scored > 0 {
+                (nll / self.scored as f64).exp()
+            } else {
+                f64::NAN
+            }
+        };
         QualityFigures {
             positions: n as u64,
             kld_mean: mean,
@@ -120,7 +133,11 @@ impl Accumulator {
             kld_median: quantile(0.5),
             kld_p99: quantile(0.99),
             kld_max: self.klds.last().copied().unwrap_or(0.0),
-            top1: if n > 0 { self.same_top1 as f64 / nf } else { 1.0 },
+            top1: if n > 0 {
+                self.same_top1 as f64 / nf
+            } else {
+                1.0
+            },
             ref_ppl: ppl(self.ref_nll),
             ppl: ppl(self.nll),
         }

@@ -31,13 +31,20 @@ impl Rung {
             path: info.path.clone(),
             file_type: info.file_type_name.clone().unwrap_or_else(|| "?".into()),
             size_bytes: info.file_size,
-            bpw: if info.parameter_count > 0 { info.tensor_bytes as f64 * 8.0 / info.parameter_count as f64 } else { 0.0 },
+            bpw: if info.parameter_count > 0 {
+                info.tensor_bytes as f64 * 8.0 / info.parameter_count as f64
+            } else {
+                0.0
+            },
             info,
         }
     }
 
     pub fn file_name(&self) -> String {
-        self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 }
 
@@ -69,10 +76,19 @@ impl Ladder {
     pub fn describe(&self) -> String {
         let mut s = String::new();
         for r in &self.rungs {
-            s.push_str(&format!("  considered  {:<8} {:>6.2} bpw  {}\n", r.file_type, r.bpw, r.path.display()));
+            s.push_str(&format!(
+                "  considered  {:<8} {:>6.2} bpw  {}\n",
+                r.file_type,
+                r.bpw,
+                r.path.display()
+            ));
         }
         for r in &self.rejected {
-            s.push_str(&format!("  left out    {}: {}\n", r.path.display(), r.reason));
+            s.push_str(&format!(
+                "  left out    {}: {}\n",
+                r.path.display(),
+                r.reason
+            ));
         }
         s
     }
@@ -89,15 +105,27 @@ pub fn mismatch(model: &GgufInfo, other: &GgufInfo) -> Option<String> {
     macro_rules! differ {
         ($what:expr, $a:expr, $b:expr) => {
             if $a != $b {
-                return Some(format!("another model: {} {} (this model: {})", $what, opt(&$b), opt(&$a)));
+                return Some(format!(
+                    "another model: {} {} (this model: {})",
+                    $what,
+                    opt(&$b),
+                    opt(&$a)
+                ));
             }
         };
     }
     if model.architecture != other.architecture {
-        return Some(format!("another model: architecture {} (this model: {})", other.architecture, model.architecture));
+        return Some(format!(
+            "another model: architecture {} (this model: {})",
+            other.architecture, model.architecture
+        ));
     }
     differ!("layer count", model.block_count, other.block_count);
-    differ!("embedding width", model.embedding_length, other.embedding_length);
+    differ!(
+        "embedding width",
+        model.embedding_length,
+        other.embedding_length
+    );
     differ!("attention heads", model.head_count, other.head_count);
     differ!("KV heads", model.head_count_kv, other.head_count_kv);
     differ!("experts", model.expert_count, other.expert_count);
@@ -138,13 +166,20 @@ fn sort_rungs(rungs: &mut [Rung]) {
 
 /// Builds the ladder of `model` from candidate files: `sources` are files or folders (a folder
 /// stands for its `*.gguf` files); with no sources, the model's own folder.
-pub fn discover(model: &Path, sources: &[PathBuf]) -> Result<Ladder, search_space::gguf::GgufError> {
+pub fn discover(
+    model: &Path,
+    sources: &[PathBuf],
+) -> Result<Ladder, search_space::gguf::GgufError> {
     let model_info = GgufInfo::inspect(model)?;
     let model_canon = std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf());
     let mut candidates: Vec<PathBuf> = Vec::new();
     let mut rejected = Vec::new();
     let folders: Vec<PathBuf> = if sources.is_empty() {
-        vec![model.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf()]
+        vec![model
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf()]
     } else {
         Vec::new()
     };
@@ -153,13 +188,18 @@ pub fn discover(model: &Path, sources: &[PathBuf]) -> Result<Ladder, search_spac
             let mut files: Vec<PathBuf> = match std::fs::read_dir(src) {
                 Ok(it) => it.flatten().map(|e| e.path()).collect(),
                 Err(e) => {
-                    rejected.push(Rejected { path: src.clone(), reason: format!("cannot read the folder: {e}") });
+                    rejected.push(Rejected {
+                        path: src.clone(),
+                        reason: format!("cannot read the folder: {e}"),
+                    });
                     continue;
                 }
             };
             files.sort();
             for f in files {
-                let is_gguf = f.extension().is_some_and(|x| x.eq_ignore_ascii_case("gguf"));
+                let is_gguf = f
+                    .extension()
+                    .is_some_and(|x| x.eq_ignore_ascii_case("gguf"));
                 if is_gguf && !f.is_dir() {
                     candidates.push(f);
                 }
@@ -194,17 +234,28 @@ pub fn discover(model: &Path, sources: &[PathBuf]) -> Result<Ladder, search_spac
             continue;
         }
         let rung = Rung::from_info(info);
-        if let Some(same) = rungs.iter().find(|r| r.file_type == rung.file_type && r.file_type != "?") {
+        if let Some(same) = rungs
+            .iter()
+            .find(|r| r.file_type == rung.file_type && r.file_type != "?")
+        {
             rejected.push(Rejected {
                 path,
-                reason: format!("same quantization ({}) as {}, which is kept", rung.file_type, same.file_name()),
+                reason: format!(
+                    "same quantization ({}) as {}, which is kept",
+                    rung.file_type,
+                    same.file_name()
+                ),
             });
             continue;
         }
         rungs.push(rung);
     }
     sort_rungs(&mut rungs);
-    Ok(Ladder { model: model.to_path_buf(), rungs, rejected })
+    Ok(Ladder {
+        model: model.to_path_buf(),
+        rungs,
+        rejected,
+    })
 }
 
 #[cfg(test)]
@@ -228,19 +279,41 @@ mod tests {
     fn finds_the_ladder_and_says_why_others_are_left_out() {
         let d = tempfile::tempdir().unwrap();
         let v = ["<s>", "</s>", "a", "b"];
-        model(15, ggml::Q4_K, &v, 2).write_to(&d.path().join("m-Q4_K_M.gguf")).unwrap();
-        model(1, ggml::F16, &v, 2).write_to(&d.path().join("m-F16.gguf")).unwrap();
-        model(7, ggml::Q8_0, &v, 2).write_to(&d.path().join("m-Q8_0.gguf")).unwrap();
-        model(7, ggml::Q8_0, &v, 2).write_to(&d.path().join("m-copy-Q8_0.gguf")).unwrap();
-        model(2, ggml::Q4_0, &v, 3).write_to(&d.path().join("other-Q4_0.gguf")).unwrap();
-        model(2, ggml::Q4_0, &["<s>", "</s>", "a", "b", "c"], 2).write_to(&d.path().join("other-vocab.gguf")).unwrap();
+        model(15, ggml::Q4_K, &v, 2)
+            .write_to(&d.path().join("m-Q4_K_M.gguf"))
+            .unwrap();
+        model(1, ggml::F16, &v, 2)
+            .write_to(&d.path().join("m-F16.gguf"))
+            .unwrap();
+        model(7, ggml::Q8_0, &v, 2)
+            .write_to(&d.path().join("m-Q8_0.gguf"))
+            .unwrap();
+        model(7, ggml::Q8_0, &v, 2)
+            .write_to(&d.path().join("m-copy-Q8_0.gguf"))
+            .unwrap();
+        model(2, ggml::Q4_0, &v, 3)
+            .write_to(&d.path().join("other-Q4_0.gguf"))
+            .unwrap();
+        model(2, ggml::Q4_0, &["<s>", "</s>", "a", "b", "c"], 2)
+            .write_to(&d.path().join("other-vocab.gguf"))
+            .unwrap();
         std::fs::write(d.path().join("notes.gguf"), b"not a model").unwrap();
         std::fs::write(d.path().join("readme.txt"), b"ignored").unwrap();
         let l = discover(&d.path().join("m-Q4_K_M.gguf"), &[]).unwrap();
         let types: Vec<&str> = l.rungs.iter().map(|r| r.file_type.as_str()).collect();
         assert_eq!(types, ["F16", "Q8_0", "Q4_K_M"]);
-        let why = |name: &str| l.rejected.iter().find(|r| r.path.ends_with(name)).map(|r| r.reason.clone()).unwrap();
-        assert!(why("other-Q4_0.gguf").contains("layer count"), "{}", why("other-Q4_0.gguf"));
+        let why = |name: &str| {
+            l.rejected
+                .iter()
+                .find(|r| r.path.ends_with(name))
+                .map(|r| r.reason.clone())
+                .unwrap()
+        };
+        assert!(
+            why("other-Q4_0.gguf").contains("layer count"),
+            "{}",
+            why("other-Q4_0.gguf")
+        );
         assert!(why("other-vocab.gguf").contains("vocabulary size"));
         assert!(why("m-copy-Q8_0.gguf").contains("same quantization"));
         assert!(why("notes.gguf").starts_with("not usable"));
@@ -252,9 +325,17 @@ mod tests {
     fn named_files_only_with_sources() {
         let d = tempfile::tempdir().unwrap();
         let v = ["<s>", "</s>", "a", "b"];
-        model(15, ggml::Q4_K, &v, 2).write_to(&d.path().join("m.gguf")).unwrap();
-        model(1, ggml::F16, &v, 2).write_to(&d.path().join("m-F16.gguf")).unwrap();
+        model(15, ggml::Q4_K, &v, 2)
+            .write_to(&d.path().join("m.gguf"))
+            .unwrap();
+        model(1, ggml::F16, &v, 2)
+            .write_to(&d.path().join("m-F16.gguf"))
+            .unwrap();
         let l = discover(&d.path().join("m.gguf"), &[d.path().join("m.gguf")]).unwrap();
-        assert_eq!(l.rungs.len(), 1, "the model itself is not listed twice, the folder is not searched");
+        assert_eq!(
+            l.rungs.len(),
+            1,
+            "the model itself is not listed twice, the folder is not searched"
+        );
     }
 }

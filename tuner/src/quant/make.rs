@@ -23,16 +23,28 @@ pub struct QuantType {
 /// Parses `f16,q8_0,q6_k,…` (any case) into llama file types.
 pub fn parse_types(list: &[String]) -> Result<Vec<QuantType>, String> {
     let mut out: Vec<QuantType> = Vec::new();
-    for raw in list.iter().flat_map(|s| s.split(',')).map(str::trim).filter(|s| !s.is_empty()) {
+    for raw in list
+        .iter()
+        .flat_map(|s| s.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
         let found = (0..=64u32)
-            .filter_map(|n| search_space::gguf::file_type_name(n).map(|name| QuantType { name, ftype: n }))
+            .filter_map(|n| {
+                search_space::gguf::file_type_name(n).map(|name| QuantType { name, ftype: n })
+            })
             .find(|t| t.name.eq_ignore_ascii_case(raw));
         match found {
             Some(t) if !out.contains(&t) => out.push(t),
             Some(_) => {}
             None => {
-                let known: Vec<&str> = (0..=64u32).filter_map(search_space::gguf::file_type_name).collect();
-                return Err(format!("unknown quantization type '{raw}' (expected one of: {})", known.join(", ").to_lowercase()));
+                let known: Vec<&str> = (0..=64u32)
+                    .filter_map(search_space::gguf::file_type_name)
+                    .collect();
+                return Err(format!(
+                    "unknown quantization type '{raw}' (expected one of: {})",
+                    known.join(", ").to_lowercase()
+                ));
             }
         }
     }
@@ -49,7 +61,10 @@ pub fn is_float(file_type: &str) -> bool {
 
 /// The file stem without its quantization suffix: `gemma-3-270m-q4_k_m.gguf` (Q4_K_M) → `gemma-3-270m`.
 pub fn base_name(file_name: &str, file_type: Option<&str>) -> String {
-    let stem = file_name.strip_suffix(".gguf").or_else(|| file_name.strip_suffix(".GGUF")).unwrap_or(file_name);
+    let stem = file_name
+        .strip_suffix(".gguf")
+        .or_else(|| file_name.strip_suffix(".GGUF"))
+        .unwrap_or(file_name);
     if let Some(t) = file_type {
         let lower = stem.to_ascii_lowercase();
         let t = t.to_ascii_lowercase();
@@ -98,15 +113,23 @@ pub struct MakeSettings<'a> {
 /// An existing file counts as made when it is a readable GGUF of the same model and the type asked.
 fn already_made(path: &Path, t: &QuantType, src: &GgufInfo) -> Option<u64> {
     let info = GgufInfo::inspect(path).ok()?;
-    (info.file_type == Some(t.ftype) && super::ladder::mismatch(src, &info).is_none()).then_some(info.file_size)
+    (info.file_type == Some(t.ftype) && super::ladder::mismatch(src, &info).is_none())
+        .then_some(info.file_size)
 }
 
 /// Links the source into the ladder folder (so the folder holds the whole ladder); returns its path there.
 pub fn link_source(s: &MakeSettings) -> std::io::Result<PathBuf> {
     let src = std::fs::canonicalize(s.src)?;
     let t = s.src_info.file_type_name.as_deref().unwrap_or("SRC");
-    let name = src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let link = rung_path(s.out_dir, &base_name(&name, s.src_info.file_type_name.as_deref()), t);
+    let name = src
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let link = rung_path(
+        s.out_dir,
+        &base_name(&name, s.src_info.file_type_name.as_deref()),
+        t,
+    );
     if std::fs::canonicalize(&link).ok().as_ref() == Some(&src) {
         return Ok(link);
     }
@@ -125,13 +148,29 @@ pub fn make_one(
     bar: Option<&ProgressBar>,
     interrupted: &AtomicBool,
 ) -> Result<Made, TrialFailure> {
-    let name = s.src.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = s
+        .src
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let base = base_name(&name, s.src_info.file_type_name.as_deref());
     let dst = rung_path(s.out_dir, &base, t.name);
-    let made = |status: String, size_bytes: u64, seconds: f64| Made { file_type: t.name.to_string(), path: dst.clone(), status, size_bytes, seconds };
+    let made = |status: String, size_bytes: u64, seconds: f64| Made {
+        file_type: t.name.to_string(),
+        path: dst.clone(),
+        status,
+        size_bytes,
+        seconds,
+    };
     if s.src_info.file_type == Some(t.ftype) {
-        let link = link_source(s).map_err(|e| TrialFailure::Refused { stage: "link".into(), message: e.to_string() })?;
-        return Ok(Made { path: link, ..made("source".into(), s.src_info.file_size, 0.0) });
+        let link = link_source(s).map_err(|e| TrialFailure::Refused {
+            stage: "link".into(),
+            message: e.to_string(),
+        })?;
+        return Ok(Made {
+            path: link,
+            ..made("source".into(), s.src_info.file_size, 0.0)
+        });
     }
     if !s.force {
         if let Some(size) = already_made(&dst, t, s.src_info) {
@@ -148,25 +187,54 @@ pub fn make_one(
         threads: s.threads,
         progress: Some(progress.clone()),
     });
-    let mut worker = Worker::spawn().map_err(|e| TrialFailure::Exited { code: -1, stderr_tail: format!("cannot start worker: {e}") })?;
-    let result = super::call_with_progress(&mut worker, &request, &progress, bar, interrupted, s.timeout);
+    let mut worker = Worker::spawn().map_err(|e| TrialFailure::Exited {
+        code: -1,
+        stderr_tail: format!("cannot start worker: {e}"),
+    })?;
+    let result = super::call_with_progress(
+        &mut worker,
+        &request,
+        &progress,
+        bar,
+        interrupted,
+        s.timeout,
+    );
     worker.quit();
     let outcome = match result {
         Ok(Response::Quantized(a)) => match GgufInfo::inspect(&partial) {
             Ok(info) if info.file_type == Some(t.ftype) => match std::fs::rename(&partial, &dst) {
                 Ok(()) => Ok(made("made".into(), info.file_size, a.seconds)),
-                Err(e) => Ok(made(format!("failed: cannot rename {}: {e}", partial.display()), 0, a.seconds)),
+                Err(e) => Ok(made(
+                    format!("failed: cannot rename {}: {e}", partial.display()),
+                    0,
+                    a.seconds,
+                )),
             },
             Ok(info) => Ok(made(
-                format!("failed: llama.cpp wrote file type {:?}, not {}", info.file_type_name, t.name),
+                format!(
+                    "failed: llama.cpp wrote file type {:?}, not {}",
+                    info.file_type_name, t.name
+                ),
                 0,
                 a.seconds,
             )),
-            Err(e) => Ok(made(format!("failed: the written file does not read back: {e}"), 0, a.seconds)),
+            Err(e) => Ok(made(
+                format!("failed: the written file does not read back: {e}"),
+                0,
+                a.seconds,
+            )),
         },
-        Ok(_) => Ok(made("failed: unexpected answer from the worker".into(), 0, 0.0)),
+        Ok(_) => Ok(made(
+            "failed: unexpected answer from the worker".into(),
+            0,
+            0.0,
+        )),
         Err(TrialFailure::Interrupted) => Err(TrialFailure::Interrupted),
-        Err(f) => Ok(made(format!("failed: {}", crate::report::one_line(&f.to_string())), 0, 0.0)),
+        Err(f) => Ok(made(
+            format!("failed: {}", crate::report::one_line(&f.to_string())),
+            0,
+            0.0,
+        )),
     };
     let _ = std::fs::remove_file(&partial);
     outcome
@@ -182,14 +250,22 @@ mod tests {
         let names: Vec<&str> = t.iter().map(|t| t.name).collect();
         assert_eq!(names, ["F16", "Q8_0", "Q6_K", "Q4_K_M"]);
         assert_eq!(t[3].ftype, 15);
-        assert!(parse_types(&["q9_9".into()]).unwrap_err().contains("unknown quantization type"));
+        assert!(parse_types(&["q9_9".into()])
+            .unwrap_err()
+            .contains("unknown quantization type"));
         assert!(parse_types(&[]).is_err());
     }
 
     #[test]
     fn base_names_drop_the_quant_suffix() {
-        assert_eq!(base_name("gemma-3-270m-q4_k_m.gguf", Some("Q4_K_M")), "gemma-3-270m");
-        assert_eq!(base_name("Llama-3.2-1B.Q8_0.gguf", Some("Q8_0")), "Llama-3.2-1B");
+        assert_eq!(
+            base_name("gemma-3-270m-q4_k_m.gguf", Some("Q4_K_M")),
+            "gemma-3-270m"
+        );
+        assert_eq!(
+            base_name("Llama-3.2-1B.Q8_0.gguf", Some("Q8_0")),
+            "Llama-3.2-1B"
+        );
         assert_eq!(base_name("model.gguf", Some("F16")), "model");
         assert_eq!(base_name("model-f16.gguf", None), "model-f16");
     }

@@ -58,7 +58,8 @@ pub(crate) fn interrupt_flag() -> anyhow::Result<std::sync::Arc<AtomicBool>> {
     use anyhow::Context as _;
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, std::sync::Arc::clone(&stop)).context("cannot install the interrupt handler")?;
+        signal_hook::flag::register(sig, std::sync::Arc::clone(&stop))
+            .context("cannot install the interrupt handler")?;
     }
     Ok(stop)
 }

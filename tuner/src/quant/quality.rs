@@ -110,7 +110,12 @@ pub struct Subject {
 
 impl Subject {
     pub fn of(r: &Rung) -> std::io::Result<Subject> {
-        Ok(Subject { path: r.path.clone(), file_type: r.file_type.clone(), size_bytes: r.size_bytes, identity: ModelIdentity::of_file(&r.path)? })
+        Ok(Subject {
+            path: r.path.clone(),
+            file_type: r.file_type.clone(),
+            size_bytes: r.size_bytes,
+            identity: ModelIdentity::of_file(&r.path)?,
+        })
     }
 }
 
@@ -131,7 +136,11 @@ pub struct Evaluator<'a> {
 
 impl<'a> Evaluator<'a> {
     pub fn new(settings: EvalSettings, stop: &'a AtomicBool) -> Self {
-        Evaluator { settings, worker: None, stop }
+        Evaluator {
+            settings,
+            worker: None,
+            stop,
+        }
     }
 
     fn cache_path(&self, model: &Subject, reference: &Subject, kv: CacheType) -> PathBuf {
@@ -165,14 +174,24 @@ impl<'a> Evaluator<'a> {
     /// are evaluated in batches that share the reference's pass over the text, as many per batch as
     /// half the available memory holds; a batch whose worker crashes is retried one task at a time,
     /// so the crash is pinned on the task that caused it.
-    pub fn evaluate(&mut self, tasks: &[Task], reference: &Subject) -> Result<Vec<QualityRow>, TrialFailure> {
-        let mut rows: Vec<Option<QualityRow>> = tasks.iter().map(|t| self.cached(t, reference)).collect();
+    pub fn evaluate(
+        &mut self,
+        tasks: &[Task],
+        reference: &Subject,
+    ) -> Result<Vec<QualityRow>, TrialFailure> {
+        let mut rows: Vec<Option<QualityRow>> =
+            tasks.iter().map(|t| self.cached(t, reference)).collect();
         let pending: Vec<usize> = (0..tasks.len()).filter(|&i| rows[i].is_none()).collect();
-        let cap = (crate::machine::Machine::probe(Vec::new()).ram_available_bytes / 2).saturating_sub(reference.size_bytes);
+        let cap = (crate::machine::Machine::probe(Vec::new()).ram_available_bytes / 2)
+            .saturating_sub(reference.size_bytes);
         let mut groups: Vec<Vec<usize>> = Vec::new();
         let mut used = u64::MAX;
         for i in pending {
-            let size = if tasks[i].model.identity == reference.identity { 0 } else { tasks[i].model.size_bytes };
+            let size = if tasks[i].model.identity == reference.identity {
+                0
+            } else {
+                tasks[i].model.size_bytes
+            };
             if used.saturating_add(size) > cap {
                 groups.push(Vec::new());
                 used = 0;
@@ -189,29 +208,51 @@ impl<'a> Evaluator<'a> {
                     for &i in &g {
                         let r = match self.run_batch(&[&tasks[i]], reference) {
                             Ok(mut r) => r.remove(0),
-                            Err(TrialFailure::Interrupted) => return Err(TrialFailure::Interrupted),
-                            Err(f) => QualityRow { error: Some(crate::report::one_line(&f.to_string())), ..base_row(&tasks[i], reference) },
+                            Err(TrialFailure::Interrupted) => {
+                                return Err(TrialFailure::Interrupted)
+                            }
+                            Err(f) => QualityRow {
+                                error: Some(crate::report::one_line(&f.to_string())),
+                                ..base_row(&tasks[i], reference)
+                            },
                         };
                         rows[i] = Some(r);
                     }
                 }
                 Err(f) => {
                     for &i in &g {
-                        rows[i] = Some(QualityRow { error: Some(crate::report::one_line(&f.to_string())), ..base_row(&tasks[i], reference) });
+                        rows[i] = Some(QualityRow {
+                            error: Some(crate::report::one_line(&f.to_string())),
+                            ..base_row(&tasks[i], reference)
+                        });
                     }
                 }
             }
         }
-        Ok(rows.into_iter().map(|r| r.expect("every task has a row")).collect())
+        Ok(rows
+            .into_iter()
+            .map(|r| r.expect("every task has a row"))
+            .collect())
     }
 
     /// One worker request for a batch of tasks; successful rows are cached.
-    fn run_batch(&mut self, batch: &[&Task], reference: &Subject) -> Result<Vec<QualityRow>, TrialFailure> {
+    fn run_batch(
+        &mut self,
+        batch: &[&Task],
+        reference: &Subject,
+    ) -> Result<Vec<QualityRow>, TrialFailure> {
         let s = &self.settings;
-        let progress = std::env::temp_dir().join(format!("autotune-quality-{}.progress", std::process::id()));
+        let progress =
+            std::env::temp_dir().join(format!("autotune-quality-{}.progress", std::process::id()));
         let request = Request::Quality(QualityRequest {
             reference: reference.path.clone(),
-            jobs: batch.iter().map(|t| QualityJob { model: t.model.path.clone(), kv: t.kv }).collect(),
+            jobs: batch
+                .iter()
+                .map(|t| QualityJob {
+                    model: t.model.path.clone(),
+                    kv: t.kv,
+                })
+                .collect(),
             text: s.text.clone(),
             max_tokens: s.max_tokens,
             n_ctx: s.chunk,
@@ -219,7 +260,10 @@ impl<'a> Evaluator<'a> {
             n_gpu_layers: 999,
             progress: Some(progress.clone()),
         });
-        let bar = super::bar(s.quiet, "{spinner} [{elapsed_precise}] quality {prefix} {bar:30} {pos}/{len} chunks");
+        let bar = super::bar(
+            s.quiet,
+            "{spinner} [{elapsed_precise}] quality {prefix} {bar:30} {pos}/{len} chunks",
+        );
         if let Some(b) = &bar {
             let names: Vec<String> = batch
                 .iter()
@@ -231,16 +275,31 @@ impl<'a> Evaluator<'a> {
             b.set_prefix(format!("vs {}: {}", reference.file_type, names.join(", ")));
         }
         if self.worker.is_none() {
-            self.worker = Some(Worker::spawn().map_err(|e| TrialFailure::Exited { code: -1, stderr_tail: format!("cannot start worker: {e}") })?);
+            self.worker = Some(Worker::spawn().map_err(|e| TrialFailure::Exited {
+                code: -1,
+                stderr_tail: format!("cannot start worker: {e}"),
+            })?);
         }
         let worker = self.worker.as_mut().expect("spawned above");
-        let result = super::call_with_progress(worker, &request, &progress, bar.as_ref(), self.stop, Duration::from_secs(6 * 3600));
+        let result = super::call_with_progress(
+            worker,
+            &request,
+            &progress,
+            bar.as_ref(),
+            self.stop,
+            Duration::from_secs(6 * 3600),
+        );
         if let Some(b) = &bar {
             b.finish_and_clear();
         }
         let answer = match result {
             Ok(Response::Quality(a)) => a,
-            Ok(_) => return Err(TrialFailure::Refused { stage: "protocol".into(), message: "unexpected answer from the worker".into() }),
+            Ok(_) => {
+                return Err(TrialFailure::Refused {
+                    stage: "protocol".into(),
+                    message: "unexpected answer from the worker".into(),
+                })
+            }
             Err(f) => {
                 if !matches!(f, TrialFailure::Refused { .. }) {
                     self.worker = None; // it is gone
@@ -250,7 +309,11 @@ impl<'a> Evaluator<'a> {
         };
         let mut rows = Vec::new();
         for (t, result) in batch.iter().zip(answer.results) {
-            let mut row = QualityRow { tokens: answer.tokens, chunks: answer.chunks, ..base_row(t, reference) };
+            let mut row = QualityRow {
+                tokens: answer.tokens,
+                chunks: answer.chunks,
+                ..base_row(t, reference)
+            };
             match result {
                 Ok((figures, seconds)) => {
                     row.figures = Some(figures);
@@ -272,7 +335,12 @@ impl<'a> Evaluator<'a> {
 
     /// The whole table for a ladder: the reference against itself first (KLD 0: the check that the
     /// comparison is sound), the KV types on the reference, then every other rung.
-    pub fn table(&mut self, ladder: &Ladder, reference: &Subject, kv_types: &[CacheType]) -> Result<QualityTable, TrialFailure> {
+    pub fn table(
+        &mut self,
+        ladder: &Ladder,
+        reference: &Subject,
+        kv_types: &[CacheType],
+    ) -> Result<QualityTable, TrialFailure> {
         let ref_canon = std::fs::canonicalize(&reference.path).ok();
         let mut unreadable = Vec::new();
         let mut subjects = Vec::new();
@@ -285,18 +353,46 @@ impl<'a> Evaluator<'a> {
                 Err(e) => unreadable.push((rung, e)),
             }
         }
-        let mut tasks = vec![Task { kind: Kind::Weights, model: reference, kv: CacheType::F16 }];
-        tasks.extend(kv_types.iter().filter(|&&t| t != CacheType::F16).map(|&kv| Task { kind: Kind::Kv, model: reference, kv }));
-        tasks.extend(subjects.iter().map(|s| Task { kind: Kind::Weights, model: s, kv: CacheType::F16 }));
+        let mut tasks = vec![Task {
+            kind: Kind::Weights,
+            model: reference,
+            kv: CacheType::F16,
+        }];
+        tasks.extend(
+            kv_types
+                .iter()
+                .filter(|&&t| t != CacheType::F16)
+                .map(|&kv| Task {
+                    kind: Kind::Kv,
+                    model: reference,
+                    kv,
+                }),
+        );
+        tasks.extend(subjects.iter().map(|s| Task {
+            kind: Kind::Weights,
+            model: s,
+            kv: CacheType::F16,
+        }));
         let mut rows = self.evaluate(&tasks, reference)?.into_iter();
         let self_row = rows.next().expect("the reference's own row");
         let mut kv = Vec::new();
         for &t in kv_types {
-            kv.push(if t == CacheType::F16 { QualityRow { kind: Kind::Kv, ..self_row.clone() } } else { rows.next().expect("a KV row") });
+            kv.push(if t == CacheType::F16 {
+                QualityRow {
+                    kind: Kind::Kv,
+                    ..self_row.clone()
+                }
+            } else {
+                rows.next().expect("a KV row")
+            });
         }
         let mut others: Vec<QualityRow> = rows.collect();
         for (rung, e) in unreadable {
-            let task = Task { kind: Kind::Weights, model: reference, kv: CacheType::F16 };
+            let task = Task {
+                kind: Kind::Weights,
+                model: reference,
+                kv: CacheType::F16,
+            };
             others.push(QualityRow {
                 file_type: rung.file_type.clone(),
                 model: rung.path.clone(),
@@ -372,25 +468,65 @@ impl QualityTable {
             self.chunk
         );
         let gate_cell = |r: &QualityRow| match (gate, r.kld()) {
-            (_, None) => r.error.clone().map(|e| format!("failed: {e}")).unwrap_or_else(|| "failed".into()),
+            (_, None) => r
+                .error
+                .clone()
+                .map(|e| format!("failed: {e}"))
+                .unwrap_or_else(|| "failed".into()),
             (Some(g), Some(k)) if k > g => format!("over the gate ({g})"),
             (Some(_), Some(_)) => "passes".into(),
-            (None, Some(_)) => if r.cached { "cached".into() } else { format!("{:.0} s", r.seconds) },
+            (None, Some(_)) => {
+                if r.cached {
+                    "cached".into()
+                } else {
+                    format!("{:.0} s", r.seconds)
+                }
+            }
         };
         let mut t = Table::new();
         t.load_preset(UTF8_FULL_CONDENSED);
-        t.set_header(["weights", "size", "KLD mean ± se", "KLD p99", "top-1", "PPL (ref)", "status"]);
+        t.set_header([
+            "weights",
+            "size",
+            "KLD mean ± se",
+            "KLD p99",
+            "top-1",
+            "PPL (ref)",
+            "status",
+        ]);
         for r in &self.weights {
-            t.add_row(row(&r.file_type, if r.size_bytes > 0 { format_size(r.size_bytes) } else { "-".into() }, r, gate_cell(r)));
+            t.add_row(row(
+                &r.file_type,
+                if r.size_bytes > 0 {
+                    format_size(r.size_bytes)
+                } else {
+                    "-".into()
+                },
+                r,
+                gate_cell(r),
+            ));
         }
         s.push_str(&t.to_string());
         s.push('\n');
         if !self.kv.is_empty() {
             let mut t = Table::new();
             t.load_preset(UTF8_FULL_CONDENSED);
-            t.set_header(["KV cache", "on", "KLD mean ± se", "KLD p99", "top-1", "PPL (ref)", "status"]);
+            t.set_header([
+                "KV cache",
+                "on",
+                "KLD mean ± se",
+                "KLD p99",
+                "top-1",
+                "PPL (ref)",
+                "status",
+            ]);
             for r in &self.kv {
-                t.add_row(row(r.kv.as_str(), self.reference_type.clone(), r, gate_cell(r)));
+                t.add_row(row(
+                    r.kv.as_str(),
+                    self.reference_type.clone(),
+                    r,
+                    gate_cell(r),
+                ));
             }
             s.push_str(&t.to_string());
             s.push('\n');
@@ -411,7 +547,15 @@ fn row(name: &str, second: String, r: &QualityRow, status: String) -> Vec<Cell> 
             right(format!("{:.2} ({:.2})", f.ppl, f.ref_ppl)),
             Cell::new(status),
         ],
-        None => vec![Cell::new(name), Cell::new(second), right("-".into()), right("-".into()), right("-".into()), right("-".into()), Cell::new(status)],
+        None => vec![
+            Cell::new(name),
+            Cell::new(second),
+            right("-".into()),
+            right("-".into()),
+            right("-".into()),
+            right("-".into()),
+            Cell::new(status),
+        ],
     }
 }
 
@@ -420,13 +564,25 @@ pub fn choose_reference(ladder: &Ladder, explicit: Option<&Path>) -> Result<Subj
     let rung = match explicit {
         Some(p) => {
             let info = search_space::gguf::GgufInfo::inspect(p).map_err(|e| e.to_string())?;
-            let model = &ladder.rungs.iter().find(|r| r.path == ladder.model).unwrap_or(&ladder.rungs[0]).info;
+            let model = &ladder
+                .rungs
+                .iter()
+                .find(|r| r.path == ladder.model)
+                .unwrap_or(&ladder.rungs[0])
+                .info;
             if let Some(why) = super::ladder::mismatch(model, &info) {
-                return Err(format!("--reference {} is not a quantization of {}: {why}", p.display(), ladder.model.display()));
+                return Err(format!(
+                    "--reference {} is not a quantization of {}: {why}",
+                    p.display(),
+                    ladder.model.display()
+                ));
             }
             Rung::from_info(info)
         }
-        None => ladder.most_precise().cloned().ok_or("the ladder is empty")?,
+        None => ladder
+            .most_precise()
+            .cloned()
+            .ok_or("the ladder is empty")?,
     };
     Subject::of(&rung).map_err(|e| format!("{}: cannot read: {e}", rung.path.display()))
 }

@@ -72,7 +72,10 @@ pub struct QualityAnswer {
 }
 
 fn failed(stage: &str, message: impl Into<String>) -> Response {
-    Response::Failed { stage: stage.into(), message: message.into() }
+    Response::Failed {
+        stage: stage.into(),
+        message: message.into(),
+    }
 }
 
 fn write_progress(path: &Option<PathBuf>, done: u64, total: u64) {
@@ -130,7 +133,9 @@ pub fn quantize(q: &QuantizeRequest) -> Response {
     done.store(true, Ordering::Relaxed);
     let _ = watcher.join();
     match result {
-        Ok(()) => Response::Quantized(QuantizeAnswer { seconds: t.elapsed().as_secs_f64() }),
+        Ok(()) => Response::Quantized(QuantizeAnswer {
+            seconds: t.elapsed().as_secs_f64(),
+        }),
         Err(e) => {
             let log = kept.lock().map(|k| k.clone()).unwrap_or_default();
             let tail = llama::log_tail(&log);
@@ -146,11 +151,20 @@ thread_local! {
 }
 
 fn load(path: &Path, n_gpu_layers: u32) -> Result<Arc<Model>, String> {
-    let settings = |ngl| ModelSettings { n_gpu_layers: ngl, devices: Vec::new(), use_extra_bufts: true, no_alloc: false, rpc: Vec::new(), n_cpu_moe: 0 };
+    let settings = |ngl| ModelSettings {
+        n_gpu_layers: ngl,
+        devices: Vec::new(),
+        use_extra_bufts: true,
+        no_alloc: false,
+        rpc: Vec::new(),
+        n_cpu_moe: 0,
+    };
     match Model::load(path, &settings(n_gpu_layers)) {
         Ok(m) => Ok(Arc::new(m)),
         // Offloading may not fit (two models at once): the CPU gives the same figures, slower.
-        Err(_) if n_gpu_layers > 0 => Model::load(path, &settings(0)).map(Arc::new).map_err(|e| e.to_string()),
+        Err(_) if n_gpu_layers > 0 => Model::load(path, &settings(0))
+            .map(Arc::new)
+            .map_err(|e| e.to_string()),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -188,11 +202,25 @@ pub fn quality(q: &QualityRequest) -> Response {
         .iter()
         .map(|j| {
             let t = Instant::now();
-            let model = if j.model == q.reference { Ok(Arc::clone(&reference)) } else { load(&j.model, q.n_gpu_layers) };
+            let model = if j.model == q.reference {
+                Ok(Arc::clone(&reference))
+            } else {
+                load(&j.model, q.n_gpu_layers)
+            };
             let seconds = t.elapsed().as_secs_f64();
             match model {
-                Ok(m) => JobState { model: Some(m), acc: Accumulator::default(), seconds, error: None },
-                Err(e) => JobState { model: None, acc: Accumulator::default(), seconds, error: Some(e) },
+                Ok(m) => JobState {
+                    model: Some(m),
+                    acc: Accumulator::default(),
+                    seconds,
+                    error: None,
+                },
+                Err(e) => JobState {
+                    model: None,
+                    acc: Accumulator::default(),
+                    seconds,
+                    error: Some(e),
+                },
             }
         })
         .collect();
@@ -204,7 +232,10 @@ pub fn quality(q: &QualityRequest) -> Response {
     if let Some(max) = q.max_tokens {
         tokens.truncate(max as usize);
     }
-    let bos = reference.add_bos().then(|| reference.bos()).filter(|&b| b >= 0);
+    let bos = reference
+        .add_bos()
+        .then(|| reference.bos())
+        .filter(|&b| b >= 0);
     let n_ctx = q.n_ctx.max(16);
     let per_chunk = (n_ctx as usize - usize::from(bos.is_some())).max(1);
     let context = |m: &Arc<Model>, kv: CacheType| {
@@ -238,21 +269,38 @@ pub fn quality(q: &QualityRequest) -> Response {
         }
         let ref_share = t.elapsed().as_secs_f64() / jobs.len().max(1) as f64;
         // Output i predicts input i+1; the chunk's last output predicts the next chunk's first token.
-        let next: Vec<Option<i32>> = (0..input.len()).map(|i| tokens.get(start + i + 1 - offset).copied()).collect();
+        let next: Vec<Option<i32>> = (0..input.len())
+            .map(|i| tokens.get(start + i + 1 - offset).copied())
+            .collect();
         for (j, (job, spec)) in jobs.iter_mut().zip(&q.jobs).enumerate() {
             write_progress(&q.progress, (k * q.jobs.len() + j) as u64, total);
-            let Some(model) = job.model.clone().filter(|_| job.error.is_none()) else { continue };
+            let Some(model) = job.model.clone().filter(|_| job.error.is_none()) else {
+                continue;
+            };
             let t = Instant::now();
             // One context at a time: with a large vocabulary each holds hundreds of MB of logits.
-            let outcome = context(&model, spec.kv).map_err(|e| e.to_string()).and_then(|mut ctx| {
-                ctx.decode_with_all_logits(&input).map_err(|e| e.to_string())?;
-                let pairs: Vec<(&[f32], &[f32], Option<i32>)> =
-                    (0..input.len()).map(|i| (ref_ctx.logits_ith(i as i32), ctx.logits_ith(i as i32), next[i])).collect();
-                if pairs.iter().any(|(a, b, _)| a.is_empty() || b.is_empty()) {
-                    return Err("llama.cpp returned no logits for a position".to_string());
-                }
-                Ok(pairs.par_iter().map(|(a, b, n)| kld::compare_position(a, b, *n)).collect::<Vec<_>>())
-            });
+            let outcome = context(&model, spec.kv)
+                .map_err(|e| e.to_string())
+                .and_then(|mut ctx| {
+                    ctx.decode_with_all_logits(&input)
+                        .map_err(|e| e.to_string())?;
+                    let pairs: Vec<(&[f32], &[f32], Option<i32>)> = (0..input.len())
+                        .map(|i| {
+                            (
+                                ref_ctx.logits_ith(i as i32),
+                                ctx.logits_ith(i as i32),
+                                next[i],
+                            )
+                        })
+                        .collect();
+                    if pairs.iter().any(|(a, b, _)| a.is_empty() || b.is_empty()) {
+                        return Err("llama.cpp returned no logits for a position".to_string());
+                    }
+                    Ok(pairs
+                        .par_iter()
+                        .map(|(a, b, n)| kld::compare_position(a, b, *n))
+                        .collect::<Vec<_>>())
+                });
             match outcome {
                 Ok(stats) => stats.into_iter().for_each(|s| job.acc.add(s)),
                 Err(e) => job.error = Some(e),
@@ -282,7 +330,13 @@ mod tests {
 
     #[test]
     fn parses_quantize_progress_lines() {
-        assert_eq!(tensor_progress("[  12/ 236]       blk.0.attn_k.weight - [ 640, 256], type = q4_K, "), Some((12, 236)));
-        assert_eq!(tensor_progress("llama_model_quantize_impl: model size = 12 MiB"), None);
+        assert_eq!(
+            tensor_progress("[  12/ 236]       blk.0.attn_k.weight - [ 640, 256], type = q4_K, "),
+            Some((12, 236))
+        );
+        assert_eq!(
+            tensor_progress("llama_model_quantize_impl: model size = 12 MiB"),
+            None
+        );
     }
 }

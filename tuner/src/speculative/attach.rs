@@ -15,7 +15,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Runs the draft search when `--draft` was given. Returns the sentence for the report's and the
 /// profile's notes; sets `profile.draft` when a draft pays.
-pub fn attach(cli: &Cli, args: &TuneArgs, info: &GgufInfo, profile: &mut Profile, budgets: &[(String, u64)], stop: &AtomicBool) -> anyhow::Result<Option<String>> {
+pub fn attach(
+    cli: &Cli,
+    args: &TuneArgs,
+    info: &GgufInfo,
+    profile: &mut Profile,
+    budgets: &[(String, u64)],
+    stop: &AtomicBool,
+) -> anyhow::Result<Option<String>> {
     if args.speculative.draft.is_empty() || stop.load(Ordering::Relaxed) {
         return Ok(None);
     }
@@ -50,12 +57,16 @@ pub fn attach(cli: &Cli, args: &TuneArgs, info: &GgufInfo, profile: &mut Profile
         reps: search.reps,
         noise: args.noise,
         seed: args.seed.unwrap_or(profile.created_unix),
-        trial_timeout: crate::cli::parse_duration(&args.trial_timeout).map_err(|e| crate::exit::Exit::new(crate::exit::USAGE, e))?,
+        trial_timeout: crate::cli::parse_duration(&args.trial_timeout)
+            .map_err(|e| crate::exit::Exit::new(crate::exit::USAGE, e))?,
         budget: search.budget,
         budgets: budgets.to_vec(),
         llama_version: profile.llama.version.clone(),
     };
-    let bar = crate::quant::bar(cli.quiet, "{spinner} [{elapsed_precise}] speculative decoding: {wide_msg}");
+    let bar = crate::quant::bar(
+        cli.quiet,
+        "{spinner} [{elapsed_precise}] speculative decoding: {wide_msg}",
+    );
     let progress = |m: &str| {
         if let Some(b) = &bar {
             b.set_message(m.to_string());
@@ -80,7 +91,8 @@ pub fn attach(cli: &Cli, args: &TuneArgs, info: &GgufInfo, profile: &mut Profile
 
 /// The profile's record of the winning draft.
 fn draft_settings(w: &Winner, s: &Setup) -> anyhow::Result<DraftSettings> {
-    let id = ModelIdentity::of_file(&w.draft).with_context(|| format!("{}: cannot read", w.draft.display()))?;
+    let id = ModelIdentity::of_file(&w.draft)
+        .with_context(|| format!("{}: cannot read", w.draft.display()))?;
     let info = GgufInfo::inspect(&w.draft).map_err(|e| anyhow::anyhow!("{e}"))?;
     let model = evaluate::draft_model(&w.draft, &info, &s.settings, &s.context);
     Ok(DraftSettings {

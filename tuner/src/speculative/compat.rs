@@ -28,13 +28,31 @@ pub enum Incompatibility {
         "the vocabulary sizes differ by {difference} tokens (target {target}, draft {draft}; llama.cpp allows \
          {SPEC_VOCAB_MAX_SIZE_DIFFERENCE}): pick a draft of the same model family"
     )]
-    VocabSize { target: u64, draft: u64, difference: u64 },
+    VocabSize {
+        target: u64,
+        draft: u64,
+        difference: u64,
+    },
     #[error("BOS handling differs (target: add {target_add}, id {target}; draft: add {draft_add}, id {draft})")]
-    Bos { target_add: bool, target: i32, draft_add: bool, draft: i32 },
+    Bos {
+        target_add: bool,
+        target: i32,
+        draft_add: bool,
+        draft: i32,
+    },
     #[error("EOS handling differs (target: add {target_add}, id {target}; draft: add {draft_add}, id {draft})")]
-    Eos { target_add: bool, target: i32, draft_add: bool, draft: i32 },
+    Eos {
+        target_add: bool,
+        target: i32,
+        draft_add: bool,
+        draft: i32,
+    },
     #[error("token {id} differs (target {target:?}, draft {draft:?}): the vocabularies are not the same")]
-    TokenText { id: i32, target: String, draft: String },
+    TokenText {
+        id: i32,
+        target: String,
+        draft: String,
+    },
     #[error("the draft has no vocabulary (no tokenizer.ggml.tokens in its header)")]
     NoVocabulary,
 }
@@ -92,14 +110,23 @@ pub fn vocab_type_name(t: u32) -> String {
 pub fn precheck(target: &GgufInfo, draft: &GgufInfo) -> Result<(), Incompatibility> {
     if let (Some(t), Some(d)) = (&target.tokenizer_model, &draft.tokenizer_model) {
         if t != d {
-            return Err(Incompatibility::Tokenizer { target: t.clone(), draft: d.clone() });
+            return Err(Incompatibility::Tokenizer {
+                target: t.clone(),
+                draft: d.clone(),
+            });
         }
     }
-    let Some(d) = draft.vocab_size else { return Err(Incompatibility::NoVocabulary) };
+    let Some(d) = draft.vocab_size else {
+        return Err(Incompatibility::NoVocabulary);
+    };
     if let Some(t) = target.vocab_size {
         let difference = t.abs_diff(d);
         if difference > SPEC_VOCAB_MAX_SIZE_DIFFERENCE {
-            return Err(Incompatibility::VocabSize { target: t, draft: d, difference });
+            return Err(Incompatibility::VocabSize {
+                target: t,
+                draft: d,
+                difference,
+            });
         }
     }
     Ok(())
@@ -114,21 +141,44 @@ pub fn check(target: &dyn Vocabulary, draft: &dyn Vocabulary) -> Result<(), Inco
         });
     }
     if target.add_bos() != draft.add_bos() || (target.add_bos() && target.bos() != draft.bos()) {
-        return Err(Incompatibility::Bos { target_add: target.add_bos(), target: target.bos(), draft_add: draft.add_bos(), draft: draft.bos() });
+        return Err(Incompatibility::Bos {
+            target_add: target.add_bos(),
+            target: target.bos(),
+            draft_add: draft.add_bos(),
+            draft: draft.bos(),
+        });
     }
     if target.add_eos() != draft.add_eos() || (target.add_eos() && target.eos() != draft.eos()) {
-        return Err(Incompatibility::Eos { target_add: target.add_eos(), target: target.eos(), draft_add: draft.add_eos(), draft: draft.eos() });
+        return Err(Incompatibility::Eos {
+            target_add: target.add_eos(),
+            target: target.eos(),
+            draft_add: draft.add_eos(),
+            draft: draft.eos(),
+        });
     }
     let (nt, nd) = (target.n_tokens(), draft.n_tokens());
     let difference = u64::from(nt.abs_diff(nd));
     if difference > SPEC_VOCAB_MAX_SIZE_DIFFERENCE {
-        return Err(Incompatibility::VocabSize { target: nt.max(0) as u64, draft: nd.max(0) as u64, difference });
+        return Err(Incompatibility::VocabSize {
+            target: nt.max(0) as u64,
+            draft: nd.max(0) as u64,
+            difference,
+        });
     }
     for id in SPEC_VOCAB_CHECK_START_TOKEN_ID..nt.min(nd) {
         let (a, b) = (target.text(id), draft.text(id));
         if a != b {
-            let show = |s: &[u8]| String::from_utf8_lossy(s).chars().take(40).collect::<String>();
-            return Err(Incompatibility::TokenText { id, target: show(a), draft: show(b) });
+            let show = |s: &[u8]| {
+                String::from_utf8_lossy(s)
+                    .chars()
+                    .take(40)
+                    .collect::<String>()
+            };
+            return Err(Incompatibility::TokenText {
+                id,
+                target: show(a),
+                draft: show(b),
+            });
         }
     }
     Ok(())
@@ -173,7 +223,14 @@ mod tests {
     }
 
     fn vocab(n: usize) -> Fake {
-        Fake { kind: 1, bos: 2, eos: 1, add_bos: true, add_eos: false, texts: (0..n).map(|i| format!("tok{i}").into_bytes()).collect() }
+        Fake {
+            kind: 1,
+            bos: 2,
+            eos: 1,
+            add_bos: true,
+            add_eos: false,
+            texts: (0..n).map(|i| format!("tok{i}").into_bytes()).collect(),
+        }
     }
 
     #[test]
@@ -185,7 +242,14 @@ mod tests {
     fn a_few_extra_tokens_are_allowed_but_not_many() {
         assert_eq!(check(&vocab(300), &vocab(300 + 128)), Ok(()));
         let e = check(&vocab(300), &vocab(300 + 129)).unwrap_err();
-        assert_eq!(e, Incompatibility::VocabSize { target: 300, draft: 429, difference: 129 });
+        assert_eq!(
+            e,
+            Incompatibility::VocabSize {
+                target: 300,
+                draft: 429,
+                difference: 129
+            }
+        );
         assert!(e.to_string().contains("differ by 129 tokens"), "{e}");
     }
 
@@ -193,26 +257,58 @@ mod tests {
     fn token_texts_count_from_id_5() {
         let mut d = vocab(300);
         d.texts[4] = b"<other control>".to_vec();
-        assert_eq!(check(&vocab(300), &d), Ok(()), "ids below 5 are not compared");
+        assert_eq!(
+            check(&vocab(300), &d),
+            Ok(()),
+            "ids below 5 are not compared"
+        );
         d.texts[17] = b"hello".to_vec();
         let e = check(&vocab(300), &d).unwrap_err();
-        assert!(matches!(e, Incompatibility::TokenText { id: 17, .. }), "{e:?}");
+        assert!(
+            matches!(e, Incompatibility::TokenText { id: 17, .. }),
+            "{e:?}"
+        );
         assert!(e.to_string().contains("token 17 differs"), "{e}");
     }
 
     #[test]
     fn type_bos_and_eos_must_agree() {
         let t = vocab(50);
-        let d = Fake { kind: 2, ..t.clone() };
-        assert!(matches!(check(&t, &d), Err(Incompatibility::VocabType { .. })));
-        let d = Fake { bos: 7, ..t.clone() };
+        let d = Fake {
+            kind: 2,
+            ..t.clone()
+        };
+        assert!(matches!(
+            check(&t, &d),
+            Err(Incompatibility::VocabType { .. })
+        ));
+        let d = Fake {
+            bos: 7,
+            ..t.clone()
+        };
         assert!(matches!(check(&t, &d), Err(Incompatibility::Bos { .. })));
-        let d = Fake { add_bos: false, ..t.clone() };
+        let d = Fake {
+            add_bos: false,
+            ..t.clone()
+        };
         assert!(matches!(check(&t, &d), Err(Incompatibility::Bos { .. })));
         // EOS ids only matter when EOS is added, as in llama.cpp.
-        let d = Fake { eos: 9, ..t.clone() };
+        let d = Fake {
+            eos: 9,
+            ..t.clone()
+        };
         assert_eq!(check(&t, &d), Ok(()));
-        let (t2, d2) = (Fake { add_eos: true, ..t.clone() }, Fake { add_eos: true, eos: 9, ..t.clone() });
+        let (t2, d2) = (
+            Fake {
+                add_eos: true,
+                ..t.clone()
+            },
+            Fake {
+                add_eos: true,
+                eos: 9,
+                ..t.clone()
+            },
+        );
         assert!(matches!(check(&t2, &d2), Err(Incompatibility::Eos { .. })));
     }
 }

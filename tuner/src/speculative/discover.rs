@@ -9,14 +9,21 @@ use std::path::{Path, PathBuf};
 /// At most `limit` files beside `target`, smaller than it and with a compatible-looking vocabulary,
 /// smallest first (a draft pays by being fast).
 pub fn beside(target: &Path, target_info: &GgufInfo, limit: usize) -> Vec<PathBuf> {
-    let Some(dir) = target.parent() else { return Vec::new() };
+    let Some(dir) = target.parent() else {
+        return Vec::new();
+    };
     let target_real = std::fs::canonicalize(target).unwrap_or_else(|_| target.to_path_buf());
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
     let mut found: Vec<(u64, PathBuf)> = Vec::new();
     let mut seen: Vec<PathBuf> = vec![target_real];
     for e in entries.flatten() {
         let path = e.path();
-        if path.extension().is_none_or(|x| !x.eq_ignore_ascii_case("gguf")) {
+        if path
+            .extension()
+            .is_none_or(|x| !x.eq_ignore_ascii_case("gguf"))
+        {
             continue;
         }
         // A symlink in a ladder folder points at a file that may also be there under its own name.
@@ -24,8 +31,11 @@ pub fn beside(target: &Path, target_info: &GgufInfo, limit: usize) -> Vec<PathBu
         if seen.contains(&real) {
             continue;
         }
-        let Ok(info) = GgufInfo::inspect(&path) else { continue };
-        if info.file_size >= target_info.file_size || compat::precheck(target_info, &info).is_err() {
+        let Ok(info) = GgufInfo::inspect(&path) else {
+            continue;
+        };
+        if info.file_size >= target_info.file_size || compat::precheck(target_info, &info).is_err()
+        {
             continue;
         }
         seen.push(real);

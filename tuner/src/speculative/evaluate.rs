@@ -59,8 +59,17 @@ pub fn draft_files(target: &Path, info: &GgufInfo, given: &[PathBuf]) -> Vec<Pat
 }
 
 /// The draft's placement follows the target's: all its layers offloaded when the target offloads any.
-pub fn draft_model(path: &Path, info: &GgufInfo, target: &ModelSettings, context: &ContextSettings) -> DraftModel {
-    let n_gpu_layers = if target.n_gpu_layers > 0 { info.block_count.unwrap_or(0) + 1 } else { 0 };
+pub fn draft_model(
+    path: &Path,
+    info: &GgufInfo,
+    target: &ModelSettings,
+    context: &ContextSettings,
+) -> DraftModel {
+    let n_gpu_layers = if target.n_gpu_layers > 0 {
+        info.block_count.unwrap_or(0) + 1
+    } else {
+        0
+    };
     DraftModel {
         path: path.to_path_buf(),
         settings: ModelSettings {
@@ -85,7 +94,14 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
     progress("the target's memory (dry run)");
     let target_mem = footprint(&mut helper, s, &s.target, &s.settings, &s.context, 0, stop);
     for path in files {
-        let mut entry = DraftEntry { path: path.clone(), file_type: None, size_bytes: 0, status: String::new(), mem_bytes: None, trials: Vec::new() };
+        let mut entry = DraftEntry {
+            path: path.clone(),
+            file_type: None,
+            size_bytes: 0,
+            status: String::new(),
+            mem_bytes: None,
+            trials: Vec::new(),
+        };
         let path = std::fs::canonicalize(&path).unwrap_or(path);
         let mut candidate = None;
         match GgufInfo::inspect(&path) {
@@ -94,14 +110,30 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
                 entry.file_type = info.file_type_name.clone();
                 entry.size_bytes = info.file_size;
                 progress(&format!("{}: vocabulary", path.display()));
-                entry.status = match compat::precheck(&s.target_info, &info).map_err(|e| e.to_string()).and_then(|()| vocabulary(&mut helper, s, &path, stop)) {
+                entry.status = match compat::precheck(&s.target_info, &info)
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| vocabulary(&mut helper, s, &path, stop))
+                {
                     Err(reason) => format!("incompatible: {reason}"),
                     Ok(()) => {
                         let model = draft_model(&path, &info, &s.settings, &s.context);
                         progress(&format!("{}: memory (dry run)", path.display()));
-                        match (&target_mem, footprint(&mut helper, s, &path, &model.settings, &model.context, DraftModel::N_OUTPUTS_MAX, stop)) {
+                        match (
+                            &target_mem,
+                            footprint(
+                                &mut helper,
+                                s,
+                                &path,
+                                &model.settings,
+                                &model.context,
+                                DraftModel::N_OUTPUTS_MAX,
+                                stop,
+                            ),
+                        ) {
                             (_, Err(e)) => format!("failed: dry run: {e}"),
-                            (Err(e), _) => format!("not measured: the target's dry run failed: {e}"),
+                            (Err(e), _) => {
+                                format!("not measured: the target's dry run failed: {e}")
+                            }
                             (Ok(t), Ok(d)) => {
                                 entry.mem_bytes = Some(d.iter().map(|x| x.bytes).sum());
                                 match overflow(t, &d, &s.budgets) {
@@ -155,7 +187,10 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
     SpeculationReport::new(
         &s.target,
         s.target_info.file_type_name.clone(),
-        target_mem.as_ref().ok().map(|d| d.iter().map(|x| x.bytes).sum()),
+        target_mem
+            .as_ref()
+            .ok()
+            .map(|d| d.iter().map(|x| x.bytes).sum()),
         &s.context,
         s.n_gen,
         &s.prompts,
@@ -170,11 +205,19 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
 }
 
 /// One request to the helper worker (started on first use, replaced after a crash).
-fn ask(worker: &mut Option<Worker>, s: &Setup, request: &Request, stop: &dyn Fn() -> bool) -> Result<Response, String> {
+fn ask(
+    worker: &mut Option<Worker>,
+    s: &Setup,
+    request: &Request,
+    stop: &dyn Fn() -> bool,
+) -> Result<Response, String> {
     if worker.is_none() {
         *worker = Some(Worker::spawn().map_err(|e| format!("cannot start a worker: {e}"))?);
     }
-    let answer = worker.as_mut().expect("spawned above").call(request, s.trial_timeout, stop);
+    let answer = worker
+        .as_mut()
+        .expect("spawned above")
+        .call(request, s.trial_timeout, stop);
     answer.map_err(|f| {
         if !matches!(f, crate::trial::TrialFailure::Refused { .. }) {
             *worker = None;
@@ -184,8 +227,16 @@ fn ask(worker: &mut Option<Worker>, s: &Setup, request: &Request, stop: &dyn Fn(
 }
 
 /// llama.cpp's vocabulary check (vocab-only loads).
-fn vocabulary(worker: &mut Option<Worker>, s: &Setup, draft: &Path, stop: &dyn Fn() -> bool) -> Result<(), String> {
-    let request = Request::DraftCheck(CheckRequest { target: s.target.clone(), draft: draft.to_path_buf() });
+fn vocabulary(
+    worker: &mut Option<Worker>,
+    s: &Setup,
+    draft: &Path,
+    stop: &dyn Fn() -> bool,
+) -> Result<(), String> {
+    let request = Request::DraftCheck(CheckRequest {
+        target: s.target.clone(),
+        draft: draft.to_path_buf(),
+    });
     match ask(worker, s, &request, stop) {
         Ok(Response::DraftCheck(a)) => a.incompatible.map_or(Ok(()), |i| Err(i.to_string())),
         Ok(_) => Err("unexpected answer from the worker".into()),
@@ -203,7 +254,12 @@ fn footprint(
     n_outputs_max: u32,
     stop: &dyn Fn() -> bool,
 ) -> Result<Vec<DeviceBytes>, String> {
-    let request = Request::SpecFootprint(FootprintRequest { path: path.to_path_buf(), settings: settings.clone(), context: context.clone(), n_outputs_max });
+    let request = Request::SpecFootprint(FootprintRequest {
+        path: path.to_path_buf(),
+        settings: settings.clone(),
+        context: context.clone(),
+        n_outputs_max,
+    });
     match ask(worker, s, &request, stop)? {
         Response::Footprint(r) => Ok(r.per_device),
         _ => Err("unexpected answer from the worker".into()),
@@ -211,9 +267,18 @@ fn footprint(
 }
 
 /// Where target and draft together exceed a device's budget, in words.
-pub fn overflow(target: &[DeviceBytes], draft: &[DeviceBytes], budgets: &[(String, u64)]) -> Option<String> {
+pub fn overflow(
+    target: &[DeviceBytes],
+    draft: &[DeviceBytes],
+    budgets: &[(String, u64)],
+) -> Option<String> {
     for (device, budget) in budgets {
-        let of = |v: &[DeviceBytes]| v.iter().filter(|d| &d.device == device).map(|d| d.bytes).sum::<u64>();
+        let of = |v: &[DeviceBytes]| {
+            v.iter()
+                .filter(|d| &d.device == device)
+                .map(|d| d.bytes)
+                .sum::<u64>()
+        };
         let (t, d) = (of(target), of(draft));
         if d > 0 && t + d > *budget {
             return Some(format!(
@@ -234,9 +299,15 @@ mod tests {
 
     #[test]
     fn draft_memory_counts_with_the_targets() {
-        let dev = |device: &str, bytes: u64| DeviceBytes { device: device.into(), bytes };
+        let dev = |device: &str, bytes: u64| DeviceBytes {
+            device: device.into(),
+            bytes,
+        };
         let budgets = vec![("CPU".to_string(), 1000), ("CUDA0".to_string(), 500)];
-        assert_eq!(overflow(&[dev("CPU", 600)], &[dev("CPU", 300)], &budgets), None);
+        assert_eq!(
+            overflow(&[dev("CPU", 600)], &[dev("CPU", 300)], &budgets),
+            None
+        );
         let why = overflow(&[dev("CUDA0", 400)], &[dev("CUDA0", 200)], &budgets).unwrap();
         assert!(why.starts_with("CUDA0: target"), "{why}");
     }
@@ -245,10 +316,19 @@ mod tests {
     fn auto_means_the_files_beside_the_target() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("t.gguf");
-        let info = GgufInfo { file_size: 1, ..tiny_info(&target) };
+        let info = GgufInfo {
+            file_size: 1,
+            ..tiny_info(&target)
+        };
         let given = vec![PathBuf::from("/x/a.gguf"), PathBuf::from("/x/a.gguf")];
-        assert_eq!(draft_files(&target, &info, &given), [PathBuf::from("/x/a.gguf")]);
-        assert!(draft_files(&target, &info, &[]).is_empty(), "an empty folder has no drafts");
+        assert_eq!(
+            draft_files(&target, &info, &given),
+            [PathBuf::from("/x/a.gguf")]
+        );
+        assert!(
+            draft_files(&target, &info, &[]).is_empty(),
+            "an empty folder has no drafts"
+        );
     }
 
     fn tiny_info(path: &Path) -> GgufInfo {

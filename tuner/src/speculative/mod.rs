@@ -52,7 +52,11 @@ pub struct Grid {
 
 impl Grid {
     /// Checks the values (n_max ≥ 1, p_min in [0, 1]) and sorts them.
-    pub fn new(mut n_max: Vec<u32>, mut n_min: Vec<u32>, mut p_min: Vec<f32>) -> Result<Grid, String> {
+    pub fn new(
+        mut n_max: Vec<u32>,
+        mut n_min: Vec<u32>,
+        mut p_min: Vec<f32>,
+    ) -> Result<Grid, String> {
         if n_max.is_empty() || n_max.iter().any(|&n| n == 0 || n > 128) {
             return Err("--draft-max values must be between 1 and 128".into());
         }
@@ -68,7 +72,11 @@ impl Grid {
         n_min.dedup();
         p_min.sort_by(f32::total_cmp);
         p_min.dedup();
-        Ok(Grid { n_max, n_min, p_min })
+        Ok(Grid {
+            n_max,
+            n_min,
+            p_min,
+        })
     }
 
     /// Stage one of the search: every n_max and p_min, with the smallest n_min.
@@ -76,7 +84,16 @@ impl Grid {
         // One line per p_min, n_max ascending: the search walks a line and stops where it slows down.
         self.p_min
             .iter()
-            .map(|&p_min| self.n_max.iter().map(|&n_max| DraftParams { n_max, n_min: self.n_min[0], p_min }).collect())
+            .map(|&p_min| {
+                self.n_max
+                    .iter()
+                    .map(|&n_max| DraftParams {
+                        n_max,
+                        n_min: self.n_min[0],
+                        p_min,
+                    })
+                    .collect()
+            })
             .collect()
     }
 
@@ -104,9 +121,18 @@ mod tests {
         assert_eq!(g.p_min, [0.0, 0.5, 0.8]);
         let lines = g.first_stage();
         assert_eq!(lines.len(), 3);
-        assert!(lines.iter().all(|l| l.len() == 3 && l.iter().all(|p| p.n_min == 0)));
-        let p0 = DraftParams { n_max: 8, n_min: 0, p_min: 0.0 };
-        assert!(g.n_min_variants(p0).is_empty(), "n_min changes nothing when every draft is n_max long");
+        assert!(lines
+            .iter()
+            .all(|l| l.len() == 3 && l.iter().all(|p| p.n_min == 0)));
+        let p0 = DraftParams {
+            n_max: 8,
+            n_min: 0,
+            p_min: 0.0,
+        };
+        assert!(
+            g.n_min_variants(p0).is_empty(),
+            "n_min changes nothing when every draft is n_max long"
+        );
         let p5 = DraftParams { p_min: 0.5, ..p0 };
         assert_eq!(g.n_min_variants(p5), [DraftParams { n_min: 2, ..p5 }]);
         assert!(Grid::new(vec![0], vec![], vec![0.0]).is_err());

@@ -37,7 +37,10 @@ fn parse(text: &str) -> Result<Vec<Prompt>, String> {
     let prompts: Vec<Prompt> = file
         .prompt
         .into_iter()
-        .map(|p| Prompt { text: p.text.trim_start_matches('\n').to_string(), ..p })
+        .map(|p| Prompt {
+            text: p.text.trim_start_matches('\n').to_string(),
+            ..p
+        })
         .filter(|p| !p.text.trim().is_empty())
         .collect();
     if prompts.is_empty() {

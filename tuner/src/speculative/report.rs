@@ -66,7 +66,14 @@ impl SpeculationReport {
         llama_version: String,
     ) -> SpeculationReport {
         let (baseline, confirm, winner, budget_spent, interrupted, confirm_error) = match outcome {
-            Some(o) => (Some(o.baseline), o.confirm_baseline, o.winner, o.budget_spent, o.interrupted, o.confirm_error),
+            Some(o) => (
+                Some(o.baseline),
+                o.confirm_baseline,
+                o.winner,
+                o.budget_spent,
+                o.interrupted,
+                o.confirm_error,
+            ),
             None => (None, Vec::new(), None, false, false, None),
         };
         let mut r = SpeculationReport {
@@ -76,7 +83,13 @@ impl SpeculationReport {
             threads: context.threads,
             n_ctx: context.n_ctx,
             n_gen,
-            prompts: prompts.iter().map(|p| PromptRef { name: p.name.clone(), kind: p.kind.clone() }).collect(),
+            prompts: prompts
+                .iter()
+                .map(|p| PromptRef {
+                    name: p.name.clone(),
+                    kind: p.kind.clone(),
+                })
+                .collect(),
             grid: grid.clone(),
             seed,
             noise,
@@ -104,7 +117,11 @@ impl SpeculationReport {
         self.drafts
             .iter()
             .flat_map(|d| d.trials.iter().filter(|t| t.ok()).map(move |t| (d, t)))
-            .max_by(|a, b| a.1.median_tg().unwrap_or(0.0).total_cmp(&b.1.median_tg().unwrap_or(0.0)))
+            .max_by(|a, b| {
+                a.1.median_tg()
+                    .unwrap_or(0.0)
+                    .total_cmp(&b.1.median_tg().unwrap_or(0.0))
+            })
     }
 
     fn conclude(&self) -> String {
@@ -127,7 +144,11 @@ impl SpeculationReport {
             return "no draft model to try: pass --draft FILE (a smaller model of the same family), or put one beside the target".into();
         }
         let Some(base) = self.baseline_tg() else {
-            let reasons: Vec<String> = self.drafts.iter().map(|d| format!("{}: {}", name(&d.path), d.status)).collect();
+            let reasons: Vec<String> = self
+                .drafts
+                .iter()
+                .map(|d| format!("{}: {}", name(&d.path), d.status))
+                .collect();
             return format!("no draft could be measured ({})", reasons.join("; "));
         };
         match self.best_trial() {
@@ -169,8 +190,15 @@ impl SpeculationReport {
                 )
             }
             None => {
-                let reasons: Vec<String> = self.drafts.iter().map(|d| format!("{}: {}", name(&d.path), d.status)).collect();
-                format!("no draft was measured ({}); the target alone runs {base:.1} t/s", reasons.join("; "))
+                let reasons: Vec<String> = self
+                    .drafts
+                    .iter()
+                    .map(|d| format!("{}: {}", name(&d.path), d.status))
+                    .collect();
+                format!(
+                    "no draft was measured ({}); the target alone runs {base:.1} t/s",
+                    reasons.join("; ")
+                )
             }
         }
     }
@@ -182,7 +210,9 @@ impl SpeculationReport {
             "target  {} ({}){}\n",
             self.target.display(),
             self.target_type.as_deref().unwrap_or("?"),
-            self.target_mem_bytes.map(|b| format!(", {}", format_size(b))).unwrap_or_default()
+            self.target_mem_bytes
+                .map(|b| format!(", {}", format_size(b)))
+                .unwrap_or_default()
         ));
         let kinds: Vec<&str> = {
             let mut k: Vec<&str> = self.prompts.iter().map(|p| p.kind.as_str()).collect();
@@ -199,7 +229,9 @@ impl SpeculationReport {
             self.seed
         ));
         if let Some(b) = self.baseline_tg() {
-            out.push_str(&format!("alone   {b:.1} t/s generation (the target without a draft, same prompts)\n"));
+            out.push_str(&format!(
+                "alone   {b:.1} t/s generation (the target without a draft, same prompts)\n"
+            ));
         }
         for d in &self.drafts {
             out.push_str(&format!(
@@ -207,28 +239,58 @@ impl SpeculationReport {
                 name(&d.path),
                 d.file_type.as_deref().unwrap_or("?"),
                 format_size(d.size_bytes),
-                d.mem_bytes.map(|m| format!(", {} in memory", format_size(m))).unwrap_or_default(),
+                d.mem_bytes
+                    .map(|m| format!(", {} in memory", format_size(m)))
+                    .unwrap_or_default(),
                 d.status
             ));
         }
         let base = self.baseline_tg();
-        let rows: Vec<(&DraftEntry, &Trial)> = self.drafts.iter().flat_map(|d| d.trials.iter().map(move |t| (d, t))).collect();
+        let rows: Vec<(&DraftEntry, &Trial)> = self
+            .drafts
+            .iter()
+            .flat_map(|d| d.trials.iter().map(move |t| (d, t)))
+            .collect();
         if !rows.is_empty() {
             let mut t = Table::new();
             t.load_preset(UTF8_FULL_CONDENSED);
-            t.set_header(["draft", "n_max", "n_min", "p_min", "accepted", "tok/decode", "tg t/s", "vs alone", "same output", "status"]);
+            t.set_header([
+                "draft",
+                "n_max",
+                "n_min",
+                "p_min",
+                "accepted",
+                "tok/decode",
+                "tg t/s",
+                "vs alone",
+                "same output",
+                "status",
+            ]);
             for (d, trial) in rows {
                 let p = trial.params.expect("draft trials have params");
                 let tg = trial.median_tg();
                 let vs = match (&trial.versus_baseline, tg, base) {
-                    (Some(c), _, _) => format!("{:+.0}% [{:+.0}, {:+.0}]", c.ratio * 100.0, c.ci_low * 100.0, c.ci_high * 100.0),
-                    (None, Some(tg), Some(b)) if b > 0.0 => format!("{:+.0}%", (tg / b - 1.0) * 100.0),
+                    (Some(c), _, _) => format!(
+                        "{:+.0}% [{:+.0}, {:+.0}]",
+                        c.ratio * 100.0,
+                        c.ci_low * 100.0,
+                        c.ci_high * 100.0
+                    ),
+                    (None, Some(tg), Some(b)) if b > 0.0 => {
+                        format!("{:+.0}%", (tg / b - 1.0) * 100.0)
+                    }
                     _ => "-".into(),
                 };
                 let status = match (&trial.failure, &trial.skipped) {
                     (Some(f), _) => format!("failed: {f}"),
                     (None, Some(s)) => format!("skipped: {s}"),
-                    _ if self.winner.as_ref().is_some_and(|w| w.draft == d.path && w.params == p) => "winner".into(),
+                    _ if self
+                        .winner
+                        .as_ref()
+                        .is_some_and(|w| w.draft == d.path && w.params == p) =>
+                    {
+                        "winner".into()
+                    }
                     _ => "ok".into(),
                 };
                 let measured = trial.ok();
@@ -237,23 +299,51 @@ impl SpeculationReport {
                     Cell::new(p.n_max),
                     Cell::new(p.n_min),
                     Cell::new(format!("{:.2}", p.p_min)),
-                    Cell::new(if measured { format!("{:.0}%", trial.acceptance * 100.0) } else { "-".into() }),
-                    Cell::new(if measured { format!("{:.2}", trial.tokens_per_round) } else { "-".into() }),
+                    Cell::new(if measured {
+                        format!("{:.0}%", trial.acceptance * 100.0)
+                    } else {
+                        "-".into()
+                    }),
+                    Cell::new(if measured {
+                        format!("{:.2}", trial.tokens_per_round)
+                    } else {
+                        "-".into()
+                    }),
                     Cell::new(tg.map_or("-".into(), |v| format!("{v:.1}"))),
                     Cell::new(vs),
-                    Cell::new(if !measured { "-" } else if trial.identical { "yes" } else { "NO" }),
+                    Cell::new(if !measured {
+                        "-"
+                    } else if trial.identical {
+                        "yes"
+                    } else {
+                        "NO"
+                    }),
                     Cell::new(status),
                 ]);
             }
             out.push_str(&format!("{t}\n"));
         }
         if let Some((d, t)) = self.best_trial() {
-            let kinds: Vec<String> = t.per_kind.iter().map(|k| format!("{} {:.0}%", k.kind, k.acceptance * 100.0)).collect();
+            let kinds: Vec<String> = t
+                .per_kind
+                .iter()
+                .map(|k| format!("{} {:.0}%", k.kind, k.acceptance * 100.0))
+                .collect();
             if !kinds.is_empty() {
-                out.push_str(&format!("acceptance by kind ({} {}): {}\n", name(&d.path), t.params.map(|p| p.label()).unwrap_or_default(), kinds.join(", ")));
+                out.push_str(&format!(
+                    "acceptance by kind ({} {}): {}\n",
+                    name(&d.path),
+                    t.params.map(|p| p.label()).unwrap_or_default(),
+                    kinds.join(", ")
+                ));
             }
         }
-        if self.drafts.iter().flat_map(|d| &d.trials).any(|t| t.ok() && !t.identical) {
+        if self
+            .drafts
+            .iter()
+            .flat_map(|d| &d.trials)
+            .any(|t| t.ok() && !t.identical)
+        {
             out.push_str(
                 "note    'same output: NO' means greedy decoding with the draft produced other tokens than without it: \
                  llama.cpp's batched and single-token kernels round differently, which can flip a near tie\n",
@@ -271,5 +361,7 @@ impl SpeculationReport {
 }
 
 fn name(p: &Path) -> String {
-    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| p.display().to_string())
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| p.display().to_string())
 }

@@ -113,7 +113,11 @@ impl Trial {
         }
         v.sort_by(f64::total_cmp);
         let n = v.len();
-        Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+        Some(if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        })
     }
 
     pub fn ok(&self) -> bool {
@@ -191,10 +195,19 @@ pub fn run(
     stop: &dyn Fn() -> bool,
     progress: &dyn Fn(&str),
 ) -> Result<Outcome, String> {
-    let mut r = Runner { s, worker: None, stop, progress, started: Instant::now(), reference: Vec::new() };
+    let mut r = Runner {
+        s,
+        worker: None,
+        stop,
+        progress,
+        started: Instant::now(),
+        reference: Vec::new(),
+    };
     let mut baseline = Trial::new(None, "baseline");
     progress("the target alone (baseline)");
-    let first = r.pass(None).map_err(|e| format!("the target alone could not be measured: {e}"))?;
+    let first = r
+        .pass(None)
+        .map_err(|e| format!("the target alone could not be measured: {e}"))?;
     r.reference = first.iter().map(|p| p.tokens.clone()).collect();
     r.record(&mut baseline, &first);
 
@@ -214,12 +227,18 @@ pub fn run(
                     entry.trials.push(t);
                     continue;
                 }
-                (r.progress)(&format!("{} {}", file_name(&cand.model.path), params.label()));
+                (r.progress)(&format!(
+                    "{} {}",
+                    file_name(&cand.model.path),
+                    params.label()
+                ));
                 match r.pass(Some((&cand.model, *params))) {
                     Ok(runs) => r.record(&mut t, &runs),
                     Err(e) => {
                         failures += 1;
-                        let fatal = failures >= 2 || e.starts_with("llama.cpp refused at load") || e.starts_with("llama.cpp refused at context");
+                        let fatal = failures >= 2
+                            || e.starts_with("llama.cpp refused at load")
+                            || e.starts_with("llama.cpp refused at context");
                         t.failure = Some(e);
                         entry.trials.push(t);
                         if fatal {
@@ -252,7 +271,11 @@ pub fn run(
                 if let Some(why) = r.out_of_time() {
                     t.skipped = Some(why);
                 } else {
-                    (r.progress)(&format!("{} {}", file_name(&cand.model.path), params.label()));
+                    (r.progress)(&format!(
+                        "{} {}",
+                        file_name(&cand.model.path),
+                        params.label()
+                    ));
                     match r.pass(Some((&cand.model, params))) {
                         Ok(runs) => r.record(&mut t, &runs),
                         Err(e) => t.failure = Some(e),
@@ -271,7 +294,14 @@ pub fn run(
 
     let interrupted = (r.stop)();
     let budget_spent = r.out_of_time().is_some() && !interrupted;
-    let mut outcome = Outcome { baseline, confirm_baseline: Vec::new(), winner: None, budget_spent, interrupted, confirm_error: None };
+    let mut outcome = Outcome {
+        baseline,
+        confirm_baseline: Vec::new(),
+        winner: None,
+        budget_spent,
+        interrupted,
+        confirm_error: None,
+    };
     if interrupted {
         return Ok(outcome);
     }
@@ -280,7 +310,12 @@ pub fn run(
 }
 
 /// The final, interleaved comparison: each draft's fastest setting against the baseline.
-fn confirm(r: &mut Runner, candidates: &[Option<Candidate>], entries: &mut [DraftEntry], outcome: &mut Outcome) {
+fn confirm(
+    r: &mut Runner,
+    candidates: &[Option<Candidate>],
+    entries: &mut [DraftEntry],
+    outcome: &mut Outcome,
+) {
     let s = r.s;
     let baseline_tg = outcome.baseline.median_tg().unwrap_or(0.0);
     // The finalists: each draft's fastest setting, unless it is so slow that no repetition could
@@ -314,20 +349,34 @@ fn confirm(r: &mut Runner, candidates: &[Option<Candidate>], entries: &mut [Draf
                 return;
             }
             let measured = if slot == 0 {
-                (r.progress)(&format!("final comparison, round {}/{reps}: the target alone", round + 1));
+                (r.progress)(&format!(
+                    "final comparison, round {}/{reps}: the target alone",
+                    round + 1
+                ));
                 r.pass(None)
             } else {
                 let (_, e, i) = ranked[slot - 1];
-                let cand = candidates[e].as_ref().expect("measured entries have candidates");
-                let params = entries[e].trials[i].params.expect("draft trials have params");
-                (r.progress)(&format!("final comparison, round {}/{reps}: {}", round + 1, params.label()));
+                let cand = candidates[e]
+                    .as_ref()
+                    .expect("measured entries have candidates");
+                let params = entries[e].trials[i]
+                    .params
+                    .expect("draft trials have params");
+                (r.progress)(&format!(
+                    "final comparison, round {}/{reps}: {}",
+                    round + 1,
+                    params.label()
+                ));
                 r.pass(Some((&cand.model, params)))
             };
             match measured {
                 Ok(runs) => rounds[slot].push(rate(&runs)),
                 Err(e) => {
                     // An unpaired round would bias the comparison: stop, no winner.
-                    outcome.confirm_error = Some(format!("the final comparison stopped in round {}: {e}", round + 1));
+                    outcome.confirm_error = Some(format!(
+                        "the final comparison stopped in round {}: {e}",
+                        round + 1
+                    ));
                     return;
                 }
             }
@@ -341,10 +390,16 @@ fn confirm(r: &mut Runner, candidates: &[Option<Candidate>], entries: &mut [Draf
     let mut best: Option<Winner> = None;
     for (slot, &(_, e, i)) in ranked.iter().enumerate() {
         let ours = &rounds[slot + 1];
-        let Ok(cmp) = stats::compare_paired(ours, &rounds[0], s.noise, stats::DEFAULT_CONFIDENCE, s.seed) else { continue };
+        let Ok(cmp) =
+            stats::compare_paired(ours, &rounds[0], s.noise, stats::DEFAULT_CONFIDENCE, s.seed)
+        else {
+            continue;
+        };
         let trial = &mut entries[e].trials[i];
         trial.versus_baseline = Some(cmp);
-        let (Ok(tg), Ok(base)) = (Sample::new(ours.clone()), Sample::new(rounds[0].clone())) else { continue };
+        let (Ok(tg), Ok(base)) = (Sample::new(ours.clone()), Sample::new(rounds[0].clone())) else {
+            continue;
+        };
         if cmp.verdict != Verdict::Faster || !trial.identical {
             continue;
         }
@@ -377,11 +432,17 @@ fn rate(runs: &[PromptRun]) -> f64 {
 
 /// The last failure of a draft's trials.
 fn t_fail(trials: &[Trial]) -> String {
-    trials.iter().rev().find_map(|t| t.failure.clone()).unwrap_or_default()
+    trials
+        .iter()
+        .rev()
+        .find_map(|t| t.failure.clone())
+        .unwrap_or_default()
 }
 
 fn file_name(p: &std::path::Path) -> String {
-    p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 impl Runner<'_> {
@@ -390,12 +451,20 @@ impl Runner<'_> {
             return Some("interrupted".into());
         }
         let grid_time = self.s.budget.mul_f64(2.0 / 3.0);
-        (self.started.elapsed() > grid_time)
-            .then(|| format!("the grid's share of the time budget ({} s of {} s) ran out", grid_time.as_secs(), self.s.budget.as_secs()))
+        (self.started.elapsed() > grid_time).then(|| {
+            format!(
+                "the grid's share of the time budget ({} s of {} s) ran out",
+                grid_time.as_secs(),
+                self.s.budget.as_secs()
+            )
+        })
     }
 
     /// One pass over the prompt set; a dead worker is replaced for the next pass.
-    fn pass(&mut self, draft: Option<(&DraftModel, DraftParams)>) -> Result<Vec<PromptRun>, String> {
+    fn pass(
+        &mut self,
+        draft: Option<(&DraftModel, DraftParams)>,
+    ) -> Result<Vec<PromptRun>, String> {
         if self.worker.is_none() {
             self.worker = Some(Worker::spawn().map_err(|e| format!("cannot start a worker: {e}"))?);
         }
@@ -408,7 +477,10 @@ impl Runner<'_> {
             n_gen: self.s.n_gen,
         });
         let worker = self.worker.as_mut().expect("spawned above");
-        let timeout = self.s.trial_timeout.saturating_mul(self.s.prompts.len().max(1) as u32);
+        let timeout = self
+            .s
+            .trial_timeout
+            .saturating_mul(self.s.prompts.len().max(1) as u32);
         match worker.call(&request, timeout, self.stop) {
             Ok(Response::Speculated(a)) => Ok(a.runs),
             Ok(_) => Err("unexpected answer from the worker".into()),
@@ -427,11 +499,27 @@ impl Runner<'_> {
             return;
         }
         let sum = |f: fn(&PromptRun) -> u64| runs.iter().map(f).sum::<u64>();
-        let (drafted, accepted, rounds) = (sum(|r| r.drafted.into()), sum(|r| r.accepted.into()), sum(|r| r.rounds.into()));
+        let (drafted, accepted, rounds) = (
+            sum(|r| r.drafted.into()),
+            sum(|r| r.accepted.into()),
+            sum(|r| r.rounds.into()),
+        );
         let produced = sum(|r| r.loop_tokens().into());
-        t.acceptance = if drafted > 0 { accepted as f64 / drafted as f64 } else { 0.0 };
-        t.mean_accepted = if rounds > 0 { accepted as f64 / rounds as f64 } else { 0.0 };
-        t.tokens_per_round = if rounds > 0 { produced as f64 / rounds as f64 } else { 0.0 };
+        t.acceptance = if drafted > 0 {
+            accepted as f64 / drafted as f64
+        } else {
+            0.0
+        };
+        t.mean_accepted = if rounds > 0 {
+            accepted as f64 / rounds as f64
+        } else {
+            0.0
+        };
+        t.tokens_per_round = if rounds > 0 {
+            produced as f64 / rounds as f64
+        } else {
+            0.0
+        };
         let pp: f64 = runs.iter().map(|r| r.prompt_seconds).sum();
         let dpp: f64 = runs.iter().map(|r| r.draft_prompt_seconds).sum();
         t.draft_pp_overhead = if pp > 0.0 { dpp / pp } else { 0.0 };
@@ -440,7 +528,12 @@ impl Runner<'_> {
             let k = match kinds.iter_mut().find(|k| k.kind == prompt.kind) {
                 Some(k) => k,
                 None => {
-                    kinds.push(KindAcceptance { kind: prompt.kind.clone(), drafted: 0, accepted: 0, acceptance: 0.0 });
+                    kinds.push(KindAcceptance {
+                        kind: prompt.kind.clone(),
+                        drafted: 0,
+                        accepted: 0,
+                        acceptance: 0.0,
+                    });
                     kinds.last_mut().expect("pushed")
                 }
             };
@@ -448,13 +541,23 @@ impl Runner<'_> {
             k.accepted += u64::from(run.accepted);
         }
         for k in &mut kinds {
-            k.acceptance = if k.drafted > 0 { k.accepted as f64 / k.drafted as f64 } else { 0.0 };
+            k.acceptance = if k.drafted > 0 {
+                k.accepted as f64 / k.drafted as f64
+            } else {
+                0.0
+            };
         }
         t.per_kind = kinds;
         if !self.reference.is_empty() {
-            for ((run, reference), prompt) in runs.iter().zip(&self.reference).zip(&self.s.prompts) {
+            for ((run, reference), prompt) in runs.iter().zip(&self.reference).zip(&self.s.prompts)
+            {
                 if run.tokens != *reference {
-                    let at = run.tokens.iter().zip(reference).position(|(a, b)| a != b).unwrap_or(run.tokens.len().min(reference.len()));
+                    let at = run
+                        .tokens
+                        .iter()
+                        .zip(reference)
+                        .position(|(a, b)| a != b)
+                        .unwrap_or(run.tokens.len().min(reference.len()));
                     t.identical = false;
                     t.divergence.get_or_insert((prompt.name.clone(), at));
                 }

@@ -43,7 +43,10 @@ pub struct FootprintRequest {
 }
 
 pub fn footprint(r: &FootprintRequest) -> Response {
-    let settings = ModelSettings { no_alloc: true, ..r.settings.clone() };
+    let settings = ModelSettings {
+        no_alloc: true,
+        ..r.settings.clone()
+    };
     let model = match Model::load(&r.path, &settings) {
         Ok(m) => Arc::new(m),
         Err(e) => return failed("load", format!("{}: {e}", r.path.display())),
@@ -55,7 +58,11 @@ pub fn footprint(r: &FootprintRequest) -> Response {
     let breakdown = crate::llama::memory_breakdown(&ctx);
     let per_device = crate::llama::breakdown_per_device(&breakdown);
     let reported_bytes = per_device.iter().map(|d| d.bytes).sum();
-    Response::Footprint(crate::worker::LoadReport { per_device, reported_bytes, ..Default::default() })
+    Response::Footprint(crate::worker::LoadReport {
+        per_device,
+        reported_bytes,
+        ..Default::default()
+    })
 }
 
 /// A draft model as the worker loads it.
@@ -118,7 +125,10 @@ impl PromptRun {
 }
 
 fn failed(stage: &str, message: impl Into<String>) -> Response {
-    Response::Failed { stage: stage.into(), message: message.into() }
+    Response::Failed {
+        stage: stage.into(),
+        message: message.into(),
+    }
 }
 
 pub fn check(r: &CheckRequest) -> Response {
@@ -130,7 +140,9 @@ pub fn check(r: &CheckRequest) -> Response {
         Ok(m) => m,
         Err(e) => return failed("load", format!("draft {}: {e}", r.draft.display())),
     };
-    Response::DraftCheck(CheckAnswer { incompatible: compat::check(&target, &draft).err() })
+    Response::DraftCheck(CheckAnswer {
+        incompatible: compat::check(&target, &draft).err(),
+    })
 }
 
 /// A model kept loaded, with its context.
@@ -152,19 +164,31 @@ thread_local! {
 }
 
 /// Makes sure `slot` holds this model with this context; true when anything was (re)created.
-fn ensure(slot: &mut Option<Loaded>, path: &PathBuf, settings: &ModelSettings, context: &ContextSettings, n_outputs_max: u32) -> Result<bool, Response> {
+fn ensure(
+    slot: &mut Option<Loaded>,
+    path: &PathBuf,
+    settings: &ModelSettings,
+    context: &ContextSettings,
+    n_outputs_max: u32,
+) -> Result<bool, Response> {
     let key = (path.clone(), settings.clone());
     let mut fresh = false;
     if slot.as_ref().map(|l| &l.key) != Some(&key) {
         *slot = None; // free the old model before loading the next
-        let model = Model::load(path, settings).map_err(|e| failed("load", format!("{}: {e}", path.display())))?;
-        *slot = Some(Loaded { key, model: Arc::new(model), context: None });
+        let model = Model::load(path, settings)
+            .map_err(|e| failed("load", format!("{}: {e}", path.display())))?;
+        *slot = Some(Loaded {
+            key,
+            model: Arc::new(model),
+            context: None,
+        });
         fresh = true;
     }
     let loaded = slot.as_mut().expect("loaded above");
     if loaded.context.as_ref().map(|(c, _)| c) != Some(context) {
         loaded.context = None;
-        let ctx = Context::with_max_outputs(&loaded.model, context, n_outputs_max).map_err(|e| failed("context", format!("{}: {e}", path.display())))?;
+        let ctx = Context::with_max_outputs(&loaded.model, context, n_outputs_max)
+            .map_err(|e| failed("context", format!("{}: {e}", path.display())))?;
         loaded.context = Some((context.clone(), ctx));
         fresh = true;
     }
@@ -178,7 +202,14 @@ pub fn speculate(r: &SpeculateRequest) -> Response {
 fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
     if let Some((_, p)) = &r.draft {
         if p.n_max + 1 > r.context.n_batch {
-            return failed("settings", format!("n_max {} needs n_batch of at least {}", p.n_max, p.n_max + 1));
+            return failed(
+                "settings",
+                format!(
+                    "n_max {} needs n_batch of at least {}",
+                    p.n_max,
+                    p.n_max + 1
+                ),
+            );
         }
     }
     let mut fresh = match ensure(&mut state.target, &r.target, &r.settings, &r.context, 0) {
@@ -186,7 +217,13 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
         Err(e) => return e,
     };
     match &r.draft {
-        Some((d, _)) => match ensure(&mut state.draft, &d.path, &d.settings, &d.context, DraftModel::N_OUTPUTS_MAX) {
+        Some((d, _)) => match ensure(
+            &mut state.draft,
+            &d.path,
+            &d.settings,
+            &d.context,
+            DraftModel::N_OUTPUTS_MAX,
+        ) {
             Ok(f) => fresh |= f,
             Err(e) => return e,
         },
@@ -196,7 +233,17 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
     let model = Arc::clone(&target.model);
     let tctx = &mut target.context.as_mut().expect("ensured").1;
     let mut dctx = match &r.draft {
-        Some((_, p)) => Some((&mut state.draft.as_mut().expect("ensured").context.as_mut().expect("ensured").1, *p)),
+        Some((_, p)) => Some((
+            &mut state
+                .draft
+                .as_mut()
+                .expect("ensured")
+                .context
+                .as_mut()
+                .expect("ensured")
+                .1,
+            *p,
+        )),
         None => None,
     };
     let reserve = r.n_gen + r.draft.as_ref().map_or(0, |(_, p)| p.n_max) + 2;
@@ -225,14 +272,19 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
             Err(e) => return failed("decode", e.to_string()),
         }
     }
-    Response::Speculated(SpeculateAnswer { runs, warmed_up: fresh })
+    Response::Speculated(SpeculateAnswer {
+        runs,
+        warmed_up: fresh,
+    })
 }
 
 /// The prompt's tokens with BOS where the vocabulary wants one, cut to its last `max` tokens.
 fn prompt_tokens(model: &Model, text: &str, max: u32) -> Result<Vec<i32>, String> {
     let mut tokens = model.tokenize(text)?;
     let bos = model.add_bos().then(|| model.bos()).filter(|&b| b >= 0);
-    let room = (max as usize).saturating_sub(usize::from(bos.is_some())).max(1);
+    let room = (max as usize)
+        .saturating_sub(usize::from(bos.is_some()))
+        .max(1);
     if tokens.len() > room {
         tokens.drain(..tokens.len() - room);
     }
@@ -271,7 +323,11 @@ pub fn top_with_probability(logits: &[f32]) -> (i32, f32) {
         }
     }
     let max = top[0].0;
-    let sum: f32 = top.iter().filter(|(v, _)| v.is_finite()).map(|(v, _)| (v - max).exp()).sum();
+    let sum: f32 = top
+        .iter()
+        .filter(|(v, _)| v.is_finite())
+        .map(|(v, _)| (v - max).exp())
+        .sum();
     (top[0].1 as i32, if sum > 0.0 { 1.0 / sum } else { 0.0 })
 }
 
@@ -283,8 +339,14 @@ fn generate(
     prompt: &[i32],
     n_gen: usize,
 ) -> Result<PromptRun, LlamaError> {
-    let rollback = |what: &str| LlamaError::Decode { status: -1, log: format!("llama.cpp could not roll back the {what} KV cache") };
-    let mut run = PromptRun { prompt_tokens: prompt.len() as u32, ..PromptRun::default() };
+    let rollback = |what: &str| LlamaError::Decode {
+        status: -1,
+        log: format!("llama.cpp could not roll back the {what} KV cache"),
+    };
+    let mut run = PromptRun {
+        prompt_tokens: prompt.len() as u32,
+        ..PromptRun::default()
+    };
     target.clear();
     let t = Instant::now();
     target.decode_at(prompt, 0, false)?;
@@ -339,7 +401,10 @@ fn generate(
         let next = loop {
             let logits = target.logits_ith(accepted as i32);
             if logits.is_empty() {
-                return Err(LlamaError::Decode { status: -1, log: format!("no logits for batch position {accepted}") });
+                return Err(LlamaError::Decode {
+                    status: -1,
+                    log: format!("no logits for batch position {accepted}"),
+                });
             }
             let choice = argmax(logits);
             if accepted < drafted.len() && drafted[accepted] == choice {

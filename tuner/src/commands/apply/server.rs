@@ -52,7 +52,10 @@ pub struct ServerProcess {
 impl ServerProcess {
     pub fn start(server: &Path, argv: &[String], verbose: bool) -> anyhow::Result<ServerProcess> {
         let mut cmd = Command::new(server);
-        cmd.args(argv).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.args(argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         #[cfg(unix)]
         {
             use std::os::unix::process::CommandExt as _;
@@ -68,7 +71,9 @@ impl ServerProcess {
                 });
             }
         }
-        let mut child = cmd.spawn().with_context(|| format!("cannot start {}", server.display()))?;
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", server.display()))?;
         let log = Arc::new(Mutex::new(VecDeque::new()));
         let echo = Arc::new(AtomicBool::new(verbose));
         let out: Box<dyn Read + Send> = Box::new(child.stdout.take().expect("piped"));
@@ -89,7 +94,12 @@ impl ServerProcess {
                 }
             });
         }
-        Ok(ServerProcess { child, log, echo, exited: None })
+        Ok(ServerProcess {
+            child,
+            log,
+            echo,
+            exited: None,
+        })
     }
 
     /// Its exit status, once it has exited.
@@ -130,9 +140,16 @@ impl ServerProcess {
 
     fn tail(&self) -> String {
         let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
-        let lines: Vec<&str> = log.iter().map(String::as_str).filter(|l| !l.trim().is_empty()).collect();
+        let lines: Vec<&str> = log
+            .iter()
+            .map(String::as_str)
+            .filter(|l| !l.trim().is_empty())
+            .collect();
         let start = lines.len().saturating_sub(12);
-        lines[start..].iter().map(|l| format!("\n  | {l}")).collect()
+        lines[start..]
+            .iter()
+            .map(|l| format!("\n  | {l}"))
+            .collect()
     }
 
     /// The error for a server that exited while we waited for it.
@@ -148,7 +165,13 @@ impl ServerProcess {
         };
         #[cfg(not(unix))]
         let hint = "";
-        Exit::new(exit::ERROR, format!("llama-server exited ({status}) {while_doing}; its last lines:{}{hint}", self.tail()))
+        Exit::new(
+            exit::ERROR,
+            format!(
+                "llama-server exited ({status}) {while_doing}; its last lines:{}{hint}",
+                self.tail()
+            ),
+        )
     }
 }
 
@@ -165,7 +188,9 @@ fn interrupted() -> anyhow::Error {
 /// Polls `/health` until it answers 200; fails when the server exits, the user interrupts, or it
 /// takes longer than [`READY_TIMEOUT`].
 pub fn wait_ready(proc: &mut ServerProcess, url: &str, signal: &AtomicUsize) -> anyhow::Result<()> {
-    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(2)).build();
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(2))
+        .build();
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         if let Some(status) = proc.exited() {
@@ -214,10 +239,13 @@ pub fn complete(
     std::thread::spawn(move || {
         let agent = ureq::AgentBuilder::new().timeout(timeout).build();
         let result = match agent.post(&endpoint).send_json(body) {
-            Ok(r) => r.into_json::<CompletionAnswer>().map_err(|e| format!("unexpected answer from {endpoint}: {e}")),
-            Err(ureq::Error::Status(code, r)) => {
-                Err(format!("{endpoint} answered {code}: {}", one_line(&r.into_string().unwrap_or_default())))
-            }
+            Ok(r) => r
+                .into_json::<CompletionAnswer>()
+                .map_err(|e| format!("unexpected answer from {endpoint}: {e}")),
+            Err(ureq::Error::Status(code, r)) => Err(format!(
+                "{endpoint} answered {code}: {}",
+                one_line(&r.into_string().unwrap_or_default())
+            )),
             Err(e) => Err(format!("{endpoint}: {e}")),
         };
         let _ = tx.send(result);
@@ -233,7 +261,10 @@ pub fn complete(
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(Exit::new(exit::ERROR, "the completion request ended without an answer"))
+                return Err(Exit::new(
+                    exit::ERROR,
+                    "the completion request ended without an answer",
+                ))
             }
         }
         if signal.load(Ordering::Relaxed) != 0 {
