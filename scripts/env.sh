@@ -34,6 +34,10 @@ ensure_prerequisites() {
 }
 
 build_release() {
+  # llama-cpp-sys-2's build script hard-links lib*.so symlinks into release/; dangling ones make a re-run
+  # of it fail with "File exists".
+  find "$CARGO_TARGET_DIR"/release "$CARGO_TARGET_DIR"/release/deps "$CARGO_TARGET_DIR"/release/examples \
+    -maxdepth 1 -name 'lib*.so' -xtype l -delete 2>/dev/null || true
   echo "building autotune (the first build compiles llama.cpp with every CPU variant: ~15 min on 2 cores)" >&2
   cargo build --release --locked -p tuner >&2
 }
