@@ -15,14 +15,14 @@ fn candidates_over_budget_are_pruned_not_loaded() {
     let model = demo_model();
     let sb = Sandbox::new();
     let m = model_arg(&model);
-    // At ubatch 512 the compute buffer alone holds 512 rows of a 262k-token vocabulary's logits
-    // (~512 MiB); at 128 it is a quarter of that. A 450 MiB host budget fits only the latter.
+    // The compute buffer grows with the ubatch (rows of a 262k-token vocabulary's logits): the dry run
+    // predicts ~588 MiB on the host at ubatch 512 and ~458 MiB at 128. A 520 MiB budget fits only the latter.
     let o = sb.run(&[
         "tune",
         &m,
         "--json",
         "--mem-budget",
-        "CPU=450M",
+        "CPU=520M",
         "--ubatch",
         "512,128",
         "--ctx",
@@ -68,7 +68,7 @@ fn candidates_over_budget_are_pruned_not_loaded() {
     {
         for d in row["reported"].as_array().unwrap() {
             if d["device"] == "CPU" {
-                assert!(d["bytes"].as_u64().unwrap() <= 450 * 1024 * 1024, "{row}");
+                assert!(d["bytes"].as_u64().unwrap() <= 520 * 1024 * 1024, "{row}");
             }
         }
     }
