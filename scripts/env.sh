@@ -38,6 +38,16 @@ build_release() {
   # of it fail with "File exists".
   find "$CARGO_TARGET_DIR"/release "$CARGO_TARGET_DIR"/release/deps "$CARGO_TARGET_DIR"/release/examples \
     -maxdepth 1 -name 'lib*.so' -xtype l -delete 2>/dev/null || true
+  # Paths compiled into the workspace crates (CARGO_MANIFEST_DIR: insta's snapshot dir, test fixtures)
+  # belong to the checkout that built them; a second checkout sharing this target dir rebuilds the
+  # workspace crates (seconds), never llama.cpp.
+  local stamp="$CARGO_TARGET_DIR/.autotune-checkout" here
+  here="$(pwd -P)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" != "$here" ]; then
+    echo "target dir was built from $(cat "$stamp"); rebuilding the workspace crates for $here" >&2
+    cargo clean --release -p tuner -p profiles -p search-space >&2 2>&1 || true
+  fi
+  mkdir -p "$CARGO_TARGET_DIR" && printf '%s' "$here" >"$stamp"
   echo "building autotune (the first build compiles llama.cpp with every CPU variant: ~15 min on 2 cores)" >&2
   cargo build --release --locked -p tuner >&2
 }
