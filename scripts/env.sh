@@ -8,7 +8,11 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 AUTOTUNE_BIN="$CARGO_TARGET_DIR/release/autotune"
 
 have_libclang() {
-  ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so* /usr/lib/libclang*.so* >/dev/null 2>&1
+  local f
+  for f in /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/*-linux-gnu/libclang*.so* /usr/lib/libclang*.so*; do
+    [ -e "$f" ] && return 0
+  done
+  return 1
 }
 
 # Installs what building llama.cpp needs (cmake, a C++ compiler, libclang for bindgen) when missing.

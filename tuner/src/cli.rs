@@ -60,6 +60,9 @@ pub enum Command {
     /// Speculative decoding: measure draft models (smaller models of the same family) against the
     /// target alone, with their draft settings, and report which pays
     Draft(DraftArgs),
+    /// llama.cpp's own fit (common_fit_params) under the same budgets: the placement it chooses, its
+    /// llama-server flags, and autotune's dry-run prediction of that placement per device
+    Fit(crate::commands::fit::FitArgs),
 }
 
 #[derive(Debug, Args)]
@@ -405,6 +408,13 @@ pub struct MeasureArgs {
     /// MoE: keep the experts of the first N layers in host memory (--n-cpu-moe)
     #[arg(long = "n-cpu-moe", default_value_t = 0)]
     pub n_cpu_moe: u32,
+    /// Put tensors matching a regex on a buffer type, PATTERN=BUFT (-ot; repeatable), e.g.
+    /// 'blk\.3\.ffn_.*_exps=CPU'; how a placement from `autotune fit` is reproduced
+    #[arg(long = "override-tensor", visible_alias = "ot")]
+    pub override_tensor: Vec<String>,
+    /// Share of the offloaded layers per non-CPU device, comma separated (-ts), e.g. 3,1
+    #[arg(long = "tensor-split", visible_alias = "ts", value_delimiter = ',')]
+    pub tensor_split: Vec<u32>,
     /// ggml RPC servers to use as devices, host:port comma separated (see `autotune rpc-serve`)
     #[arg(long, value_delimiter = ',')]
     pub rpc: Vec<String>,
@@ -598,10 +608,11 @@ pub const SUBCOMMANDS: &[&str] = &[
     "quality",
     "explain",
     "draft",
+    "fit",
 ];
 
 /// llama.cpp's multi-letter single-dash flags, which clap cannot express as short flags.
-const LLAMA_STYLE_FLAGS: &[&str] = &["-ngl", "-ctk", "-ctv", "-fa", "-ub"];
+const LLAMA_STYLE_FLAGS: &[&str] = &["-ngl", "-ctk", "-ctv", "-fa", "-ub", "-ot", "-ts"];
 
 /// `autotune model.gguf …` → `autotune tune model.gguf …`, and `-ngl 8` → `--ngl 8`.
 pub fn with_default_subcommand(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {

@@ -216,6 +216,8 @@ impl<'a> Engine<'a> {
                 no_alloc: false,
                 rpc: self.settings.rpc.clone(),
                 n_cpu_moe: c.n_cpu_moe,
+                tensor_overrides: Vec::new(),
+                tensor_split: Vec::new(),
             },
             context: ContextSettings {
                 n_ctx: self.settings.workload.n_ctx,

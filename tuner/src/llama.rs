@@ -244,6 +244,26 @@ pub struct ModelSettings {
     /// MoE: expert tensors of the first N layers stay in host memory (llama.cpp's --n-cpu-moe).
     #[serde(default)]
     pub n_cpu_moe: u32,
+    /// Tensors whose names match a pattern go to a buffer type (llama.cpp's `-ot PATTERN=BUFT`); the
+    /// buffer type is named by its ggml name or its device's name (`CPU`, `RPC0`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_overrides: Vec<(String, String)>,
+    /// Share of the offloaded layers per non-CPU device (llama.cpp's `-ts`); empty = llama.cpp's default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_split: Vec<u32>,
+}
+
+/// A buffer type by its ggml name (`CPU`, `RPC0[127.0.0.1:50052]`, `CUDA0`) or its device's name.
+pub fn buffer_type_by_name(name: &str) -> Option<sys::ggml_backend_buffer_type_t> {
+    // SAFETY: registry getters; names are static strings.
+    unsafe {
+        (0..sys::ggml_backend_dev_count()).find_map(|i| {
+            let dev = sys::ggml_backend_dev_get(i);
+            let buft = sys::ggml_backend_dev_buffer_type(dev);
+            (cstr(sys::ggml_backend_dev_name(dev)) == name || cstr(sys::ggml_backend_buft_name(buft)) == name)
+                .then_some(buft)
+        })
+    }
 }
 
 /// The tensor-name pattern of one layer's expert tensors, as llama.cpp's `--n-cpu-moe` writes it
@@ -294,6 +314,22 @@ impl Model {
             .map(|i| CString::new(expert_pattern(i)).expect("no NUL in pattern"))
             .collect();
         let mut overrides: Vec<sys::llama_model_tensor_buft_override> = Vec::new();
+        let manual: Vec<(CString, sys::ggml_backend_buffer_type_t)> = s
+            .tensor_overrides
+            .iter()
+            .map(|(pattern, buft)| {
+                let p = CString::new(pattern.as_str())
+                    .map_err(|_| LlamaError::ModelLoad(format!("bad tensor pattern '{pattern}'")))?;
+                let b = buffer_type_by_name(buft).ok_or_else(|| LlamaError::UnknownDevice(buft.clone()))?;
+                Ok((p, b))
+            })
+            .collect::<Result<_, LlamaError>>()?;
+        for (p, b) in &manual {
+            overrides.push(sys::llama_model_tensor_buft_override {
+                pattern: p.as_ptr(),
+                buft: *b,
+            });
+        }
         if !patterns.is_empty() {
             // SAFETY: registry lookups.
             let cpu_buft = unsafe {
@@ -307,10 +343,18 @@ impl Model {
                     buft: cpu_buft,
                 });
             }
+        }
+        if !overrides.is_empty() {
             overrides.push(sys::llama_model_tensor_buft_override {
                 pattern: std::ptr::null(),
                 buft: std::ptr::null_mut(),
             });
+        }
+        // llama.cpp reads llama_max_devices() entries.
+        // SAFETY: plain getter.
+        let mut split = vec![0f32; unsafe { sys::llama_max_devices() }];
+        for (slot, v) in split.iter_mut().zip(&s.tensor_split) {
+            *slot = *v as f32;
         }
         // SAFETY: default params are plain data.
         let mut p = unsafe { sys::llama_model_default_params() };
@@ -326,6 +370,9 @@ impl Model {
         }
         if !overrides.is_empty() {
             p.tensor_buft_overrides = overrides.as_ptr();
+        }
+        if !s.tensor_split.is_empty() {
+            p.tensor_split = split.as_ptr();
         }
         take_log();
         // SAFETY: path and device list outlive the call; llama.cpp copies what it keeps.

@@ -6,6 +6,7 @@ mod engine;
 mod exit;
 mod explain;
 mod fault;
+mod fit;
 mod llama;
 mod machine;
 mod placement;
@@ -61,6 +62,7 @@ fn main() {
         cli::Command::Quality(a) => commands::quality::run(&cli, a),
         cli::Command::Explain(a) => commands::explain::run(&cli, a),
         cli::Command::Draft(a) => commands::draft::run(&cli, a),
+        cli::Command::Fit(a) => commands::fit::run(&cli, a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -54,7 +54,8 @@ impl WorkerPool {
             | Request::Quality(_)
             | Request::DraftCheck(_)
             | Request::Speculate(_)
-            | Request::SpecFootprint(_) => return Err(TrialFailure::Interrupted),
+            | Request::SpecFootprint(_)
+            | Request::LlamaFit(_) => return Err(TrialFailure::Interrupted),
         };
         let key = Self::key(m);
         let idx = match self.workers.iter().position(|(k, _)| *k == key) {

@@ -41,6 +41,8 @@ pub enum Request {
     Speculate(crate::speculative::serve::SpeculateRequest),
     /// The memory of a draft (or target) for speculative decoding, from a dry run; answered `Footprint`.
     SpecFootprint(crate::speculative::serve::FootprintRequest),
+    /// llama.cpp's own fit (`common_fit_params`) under given budgets (`autotune fit`).
+    LlamaFit(crate::fit::FitRequest),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,6 +58,7 @@ pub enum Response {
     Quality(crate::quant::serve::QualityAnswer),
     DraftCheck(crate::speculative::serve::CheckAnswer),
     Speculated(crate::speculative::serve::SpeculateAnswer),
+    Fitted(crate::fit::FitAnswer),
 }
 
 /// Entry point of `autotune __worker`: serve requests from stdin until EOF or `Quit`.
@@ -91,6 +94,7 @@ pub fn serve() -> anyhow::Result<()> {
             Request::DraftCheck(c) => crate::speculative::serve::check(&c),
             Request::Speculate(r) => crate::speculative::serve::speculate(&r),
             Request::SpecFootprint(r) => crate::speculative::serve::footprint(&r),
+            Request::LlamaFit(r) => crate::fit::serve(&r),
         };
         writeln!(stdout, "{}", serde_json::to_string(&response)?)?;
         stdout.flush()?;

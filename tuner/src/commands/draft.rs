@@ -94,6 +94,8 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
             no_alloc: false,
             rpc: Vec::new(),
             n_cpu_moe: 0,
+            tensor_overrides: Vec::new(),
+            tensor_split: Vec::new(),
         },
         context: ContextSettings {
             n_ctx: a.ctx,

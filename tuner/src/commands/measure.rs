@@ -36,6 +36,20 @@ where
         .map_err(|e| Exit::new(exit::USAGE, format!("{flag}: {e}")))
 }
 
+/// `-ot PATTERN=BUFT` values as (pattern, buffer type) pairs; the pattern may itself contain `=`.
+pub fn tensor_overrides(values: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    values
+        .iter()
+        .map(|v| match v.rsplit_once('=') {
+            Some((p, b)) if !p.is_empty() && !b.is_empty() => Ok((p.to_string(), b.to_string())),
+            _ => Err(Exit::new(
+                exit::USAGE,
+                format!("--override-tensor '{v}': write PATTERN=BUFT, e.g. 'blk\\.3\\.ffn_.*=CPU'"),
+            )),
+        })
+        .collect()
+}
+
 pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     inspect_model(&a.model)?;
     let model = std::fs::canonicalize(&a.model)?;
@@ -76,6 +90,8 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
             no_alloc: false,
             rpc: a.rpc.clone(),
             n_cpu_moe: candidate.n_cpu_moe,
+            tensor_overrides: tensor_overrides(&a.override_tensor)?,
+            tensor_split: a.tensor_split.clone(),
         },
         context: ContextSettings {
             n_ctx: a.ctx,

@@ -4,6 +4,7 @@ pub mod apply;
 pub mod doctor;
 pub mod draft;
 pub mod explain;
+pub mod fit;
 pub mod export;
 pub mod measure;
 pub mod quality;

@@ -179,11 +179,20 @@ fn settings(
 
 /// Memory budget per device: `--mem-budget DEV=SIZE`, else free memory minus `--mem-margin`.
 fn budgets(args: &TuneArgs, machine: &Machine) -> anyhow::Result<Vec<(String, u64)>> {
+    budgets_of(&args.mem_budget, &args.mem_margin, machine)
+}
+
+/// Budgets from `--mem-budget` values and `--mem-margin` (shared with `autotune fit`).
+pub fn budgets_of(
+    mem_budget: &[String],
+    mem_margin: &str,
+    machine: &Machine,
+) -> anyhow::Result<Vec<(String, u64)>> {
     let usage = |m: String| Exit::new(exit::USAGE, m);
-    let margin = search_space::size::parse_size(&args.mem_margin)
+    let margin = search_space::size::parse_size(mem_margin)
         .map_err(|e| usage(format!("--mem-margin: {e}")))?;
     let mut explicit = Vec::new();
-    for item in &args.mem_budget {
+    for item in mem_budget {
         let (dev, size) = item.split_once('=').ok_or_else(|| {
             usage(format!(
                 "--mem-budget '{item}': write DEVICE=SIZE, e.g. RPC0=300M"

@@ -158,6 +158,8 @@ fn load(path: &Path, n_gpu_layers: u32) -> Result<Arc<Model>, String> {
         no_alloc: false,
         rpc: Vec::new(),
         n_cpu_moe: 0,
+        tensor_overrides: Vec::new(),
+        tensor_split: Vec::new(),
     };
     match Model::load(path, &settings(n_gpu_layers)) {
         Ok(m) => Ok(Arc::new(m)),

@@ -34,6 +34,8 @@ pub fn attach(
         no_alloc: false,
         rpc: args.rpc.clone(),
         n_cpu_moe: w.n_cpu_moe,
+        tensor_overrides: Vec::new(),
+        tensor_split: Vec::new(),
     };
     let context = ContextSettings {
         n_ctx: profile.workload.n_ctx,

@@ -79,6 +79,8 @@ pub fn draft_model(
             no_alloc: false,
             rpc: target.rpc.clone(),
             n_cpu_moe: 0,
+            tensor_overrides: Vec::new(),
+            tensor_split: Vec::new(),
         },
         context: context.clone(),
     }
