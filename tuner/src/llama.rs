@@ -260,7 +260,8 @@ pub fn buffer_type_by_name(name: &str) -> Option<sys::ggml_backend_buffer_type_t
         (0..sys::ggml_backend_dev_count()).find_map(|i| {
             let dev = sys::ggml_backend_dev_get(i);
             let buft = sys::ggml_backend_dev_buffer_type(dev);
-            (cstr(sys::ggml_backend_dev_name(dev)) == name || cstr(sys::ggml_backend_buft_name(buft)) == name)
+            (cstr(sys::ggml_backend_dev_name(dev)) == name
+                || cstr(sys::ggml_backend_buft_name(buft)) == name)
                 .then_some(buft)
         })
     }
@@ -318,9 +319,11 @@ impl Model {
             .tensor_overrides
             .iter()
             .map(|(pattern, buft)| {
-                let p = CString::new(pattern.as_str())
-                    .map_err(|_| LlamaError::ModelLoad(format!("bad tensor pattern '{pattern}'")))?;
-                let b = buffer_type_by_name(buft).ok_or_else(|| LlamaError::UnknownDevice(buft.clone()))?;
+                let p = CString::new(pattern.as_str()).map_err(|_| {
+                    LlamaError::ModelLoad(format!("bad tensor pattern '{pattern}'"))
+                })?;
+                let b = buffer_type_by_name(buft)
+                    .ok_or_else(|| LlamaError::UnknownDevice(buft.clone()))?;
                 Ok((p, b))
             })
             .collect::<Result<_, LlamaError>>()?;

@@ -23,6 +23,11 @@ pub struct Measurement {
     pub load: Option<LoadReport>,
     /// The dry-run prediction (`--predict`): bytes per device before anything was allocated.
     pub predicted: Option<LoadReport>,
+    /// `-ot PATTERN=BUFT` overrides measured with (a placement from `autotune fit`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tensor_overrides: Vec<(String, String)>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tensor_split: Vec<u32>,
     pub llama_version: String,
     pub cpu_variant: Option<String>,
     pub devices: Vec<String>,
@@ -155,6 +160,8 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         workload,
         load,
         predicted,
+        tensor_overrides: request.settings.tensor_overrides.clone(),
+        tensor_split: request.settings.tensor_split.clone(),
         llama_version: d.llama_version,
         cpu_variant: d.cpu_variant,
         devices: d.machine.devices.iter().map(|x| x.name.clone()).collect(),
@@ -164,6 +171,12 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         return Ok(exit::OK);
     }
     println!("{}", m.candidate.label());
+    for (pattern, buft) in &m.tensor_overrides {
+        println!("  -ot {pattern}={buft}");
+    }
+    if !m.tensor_split.is_empty() {
+        println!("  -ts {:?}", m.tensor_split);
+    }
     let row = |name: &str, s: &Summary| {
         println!(
             "  {name:<10} median {:>8.2} t/s  mean {:>8.2} ± {:>6.2}  min {:>8.2}  max {:>8.2}  95% CI [{:.2}, {:.2}]  n={}{}",

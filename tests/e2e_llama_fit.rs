@@ -1,0 +1,86 @@
+//! `autotune fit`: llama.cpp's own fit routine under an RPC budget (a real second device, a local
+//! `autotune rpc-serve`) returns a placement, its llama-server flags, and autotune's prediction of it.
+
+mod common;
+use common::*;
+use std::process::{Command, Stdio};
+
+struct RpcServer(std::process::Child);
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn llama_fit_places_part_of_the_demo_model_on_a_small_rpc_device() {
+    let model = demo_model();
+    let port = 50250 + (std::process::id() % 50) as u16;
+    let _server = RpcServer(
+        Command::new(bin())
+            .args(["rpc-serve", "--port", &port.to_string(), "-t", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let sb = Sandbox::new();
+    let rpc = format!("127.0.0.1:{port}");
+    // At ctx 1024 the whole model on RPC0 needs ~780 MiB (its compute buffer alone ~520 MiB): a
+    // 750 MiB budget holds only some of its 19 layers.
+    let budget: u64 = 750 * 1024 * 1024;
+    let o = sb.run(&[
+        "fit",
+        model.to_str().unwrap(),
+        "--json",
+        "--rpc",
+        &rpc,
+        "--mem-budget",
+        "RPC0=750M",
+        "--ctx",
+        "1024",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(r["status"], "success", "{r:#}");
+    assert_eq!(r["n_ctx"], 1024);
+    let ngl = r["n_gpu_layers"].as_u64().unwrap();
+    assert!(ngl > 0 && ngl < 19, "part of the model offloaded: {r:#}");
+    // The fit was told to leave free − budget free on RPC0.
+    let dev = &r["fit"]["devices"][0];
+    assert_eq!(dev["name"], "RPC0");
+    assert_eq!(dev["budget"].as_u64().unwrap(), budget);
+    assert_eq!(
+        dev["margin"].as_u64().unwrap(),
+        dev["free"].as_u64().unwrap() - budget
+    );
+    assert!(r["fit"]["tensor_split"].is_array() && r["fit"]["overrides"].is_array());
+    let args: Vec<&str> = r["server_args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let ngl_s = ngl.to_string();
+    assert!(
+        args.windows(2).any(|w| w == ["-ngl", ngl_s.as_str()]),
+        "{args:?}"
+    );
+    assert!(
+        args.windows(2).any(|w| w == ["--rpc", rpc.as_str()]),
+        "{args:?}"
+    );
+    // autotune's dry run of that placement: something on RPC0, within its budget.
+    let rpc0 = r["predicted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == "RPC0")
+        .unwrap_or_else(|| panic!("no RPC0 prediction: {r:#}"));
+    let bytes = rpc0["predicted_bytes"].as_u64().unwrap();
+    assert!(bytes > 0 && bytes <= budget, "{rpc0}");
+    assert_eq!(rpc0["within_budget"], true);
+    assert_eq!(r["memory_safe"], true);
+}

@@ -1,0 +1,290 @@
+//! `autotune fit MODEL`: what llama.cpp's own fit routine (`common_fit_params`, llama-server's
+//! default `--fit`) chooses under the same budgets autotune uses, the llama-server flags that pin that
+//! choice, and autotune's dry-run prediction of its bytes per device against the budgets — so the two
+//! placements can be compared for memory safety and, with `autotune measure`, for speed.
+
+use crate::cli::Cli;
+use crate::commands::{doctor, tune};
+use crate::exit::{self, Exit};
+use crate::fit::{as_n_cpu_moe, FitAnswer, FitRequest};
+use crate::llama::{ContextSettings, ModelSettings};
+use crate::pool::WorkerPool;
+use crate::trial::Worker;
+use crate::worker::{MeasureRequest, Request, Response, Workload};
+use clap::Args;
+use search_space::size::format_size;
+use search_space::{CacheType, FlashAttn};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Args)]
+pub struct FitArgs {
+    /// The GGUF model file
+    pub model: PathBuf,
+    /// Context size (-c) the placement must hold; llama.cpp's fit keeps it and moves weights instead
+    #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
+    pub ctx: u32,
+    /// ggml RPC servers to use as devices, host:port comma separated (see `autotune rpc-serve`)
+    #[arg(long, value_delimiter = ',')]
+    pub rpc: Vec<String>,
+    /// Memory a device may use, DEVICE=SIZE (e.g. RPC0=300M); repeatable. llama.cpp's fit is told
+    /// to leave free − SIZE free on that device. Default: its free memory minus --mem-margin
+    #[arg(long = "mem-budget", value_delimiter = ',')]
+    pub mem_budget: Vec<String>,
+    /// Memory kept free on every device without a --mem-budget (the same default as `tune`, so the
+    /// two choices are made under the same budgets)
+    #[arg(long = "mem-margin", default_value = "256M")]
+    pub mem_margin: String,
+    /// Print the report as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Predicted bytes of the fit's placement on one device, against autotune's budget there.
+#[derive(Debug, Serialize)]
+pub struct DeviceFit {
+    pub device: String,
+    pub predicted_bytes: u64,
+    pub budget_bytes: Option<u64>,
+    pub within_budget: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FitReport {
+    pub model: PathBuf,
+    pub n_ctx: u32,
+    /// llama.cpp's answer: status, layers, tensor split, tensor-buffer overrides.
+    pub fit: FitAnswer,
+    pub status: &'static str,
+    /// Layers offloaded to non-CPU devices (llama.cpp's -1, "all", resolved to a count).
+    pub n_gpu_layers: u32,
+    /// The overrides as `--n-cpu-moe N`, where they say exactly that.
+    pub n_cpu_moe: Option<u32>,
+    /// llama-server flags that pin this placement (also accepted by `autotune measure`).
+    pub server_args: Vec<String>,
+    /// autotune's dry-run prediction of this placement per device (llama.cpp's defaults otherwise).
+    pub predicted: Vec<DeviceFit>,
+    /// Why there is no prediction, when the dry run failed.
+    pub prediction_error: Option<String>,
+    /// Every predicted device within its budget (CPU included: llama.cpp's fit assumes host
+    /// memory is unlimited, autotune does not).
+    pub memory_safe: bool,
+}
+
+pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
+    let info = tune::inspect_model(&a.model)?;
+    let model = std::fs::canonicalize(&a.model)?;
+    if a.ctx == 0 {
+        return Err(Exit::new(exit::USAGE, "--ctx must be at least 1"));
+    }
+    let d = doctor::probe(cli.verbose, &a.rpc)?;
+    let budgets = tune::budgets_of(&a.mem_budget, &a.mem_margin, &d.machine)?;
+    let default_margin = search_space::size::parse_size(&a.mem_margin)
+        .map_err(|e| Exit::new(exit::USAGE, format!("--mem-margin: {e}")))?;
+    let never = || false;
+
+    // llama.cpp's fit, in a worker of its own (it aborts like any llama.cpp call, and a ggml RPC
+    // server serves one client at a time: the worker lets go before the dry run connects).
+    let mut worker = Worker::spawn()?;
+    let request = Request::LlamaFit(FitRequest {
+        model: model.clone(),
+        rpc: a.rpc.clone(),
+        n_ctx: a.ctx,
+        budgets: budgets.clone(),
+        default_margin,
+    });
+    let answer = match worker.call(&request, Duration::from_secs(600), &never) {
+        Ok(Response::Fitted(f)) => f,
+        Ok(_) => anyhow::bail!("unexpected answer from the worker"),
+        Err(f) => {
+            return Err(Exit::new(
+                exit::NOTHING_MEASURED,
+                format!("llama.cpp's fit failed: {f}"),
+            ))
+        }
+    };
+    worker.quit();
+    if answer.status == 2 {
+        return Err(Exit::new(
+            exit::NOTHING_MEASURED,
+            format!("llama.cpp's fit reported an error: {}", answer.log_tail),
+        ));
+    }
+    let n_layer = info.block_count.unwrap_or(0);
+    let n_cpu_moe = as_n_cpu_moe(&answer.overrides, n_layer);
+    // -1 is llama.cpp's default, "every layer": the fit left it alone because everything fits.
+    let n_gpu_layers = u32::try_from(answer.n_gpu_layers).unwrap_or(n_layer + 1);
+    let settings = ModelSettings {
+        n_gpu_layers,
+        devices: Vec::new(),
+        use_extra_bufts: true,
+        no_alloc: true,
+        rpc: a.rpc.clone(),
+        n_cpu_moe: n_cpu_moe.unwrap_or(0),
+        tensor_overrides: if n_cpu_moe.is_some() {
+            Vec::new()
+        } else {
+            answer
+                .overrides
+                .iter()
+                .map(|o| (o.pattern.clone(), o.buffer_type.clone()))
+                .collect()
+        },
+        tensor_split: answer.tensor_split.iter().map(|v| *v as u32).collect(),
+    };
+    let server_args = server_args(&answer, &settings, &a.rpc);
+    let report_ngl = n_gpu_layers;
+
+    // autotune's prediction of that placement, with llama.cpp's default context settings.
+    let dry = MeasureRequest {
+        model: model.clone(),
+        settings,
+        context: ContextSettings {
+            n_ctx: answer.n_ctx,
+            n_batch: 2048,
+            n_ubatch: 512,
+            threads: d.machine.physical_cores,
+            type_k: CacheType::F16,
+            type_v: CacheType::F16,
+            flash_attn: FlashAttn::Auto,
+        },
+        workload: Workload {
+            n_ctx: answer.n_ctx,
+            n_prompt: 1,
+            n_gen: 1,
+            depth: 0,
+        },
+        seed: 1,
+    };
+    let mut pool = WorkerPool::new(1, Duration::from_secs(600));
+    let (predicted, prediction_error) = match pool.call(&Request::Footprint(dry), &never) {
+        Ok(Response::Footprint(r)) => (
+            r.per_device
+                .iter()
+                .map(|p| {
+                    let budget = budgets
+                        .iter()
+                        .find(|(n, _)| *n == p.device)
+                        .map(|(_, b)| *b);
+                    DeviceFit {
+                        device: p.device.clone(),
+                        predicted_bytes: p.bytes,
+                        budget_bytes: budget,
+                        within_budget: budget.is_none_or(|b| p.bytes <= b),
+                    }
+                })
+                .collect(),
+            None,
+        ),
+        Ok(_) => (Vec::new(), Some("unexpected answer to a dry run".into())),
+        Err(f) => (Vec::new(), Some(format!("dry run failed: {f}"))),
+    };
+    pool.shutdown();
+    let report = FitReport {
+        model,
+        n_ctx: answer.n_ctx,
+        status: answer.status_name(),
+        n_gpu_layers: report_ngl,
+        n_cpu_moe,
+        server_args,
+        memory_safe: prediction_error.is_none() && predicted.iter().all(|p| p.within_budget),
+        predicted,
+        prediction_error,
+        fit: answer,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(exit::OK)
+}
+
+/// llama-server flags for the fit's placement: `-c`, `-ngl`, `--n-cpu-moe` or `-ot`, `-ts`, `--rpc`.
+fn server_args(f: &FitAnswer, s: &ModelSettings, rpc: &[String]) -> Vec<String> {
+    let mut v = vec![
+        "-c".to_string(),
+        f.n_ctx.to_string(),
+        "-ngl".to_string(),
+        s.n_gpu_layers.to_string(),
+    ];
+    if s.n_cpu_moe > 0 {
+        v.extend(["--n-cpu-moe".to_string(), s.n_cpu_moe.to_string()]);
+    }
+    for (pattern, buft) in &s.tensor_overrides {
+        v.extend(["-ot".to_string(), format!("{pattern}={buft}")]);
+    }
+    if !s.tensor_split.is_empty() {
+        let split: Vec<String> = s.tensor_split.iter().map(|x| x.to_string()).collect();
+        v.extend(["-ts".to_string(), split.join(",")]);
+    }
+    if !rpc.is_empty() {
+        v.extend(["--rpc".to_string(), rpc.join(",")]);
+    }
+    v
+}
+
+fn print_report(r: &FitReport) {
+    let f = &r.fit;
+    println!("llama.cpp fit   {} (n_ctx {})", r.status, r.n_ctx);
+    for d in &f.devices {
+        println!(
+            "  device {:<8} free {:>10}  budget {:>10}  margin given to the fit {:>10}",
+            d.name,
+            format_size(d.free),
+            format_size(d.budget),
+            format_size(d.margin)
+        );
+    }
+    println!("  n_gpu_layers  {}", r.n_gpu_layers);
+    if !f.tensor_split.is_empty() {
+        println!("  tensor split  {:?}", f.tensor_split);
+    }
+    for o in &f.overrides {
+        println!(
+            "  override      {} -> {} ({})",
+            o.pattern, o.buffer_type, o.device
+        );
+    }
+    if let Some(n) = r.n_cpu_moe {
+        println!("  as --n-cpu-moe {n}");
+    }
+    if r.status != "success" {
+        println!("  fit log: {}", f.log_tail);
+    }
+    println!("llama-server flags  {}", shell_words(&r.server_args));
+    println!("autotune's dry-run prediction of this placement");
+    if let Some(e) = &r.prediction_error {
+        println!("  {e}");
+    }
+    for p in &r.predicted {
+        println!(
+            "  {:<8} {:>10}  budget {:>10}  {}",
+            p.device,
+            format_size(p.predicted_bytes),
+            p.budget_bytes.map_or("-".to_string(), format_size),
+            if p.within_budget { "within" } else { "OVER" }
+        );
+    }
+    println!(
+        "memory-safe (every device within its budget): {}",
+        if r.memory_safe { "yes" } else { "no" }
+    );
+}
+
+/// Arguments quoted for a POSIX shell where they need it (patterns hold `\`, `|`, `(`).
+fn shell_words(args: &[String]) -> String {
+    args.iter()
+        .map(|a| {
+            if a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.,:/=".contains(c))
+            {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
