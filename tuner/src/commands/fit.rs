@@ -114,7 +114,12 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
     let n_layer = info.block_count.unwrap_or(0);
     let n_cpu_moe = as_n_cpu_moe(&answer.overrides, n_layer);
     // -1 is llama.cpp's default, "every layer": the fit left it alone because everything fits.
-    let n_gpu_layers = u32::try_from(answer.n_gpu_layers).unwrap_or(n_layer + 1);
+    // Without a non-CPU device there is nothing to offload (llama.cpp ignores -ngl then).
+    let n_gpu_layers = if answer.devices.is_empty() {
+        0
+    } else {
+        u32::try_from(answer.n_gpu_layers).unwrap_or(n_layer + 1)
+    };
     let settings = ModelSettings {
         n_gpu_layers,
         devices: Vec::new(),
@@ -193,6 +198,9 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
         prediction_error,
         fit: answer,
     };
+    // Every worker is gone: `autotune fit … | head` may end quietly like other CLI tools.
+    // SAFETY: restoring the default disposition of a signal.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
