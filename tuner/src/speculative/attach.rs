@@ -96,7 +96,7 @@ fn draft_settings(w: &Winner, s: &Setup) -> anyhow::Result<DraftSettings> {
     let id = ModelIdentity::of_file(&w.draft)
         .with_context(|| format!("{}: cannot read", w.draft.display()))?;
     let info = GgufInfo::inspect(&w.draft).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let model = evaluate::draft_model(&w.draft, &info, &s.settings, &s.context);
+    let model = evaluate::draft_model(&w.draft, &info, &s.settings, &s.context).placed(w.placement);
     Ok(DraftSettings {
         path: w.draft.clone(),
         file_name: id.file_name,

@@ -7,12 +7,13 @@ use super::prompts::Prompt;
 use super::report::SpeculationReport;
 use super::search::{self, Candidate, DraftEntry, SearchSettings};
 use super::serve::{CheckRequest, DraftModel, FootprintRequest};
-use super::{compat, discover, Grid};
+use super::{compat, discover, DraftPlacement, Grid};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::trial::Worker;
 use crate::worker::{DeviceBytes, Request, Response};
 use search_space::gguf::GgufInfo;
 use search_space::size::format_size;
+use search_space::CacheType;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -86,6 +87,28 @@ pub fn draft_model(
     }
 }
 
+/// The draft placements tried besides the default one: the draft on the CPU when the target
+/// offloads (it frees the GPU for the target and costs the draft little when it is small), and a q8_0
+/// KV cache for the draft when the target's is wider (half the draft's cache memory).
+pub fn alternative_placements(default: &DraftModel) -> Vec<DraftPlacement> {
+    let base = default.placement();
+    let mut out = Vec::new();
+    if base.type_k != CacheType::Q8_0 || base.type_v != CacheType::Q8_0 {
+        out.push(DraftPlacement {
+            type_k: CacheType::Q8_0,
+            type_v: CacheType::Q8_0,
+            ..base
+        });
+    }
+    if base.n_gpu_layers > 0 {
+        out.push(DraftPlacement {
+            n_gpu_layers: 0,
+            ..base
+        });
+    }
+    out
+}
+
 pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> SpeculationReport {
     let started = Instant::now();
     let files = draft_files(&s.target, &s.target_info, &s.drafts);
@@ -141,7 +164,34 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
                                 match overflow(t, &d, &s.budgets) {
                                     Some(why) => format!("does not fit: {why}"),
                                     None => {
-                                        candidate = Some(Candidate { model });
+                                        // The other placements, each with its own dry run: only
+                                        // those that fit beside the target are measured.
+                                        let mut alternatives = Vec::new();
+                                        for p in alternative_placements(&model) {
+                                            let alt = model.placed(p);
+                                            progress(&format!(
+                                                "{}: memory with {} (dry run)",
+                                                path.display(),
+                                                p.label()
+                                            ));
+                                            if let Ok(d) = footprint(
+                                                &mut helper,
+                                                s,
+                                                &path,
+                                                &alt.settings,
+                                                &alt.context,
+                                                DraftModel::N_OUTPUTS_MAX,
+                                                stop,
+                                            ) {
+                                                if overflow(t, &d, &s.budgets).is_none() {
+                                                    alternatives.push(alt);
+                                                }
+                                            }
+                                        }
+                                        candidate = Some(Candidate {
+                                            model,
+                                            alternatives,
+                                        });
                                         "measured".to_string()
                                     }
                                 }

@@ -21,7 +21,31 @@ pub mod report;
 pub mod search;
 pub mod serve;
 
+use search_space::CacheType;
 use serde::{Deserialize, Serialize};
+
+/// Where the draft runs and how it caches: its own GPU layers (llama-server's `-ngld`) and its
+/// KV-cache types (`-ctkd`/`-ctvd`). Searched after the draft settings: by default the draft follows
+/// the target (all layers offloaded when the target offloads any, the target's KV types), and the
+/// alternatives that fit (the draft on the CPU, a q8_0 draft KV cache) are measured with the best
+/// draft settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DraftPlacement {
+    pub n_gpu_layers: u32,
+    pub type_k: CacheType,
+    pub type_v: CacheType,
+}
+
+impl DraftPlacement {
+    pub fn label(&self) -> String {
+        format!(
+            "ngld {} kv {}/{}",
+            self.n_gpu_layers,
+            self.type_k.as_str(),
+            self.type_v.as_str()
+        )
+    }
+}
 
 /// How the draft drafts, as llama-server's `--spec-draft-n-max`, `--spec-draft-n-min` and
 /// `--spec-draft-p-min` name it.

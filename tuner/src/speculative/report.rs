@@ -127,10 +127,11 @@ impl SpeculationReport {
     fn conclude(&self) -> String {
         if let Some(w) = &self.winner {
             return format!(
-                "speculative decoding pays: {} ({}) generates {:.1} t/s against {:.1} t/s for the target alone \
+                "speculative decoding pays: {} ({}, {}) generates {:.1} t/s against {:.1} t/s for the target alone \
                  ({:+.0}%, 95% CI [{:+.0}%, {:+.0}%]), acceptance {:.0}%, {:.2} tokens per target decode",
                 name(&w.draft),
                 w.params.label(),
+                w.placement.label(),
                 w.tg.median,
                 w.baseline_tg.median,
                 w.comparison.ratio * 100.0,
@@ -179,10 +180,13 @@ impl SpeculationReport {
                     },
                 };
                 format!(
-                    "no draft pays: the best, {} ({}), generated {:.1} t/s against {:.1} t/s for the target alone ({why}); \
+                    "no draft pays: the best, {} ({}{}), generated {:.1} t/s against {:.1} t/s for the target alone ({why}); \
                      acceptance {:.0}%, {:.2} tokens per target decode",
                     name(&d.path),
                     t.params.map(|p| p.label()).unwrap_or_default(),
+                    t.placement
+                        .map(|p| format!(", {}", p.label()))
+                        .unwrap_or_default(),
                     tg,
                     base,
                     t.acceptance * 100.0,
@@ -259,6 +263,7 @@ impl SpeculationReport {
                 "n_max",
                 "n_min",
                 "p_min",
+                "placement",
                 "accepted",
                 "tok/decode",
                 "tg t/s",
@@ -284,10 +289,9 @@ impl SpeculationReport {
                 let status = match (&trial.failure, &trial.skipped) {
                     (Some(f), _) => format!("failed: {f}"),
                     (None, Some(s)) => format!("skipped: {s}"),
-                    _ if self
-                        .winner
-                        .as_ref()
-                        .is_some_and(|w| w.draft == d.path && w.params == p) =>
+                    _ if self.winner.as_ref().is_some_and(|w| {
+                        w.draft == d.path && w.params == p && Some(w.placement) == trial.placement
+                    }) =>
                     {
                         "winner".into()
                     }
@@ -299,6 +303,7 @@ impl SpeculationReport {
                     Cell::new(p.n_max),
                     Cell::new(p.n_min),
                     Cell::new(format!("{:.2}", p.p_min)),
+                    Cell::new(trial.placement.map_or("-".into(), |x| x.label())),
                     Cell::new(if measured {
                         format!("{:.0}%", trial.acceptance * 100.0)
                     } else {

@@ -18,7 +18,7 @@
 
 use super::prompts::Prompt;
 use super::serve::{DraftModel, PromptRun, SpeculateRequest};
-use super::{DraftParams, Grid};
+use super::{DraftParams, DraftPlacement, Grid};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::stats::{self, Comparison, Sample, Summary, Verdict};
 use crate::trial::{TrialFailure, Worker};
@@ -50,7 +50,10 @@ pub struct SearchSettings {
 #[derive(Debug, Clone, Serialize)]
 pub struct Trial {
     pub params: Option<DraftParams>,
-    /// `grid`, `n_min` or `baseline`.
+    /// The draft's GPU layers and KV types (None for the target alone).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<DraftPlacement>,
+    /// `grid`, `n_min`, `placement` or `baseline`.
     pub stage: String,
     /// Effective generation speed of each pass over the prompt set (tokens/s), the final
     /// comparison's rounds included.
@@ -87,9 +90,10 @@ pub struct KindAcceptance {
 }
 
 impl Trial {
-    fn new(params: Option<DraftParams>, stage: &str) -> Trial {
+    fn new(params: Option<DraftParams>, placement: Option<DraftPlacement>, stage: &str) -> Trial {
         Trial {
             params,
+            placement,
             stage: stage.into(),
             tg_tps: Vec::new(),
             acceptance: 0.0,
@@ -128,7 +132,20 @@ impl Trial {
 /// A draft to measure, as the worker loads it.
 #[derive(Debug, Clone)]
 pub struct Candidate {
+    /// The default placement (the draft follows the target).
     pub model: DraftModel,
+    /// Other placements that fit beside the target, tried with the best draft settings.
+    pub alternatives: Vec<DraftModel>,
+}
+
+impl Candidate {
+    /// The model as a trial placed it.
+    fn placed(&self, placement: Option<DraftPlacement>) -> &DraftModel {
+        self.alternatives
+            .iter()
+            .find(|m| Some(m.placement()) == placement)
+            .unwrap_or(&self.model)
+    }
 }
 
 /// The outcome for one draft file.
@@ -151,6 +168,7 @@ pub struct DraftEntry {
 pub struct Winner {
     pub draft: PathBuf,
     pub params: DraftParams,
+    pub placement: DraftPlacement,
     pub tg: Summary,
     pub baseline_tg: Summary,
     /// Median of the paired ratios, minus 1 (0.25: 25 % faster), with its interval.
@@ -203,7 +221,7 @@ pub fn run(
         started: Instant::now(),
         reference: Vec::new(),
     };
-    let mut baseline = Trial::new(None, "baseline");
+    let mut baseline = Trial::new(None, None, "baseline");
     progress("the target alone (baseline)");
     let first = r
         .pass(None)
@@ -216,12 +234,13 @@ pub fn run(
         if entry.status != "measured" {
             continue;
         }
+        let home = Some(cand.model.placement());
         let mut best: Option<(f64, DraftParams)> = None;
         let mut failures = 0;
         'lines: for line in s.grid.first_stage() {
             let mut previous: Option<(f64, u32)> = None;
             for (k, params) in line.iter().enumerate() {
-                let mut t = Trial::new(Some(*params), "grid");
+                let mut t = Trial::new(Some(*params), home, "grid");
                 if let Some(why) = r.out_of_time() {
                     t.skipped = Some(why);
                     entry.trials.push(t);
@@ -256,7 +275,7 @@ pub fn run(
                 entry.trials.push(t);
                 if let Some((_, n)) = slower {
                     for rest in &line[k + 1..] {
-                        let mut skip = Trial::new(Some(*rest), "grid");
+                        let mut skip = Trial::new(Some(*rest), home, "grid");
                         skip.skipped = Some(format!("longer drafts got slower from n_max {n} on"));
                         entry.trials.push(skip);
                     }
@@ -267,7 +286,7 @@ pub fn run(
         }
         if let Some((_, best)) = best {
             for params in s.grid.n_min_variants(best) {
-                let mut t = Trial::new(Some(params), "n_min");
+                let mut t = Trial::new(Some(params), home, "n_min");
                 if let Some(why) = r.out_of_time() {
                     t.skipped = Some(why);
                 } else {
@@ -277,6 +296,38 @@ pub fn run(
                         params.label()
                     ));
                     match r.pass(Some((&cand.model, params))) {
+                        Ok(runs) => r.record(&mut t, &runs),
+                        Err(e) => t.failure = Some(e),
+                    }
+                }
+                entry.trials.push(t);
+            }
+        }
+        // The draft's other placements, with the best settings so far.
+        let best = entry
+            .trials
+            .iter()
+            .filter(|t| t.ok())
+            .max_by(|a, b| {
+                a.median_tg()
+                    .unwrap_or(0.0)
+                    .total_cmp(&b.median_tg().unwrap_or(0.0))
+            })
+            .and_then(|t| t.params);
+        if let Some(best) = best {
+            for alt in &cand.alternatives {
+                let placement = alt.placement();
+                let mut t = Trial::new(Some(best), Some(placement), "placement");
+                if let Some(why) = r.out_of_time() {
+                    t.skipped = Some(why);
+                } else {
+                    (r.progress)(&format!(
+                        "{} {} {}",
+                        file_name(&alt.path),
+                        best.label(),
+                        placement.label()
+                    ));
+                    match r.pass(Some((alt, best))) {
                         Ok(runs) => r.record(&mut t, &runs),
                         Err(e) => t.failure = Some(e),
                     }
@@ -359,15 +410,16 @@ fn confirm(
                 let cand = candidates[e]
                     .as_ref()
                     .expect("measured entries have candidates");
-                let params = entries[e].trials[i]
-                    .params
-                    .expect("draft trials have params");
+                let trial = &entries[e].trials[i];
+                let params = trial.params.expect("draft trials have params");
+                let model = cand.placed(trial.placement);
                 (r.progress)(&format!(
-                    "final comparison, round {}/{reps}: {}",
+                    "final comparison, round {}/{reps}: {} {}",
                     round + 1,
-                    params.label()
+                    params.label(),
+                    model.placement().label()
                 ));
-                r.pass(Some((&cand.model, params)))
+                r.pass(Some((model, params)))
             };
             match measured {
                 Ok(runs) => rounds[slot].push(rate(&runs)),
@@ -407,6 +459,11 @@ fn confirm(
             best = Some(Winner {
                 draft: entries[e].path.clone(),
                 params: trial.params.expect("draft trial"),
+                placement: candidates[e]
+                    .as_ref()
+                    .expect("measured entries have candidates")
+                    .placed(trial.placement)
+                    .placement(),
                 tg: tg.summary(),
                 baseline_tg: base.summary(),
                 comparison: cmp,

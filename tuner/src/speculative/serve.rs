@@ -77,6 +77,24 @@ impl DraftModel {
     /// Outputs per batch of the draft's context: it only ever needs the last token's logits
     /// (llama-server's draft context has the same limit).
     pub const N_OUTPUTS_MAX: u32 = 1;
+
+    /// Its GPU layers and KV-cache types.
+    pub fn placement(&self) -> super::DraftPlacement {
+        super::DraftPlacement {
+            n_gpu_layers: self.settings.n_gpu_layers,
+            type_k: self.context.type_k,
+            type_v: self.context.type_v,
+        }
+    }
+
+    /// The same draft placed otherwise.
+    pub fn placed(&self, p: super::DraftPlacement) -> DraftModel {
+        let mut m = self.clone();
+        m.settings.n_gpu_layers = p.n_gpu_layers;
+        m.context.type_k = p.type_k;
+        m.context.type_v = p.type_v;
+        m
+    }
 }
 
 /// Generate `n_gen` tokens (fewer when the model ends the text) after each prompt, greedily.
