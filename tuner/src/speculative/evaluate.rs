@@ -365,6 +365,56 @@ mod tests {
     }
 
     #[test]
+    fn the_drafts_other_placements_are_a_q8_0_cache_and_the_cpu() {
+        let context = ContextSettings {
+            n_ctx: 512,
+            n_batch: 512,
+            n_ubatch: 512,
+            threads: 1,
+            type_k: CacheType::F16,
+            type_v: CacheType::F16,
+            flash_attn: search_space::FlashAttn::Auto,
+        };
+        let target = ModelSettings {
+            n_gpu_layers: 0,
+            devices: Vec::new(),
+            use_extra_bufts: true,
+            no_alloc: false,
+            rpc: Vec::new(),
+            n_cpu_moe: 0,
+            tensor_overrides: Vec::new(),
+            tensor_split: Vec::new(),
+        };
+        let path = Path::new("d.gguf");
+        let info = tiny_info(path);
+        let cpu = draft_model(path, &info, &target, &context);
+        let alts = alternative_placements(&cpu);
+        assert_eq!(alts.len(), 1, "no GPU: only the KV type varies");
+        assert_eq!((alts[0].type_k, alts[0].n_gpu_layers), (CacheType::Q8_0, 0));
+        let gpu = draft_model(
+            path,
+            &info,
+            &ModelSettings {
+                n_gpu_layers: 99,
+                ..target
+            },
+            &ContextSettings {
+                type_k: CacheType::Q8_0,
+                type_v: CacheType::Q8_0,
+                ..context
+            },
+        );
+        assert!(
+            gpu.settings.n_gpu_layers > 0,
+            "the draft follows the target"
+        );
+        let alts = alternative_placements(&gpu);
+        assert_eq!(alts.len(), 1, "q8_0 already: only the CPU placement");
+        assert_eq!(alts[0].n_gpu_layers, 0);
+        assert_eq!(gpu.placed(alts[0]).placement(), alts[0]);
+    }
+
+    #[test]
     fn auto_means_the_files_beside_the_target() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("t.gguf");
