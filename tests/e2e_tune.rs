@@ -114,7 +114,17 @@ fn an_interrupted_run_resumes_without_re_measuring() {
     ];
     args.extend_from_slice(SHORT_WORKLOAD);
     args.extend_from_slice(&["--threads", "2", "--flash-attn", "auto", "--ubatch", "512"]);
-    let mut child = sb
+    // Nothing to resume yet: --resume says so (bad usage) and measures nothing.
+    let mut nothing = args.clone();
+    nothing.push("--resume");
+    let o = sb.run(&nothing);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no earlier measurements"),
+        "{}",
+        stderr(&o)
+    );
+    let child = sb
         .cmd()
         .args(&args)
         .stdout(std::process::Stdio::piped())
@@ -159,6 +169,7 @@ fn an_interrupted_run_resumes_without_re_measuring() {
     let before = records_per_candidate(&log);
     assert!(before.values().sum::<usize>() >= 3);
 
+    args.push("--resume");
     let o = sb.run(&args);
     assert!(o.status.success(), "{}", stderr(&o));
     let report: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();

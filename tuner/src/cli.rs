@@ -181,8 +181,13 @@ pub struct TuneArgs {
     pub trial_timeout: String,
 
     /// Ignore measurements of earlier runs (by default they are reused when still valid)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "resume")]
     pub fresh: bool,
+
+    /// Continue an interrupted run (Ctrl-C): reuse what it measured and measure only the rest. Running
+    /// the same command again does the same; --resume also fails when there is nothing to resume
+    #[arg(long)]
+    pub resume: bool,
 
     /// Also write the profile to this file
     #[arg(short, long)]

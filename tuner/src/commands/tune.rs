@@ -337,6 +337,16 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     let mut log = MeasurementLog::open(&log_path, log_context, !args.fresh)
         .with_context(|| format!("cannot open the measurement log {}", log_path.display()))?;
     let reused = log.previous_count();
+    if args.resume && reused == 0 {
+        return Err(Exit::new(
+            exit::USAGE,
+            format!(
+                "--resume: no earlier measurements of this model, workload, machine and llama.cpp build in {}; run without --resume",
+                log_path.display()
+            ),
+        )
+        .into());
+    }
     if log.corrupt_lines > 0 {
         eprintln!(
             "autotune: warning: {} corrupt lines in {} were ignored",
@@ -486,7 +496,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     if interrupted {
         emit(&report, args)?;
         eprintln!(
-            "autotune: interrupted; {} measurements kept in {}. Run the same command again to resume (it reuses them).",
+            "autotune: interrupted; {} measurements kept in {}. Run the same command again (or add --resume) to continue: it reuses them.",
             log.appended + reused,
             log.path().display()
         );
