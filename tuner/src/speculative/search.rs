@@ -201,6 +201,9 @@ struct Runner<'a> {
     stop: &'a dyn Fn() -> bool,
     progress: &'a dyn Fn(&str),
     started: Instant,
+    /// The grid's share of the budget used up to the end of the current draft's turn: each draft
+    /// gets an equal share, and what one leaves unused passes to the next.
+    grid_share: f64,
     reference: Vec<Vec<i32>>,
 }
 
@@ -219,6 +222,7 @@ pub fn run(
         stop,
         progress,
         started: Instant::now(),
+        grid_share: 1.0,
         reference: Vec::new(),
     };
     let mut baseline = Trial::new(None, None, "baseline");
@@ -229,11 +233,20 @@ pub fn run(
     r.reference = first.iter().map(|p| p.tokens.clone()).collect();
     r.record(&mut baseline, &first);
 
+    let n_drafts = entries
+        .iter()
+        .zip(candidates)
+        .filter(|(e, c)| c.is_some() && e.status == "measured")
+        .count()
+        .max(1);
+    let mut turn = 0;
     for (entry, cand) in entries.iter_mut().zip(candidates) {
         let Some(cand) = cand else { continue };
         if entry.status != "measured" {
             continue;
         }
+        turn += 1;
+        r.grid_share = turn as f64 / n_drafts as f64;
         let home = Some(cand.model.placement());
         let mut best: Option<(f64, DraftParams)> = None;
         let mut failures = 0;
@@ -343,6 +356,19 @@ pub fn run(
         }
     }
 
+    r.grid_share = 1.0;
+    // A draft whose every setting was skipped was not measured, whatever the checks said.
+    for entry in entries.iter_mut() {
+        if entry.status == "measured"
+            && !entry.trials.is_empty()
+            && entry.trials.iter().all(|t| t.skipped.is_some())
+        {
+            entry.status = format!(
+                "not measured: {}",
+                entry.trials[0].skipped.clone().unwrap_or_default()
+            );
+        }
+    }
     let interrupted = (r.stop)();
     let budget_spent = r.out_of_time().is_some() && !interrupted;
     let mut outcome = Outcome {
@@ -508,7 +534,7 @@ impl Runner<'_> {
             return Some("interrupted".into());
         }
         let grid_time = self.s.budget.mul_f64(2.0 / 3.0);
-        (self.started.elapsed() > grid_time).then(|| {
+        (self.started.elapsed() > grid_time.mul_f64(self.grid_share)).then(|| {
             format!(
                 "the grid's share of the time budget ({} s of {} s) ran out",
                 grid_time.as_secs(),
