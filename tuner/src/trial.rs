@@ -37,6 +37,17 @@ impl Worker {
         // Own process group: a Ctrl-C in the terminal reaches the tuner only, which then stops its
         // workers itself (so an interrupt is not mistaken for a crashed candidate).
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        // A worker outlives nothing: if autotune itself is killed (SIGKILL, a crash), the kernel kills
+        // the worker instead of leaving it measuring on a machine the user thinks is idle. (Workers are
+        // spawned from the main thread, whose exit is the process's.)
+        #[cfg(target_os = "linux")]
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
         let mut child = cmd.spawn()?;
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");
