@@ -307,7 +307,8 @@ impl Report {
     }
 }
 
-fn truncate(s: &str, n: usize) -> String {
+/// `s` cut to `n` characters, with an ellipsis when it was longer (table cells).
+pub(crate) fn truncate(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_string()
     } else {

@@ -8,6 +8,7 @@
 
 use super::ladder::{Ladder, Rejected};
 use super::quality::{fmt_kld, QualityTable};
+use crate::report::truncate;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use profiles::Figures;
 use search_space::size::format_size;
@@ -273,14 +274,6 @@ impl JointReport {
             s.push_str(&format!("profile   {}\n", p.display()));
         }
         s
-    }
-}
-
-fn truncate(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        format!("{}…", s.chars().take(n).collect::<String>())
     }
 }
 
