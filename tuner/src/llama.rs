@@ -253,6 +253,23 @@ pub struct ModelSettings {
     pub tensor_split: Vec<u32>,
 }
 
+impl Default for ModelSettings {
+    /// llama.cpp's own defaults on this machine's devices: nothing offloaded, extra buffer types
+    /// (weight repack / AMX) on, a real load.
+    fn default() -> Self {
+        ModelSettings {
+            n_gpu_layers: 0,
+            devices: Vec::new(),
+            use_extra_bufts: true,
+            no_alloc: false,
+            rpc: Vec::new(),
+            n_cpu_moe: 0,
+            tensor_overrides: Vec::new(),
+            tensor_split: Vec::new(),
+        }
+    }
+}
+
 /// A buffer type by its ggml name (`CPU`, `RPC0[127.0.0.1:50052]`, `CUDA0`) or its device's name.
 pub fn buffer_type_by_name(name: &str) -> Option<sys::ggml_backend_buffer_type_t> {
     // SAFETY: registry getters; names are static strings.

@@ -33,6 +33,8 @@ pub struct Report {
     pub baseline_figures: Option<Figures>,
     /// The winner and runner-up re-measured at the end: relative change of their medians.
     pub confirm_drift: Vec<(String, f64)>,
+    /// The candidates measured again at the end (the winner and the runner-up before confirmation).
+    pub confirmed: Vec<Candidate>,
     pub profile_path: Option<PathBuf>,
     pub measurement_log: Option<PathBuf>,
     pub notes: Vec<String>,

@@ -395,6 +395,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         engine.run()
     };
     let mut confirm_drift = Vec::new();
+    let mut confirmed = Vec::new();
     if let Some(w) = winner.clone() {
         if !engine.interrupted {
             let board = report::leaderboard(&engine.results, &workload, noise, seed);
@@ -403,6 +404,9 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
                 .filter(|e| e.figures.is_some())
                 .map(|e| e.candidate.clone())
                 .find(|c| c != &w);
+            confirmed = std::iter::once(w.clone())
+                .chain(runner_up.clone())
+                .collect();
             // The confirmation rounds run within the budget (they stop when it is spent).
             confirm_drift = engine
                 .confirm(&w, runner_up.as_ref())
@@ -487,6 +491,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         baseline: Some(baseline.clone()),
         baseline_figures: baseline_figures.clone(),
         confirm_drift,
+        confirmed,
         profile_path: None,
         measurement_log: Some(log.path().to_path_buf()),
         notes,

@@ -153,13 +153,7 @@ thread_local! {
 fn load(path: &Path, n_gpu_layers: u32) -> Result<Arc<Model>, String> {
     let settings = |ngl| ModelSettings {
         n_gpu_layers: ngl,
-        devices: Vec::new(),
-        use_extra_bufts: true,
-        no_alloc: false,
-        rpc: Vec::new(),
-        n_cpu_moe: 0,
-        tensor_overrides: Vec::new(),
-        tensor_split: Vec::new(),
+        ..Default::default()
     };
     match Model::load(path, &settings(n_gpu_layers)) {
         Ok(m) => Ok(Arc::new(m)),

@@ -77,11 +77,8 @@ pub fn draft_model(
             n_gpu_layers,
             devices: target.devices.clone(),
             use_extra_bufts: target.use_extra_bufts,
-            no_alloc: false,
             rpc: target.rpc.clone(),
-            n_cpu_moe: 0,
-            tensor_overrides: Vec::new(),
-            tensor_split: Vec::new(),
+            ..Default::default()
         },
         context: context.clone(),
     }
@@ -375,16 +372,7 @@ mod tests {
             type_v: CacheType::F16,
             flash_attn: search_space::FlashAttn::Auto,
         };
-        let target = ModelSettings {
-            n_gpu_layers: 0,
-            devices: Vec::new(),
-            use_extra_bufts: true,
-            no_alloc: false,
-            rpc: Vec::new(),
-            n_cpu_moe: 0,
-            tensor_overrides: Vec::new(),
-            tensor_split: Vec::new(),
-        };
+        let target = ModelSettings::default();
         let path = Path::new("d.gguf");
         let info = tiny_info(path);
         let cpu = draft_model(path, &info, &target, &context);
