@@ -237,7 +237,14 @@ impl WorkerState {
             if load.is_some() {
                 // Warm-up, discarded: first touches of weights and buffers, thread pool start.
                 ctx.clear();
-                ctx.decode(&mut tokens.prompt(w.n_prompt.min(ctx_batch(m)).max(1)))?;
+                // The warm-up's prompt plus its 4 tokens must fit the context: a prompt as long as
+                // the context would otherwise leave no KV slot for them.
+                let n = w
+                    .n_prompt
+                    .min(ctx_batch(m))
+                    .min(m.context.n_ctx.saturating_sub(4))
+                    .max(1);
+                ctx.decode(&mut tokens.prompt(n))?;
                 for _ in 0..4 {
                     ctx.decode(&mut [tokens.next()])?;
                 }
