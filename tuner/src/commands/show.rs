@@ -49,28 +49,29 @@ pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
         }
         return Ok(exit::OK);
     };
-    let stored =
-        if target.extension().is_some_and(|e| e == "toml") {
-            StoredProfile::read(target).map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?
-        } else {
-            crate::commands::tune::inspect_model(target)?;
-            let id = ModelIdentity::of_file(target)?;
-            let doctor = crate::commands::doctor::probe(cli.verbose, &[])?;
-            match store
-                .find(&doctor.machine.fingerprint, &id.fingerprint)
-                .map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?
-            {
-                Some(p) => p,
-                None => return Err(Exit::new(
+    let stored = if target.extension().is_some_and(|e| e == "toml") {
+        StoredProfile::read(target).map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?
+    } else {
+        crate::commands::tune::inspect_model(target)?;
+        let id = ModelIdentity::of_file(target)?;
+        let doctor = crate::commands::doctor::probe(cli.verbose, &[])?;
+        match store
+            .find(&doctor.machine.fingerprint, &id.fingerprint)
+            .map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?
+        {
+            Some(p) => p,
+            None => {
+                return Err(Exit::new(
                     exit::BAD_PROFILE,
                     format!(
                         "{}: no profile for this model on this machine; run `autotune {}` first",
                         target.display(),
                         target.display()
                     ),
-                )),
+                ))
             }
-        };
+        }
+    };
     for w in &stored.warnings {
         eprintln!("autotune: warning: {}: {w}", stored.path.display());
     }
