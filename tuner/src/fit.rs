@@ -8,11 +8,11 @@
 //! free memory per device: the margin is set to free − budget so that each device's usable memory is
 //! its autotune budget.
 
-use crate::llama::{self, LlamaError};
+use crate::llama::{self, cstr, LlamaError};
 use crate::worker::Response;
 use llama_cpp_sys_2 as sys;
 use serde::{Deserialize, Serialize};
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -81,8 +81,8 @@ fn model_devices() -> Vec<(sys::ggml_backend_dev_t, String)> {
             if t != sys::GGML_BACKEND_DEVICE_TYPE_GPU && t != sys::GGML_BACKEND_DEVICE_TYPE_IGPU {
                 continue;
             }
-            let name = name_of(sys::ggml_backend_dev_name(dev));
-            let reg = name_of(sys::ggml_backend_reg_name(
+            let name = cstr(sys::ggml_backend_dev_name(dev));
+            let reg = cstr(sys::ggml_backend_reg_name(
                 sys::ggml_backend_dev_backend_reg(dev),
             ));
             if reg == "RPC" {
@@ -94,17 +94,6 @@ fn model_devices() -> Vec<(sys::ggml_backend_dev_t, String)> {
     }
     rpc.extend(other);
     rpc
-}
-
-/// # Safety
-/// `p` is null or a NUL-terminated string.
-unsafe fn name_of(p: *const std::ffi::c_char) -> String {
-    if p.is_null() {
-        String::new()
-    } else {
-        // SAFETY: per the contract above.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    }
 }
 
 /// Runs `common_fit_params` (worker side).
@@ -201,13 +190,13 @@ pub fn serve(r: &FitRequest) -> Response {
             let (pattern, buffer_type, device) = unsafe {
                 let dev = sys::ggml_backend_buft_get_device(o.buft);
                 (
-                    name_of(o.pattern),
-                    name_of(sys::ggml_backend_buft_name(o.buft)),
+                    cstr(o.pattern),
+                    cstr(sys::ggml_backend_buft_name(o.buft)),
                     // The host's buffer type has no device of its own here: it is the CPU.
                     if dev.is_null() {
                         "CPU".to_string()
                     } else {
-                        name_of(sys::ggml_backend_dev_name(dev))
+                        cstr(sys::ggml_backend_dev_name(dev))
                     },
                 )
             };

@@ -220,7 +220,9 @@ pub fn build_info() -> (String, String) {
 /// llama.cpp's version (its CMakeLists' LLAMA_VERSION) of the sources llama-cpp-sys-2 0.1.161 vendors.
 pub const LLAMA_VERSION: &str = "0.6.0-dev";
 
-unsafe fn cstr(p: *const c_char) -> String {
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+pub(crate) unsafe fn cstr(p: *const c_char) -> String {
     if p.is_null() {
         String::new()
     } else {

@@ -122,8 +122,6 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
     };
     let settings = ModelSettings {
         n_gpu_layers,
-        devices: Vec::new(),
-        use_extra_bufts: true,
         no_alloc: true,
         rpc: a.rpc.clone(),
         n_cpu_moe: n_cpu_moe.unwrap_or(0),
@@ -137,9 +135,9 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
                 .collect()
         },
         tensor_split: answer.tensor_split.iter().map(|v| *v as u32).collect(),
+        ..Default::default()
     };
     let server_args = server_args(&answer, &settings, &a.rpc);
-    let report_ngl = n_gpu_layers;
 
     // autotune's prediction of that placement, with llama.cpp's default context settings.
     let dry = MeasureRequest {
@@ -190,7 +188,7 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
         model,
         n_ctx: answer.n_ctx,
         status: answer.status_name(),
-        n_gpu_layers: report_ngl,
+        n_gpu_layers,
         n_cpu_moe,
         server_args,
         memory_safe: prediction_error.is_none() && predicted.iter().all(|p| p.within_budget),
@@ -261,7 +259,10 @@ fn print_report(r: &FitReport) {
     if r.status != "success" {
         println!("  fit log: {}", f.log_tail);
     }
-    println!("llama-server flags  {}", shell_words(&r.server_args));
+    println!(
+        "llama-server flags  {}",
+        profiles::shell_quote(&r.server_args)
+    );
     println!("autotune's dry-run prediction of this placement");
     if let Some(e) = &r.prediction_error {
         println!("  {e}");
@@ -279,20 +280,4 @@ fn print_report(r: &FitReport) {
         "memory-safe (every device within its budget): {}",
         if r.memory_safe { "yes" } else { "no" }
     );
-}
-
-/// Arguments quoted for a POSIX shell where they need it (patterns hold `\`, `|`, `(`).
-fn shell_words(args: &[String]) -> String {
-    args.iter()
-        .map(|a| {
-            if a.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.,:/=".contains(c))
-            {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', "'\\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
 }
