@@ -52,6 +52,18 @@ build_release() {
     cargo clean --release -p tuner -p profiles -p search-space >&2 2>&1 || true
   fi
   mkdir -p "$CARGO_TARGET_DIR" && printf '%s' "$here" >"$stamp"
+  # cmake-rs never re-configures an existing llama.cpp build dir, so a dir configured with other
+  # settings than .cargo/config.toml's (an older checkout's -O2 build) is removed once.
+  local cache
+  for cache in "$CARGO_TARGET_DIR"/release/build/llama-cpp-sys-2-*/out/build/CMakeCache.txt; do
+    [ -f "$cache" ] || continue
+    if ! grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$cache" ||
+      ! grep -q '^CMAKE_CXX_FLAGS_RELEASE:.*-fno-dse' "$cache"; then
+      echo "llama.cpp was configured with other build settings; rebuilding it (~15 min)" >&2
+      cargo clean --release -p llama-cpp-sys-2 >&2 2>&1 || true
+      break
+    fi
+  done
   echo "building autotune (the first build compiles llama.cpp with every CPU variant: ~15 min on 2 cores)" >&2
   cargo build --release --locked -p tuner >&2
 }
