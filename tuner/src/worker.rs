@@ -408,8 +408,8 @@ pub fn thread_stack_bytes(maps: &str) -> u64 {
         if anonymous && perms.starts_with("rw") && guard_end == Some(start) {
             total += end.saturating_sub(start);
         }
-        guard_end = (anonymous && perms == "---p" && end.saturating_sub(start) <= MAX_GUARD)
-            .then_some(end);
+        guard_end =
+            (anonymous && perms == "---p" && end.saturating_sub(start) <= MAX_GUARD).then_some(end);
     }
     total
 }
