@@ -28,7 +28,7 @@ pub use profile::{
     DeviceRef, Figures, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef, Profile,
     ProfileSummary, Workload, SCHEMA_VERSION,
 };
-pub use roofline::Roofline;
+pub use roofline::{DeviceBandwidth, Roofline};
 pub use server_args::{draft_options, server_args, server_options, shell_quote, ServerOption};
 pub use store::{write_atomic, Store, StoreEntry, StoreLock, StoredProfile, PROFILE_DIR_ENV};
 pub use validate::{is_device_name, MAX_BATCH, MAX_CTX, MAX_GPU_LAYERS, MAX_THREADS};

@@ -41,6 +41,20 @@ pub struct Roofline {
     /// How the bandwidth was measured, in one line.
     #[serde(default)]
     pub bandwidth_method: String,
+    /// The memory read bandwidth of each non-CPU device of the run, measured with that device's own
+    /// kernels; empty when there was none (or for profiles written before it was measured).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_bandwidth: Vec<DeviceBandwidth>,
+}
+
+/// One device's measured memory read bandwidth.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceBandwidth {
+    /// llama.cpp's device name (`CUDA0`, `RPC0`, ...).
+    pub device: String,
+    pub bytes_per_s: f64,
+    /// How it was measured, in one line.
+    pub method: String,
 }
 
 impl Roofline {

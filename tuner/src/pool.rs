@@ -55,7 +55,8 @@ impl WorkerPool {
             | Request::DraftCheck(_)
             | Request::Speculate(_)
             | Request::SpecFootprint(_)
-            | Request::LlamaFit(_) => return Err(TrialFailure::Interrupted),
+            | Request::LlamaFit(_)
+            | Request::Bandwidth(_) => return Err(TrialFailure::Interrupted),
         };
         let key = Self::key(m);
         let idx = match self.workers.iter().position(|(k, _)| *k == key) {

@@ -43,6 +43,18 @@ pub enum Request {
     SpecFootprint(crate::speculative::serve::FootprintRequest),
     /// llama.cpp's own fit (`common_fit_params`) under given budgets (`autotune fit`).
     LlamaFit(crate::fit::FitRequest),
+    /// The read bandwidth of a device's memory with its own kernels (`explain`'s roofline).
+    Bandwidth(BandwidthRequest),
+}
+
+/// Measure a device's memory read bandwidth; RPC servers are connected first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BandwidthRequest {
+    pub device: String,
+    pub rpc: Vec<String>,
+    /// Size of the matrix read.
+    pub bytes: u64,
+    pub passes: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -59,6 +71,11 @@ pub enum Response {
     DraftCheck(crate::speculative::serve::CheckAnswer),
     Speculated(crate::speculative::serve::SpeculateAnswer),
     Fitted(crate::fit::FitAnswer),
+    /// Bytes per second, and the bytes each pass read.
+    Bandwidth {
+        bytes_per_s: f64,
+        bytes: u64,
+    },
 }
 
 /// Entry point of `autotune __worker`: serve requests from stdin until EOF or `Quit`.
@@ -95,11 +112,28 @@ pub fn serve() -> anyhow::Result<()> {
             Request::Speculate(r) => crate::speculative::serve::speculate(&r),
             Request::SpecFootprint(r) => crate::speculative::serve::footprint(&r),
             Request::LlamaFit(r) => crate::fit::serve(&r),
+            Request::Bandwidth(r) => bandwidth(&r),
         };
         writeln!(stdout, "{}", serde_json::to_string(&response)?)?;
         stdout.flush()?;
     }
     Ok(())
+}
+
+fn bandwidth(r: &BandwidthRequest) -> Response {
+    let failed = |stage: &str, e: llama::LlamaError| Response::Failed {
+        stage: stage.into(),
+        message: e.to_string(),
+    };
+    for endpoint in &r.rpc {
+        if let Err(e) = llama::rpc_add_server(endpoint) {
+            return failed("rpc", e);
+        }
+    }
+    match llama::device_read_bandwidth(&r.device, r.bytes, r.passes) {
+        Ok((bytes_per_s, bytes)) => Response::Bandwidth { bytes_per_s, bytes },
+        Err(e) => failed("bandwidth", e),
+    }
 }
 
 #[derive(Default)]

@@ -240,16 +240,19 @@ fn recompute_roofline(profile: &Profile, model: Option<&Path>) -> Option<Rooflin
     ))
 }
 
-/// The roofline of a run's winner, for the profile: the token's reads from the model header and the
-/// CPU's bandwidth measured now (call it after the workers have stopped, on a quiet machine).
-pub fn roofline_for_run(info: &GgufInfo, profile: &Profile) -> Roofline {
+/// The roofline of a run's winner, for the profile: the token's reads from the model header, the
+/// CPU's bandwidth and each non-CPU device's (through `rpc`'s servers where those are the devices),
+/// measured now (call it after the workers have stopped, on a quiet machine).
+pub fn roofline_for_run(info: &GgufInfo, profile: &Profile, rpc: &[String]) -> Roofline {
     let bw = bandwidth::measure_cpu();
-    let offload = !offload_devices(profile).is_empty();
-    roofline::roofline(
+    let devices = offload_devices(profile);
+    let mut r = roofline::roofline(
         info,
         &profile.winner,
         &profile.workload,
-        offload,
+        !devices.is_empty(),
         bw.as_ref(),
-    )
+    );
+    r.device_bandwidth = bandwidth::measure_devices(&devices, rpc);
+    r
 }

@@ -603,7 +603,9 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         profile.notes.push(note);
     }
     // The winner's bandwidth roofline (a ~1 s probe, now that the workers are gone), for `explain`.
-    profile.roofline = Some(crate::commands::explain::roofline_for_run(&info, &profile));
+    profile.roofline = Some(crate::commands::explain::roofline_for_run(
+        &info, &profile, &args.rpc,
+    ));
     profile.refresh_server_args();
     profile
         .validate(false)

@@ -8,10 +8,64 @@
 //! prefetch tuning) of STREAM-like benchmarks, so it reports what ordinary code reaches, which is
 //! also what llama.cpp's kernels reach.
 //!
-//! Only the CPU's memory is measured. The memory of other devices (a GPU, an RPC server) would need
-//! that device's own copy kernels; their bandwidth is reported as not measured.
+//! Other devices (a GPU, an RPC server) are measured with their own kernels, in a worker process:
+//! a matrix-vector product over an f32 matrix in the device's memory (what generating a token does
+//! with each weight matrix), best of a few passes; see `llama::device_read_bandwidth`.
 
 use std::time::{Duration, Instant};
+
+/// The matrix a device's probe reads, and how many timed passes.
+const DEVICE_MATRIX: u64 = 512 << 20;
+const DEVICE_PASSES: u32 = 5;
+
+/// Measures each device's memory read bandwidth (connecting the run's RPC servers first), one
+/// worker for all; a device whose probe fails is left out with a warning on stderr.
+pub fn measure_devices(devices: &[String], rpc: &[String]) -> Vec<profiles::DeviceBandwidth> {
+    use crate::worker::{BandwidthRequest, Request, Response};
+    if devices.is_empty() {
+        return Vec::new();
+    }
+    let mut worker = match crate::trial::Worker::spawn() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("autotune: warning: no device bandwidth probe: {e}");
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for device in devices {
+        let request = Request::Bandwidth(BandwidthRequest {
+            device: device.clone(),
+            rpc: rpc.to_vec(),
+            bytes: DEVICE_MATRIX,
+            passes: DEVICE_PASSES,
+        });
+        match worker.call(&request, Duration::from_secs(120), &|| false) {
+            Ok(Response::Bandwidth { bytes_per_s, bytes }) => out.push(profiles::DeviceBandwidth {
+                device: device.clone(),
+                bytes_per_s,
+                method: format!(
+                    "matrix-vector product over a {} f32 matrix by {device}'s own kernels, best of {DEVICE_PASSES} passes",
+                    search_space::size::format_size(bytes)
+                ),
+            }),
+            Ok(Response::Failed { message, .. }) => {
+                eprintln!("autotune: warning: bandwidth of {device} not measured: {message}")
+            }
+            Ok(_) => eprintln!("autotune: warning: bandwidth of {device} not measured: unexpected answer"),
+            Err(f) => {
+                eprintln!("autotune: warning: bandwidth of {device} not measured: {f}");
+                // The worker is gone; the next device gets a fresh one.
+                match crate::trial::Worker::spawn() {
+                    Ok(w) => worker = w,
+                    Err(_) => return out,
+                }
+            }
+        }
+    }
+    worker.quit();
+    out
+}
 
 /// The smallest and largest buffer the probe reads.
 const MIN_BUFFER: u64 = 256 << 20;

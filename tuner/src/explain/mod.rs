@@ -38,7 +38,13 @@ pub struct Explanation {
 pub enum RooflineScope {
     /// Everything is read by the CPU: the ceiling bounds the whole token.
     Whole,
-    /// Some layers are on offload devices: the ceiling bounds the CPU's share only.
+    /// Some layers are on offload devices whose bandwidth was measured too: the ceiling is the time
+    /// of the CPU's reads plus the devices' reads.
+    Split,
+    /// Everything is on offload devices whose bandwidth was measured: their reads bound the token.
+    Device,
+    /// Some layers are on offload devices whose bandwidth was not measured: the ceiling bounds the
+    /// CPU's share only.
     CpuShare,
     /// No ceiling: the bandwidth was not measured, or nothing is read by the CPU.
     None,
@@ -54,13 +60,15 @@ pub struct RooflineView {
     pub cpu_bytes: u64,
     pub bandwidth_bytes_per_s: Option<f64>,
     pub bandwidth_method: String,
+    /// Each non-CPU device's measured bandwidth.
+    pub device_bandwidth: Vec<profiles::DeviceBandwidth>,
     /// Generation speed compared with the ceiling: at depth when the workload has a depth.
     pub measured_tps: f64,
-    /// Bandwidth ÷ the bytes the CPU reads per token.
+    /// Generation speed if every byte a token reads came at its memory's measured bandwidth.
     pub ceiling_tps: Option<f64>,
     pub percent_of_ceiling: Option<f64>,
     pub scope: RooflineScope,
-    /// The devices holding the rest (for `cpu-share` and a ceiling-less full offload).
+    /// The devices holding the rest (for `split`, `device`, `cpu-share` and a ceiling-less full offload).
     pub offload_devices: Vec<String>,
 }
 
@@ -73,14 +81,29 @@ impl RooflineView {
         } else {
             Vec::new()
         };
-        let ceiling = r
-            .cpu_bandwidth
-            .filter(|b| *b > 0.0 && r.cpu_bytes > 0)
-            .map(|b| b / r.cpu_bytes as f64);
-        let scope = match ceiling {
-            None => RooflineScope::None,
-            Some(_) if offload_devices.is_empty() => RooflineScope::Whole,
-            Some(_) => RooflineScope::CpuShare,
+        let device_bytes = r.bytes_per_token().saturating_sub(r.cpu_bytes) as f64;
+        let cpu_bytes = r.cpu_bytes as f64;
+        let cpu_bw = r.cpu_bandwidth.filter(|b| *b > 0.0);
+        // With several devices the fastest one's bandwidth for all their bytes: still an upper bound.
+        let device_bw = r
+            .device_bandwidth
+            .iter()
+            .filter(|d| offload_devices.contains(&d.device) && d.bytes_per_s > 0.0)
+            .map(|d| d.bytes_per_s)
+            .reduce(f64::max);
+        let (ceiling, scope) = match (offload_devices.is_empty(), cpu_bw, device_bw) {
+            (true, Some(c), _) if r.cpu_bytes > 0 => (Some(c / cpu_bytes), RooflineScope::Whole),
+            (false, _, Some(d)) if r.cpu_bytes == 0 => {
+                (Some(d / device_bytes), RooflineScope::Device)
+            }
+            (false, Some(c), Some(d)) => (
+                Some(1.0 / (cpu_bytes / c + device_bytes / d)),
+                RooflineScope::Split,
+            ),
+            (false, Some(c), None) if r.cpu_bytes > 0 => {
+                (Some(c / cpu_bytes), RooflineScope::CpuShare)
+            }
+            _ => (None, RooflineScope::None),
         };
         Some(RooflineView {
             bytes_per_token: r.bytes_per_token(),
@@ -90,6 +113,7 @@ impl RooflineView {
             cpu_bytes: r.cpu_bytes,
             bandwidth_bytes_per_s: r.cpu_bandwidth,
             bandwidth_method: r.bandwidth_method.clone(),
+            device_bandwidth: r.device_bandwidth.clone(),
             measured_tps: measured,
             ceiling_tps: ceiling,
             percent_of_ceiling: ceiling.map(|c| 100.0 * measured / c),
@@ -113,11 +137,25 @@ impl RooflineView {
             self.kv_tokens
         );
         let devices = self.offload_devices.join(", ");
+        let device_bytes = self.bytes_per_token.saturating_sub(self.cpu_bytes);
         let ceiling = match (self.scope, self.ceiling_tps, self.percent_of_ceiling, self.bandwidth_bytes_per_s) {
             (RooflineScope::Whole, Some(c), Some(p), Some(b)) => format!(
                 "{c:.1} t/s = {}/s ÷ {}; measured {tg} {:.1} t/s is {p:.0}% of it",
                 decimal_bytes(b as u64),
                 decimal_bytes(self.cpu_bytes),
+                self.measured_tps
+            ),
+            (RooflineScope::Split, Some(c), Some(p), _) => format!(
+                "{c:.1} t/s: the CPU reads {} and {devices} {} per token, each at its measured bandwidth; \
+                 measured {tg} {:.1} t/s is {p:.0}% of it",
+                decimal_bytes(self.cpu_bytes),
+                decimal_bytes(device_bytes),
+                self.measured_tps
+            ),
+            (RooflineScope::Device, Some(c), Some(p), _) => format!(
+                "{c:.1} t/s: {devices} reads all {} per token at its measured bandwidth; measured {tg} {:.1} t/s \
+                 is {p:.0}% of it",
+                decimal_bytes(device_bytes),
                 self.measured_tps
             ),
             (RooflineScope::CpuShare, Some(c), Some(p), _) => format!(
@@ -131,11 +169,20 @@ impl RooflineView {
             }
             _ => "not computed: the memory bandwidth was not measured".to_string(),
         };
-        vec![
-            ("bandwidth", bandwidth),
-            ("per token", per_token),
-            ("ceiling", ceiling),
-        ]
+        let mut lines = vec![("bandwidth", bandwidth)];
+        for d in &self.device_bandwidth {
+            lines.push((
+                "device",
+                format!(
+                    "{}: {}/s ({})",
+                    d.device,
+                    decimal_bytes(d.bytes_per_s as u64),
+                    d.method
+                ),
+            ));
+        }
+        lines.extend([("per token", per_token), ("ceiling", ceiling)]);
+        lines
     }
 }
 

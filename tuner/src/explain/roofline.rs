@@ -172,6 +172,7 @@ pub fn roofline(
             || "not measured".to_string(),
             |b| format!("CPU: {}", b.method),
         ),
+        device_bandwidth: Vec::new(),
     }
 }
 

@@ -145,6 +145,7 @@ pub fn cpu_profile() -> profiles::Profile {
         cpu_bytes: 238_372_000,
         cpu_bandwidth: Some(14.2e9),
         bandwidth_method: "CPU: read of a 1.0 GiB buffer by 2 threads, best of 5 passes".into(),
+        device_bandwidth: Vec::new(),
     });
     p.refresh_server_args();
     p
@@ -219,6 +220,12 @@ pub fn rpc_profile() -> profiles::Profile {
         .find(|e| e.candidate == at(12))
         .and_then(|e| e.figures.clone());
     p.winner = winner;
+    p.roofline.as_mut().unwrap().device_bandwidth = vec![profiles::DeviceBandwidth {
+        device: "RPC0".into(),
+        bytes_per_s: 9.6e9,
+        method: "matrix-vector product over a 512.0 MiB f32 matrix by RPC0's own kernels, best of 5 passes"
+            .into(),
+    }];
     p.refresh_server_args();
     p
 }
@@ -252,6 +259,7 @@ fn moe_profile() -> profiles::Profile {
         cpu_bytes: 1_886_291_456,
         cpu_bandwidth: Some(19.0e9),
         bandwidth_method: "CPU: read of a 1.0 GiB buffer by 16 threads, best of 5 passes".into(),
+        device_bandwidth: Vec::new(),
     });
     p.refresh_server_args();
     p
@@ -342,7 +350,8 @@ fn the_roofline_percentage_is_tg_over_bandwidth_per_byte() {
     let ceiling = 14.2e9 / 238_372_000.0;
     assert!((r.ceiling_tps.unwrap() - ceiling).abs() < 1e-9);
     assert!((r.percent_of_ceiling.unwrap() - 100.0 * 41.3 / ceiling).abs() < 1e-9);
-    // Partial offload: only the CPU's share is bounded; full offload: nothing is.
+    // Partial offload to a device whose bandwidth is unknown: only the CPU's share is bounded; full
+    // offload: nothing is.
     let mut partial = p.clone();
     partial.machine.devices = rpc_profile().machine.devices;
     partial.roofline.as_mut().unwrap().cpu_bytes = 100_000_000;
@@ -354,6 +363,34 @@ fn the_roofline_percentage_is_tg_over_bandwidth_per_byte() {
     let full = RooflineView::of(&partial).unwrap();
     assert_eq!((full.scope, full.ceiling_tps), (RooflineScope::None, None));
     assert_eq!(full.offload_devices, ["RPC0"]);
+
+    // With the device's bandwidth measured: the token's time is the CPU's reads at the CPU's
+    // bandwidth plus the device's reads at the device's.
+    let device_bw = rpc_profile().roofline.unwrap().device_bandwidth;
+    let mut split = partial.clone();
+    split.roofline.as_mut().unwrap().device_bandwidth = device_bw.clone();
+    split.roofline.as_mut().unwrap().cpu_bytes = 100_000_000;
+    let r = RooflineView::of(&split).unwrap();
+    assert_eq!(r.scope, RooflineScope::Split);
+    let seconds = 100_000_000.0 / 14.2e9 + 138_372_000.0 / 9.6e9;
+    assert!((r.ceiling_tps.unwrap() - 1.0 / seconds).abs() < 1e-9);
+    let ceiling_line = r
+        .lines(false)
+        .into_iter()
+        .find(|(l, _)| *l == "ceiling")
+        .unwrap()
+        .1;
+    assert!(
+        ceiling_line.contains("the CPU reads 100.0 MB and RPC0 138.4 MB per token"),
+        "{ceiling_line}"
+    );
+    split.roofline.as_mut().unwrap().cpu_bytes = 0;
+    let r = RooflineView::of(&split).unwrap();
+    assert_eq!(r.scope, RooflineScope::Device);
+    assert!((r.ceiling_tps.unwrap() - 9.6e9 / 238_372_000.0).abs() < 1e-9);
+    // A device that is not one the layers went to does not bound anything.
+    split.roofline.as_mut().unwrap().device_bandwidth[0].device = "CUDA0".into();
+    assert_eq!(RooflineView::of(&split).unwrap().scope, RooflineScope::None);
 }
 
 #[test]
