@@ -15,6 +15,26 @@ fn main() {
             }
         }
         println!("cargo:rustc-env=AUTOTUNE_BACKENDS_DIR_BUILD={backends}");
+        // How llama.cpp was compiled (build type and its C++ flags), from its CMake cache: part of
+        // the build's identity, so measurements of a differently optimised build are not reused.
+        let cache = out.join("build").join("CMakeCache.txt");
+        println!("cargo:rerun-if-changed={}", cache.display());
+        if let Ok(text) = std::fs::read_to_string(&cache) {
+            let value = |key: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(key)?.split_once('=').map(|(_, v)| v.trim()))
+                    .filter(|v| !v.is_empty())
+                    .map(str::to_string)
+            };
+            if let Some(build_type) = value("CMAKE_BUILD_TYPE:") {
+                let flags = value(&format!("CMAKE_CXX_FLAGS_{}:", build_type.to_uppercase()));
+                let config = match flags {
+                    Some(f) => format!("{build_type} {f}"),
+                    None => build_type,
+                };
+                println!("cargo:rustc-env=AUTOTUNE_LLAMA_BUILD_CONFIG={config}");
+            }
+        }
     }
     println!("cargo:rustc-link-arg=-Wl,-rpath,$ORIGIN/lib");
 }

@@ -211,6 +211,12 @@ pub fn build_info() -> (String, String) {
     } else {
         commit
     };
+    // The same sources built another way (-O2 vs -O3, other flags) measure differently: the
+    // compiler settings are part of the build's identity (measurement cache keys, profile staleness).
+    let commit = match option_env!("AUTOTUNE_LLAMA_BUILD_CONFIG") {
+        Some(config) => format!("{commit} ({config})"),
+        None => commit,
+    };
     (
         format!("{LLAMA_VERSION} (build {number}, commit {commit})"),
         commit,

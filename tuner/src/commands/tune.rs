@@ -326,9 +326,12 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         .join(format!("{}.jsonl", identity.short()));
     let log_context = measurements::Context {
         model: identity.fingerprint.clone(),
+        // The build's identity includes how llama.cpp was compiled (in the commit string): an -O2
+        // build's figures are not an -O3 build's.
         llama: format!(
-            "{} {}",
+            "{} {} {}",
             llama_build.version,
+            llama_build.commit,
             llama_build.cpu_variant.clone().unwrap_or_default()
         ),
         machine: machine.fingerprint.clone(),
