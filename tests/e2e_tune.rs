@@ -89,6 +89,43 @@ fn doctor_reports_llama_cpp_devices_and_system_info() {
     assert!(v["backends"].as_array().unwrap().iter().any(|b| b == "CPU"));
 }
 
+/// Issue 3's A/A test: one configuration measured as two candidates (two workers, two loads, rounds
+/// interleaved) is judged a tie by the tuner's paired decision rule, for prompt and generation speed.
+#[test]
+fn two_identical_configurations_are_a_tie() {
+    let sb = Sandbox::new();
+    let model = demo_model();
+    let o = sb.run(&[
+        "measure",
+        model.to_str().unwrap(),
+        "-c",
+        "256",
+        "-p",
+        "64",
+        "-n",
+        "16",
+        "-t",
+        "2",
+        "--reps",
+        "8",
+        "--twice",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for (k, figure) in ["pp", "tg"].iter().enumerate() {
+        let c = &v["comparisons"][k];
+        assert_eq!(c["verdict"], "tie", "{figure}: {c}");
+        let (low, high) = (
+            c["ci_low"].as_f64().unwrap(),
+            c["ci_high"].as_f64().unwrap(),
+        );
+        assert!(low <= high, "{figure}: {c}");
+        assert_eq!(v["a"][k]["n"], 8, "{figure}: {v}");
+        assert_eq!(v["b"][k]["n"], 8, "{figure}: {v}");
+    }
+}
+
 /// Records per candidate in a measurement log (JSON Lines).
 fn records_per_candidate(log: &std::path::Path) -> std::collections::HashMap<String, usize> {
     let mut m = std::collections::HashMap::new();

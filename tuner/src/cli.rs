@@ -429,6 +429,14 @@ pub struct MeasureArgs {
     /// Measured repetitions (after a discarded warm-up)
     #[arg(short = 'r', long, default_value_t = 5)]
     pub reps: u32,
+    /// A/A test: measure the configuration as two candidates A and B, every repetition a fresh load,
+    /// rounds interleaved, and judge them with the tuner's paired decision rule: on a machine whose
+    /// noise the rule handles, the answer is a tie
+    #[arg(long)]
+    pub twice: bool,
+    /// Noise threshold of --twice's decision rule, in percent
+    #[arg(long, default_value_t = 2.0)]
+    pub noise: f64,
     /// Seed of the random prompt tokens
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

@@ -528,6 +528,10 @@ impl<'a> Engine<'a> {
             self.round += 1;
             for o in stats::shuffled_order(group.len(), self.settings.seed.wrapping_add(self.round))
             {
+                // Every confirming repetition on a fresh load: one load of a configuration can run
+                // several percent faster or slower than another for as long as it lives (seen on a
+                // VM: `autotune measure --twice` without reloads called identical twins different).
+                self.pool.shutdown();
                 let i = self.index_of(&group[o]);
                 self.measure_once(i, "confirm");
             }

@@ -7,7 +7,7 @@ use crate::commands::{doctor, tune::inspect_model};
 use crate::exit::{self, Exit};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::pool::WorkerPool;
-use crate::stats::{Sample, Summary};
+use crate::stats::{compare_paired, Comparison, Sample, Summary, Verdict};
 use crate::worker::{LoadReport, MeasureRequest, Request, Response, Workload};
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 use serde::Serialize;
@@ -130,6 +130,9 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     } else {
         None
     };
+    if a.twice {
+        return twice(a, &request, &candidate);
+    }
     let mut pool = WorkerPool::new(1, Duration::from_secs(600));
     let mut reps = Vec::new();
     let mut load = None;
@@ -216,6 +219,109 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
                 actual.map_or("-".to_string(), search_space::size::format_size)
             );
         }
+    }
+    Ok(exit::OK)
+}
+
+/// `measure --twice`: the same configuration as candidates A and B, each repetition in a fresh
+/// worker (its own load and warm-up), in rounds whose order alternates (A B, B A, ...), then judged
+/// with the paired decision rule the tuner uses. Identical configurations should come out a tie; a verdict
+/// says this machine is noisier than `--noise` allows.
+#[derive(Debug, Serialize)]
+struct Twice {
+    candidate: Candidate,
+    workload: Workload,
+    noise: f64,
+    a: [Summary; 2],
+    b: [Summary; 2],
+    /// pp, then tg: A relative to B.
+    comparisons: [Comparison; 2],
+}
+
+fn twice(a: &MeasureArgs, request: &MeasureRequest, candidate: &Candidate) -> anyhow::Result<i32> {
+    if !(a.noise > 0.0 && a.noise < 50.0) {
+        return Err(Exit::new(
+            exit::USAGE,
+            "--noise must be above 0 and below 50 (percent)",
+        ));
+    }
+    let never = || false;
+    let mut reps: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..a.reps as usize {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for which in order {
+            // A fresh load for every repetition: on a VM one load of a configuration can run ~10%
+            // slower than another load of the same configuration for as long as it lives (measured
+            // here: whichever of two workers loaded first), so a load is part of the noise to sample.
+            let mut pool = WorkerPool::new(1, Duration::from_secs(600));
+            let answer = pool.call(&Request::Measure(request.clone()), &never);
+            pool.shutdown();
+            match answer {
+                Ok(Response::Measured(r)) => reps[which].push((r.pp_tps, r.tg_tps)),
+                Ok(_) => anyhow::bail!("unexpected answer from the worker"),
+                Err(f) => {
+                    return Err(Exit::new(
+                        exit::NOTHING_MEASURED,
+                        format!("{} ({}): {f}", candidate.label(), ["A", "B"][which]),
+                    ))
+                }
+            }
+        }
+    }
+    let column = |which: usize, k: usize| -> Vec<f64> {
+        reps[which]
+            .iter()
+            .map(|r| if k == 0 { r.0 } else { r.1 })
+            .collect()
+    };
+    let summary = |v: Vec<f64>| -> anyhow::Result<Summary> {
+        Ok(Sample::new(v)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .summary())
+    };
+    let noise = a.noise / 100.0;
+    let comparison = |k: usize| -> anyhow::Result<Comparison> {
+        compare_paired(&column(0, k), &column(1, k), noise, 0.95, a.seed)
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    };
+    let t = Twice {
+        candidate: candidate.clone(),
+        workload: request.workload.clone(),
+        noise,
+        a: [summary(column(0, 0))?, summary(column(0, 1))?],
+        b: [summary(column(1, 0))?, summary(column(1, 1))?],
+        comparisons: [comparison(0)?, comparison(1)?],
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&t)?);
+        return Ok(exit::OK);
+    }
+    println!(
+        "{} measured twice (A and B), {} interleaved rounds",
+        t.candidate.label(),
+        a.reps
+    );
+    let names = [
+        format!("pp{}", t.workload.n_prompt),
+        format!("tg{}", t.workload.n_gen),
+    ];
+    for k in 0..2 {
+        let c = &t.comparisons[k];
+        let verdict = match c.verdict {
+            Verdict::Tie => "tie".to_string(),
+            Verdict::Faster => "A faster: this machine is noisier than --noise".to_string(),
+            Verdict::Slower => "B faster: this machine is noisier than --noise".to_string(),
+        };
+        println!(
+            "  {:<8} A {:>8.2} t/s  B {:>8.2} t/s  A/B {:+.1}%  95% CI [{:+.1}%, {:+.1}%]  noise ±{:.1}%  -> {verdict}",
+            names[k],
+            t.a[k].median,
+            t.b[k].median,
+            100.0 * c.ratio,
+            100.0 * c.ci_low,
+            100.0 * c.ci_high,
+            a.noise,
+        );
     }
     Ok(exit::OK)
 }
