@@ -434,8 +434,8 @@ pub struct MeasureArgs {
     /// noise the rule handles, the answer is a tie
     #[arg(long)]
     pub twice: bool,
-    /// Noise threshold of --twice's decision rule, in percent
-    #[arg(long, default_value_t = 2.0)]
+    /// Noise threshold of --twice's decision rule, as a fraction like `tune --noise` (0.02 = 2%)
+    #[arg(long, default_value_t = 0.02)]
     pub noise: f64,
     /// Seed of the random prompt tokens
     #[arg(long, default_value_t = 1)]

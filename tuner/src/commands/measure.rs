@@ -239,10 +239,13 @@ struct Twice {
 }
 
 fn twice(a: &MeasureArgs, request: &MeasureRequest, candidate: &Candidate) -> anyhow::Result<i32> {
-    if !(a.noise > 0.0 && a.noise < 50.0) {
+    if !(a.noise > 0.0 && a.noise < 1.0) {
         return Err(Exit::new(
             exit::USAGE,
-            "--noise must be above 0 and below 50 (percent)",
+            format!(
+                "--noise {} must be between 0 and 1 (e.g. 0.02 for 2%)",
+                a.noise
+            ),
         ));
     }
     let never = || false;
@@ -279,7 +282,7 @@ fn twice(a: &MeasureArgs, request: &MeasureRequest, candidate: &Candidate) -> an
             .map_err(|e| anyhow::anyhow!("{e}"))?
             .summary())
     };
-    let noise = a.noise / 100.0;
+    let noise = a.noise;
     let comparison = |k: usize| -> anyhow::Result<Comparison> {
         compare_paired(&column(0, k), &column(1, k), noise, 0.95, a.seed)
             .map_err(|e| anyhow::anyhow!("{e}"))
@@ -320,7 +323,7 @@ fn twice(a: &MeasureArgs, request: &MeasureRequest, candidate: &Candidate) -> an
             100.0 * c.ratio,
             100.0 * c.ci_low,
             100.0 * c.ci_high,
-            a.noise,
+            100.0 * a.noise,
         );
     }
     Ok(exit::OK)
