@@ -102,10 +102,8 @@ pub fn serve(r: &FitRequest) -> Response {
         stage: stage.into(),
         message,
     };
-    for endpoint in &r.rpc {
-        if let Err(e) = llama::rpc_add_server(endpoint) {
-            return failed("rpc", e.to_string());
-        }
+    if let Err(e) = llama::rpc_add_servers(&r.rpc) {
+        return failed("rpc", e.to_string());
     }
     let Some(path) = r.model.to_str().and_then(|p| CString::new(p).ok()) else {
         return failed(

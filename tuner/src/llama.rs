@@ -686,6 +686,7 @@ pub fn device_read_bandwidth(
         return Err(LlamaError::UnknownDevice(device.into()));
     }
     let rows = (bytes / (4 * K as u64)).max(1) as i64;
+    let matrix_bytes = (rows * K * 4) as u64;
     let failed = |what: &str| LlamaError::Context(format!("bandwidth probe on {device}: {what}"));
     // SAFETY: every pointer below is checked before use and freed once, in reverse order of
     // creation; the graph and tensors live in `ctx`, whose metadata buffer ggml allocates.
@@ -714,30 +715,32 @@ pub fn device_read_bandwidth(
             sys::ggml_backend_buffer_clear(buffer, 1);
             let graph = sys::ggml_new_graph(ctx);
             sys::ggml_build_forward_expand(graph, y);
+            // One pass, finished: after synchronize, reading a result back waits for the compute
+            // on every backend (an RPC server answers a later command only after the graph it was
+            // sent has run; its synchronize is a no-op).
+            let pass = || {
+                let status = sys::ggml_backend_graph_compute(backend, graph);
+                sys::ggml_backend_synchronize(backend);
+                let mut first = 0f32;
+                sys::ggml_backend_tensor_get(y, (&mut first as *mut f32).cast(), 0, 4);
+                status
+            };
             let mut best = 0.0f64;
-            let mut status = sys::ggml_backend_graph_compute(backend, graph);
-            let mut first = 0f32;
-            sys::ggml_backend_tensor_get(y, (&mut first as *mut f32).cast(), 0, 4);
+            let mut status = pass(); // warm-up
             for _ in 0..passes.max(1) {
                 if status != sys::GGML_STATUS_SUCCESS {
                     break;
                 }
                 let t = std::time::Instant::now();
-                status = sys::ggml_backend_graph_compute(backend, graph);
-                sys::ggml_backend_synchronize(backend);
-                // Reading a result back waits for the compute on every backend (an RPC server
-                // answers a later command only after the graph it was sent has run; its
-                // synchronize is a no-op).
-                let mut first = 0f32;
-                sys::ggml_backend_tensor_get(y, (&mut first as *mut f32).cast(), 0, 4);
+                status = pass();
                 let secs = t.elapsed().as_secs_f64();
                 if secs > 0.0 {
-                    best = best.max((rows * K * 4) as f64 / secs);
+                    best = best.max(matrix_bytes as f64 / secs);
                 }
             }
             sys::ggml_backend_buffer_free(buffer);
             if status == sys::GGML_STATUS_SUCCESS {
-                Ok((best, (rows * K * 4) as u64))
+                Ok((best, matrix_bytes))
             } else {
                 Err(failed(&format!("compute failed with status {status}")))
             }
@@ -762,6 +765,11 @@ fn rpc_proc(name: &str) -> Option<*mut c_void> {
 }
 
 static RPC_SERVERS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Connects to every ggml RPC server of a run (`host:port` each); stops at the first that fails.
+pub fn rpc_add_servers(endpoints: &[String]) -> Result<(), LlamaError> {
+    endpoints.iter().try_for_each(|e| rpc_add_server(e))
+}
 
 /// Connects to a ggml RPC server (`host:port`), which then appears as a non-CPU device. Idempotent.
 pub fn rpc_add_server(endpoint: &str) -> Result<(), LlamaError> {

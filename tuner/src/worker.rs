@@ -125,10 +125,8 @@ fn bandwidth(r: &BandwidthRequest) -> Response {
         stage: stage.into(),
         message: e.to_string(),
     };
-    for endpoint in &r.rpc {
-        if let Err(e) = llama::rpc_add_server(endpoint) {
-            return failed("rpc", e);
-        }
+    if let Err(e) = llama::rpc_add_servers(&r.rpc) {
+        return failed("rpc", e);
     }
     match llama::device_read_bandwidth(&r.device, r.bytes, r.passes) {
         Ok((bytes_per_s, bytes)) => Response::Bandwidth { bytes_per_s, bytes },
@@ -153,12 +151,10 @@ impl WorkerState {
     fn ensure(&mut self, m: &MeasureRequest) -> Result<Option<LoadReport>, Response> {
         let key = (m.model.clone(), m.settings.clone());
         let mut fresh = false;
-        for endpoint in &m.settings.rpc {
-            llama::rpc_add_server(endpoint).map_err(|e| Response::Failed {
-                stage: "rpc".into(),
-                message: e.to_string(),
-            })?;
-        }
+        llama::rpc_add_servers(&m.settings.rpc).map_err(|e| Response::Failed {
+            stage: "rpc".into(),
+            message: e.to_string(),
+        })?;
         if self.model.as_ref().map(|(k, _)| k) != Some(&key) {
             self.context = None;
             self.model = None;

@@ -19,9 +19,7 @@ pub struct Doctor {
 pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Doctor> {
     llama::init(verbose);
     let log = llama::take_log();
-    for endpoint in rpc {
-        llama::rpc_add_server(endpoint).map_err(|e| anyhow::anyhow!("{e}"))?;
-    }
+    llama::rpc_add_servers(rpc).map_err(|e| anyhow::anyhow!("{e}"))?;
     let devices = llama::devices();
     Ok(Doctor {
         machine: Machine::probe(devices),

@@ -8,7 +8,7 @@ use crate::exit::{self, Exit};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::pool::WorkerPool;
 use crate::stats::{compare_paired, Comparison, Sample, Summary, Verdict};
-use crate::worker::{LoadReport, MeasureRequest, Request, Response, Workload};
+use crate::worker::{LoadReport, MeasureRequest, Repetition, Request, Response, Workload};
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 use serde::Serialize;
 use std::time::Duration;
@@ -110,6 +110,9 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         workload: workload.clone(),
         seed: a.seed,
     };
+    if a.twice {
+        return twice(a, &request, &candidate);
+    }
     let never = || false;
     let predicted = if a.predict {
         let mut dry = request.clone();
@@ -130,28 +133,15 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     } else {
         None
     };
-    if a.twice {
-        return twice(a, &request, &candidate);
-    }
     let mut pool = WorkerPool::new(1, Duration::from_secs(600));
     let mut reps = Vec::new();
     let mut load = None;
     for _ in 0..a.reps {
-        match pool.call(&Request::Measure(request.clone()), &never) {
-            Ok(Response::Measured(r)) => {
-                if r.load.is_some() {
-                    load = r.load.clone();
-                }
-                reps.push(r);
-            }
-            Ok(_) => {}
-            Err(f) => {
-                return Err(Exit::new(
-                    exit::NOTHING_MEASURED,
-                    format!("{}: {f}", candidate.label()),
-                ))
-            }
+        let r = repetition(&mut pool, &request, &candidate.label())?;
+        if r.load.is_some() {
+            load = r.load.clone();
         }
+        reps.push(r);
     }
     pool.shutdown();
     let summary = |v: Vec<f64>| Sample::new(v).ok().map(|s| s.summary());
@@ -223,6 +213,19 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     Ok(exit::OK)
 }
 
+/// One repetition of `request` in `pool`'s worker; a failed trial is the command's error.
+fn repetition(
+    pool: &mut WorkerPool,
+    request: &MeasureRequest,
+    label: &str,
+) -> anyhow::Result<Repetition> {
+    match pool.call(&Request::Measure(request.clone()), &|| false) {
+        Ok(Response::Measured(r)) => Ok(r),
+        Ok(_) => anyhow::bail!("unexpected answer from the worker"),
+        Err(f) => Err(Exit::new(exit::NOTHING_MEASURED, format!("{label}: {f}"))),
+    }
+}
+
 /// `measure --twice`: the same configuration as candidates A and B, each repetition in a fresh
 /// worker (its own load and warm-up), in rounds whose order alternates (A B, B A, ...), then judged
 /// with the paired decision rule the tuner uses. Identical configurations should come out a tie; a verdict
@@ -248,7 +251,6 @@ fn twice(a: &MeasureArgs, request: &MeasureRequest, candidate: &Candidate) -> an
             ),
         ));
     }
-    let never = || false;
     let mut reps: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
     for round in 0..a.reps as usize {
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
@@ -257,18 +259,11 @@ fn twice(a: &MeasureArgs, request: &MeasureRequest, candidate: &Candidate) -> an
             // slower than another load of the same configuration for as long as it lives (measured
             // here: whichever of two workers loaded first), so a load is part of the noise to sample.
             let mut pool = WorkerPool::new(1, Duration::from_secs(600));
-            let answer = pool.call(&Request::Measure(request.clone()), &never);
+            let label = format!("{} ({})", candidate.label(), ["A", "B"][which]);
+            let r = repetition(&mut pool, request, &label);
             pool.shutdown();
-            match answer {
-                Ok(Response::Measured(r)) => reps[which].push((r.pp_tps, r.tg_tps)),
-                Ok(_) => anyhow::bail!("unexpected answer from the worker"),
-                Err(f) => {
-                    return Err(Exit::new(
-                        exit::NOTHING_MEASURED,
-                        format!("{} ({}): {f}", candidate.label(), ["A", "B"][which]),
-                    ))
-                }
-            }
+            let r = r?;
+            reps[which].push((r.pp_tps, r.tg_tps));
         }
     }
     let column = |which: usize, k: usize| -> Vec<f64> {
@@ -282,15 +277,14 @@ fn twice(a: &MeasureArgs, request: &MeasureRequest, candidate: &Candidate) -> an
             .map_err(|e| anyhow::anyhow!("{e}"))?
             .summary())
     };
-    let noise = a.noise;
     let comparison = |k: usize| -> anyhow::Result<Comparison> {
-        compare_paired(&column(0, k), &column(1, k), noise, 0.95, a.seed)
+        compare_paired(&column(0, k), &column(1, k), a.noise, 0.95, a.seed)
             .map_err(|e| anyhow::anyhow!("{e}"))
     };
     let t = Twice {
         candidate: candidate.clone(),
         workload: request.workload.clone(),
-        noise,
+        noise: a.noise,
         a: [summary(column(0, 0))?, summary(column(0, 1))?],
         b: [summary(column(1, 0))?, summary(column(1, 1))?],
         comparisons: [comparison(0)?, comparison(1)?],
