@@ -7,10 +7,15 @@ export GGML_RPC=ON
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 AUTOTUNE_BIN="$CARGO_TARGET_DIR/release/autotune"
 
+# libclang itself (what bindgen loads): libclang.so*, libclang-14.so*. Not libclang-cpp.so*, the C++
+# library llvm ships beside it, which a machine can have without libclang (bindgen then fails with
+# "Unable to find libclang").
 have_libclang() {
-  local f
-  for f in /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/*-linux-gnu/libclang*.so* /usr/lib/libclang*.so*; do
-    [ -e "$f" ] && return 0
+  local f d
+  for d in /usr/lib/llvm-*/lib /usr/lib/*-linux-gnu /usr/lib /usr/local/lib; do
+    for f in "$d"/libclang.so* "$d"/libclang-[0-9]*.so*; do
+      [ -e "$f" ] && return 0
+    done
   done
   return 1
 }

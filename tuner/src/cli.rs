@@ -157,7 +157,7 @@ pub struct TuneArgs {
     pub thorough: bool,
 
     /// Relative difference below which two configurations are called a tie
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE)]
     pub noise: f64,
 
     /// Minimum measured repetitions per configuration (after a discarded warm-up)
@@ -435,7 +435,7 @@ pub struct MeasureArgs {
     #[arg(long)]
     pub twice: bool,
     /// Noise threshold of --twice's decision rule, as a fraction like `tune --noise` (0.02 = 2%)
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE)]
     pub noise: f64,
     /// Seed of the random prompt tokens
     #[arg(long, default_value_t = 1)]
@@ -588,7 +588,7 @@ pub struct DraftArgs {
     #[arg(long = "mem-margin", default_value = "256M")]
     pub mem_margin: String,
     /// Relative difference below which the draft and the target alone are called a tie
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE)]
     pub noise: f64,
     /// Seed of the order of the final comparison (recorded in the report)
     #[arg(long)]

@@ -10,7 +10,7 @@
 
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::pool::WorkerPool;
-use crate::stats::{self, Sample, Summary, Verdict};
+use crate::stats::{self, RoundRate, Sample, Verdict};
 use crate::trial::TrialFailure;
 use crate::worker::{LoadReport, MeasureRequest, Repetition, Request, Response, Workload};
 use profiles::measurements::{MeasurementLog, Record};
@@ -35,7 +35,10 @@ pub struct TuneSettings {
     pub seed: u64,
     pub threads_options: Vec<u32>,
     pub default_threads: u32,
+    /// GPU layers: all that fit by default (searched downward from there when a non-CPU device
+    /// exists); one count the user pinned with --n-gpu-layers is measured as given, never searched.
     pub n_gpu_layers: u32,
+    pub n_gpu_layers_pinned: bool,
     pub kernels: Vec<KernelChoice>,
     pub cache_types: Vec<CacheType>,
     pub flash_attn: Vec<FlashAttn>,
@@ -61,6 +64,10 @@ pub struct CandidateResult {
     #[serde(default)]
     pub predicted: Option<LoadReport>,
     pub reps: Vec<Repetition>,
+    /// The interleaved round each repetition was measured in (parallel to `reps`; `None` for one
+    /// reused from an earlier run), so the decision rule can pair repetitions of the same round.
+    #[serde(skip)]
+    pub rounds: Vec<Option<u64>>,
     pub load: Option<LoadReport>,
     pub failure: Option<TrialFailure>,
     /// Why it was not measured (budget spent, placement skipped after crashes).
@@ -69,11 +76,12 @@ pub struct CandidateResult {
 }
 
 impl CandidateResult {
-    fn new(candidate: Candidate) -> Self {
+    pub(crate) fn new(candidate: Candidate) -> Self {
         CandidateResult {
             candidate,
             predicted: None,
             reps: Vec::new(),
+            rounds: Vec::new(),
             load: None,
             failure: None,
             skipped: None,
@@ -95,10 +103,27 @@ impl CandidateResult {
         Sample::new(self.scores(w).iter().map(|s| 1.0 / s).collect()).ok()
     }
 
-    pub fn summary_of(&self, f: impl Fn(&Repetition) -> Option<f64>) -> Option<Summary> {
-        Sample::new(self.reps.iter().filter_map(f).collect())
-            .ok()
-            .map(|s| s.summary())
+    /// Requests per second per repetition, each with its round, for [`stats::decide`].
+    pub fn round_rates(&self, w: &Workload) -> Vec<RoundRate> {
+        self.reps
+            .iter()
+            .enumerate()
+            .map(|(k, r)| RoundRate {
+                round: self.rounds.get(k).copied().flatten(),
+                rate: 1.0 / score_seconds(r, w),
+            })
+            .collect()
+    }
+
+    /// The decision rule between two candidates' request rates (paired over shared rounds).
+    pub fn compare_with(
+        &self,
+        other: &CandidateResult,
+        w: &Workload,
+        noise: f64,
+        seed: u64,
+    ) -> Option<stats::Comparison> {
+        stats::decide(&self.round_rates(w), &other.round_rates(w), noise, seed)
     }
 
     pub fn mem_bytes(&self) -> u64 {
@@ -140,6 +165,8 @@ pub struct Engine<'a> {
     progress: &'a dyn Progress,
     pub interrupted: bool,
     pub budget_spent: bool,
+    /// llama.cpp's defaults as this run measures them (the layers that fit found by dry runs).
+    defaults: Option<Candidate>,
 }
 
 impl<'a> Engine<'a> {
@@ -164,6 +191,7 @@ impl<'a> Engine<'a> {
             progress,
             interrupted: false,
             budget_spent: false,
+            defaults: None,
         }
     }
 
@@ -172,8 +200,13 @@ impl<'a> Engine<'a> {
     }
 
     /// llama.cpp's defaults, except for a kernel choice the user excluded with --kernels (a user who
-    /// knows the extra kernels crash here must not see them loaded, even as the baseline).
-    pub fn baseline(&self) -> Candidate {
+    /// knows the extra kernels crash here must not see them loaded, even as the baseline). With a
+    /// non-CPU device llama.cpp offloads what fits (its --fit), so the defaults carry the most layers
+    /// that fit this run's budgets (dry runs), unless the user pinned the layers.
+    pub fn baseline(&mut self) -> Candidate {
+        if let Some(c) = &self.defaults {
+            return c.clone();
+        }
         let mut c =
             Candidate::llama_default(self.settings.default_threads, self.settings.n_gpu_layers);
         if !self.settings.kernels.contains(&c.kernels) {
@@ -181,7 +214,30 @@ impl<'a> Engine<'a> {
                 c.kernels = k;
             }
         }
+        if self.settings.offload && !self.settings.n_gpu_layers_pinned {
+            if let Some(n) = self.max_fitting_layers(&c) {
+                c.n_gpu_layers = n;
+            }
+        }
+        self.defaults = Some(c.clone());
         c
+    }
+
+    /// The first group measured: the defaults, and with a non-CPU device the GPU-layer placements
+    /// around them (placement first: it matters most, and every placement gets its first
+    /// repetitions before any gets more).
+    fn first_group(&mut self, base: &Candidate) -> (Vec<Candidate>, &'static str) {
+        if !self.settings.offload || self.settings.n_gpu_layers_pinned {
+            return (vec![base.clone()], "defaults");
+        }
+        let mut group = self.placement_group(base);
+        if self.settings.moe {
+            group.extend(self.expert_group(base));
+        }
+        if !group.contains(base) {
+            group.insert(0, base.clone());
+        }
+        (group, "gpu layers")
     }
 
     pub(crate) fn index_of(&mut self, c: &Candidate) -> usize {
@@ -191,6 +247,7 @@ impl<'a> Engine<'a> {
         let mut r = CandidateResult::new(c.clone());
         if let Some(log) = self.log.as_deref() {
             r.reps = log.previous_reps(c);
+            r.rounds = vec![None; r.reps.len()];
         }
         self.results.push(r);
         self.results.len() - 1
@@ -355,6 +412,7 @@ impl<'a> Engine<'a> {
                 }
                 self.progress.repetition(&label, &rep);
                 self.results[i].reps.push(rep);
+                self.results[i].rounds.push(Some(self.round));
             }
             Ok(_) => {}
             Err(TrialFailure::Interrupted) => self.interrupted = true,
@@ -384,22 +442,10 @@ impl<'a> Engine<'a> {
             );
             ma.partial_cmp(&mb).unwrap_or(std::cmp::Ordering::Equal)
         })?;
-        let top_sample = top.rate_sample(w)?;
         let tied = measured.iter().filter(|r| {
-            r.rate_sample(w)
-                .map(|s| {
-                    stats::compare(
-                        &s,
-                        &top_sample,
-                        self.settings.noise,
-                        0.95,
-                        self.settings.seed,
-                    )
-                    .verdict
-                        == Verdict::Tie
-                })
-                .unwrap_or(false)
-                || std::ptr::eq(**r, *top)
+            std::ptr::eq(**r, *top)
+                || r.compare_with(top, w, self.settings.noise, self.settings.seed)
+                    .is_some_and(|c| c.verdict == Verdict::Tie)
         });
         tied.min_by(|a, b| tie_break(a, b))
             .map(|r| r.candidate.clone())
@@ -407,32 +453,10 @@ impl<'a> Engine<'a> {
 
     /// The coordinate-descent search. Returns the winner (if anything was measured).
     pub fn run(&mut self) -> Option<Candidate> {
-        let mut base = self.baseline();
-        if self.settings.offload {
-            // llama.cpp's default offloads what fits (its --fit): all layers, or the most that fit.
-            if let Some(n) = self.max_fitting_layers(&base) {
-                base.n_gpu_layers = n;
-            }
-        }
-        self.measure_group(std::slice::from_ref(&base), "defaults");
-        let mut best = if self.results.iter().any(|r| r.candidate == base && r.ok()) {
-            Some(base.clone())
-        } else {
-            None
-        };
-        if self.settings.offload && !self.out_of_time() {
-            let from = best.clone().unwrap_or_else(|| base.clone());
-            let mut group = self.placement_group(&from);
-            if self.settings.moe {
-                group.extend(self.expert_group(&from));
-            }
-            if group.len() > 1 {
-                self.measure_group(&group, "gpu layers");
-                if let Some(b) = self.choose(&group) {
-                    best = Some(b);
-                }
-            }
-        }
+        let base = self.baseline();
+        let (group, axis) = self.first_group(&base);
+        self.measure_group(&group, axis);
+        let mut best = self.choose(&group);
         let axes: [(&str, fn(&TuneSettings, &Candidate) -> Vec<Candidate>); 5] = [
             ("threads", vary_threads),
             ("kernels", vary_kernels),

@@ -7,6 +7,7 @@ mod exit;
 mod explain;
 mod fault;
 mod fit;
+mod inputs;
 mod llama;
 mod machine;
 mod placement;

@@ -98,11 +98,6 @@ impl WorkerPool {
         result
     }
 
-    /// PIDs of live workers (the reliability tests kill one mid-trial).
-    pub fn pids(&self) -> Vec<u32> {
-        self.workers.iter().map(|(_, w)| w.pid()).collect()
-    }
-
     pub fn shutdown(&mut self) {
         for (_, w) in self.workers.drain(..) {
             w.quit();

@@ -2,7 +2,7 @@
 //! and the leaderboard that goes into the profile.
 
 use crate::engine::{score_seconds, CandidateResult};
-use crate::stats::{self, Sample, Verdict};
+use crate::stats::{Comparison, Sample, Verdict};
 use crate::worker::Workload;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use profiles::{Figures, LeaderboardEntry};
@@ -31,6 +31,8 @@ pub struct Report {
     pub winner_figures: Option<Figures>,
     pub baseline: Option<Candidate>,
     pub baseline_figures: Option<Figures>,
+    /// The winner against llama.cpp's defaults by the tuner's decision rule.
+    pub versus_defaults: Option<VersusDefaults>,
     /// The winner and runner-up re-measured at the end: relative change of their medians.
     pub confirm_drift: Vec<(String, f64)>,
     /// The candidates measured again at the end (the winner and the runner-up before confirmation).
@@ -41,6 +43,85 @@ pub struct Report {
     /// Memory per device of every candidate: predicted by the dry run, reported by llama.cpp after
     /// the real load, and measured (device free-memory drop, worker RSS growth).
     pub memory: Vec<MemoryRow>,
+}
+
+/// The headline's claim: the winner's request rate against llama.cpp's defaults, judged by the same
+/// rule that chose it, so the headline never calls a tie a gain.
+#[derive(Debug, Clone, Serialize)]
+pub struct VersusDefaults {
+    /// The winner is llama.cpp's defaults (nothing beat them beyond the noise threshold).
+    pub same_configuration: bool,
+    /// Winner relative to the defaults (request rate), its 95% interval and the verdict.
+    pub comparison: Option<Comparison>,
+    /// Why the winner was chosen when it ties with the defaults.
+    pub chosen_for: Option<String>,
+}
+
+/// The winner against the defaults (`None` when either was not measured).
+pub fn versus_defaults(
+    results: &[CandidateResult],
+    winner: &Candidate,
+    baseline: &Candidate,
+    w: &Workload,
+    noise: f64,
+    seed: u64,
+) -> Option<VersusDefaults> {
+    let find = |c: &Candidate| results.iter().find(|r| &r.candidate == c && r.ok());
+    let (win, base) = (find(winner)?, find(baseline)?);
+    if winner == baseline {
+        return Some(VersusDefaults {
+            same_configuration: true,
+            comparison: None,
+            chosen_for: None,
+        });
+    }
+    let comparison = win.compare_with(base, w, noise, seed)?;
+    let chosen_for = (comparison.verdict == Verdict::Tie).then(|| {
+        if win.mem_bytes() < base.mem_bytes() {
+            format!(
+                "chosen for {} less memory",
+                format_size(base.mem_bytes() - win.mem_bytes())
+            )
+        } else if winner.kv_bytes_factor() < baseline.kv_bytes_factor() {
+            "chosen for its smaller KV cache".to_string()
+        } else {
+            "chosen for its higher median, a difference within the noise".to_string()
+        }
+    });
+    Some(VersusDefaults {
+        same_configuration: false,
+        comparison: Some(comparison),
+        chosen_for,
+    })
+}
+
+/// The headline's first line: what the decision rule says of the winner against the defaults.
+fn versus_line(v: &VersusDefaults, noise: f64) -> String {
+    let pct = |x: f64| format!("{:+.1}%", 100.0 * x);
+    let Some(c) = &v.comparison else {
+        return format!(
+            "llama.cpp's defaults are the best measured: nothing beat them beyond ±{:.0}%",
+            100.0 * noise
+        );
+    };
+    let interval = format!("95% CI [{}, {}]", pct(c.ci_low), pct(c.ci_high));
+    match c.verdict {
+        Verdict::Tie => format!(
+            "ties with llama.cpp's defaults within ±{:.0}% (requests/s {}, {interval}); {}",
+            100.0 * noise,
+            pct(c.ratio),
+            v.chosen_for.as_deref().unwrap_or("chosen by the tie-break")
+        ),
+        Verdict::Faster => format!(
+            "{} requests/s over llama.cpp's defaults ({interval}, beyond the ±{:.0}% noise threshold)",
+            pct(c.ratio),
+            100.0 * noise
+        ),
+        Verdict::Slower => format!(
+            "{} requests/s against llama.cpp's defaults ({interval}): slower, chosen among configurations the defaults were not compared with",
+            pct(c.ratio)
+        ),
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -132,9 +213,12 @@ pub fn leaderboard(
         .collect();
     ok.sort_by(|a, b| b.1.median().total_cmp(&a.1.median()));
     let mut out = Vec::new();
-    for (i, (r, s)) in ok.iter().enumerate() {
-        let tie =
-            i > 0 && stats::compare(&ok[i - 1].1, s, noise, 0.95, seed).verdict == Verdict::Tie;
+    for (i, (r, _)) in ok.iter().enumerate() {
+        let tie = i > 0
+            && ok[i - 1]
+                .0
+                .compare_with(r, w, noise, seed)
+                .is_some_and(|c| c.verdict == Verdict::Tie);
         out.push(LeaderboardEntry {
             rank: (i + 1) as u32,
             tie_with_previous: tie,
@@ -279,19 +363,25 @@ impl Report {
         }
         if let (Some(w), Some(wf)) = (&self.winner, &self.winner_figures) {
             s.push_str(&format!("\nwinner  {}\n", w.label()));
-            if let Some(bf) = &self.baseline_figures {
-                s.push_str(&format!(
-                    "        tg {:.1} t/s vs {:.1} with llama.cpp's defaults ({:+.1}%), pp {:.1} vs {:.1} ({:+.1}%), \
-                     {:.3} vs {:.3} s per request\n",
-                    wf.tg_tps,
-                    bf.tg_tps,
-                    (wf.tg_tps / bf.tg_tps - 1.0) * 100.0,
-                    wf.pp_tps,
-                    bf.pp_tps,
-                    (wf.pp_tps / bf.pp_tps - 1.0) * 100.0,
-                    wf.score_s,
-                    bf.score_s
-                ));
+            if let Some(v) = &self.versus_defaults {
+                s.push_str(&format!("        {}\n", versus_line(v, self.noise)));
+            }
+            match &self.baseline_figures {
+                Some(bf)
+                    if !self
+                        .versus_defaults
+                        .as_ref()
+                        .is_some_and(|v| v.same_configuration) =>
+                {
+                    s.push_str(&format!(
+                        "        tg {:.1} vs {:.1} t/s, pp {:.1} vs {:.1} t/s, {:.3} vs {:.3} s per request (winner vs defaults, medians)\n",
+                        wf.tg_tps, bf.tg_tps, wf.pp_tps, bf.pp_tps, wf.score_s, bf.score_s
+                    ));
+                }
+                _ => s.push_str(&format!(
+                    "        tg {:.1} t/s, pp {:.1} t/s, {:.3} s per request (medians)\n",
+                    wf.tg_tps, wf.pp_tps, wf.score_s
+                )),
             }
         }
         for (label, drift) in &self.confirm_drift {
@@ -325,4 +415,110 @@ pub fn one_line(s: &str) -> String {
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join(" | ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::{LoadReport, Repetition};
+
+    const W: Workload = Workload {
+        n_ctx: 512,
+        n_prompt: 64,
+        n_gen: 16,
+        depth: 0,
+    };
+
+    /// A measured candidate: one repetition per round at `tg` t/s (pp 10× faster), times `drift[k]`
+    /// in round k (the machine's drift, the same for every candidate of that round).
+    fn measured(c: Candidate, tg: f64, drift: &[f64], mem: u64) -> CandidateResult {
+        let mut r = CandidateResult::new(c);
+        for (k, d) in drift.iter().enumerate() {
+            r.reps.push(Repetition {
+                pp_tps: 10.0 * tg * d,
+                tg_tps: tg * d,
+                tg_depth_tps: None,
+                load: None,
+            });
+            r.rounds.push(Some(k as u64 + 1));
+        }
+        r.load = Some(LoadReport {
+            reported_bytes: mem,
+            ..Default::default()
+        });
+        r
+    }
+
+    const DRIFT: [f64; 8] = [1.0, 0.93, 1.06, 0.97, 1.02, 0.9, 1.08, 0.99];
+
+    fn candidates() -> (Candidate, Candidate) {
+        let defaults = Candidate::llama_default(2, 0);
+        let q8 = Candidate {
+            type_k: search_space::CacheType::Q8_0,
+            type_v: search_space::CacheType::Q8_0,
+            ..defaults.clone()
+        };
+        (defaults, q8)
+    }
+
+    #[test]
+    fn a_tie_with_the_defaults_is_called_a_tie_with_its_reason() {
+        let (defaults, q8) = candidates();
+        // 1% apart, under the 2% threshold; the winner uses 12 MiB less.
+        let results = vec![
+            measured(defaults.clone(), 43.7, &DRIFT, 100 << 20),
+            measured(q8.clone(), 43.7 * 1.01, &DRIFT, 88 << 20),
+        ];
+        let v = versus_defaults(&results, &q8, &defaults, &W, 0.02, 7).unwrap();
+        assert_eq!(v.comparison.unwrap().verdict, Verdict::Tie);
+        let line = versus_line(&v, 0.02);
+        assert!(
+            line.starts_with("ties with llama.cpp's defaults within ±2%"),
+            "{line}"
+        );
+        assert!(line.contains("chosen for 12.0 MiB less memory"), "{line}");
+    }
+
+    #[test]
+    fn a_gain_over_the_defaults_comes_with_its_interval() {
+        let (defaults, q8) = candidates();
+        // 10% apart under ±10% drift that hits both alike: the paired rule sees it.
+        let results = vec![
+            measured(defaults.clone(), 40.0, &DRIFT, 100 << 20),
+            measured(q8.clone(), 44.0, &DRIFT, 100 << 20),
+        ];
+        let v = versus_defaults(&results, &q8, &defaults, &W, 0.02, 7).unwrap();
+        let c = v.comparison.unwrap();
+        assert_eq!(c.verdict, Verdict::Faster, "{c:?}");
+        assert!(v.chosen_for.is_none());
+        let line = versus_line(&v, 0.02);
+        assert!(
+            line.starts_with("+10.0% requests/s over llama.cpp's defaults (95% CI ["),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn the_defaults_winning_is_said_plainly() {
+        let (defaults, _) = candidates();
+        let results = vec![measured(defaults.clone(), 40.0, &DRIFT, 1)];
+        let v = versus_defaults(&results, &defaults, &defaults, &W, 0.02, 7).unwrap();
+        assert!(v.same_configuration);
+        assert!(versus_line(&v, 0.02).starts_with("llama.cpp's defaults are the best measured"));
+    }
+
+    #[test]
+    fn leaderboard_ties_follow_the_paired_rule() {
+        let (defaults, q8) = candidates();
+        let results = vec![
+            measured(defaults, 40.0, &DRIFT, 1),
+            measured(q8, 44.0, &DRIFT, 1),
+        ];
+        let board = leaderboard(&results, &W, 0.02, 7);
+        assert_eq!(board[0].candidate.type_k, search_space::CacheType::Q8_0);
+        assert!(
+            !board[1].tie_with_previous,
+            "10% apart with shared drift is not a tie"
+        );
+    }
 }

@@ -101,8 +101,12 @@ pub struct Summary {
     pub sd: f64,
     pub min: f64,
     pub max: f64,
+    /// Median absolute deviation scaled to estimate σ ([`Sample::mad`]): a spread outliers cannot inflate.
+    pub mad: f64,
     pub ci_low: f64,
     pub ci_high: f64,
+    /// Half the interval's width over the median ([`Sample::relative_ci_halfwidth`]; 0.01 = ±1 %).
+    pub ci_halfwidth: f64,
     pub outliers: u32,
 }
 
@@ -116,6 +120,7 @@ impl Sample {
     }
 
     /// The measurements in the order they were taken.
+    #[cfg(test)]
     pub fn values(&self) -> &[f64] {
         &self.values
     }
@@ -222,8 +227,10 @@ impl Sample {
             sd: self.sd(),
             min: self.min(),
             max: self.max(),
+            mad: self.mad(),
             ci_low,
             ci_high,
+            ci_halfwidth: self.relative_ci_halfwidth(DEFAULT_CONFIDENCE),
             outliers: u32::try_from(self.outliers().len()).unwrap_or(u32::MAX),
         }
     }
@@ -322,6 +329,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// The verdict with a and b swapped.
+    #[cfg(test)]
     pub fn reversed(self) -> Verdict {
         match self {
             Verdict::Faster => Verdict::Slower,
@@ -431,6 +439,50 @@ pub fn compare_paired(
         })
         .collect();
     Ok(judge(point, distribution, noise, confidence))
+}
+
+/// One measurement of a configuration, tagged with the interleaved round it was taken in. `round` is
+/// `None` for a measurement that belongs to no round of this run (reused from an earlier run's log).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoundRate {
+    pub round: Option<u64>,
+    pub rate: f64,
+}
+
+/// The fewest shared rounds for which [`decide`] compares pairs; below it the pairs' bootstrap has too
+/// few distinct resamples to mean much, and all measurements are compared unpaired instead.
+pub const MIN_PAIRS: usize = 3;
+
+/// The decision rule of the tuner — the search's choice, the leaderboard's ties, the headline against
+/// llama.cpp's defaults and `autotune measure --twice` all call this one function.
+///
+/// Where a and b were measured in the same interleaved rounds (at least [`MIN_PAIRS`] of them), it compares
+/// those pairs ([`compare_paired`]): a round's drift hits both, and pairing cancels it. Otherwise (a
+/// candidate carried over from an earlier axis, reused repetitions) it compares all measurements unpaired
+/// ([`compare`]). `None` when either side has fewer than two usable measurements. Confidence is
+/// [`DEFAULT_CONFIDENCE`].
+pub fn decide(a: &[RoundRate], b: &[RoundRate], noise: f64, seed: u64) -> Option<Comparison> {
+    let (pa, pb): (Vec<f64>, Vec<f64>) = a
+        .iter()
+        .filter_map(|x| {
+            let round = x.round?;
+            let y = b.iter().find(|y| y.round == Some(round))?;
+            Some((x.rate, y.rate))
+        })
+        .unzip();
+    if pa.len() >= MIN_PAIRS {
+        if let Ok(c) = compare_paired(&pa, &pb, noise, DEFAULT_CONFIDENCE, seed) {
+            return Some(c);
+        }
+    }
+    let sample = |v: &[RoundRate]| Sample::new(v.iter().map(|x| x.rate).collect()).ok();
+    Some(compare(
+        &sample(a)?,
+        &sample(b)?,
+        noise,
+        DEFAULT_CONFIDENCE,
+        seed,
+    ))
 }
 
 /// Turns a point estimate and bootstrap distribution of ln(a/b) into a [`Comparison`].
@@ -690,8 +742,10 @@ mod tests {
                 sd: s.sd(),
                 min: s.min(),
                 max: s.max(),
+                mad: s.mad(),
                 ci_low,
                 ci_high,
+                ci_halfwidth: s.relative_ci_halfwidth(DEFAULT_CONFIDENCE),
                 outliers: 0,
             }
         );
@@ -791,6 +845,72 @@ mod tests {
             1,
         );
         assert_eq!(unpaired.verdict, Verdict::Tie, "{unpaired:?}");
+    }
+
+    fn in_rounds(values: &[f64], first_round: u64) -> Vec<RoundRate> {
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, &rate)| RoundRate {
+                round: Some(first_round + i as u64),
+                rate,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn decide_pairs_measurements_of_the_same_rounds() {
+        let (a, b) = drifting_pairs();
+        let c = decide(&in_rounds(&a, 10), &in_rounds(&b, 10), DEFAULT_NOISE, 1).unwrap();
+        assert_eq!(c.verdict, Verdict::Faster, "{c:?}");
+        assert_eq!(
+            c,
+            compare_paired(&a, &b, DEFAULT_NOISE, DEFAULT_CONFIDENCE, 1).unwrap()
+        );
+    }
+
+    #[test]
+    fn decide_falls_back_to_unpaired_without_shared_rounds() {
+        let (a, b) = drifting_pairs();
+        let unpaired = compare(
+            &sample(&a),
+            &sample(&b),
+            DEFAULT_NOISE,
+            DEFAULT_CONFIDENCE,
+            1,
+        );
+        // Different rounds (a carried-over candidate): the drift cannot be cancelled.
+        let c = decide(&in_rounds(&a, 0), &in_rounds(&b, 1000), DEFAULT_NOISE, 1).unwrap();
+        assert_eq!(c, unpaired);
+        // Measurements that belong to no round (reused from a log) are never paired.
+        let none = |v: &[f64]| -> Vec<RoundRate> {
+            v.iter()
+                .map(|&rate| RoundRate { round: None, rate })
+                .collect()
+        };
+        assert_eq!(
+            decide(&none(&a), &none(&b), DEFAULT_NOISE, 1).unwrap(),
+            unpaired
+        );
+        // Fewer shared rounds than MIN_PAIRS: unpaired over everything.
+        let mut b_late = in_rounds(&b, 1000);
+        for (k, x) in b_late.iter_mut().take(MIN_PAIRS - 1).enumerate() {
+            x.round = Some(k as u64);
+        }
+        assert_eq!(
+            decide(&in_rounds(&a, 0), &b_late, DEFAULT_NOISE, 1).unwrap(),
+            unpaired
+        );
+    }
+
+    #[test]
+    fn decide_needs_two_measurements_a_side() {
+        let a = in_rounds(&[10.0, 11.0, 12.0], 0);
+        assert!(decide(&a, &in_rounds(&[10.0], 0), DEFAULT_NOISE, 1).is_none());
+        assert_eq!(
+            decide(&a, &a, DEFAULT_NOISE, 1).unwrap().verdict,
+            Verdict::Tie
+        );
     }
 
     #[test]

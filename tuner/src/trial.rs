@@ -82,10 +82,6 @@ impl Worker {
         })
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Sends one request and waits for its answer. `stop` is polled so an interrupt ends the wait.
     /// On any failure other than `Refused` the worker is gone and must be replaced.
     pub fn call(

@@ -5,6 +5,7 @@
 use crate::cli::{Cli, DraftArgs, DraftSearchArgs};
 use crate::commands::{doctor, tune::inspect_model};
 use crate::exit::{self, Exit};
+use crate::inputs::{self, Also};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::speculative::evaluate::{self, Setup};
 use crate::speculative::prompts::{self, Prompt};
@@ -25,6 +26,7 @@ pub struct SearchFlags {
 
 pub fn search_settings(a: &DraftSearchArgs) -> anyhow::Result<SearchFlags> {
     let usage = |m: String| Exit::new(exit::USAGE, m);
+    inputs::model_files("--draft", &a.draft, Also::Auto)?;
     let grid = Grid::new(
         a.draft_max.clone(),
         a.draft_min.clone(),
@@ -81,6 +83,9 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
     });
     let margin = search_space::size::parse_size(&a.mem_margin)
         .map_err(|e| Exit::new(exit::USAGE, format!("--mem-margin: {e}")))?;
+    if let Some(t) = a.threads {
+        inputs::threads("--threads", &[t], inputs::logical_cpus())?;
+    }
     let threads = a.threads.unwrap_or(d.machine.physical_cores).max(1);
     let n_batch = 2048u32.max(search.grid.n_max.iter().max().copied().unwrap_or(16) + 1);
     let setup = Setup {

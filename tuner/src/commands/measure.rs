@@ -5,9 +5,10 @@
 use crate::cli::{Cli, MeasureArgs};
 use crate::commands::{doctor, tune::inspect_model};
 use crate::exit::{self, Exit};
+use crate::inputs;
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::pool::WorkerPool;
-use crate::stats::{compare_paired, Comparison, Sample, Summary, Verdict};
+use crate::stats::{self, Comparison, RoundRate, Sample, Summary, Verdict};
 use crate::worker::{LoadReport, MeasureRequest, Repetition, Request, Response, Workload};
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 use serde::Serialize;
@@ -64,7 +65,13 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         n_cpu_moe: a.n_cpu_moe,
         devices: a.devices.clone(),
         kernels: parse::<KernelChoice>("--kernels", &a.kernels)?,
-        threads: a.threads.unwrap_or(d.machine.physical_cores),
+        threads: match a.threads {
+            Some(t) => {
+                inputs::threads("-t", &[t], inputs::logical_cpus())?;
+                t
+            }
+            None => d.machine.physical_cores,
+        },
         n_batch: a.batch,
         n_ubatch: a.ubatch,
         type_k: parse::<CacheType>("--cache-type-k", &a.cache_type_k)?,
@@ -172,7 +179,7 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     }
     let row = |name: &str, s: &Summary| {
         println!(
-            "  {name:<10} median {:>8.2} t/s  mean {:>8.2} ± {:>6.2}  min {:>8.2}  max {:>8.2}  95% CI [{:.2}, {:.2}]  n={}{}",
+            "  {name:<10} median {:>8.2} t/s  mean {:>8.2} ± {:>6.2}  min {:>8.2}  max {:>8.2}  95% CI [{:.2}, {:.2}] (±{:.1}%)  n={}{}",
             s.median,
             s.mean,
             s.sd,
@@ -180,6 +187,7 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
             s.max,
             s.ci_low,
             s.ci_high,
+            100.0 * s.ci_halfwidth,
             s.n,
             if s.outliers > 0 { format!("  ({} outliers)", s.outliers) } else { String::new() }
         )
@@ -228,7 +236,7 @@ fn repetition(
 
 /// `measure --twice`: the same configuration as candidates A and B, each repetition in a fresh
 /// worker (its own load and warm-up), in rounds whose order alternates (A B, B A, ...), then judged
-/// with the paired decision rule the tuner uses. Identical configurations should come out a tie; a verdict
+/// with the tuner's decision rule (`stats::decide`: paired over rounds). Identical configurations should come out a tie; a verdict
 /// says this machine is noisier than `--noise` allows.
 #[derive(Debug, Serialize)]
 struct Twice {
@@ -277,9 +285,21 @@ fn twice(a: &MeasureArgs, request: &MeasureRequest, candidate: &Candidate) -> an
             .map_err(|e| anyhow::anyhow!("{e}"))?
             .summary())
     };
+    // The tuner's own decision rule (stats::decide), with each repetition tagged by its round, so
+    // this A/A test exercises exactly what the search, the leaderboard and the headline decide with.
     let comparison = |k: usize| -> anyhow::Result<Comparison> {
-        compare_paired(&column(0, k), &column(1, k), a.noise, 0.95, a.seed)
-            .map_err(|e| anyhow::anyhow!("{e}"))
+        let in_rounds = |which: usize| -> Vec<RoundRate> {
+            column(which, k)
+                .into_iter()
+                .enumerate()
+                .map(|(round, rate)| RoundRate {
+                    round: Some(round as u64),
+                    rate,
+                })
+                .collect()
+        };
+        stats::decide(&in_rounds(0), &in_rounds(1), a.noise, a.seed)
+            .ok_or_else(|| anyhow::anyhow!("--twice needs at least 2 repetitions (--reps)"))
     };
     let t = Twice {
         candidate: candidate.clone(),

@@ -4,6 +4,7 @@
 use crate::cli::{Cli, QualityArgs};
 use crate::commands::tune::{cache_dir, inspect_model};
 use crate::exit::{self, Exit};
+use crate::inputs::{self, Also};
 use crate::quant::ladder::{self, Ladder};
 use crate::quant::quality::{self, EvalSettings, Evaluator, QualityTable};
 use crate::trial::TrialFailure;
@@ -64,6 +65,7 @@ pub fn eval_settings(
 
 pub fn run(cli: &Cli, a: &QualityArgs) -> anyhow::Result<i32> {
     inspect_model(&a.model)?;
+    inputs::model_files("--quants", &a.quants, Also::Folders)?;
     let ladder = ladder::discover(&a.model, &a.quants)
         .map_err(|e| Exit::new(exit::BAD_MODEL, e.to_string()))?;
     if a.list {

@@ -4,6 +4,7 @@
 use crate::cli::{parse_duration, Cli, TuneArgs};
 use crate::engine::{Engine, Progress, TuneSettings};
 use crate::exit::{self, Exit};
+use crate::inputs::{self, Also};
 use crate::pool::WorkerPool;
 use crate::report::{self, ModelSummary, Report};
 use crate::worker::{Repetition, Workload};
@@ -39,6 +40,9 @@ pub fn workload_numbers(args: &TuneArgs) -> (u32, u32, u32, String) {
         name,
     )
 }
+
+/// The search budget of `--quick` (a ceiling: a shorter --budget still wins).
+const QUICK_BUDGET: Duration = Duration::from_secs(50);
 
 fn settings(
     args: &TuneArgs,
@@ -101,12 +105,7 @@ fn settings(
     let physical = machine.physical_cores.max(1);
     let threads_options = match &args.threads {
         Some(t) => {
-            if t.iter().any(|&x| x == 0) {
-                return Err(usage("--threads must be at least 1".into()));
-            }
-            if let Some(&x) = t.iter().find(|&&x| x > 1024) {
-                return Err(usage(format!("--threads {x} is more than 1024")));
-            }
+            inputs::threads("--threads", t, inputs::logical_cpus().max(logical as u32))?;
             t.clone()
         }
         None => {
@@ -151,8 +150,10 @@ fn settings(
         min_reps,
         max_reps,
         candidate_cap: Duration::from_secs(per_candidate),
+        // --quick: at most 50 s of search, so with the confirmation and the last repetition in
+        // flight the run measures for under a minute.
         budget: if args.quick {
-            budget.min(Duration::from_secs(75))
+            budget.min(QUICK_BUDGET)
         } else {
             budget
         },
@@ -165,6 +166,7 @@ fn settings(
         threads_options,
         default_threads,
         n_gpu_layers,
+        n_gpu_layers_pinned: args.n_gpu_layers.is_some(),
         kernels,
         cache_types,
         flash_attn,
@@ -260,7 +262,18 @@ impl Progress for Bar {
     }
 }
 
+/// Files named for later stages (quantizations, a reference, drafts) are checked first, not after
+/// minutes of tuning.
+fn check_named_files(args: &TuneArgs) -> anyhow::Result<()> {
+    inspect_model(&args.model)?;
+    inputs::model_files("--quants", &args.quants, Also::Folders)?;
+    inputs::model_files("--draft", &args.speculative.draft, Also::Auto)?;
+    let reference: Vec<_> = args.reference.iter().cloned().collect();
+    inputs::model_files("--reference", &reference, Also::Nothing)
+}
+
 pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
+    check_named_files(args)?;
     // ---- quantization choice (quant::joint): --quants / --ladder / --max-kld / --reference ----
     if crate::quant::joint::wants_joint(args) {
         return crate::quant::joint::run(cli, args);
@@ -391,12 +404,12 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     let workload = settings.workload.clone();
     let started = std::time::Instant::now();
     let mut engine = Engine::new(settings, pool, Some(&mut log), &stop_fn, &bar);
-    let baseline = engine.baseline();
     let mut winner = if args.exhaustive {
         engine.run_exhaustive()
     } else {
         engine.run()
     };
+    let baseline = engine.baseline();
     let mut confirm_drift = Vec::new();
     let mut confirmed = Vec::new();
     if let Some(w) = winner.clone() {
@@ -445,6 +458,9 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     };
     let winner_figures = winner.as_ref().and_then(figures_of);
     let baseline_figures = figures_of(&baseline);
+    let versus_defaults = winner
+        .as_ref()
+        .and_then(|w| report::versus_defaults(&results, w, &baseline, &workload, noise, seed));
     let mut notes = Vec::new();
     for r in results.iter().filter(|r| r.failure.is_some()) {
         if let Some(crate::trial::TrialFailure::Crashed { name, .. }) = &r.failure {
@@ -493,6 +509,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         winner_figures: winner_figures.clone(),
         baseline: Some(baseline.clone()),
         baseline_figures: baseline_figures.clone(),
+        versus_defaults,
         confirm_drift,
         confirmed,
         profile_path: None,
