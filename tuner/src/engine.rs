@@ -54,6 +54,8 @@ pub struct TuneSettings {
     pub offload: bool,
     /// Whether the model is a mixture of experts (expert placement is searched).
     pub moe: bool,
+    /// `--quick`: fewer placements (the most layers that fit, half, none).
+    pub quick: bool,
 }
 
 /// One candidate's outcome in the run.
@@ -126,8 +128,13 @@ impl CandidateResult {
         stats::decide(&self.round_rates(w), &other.round_rates(w), noise, seed)
     }
 
+    /// Bytes llama.cpp reported for the load, else the dry run's prediction (0 when neither is known).
     pub fn mem_bytes(&self) -> u64 {
-        self.load.as_ref().map(|l| l.reported_bytes).unwrap_or(0)
+        self.load
+            .as_ref()
+            .or(self.predicted.as_ref())
+            .map(|l| l.reported_bytes)
+            .unwrap_or(0)
     }
 }
 
@@ -248,6 +255,7 @@ impl<'a> Engine<'a> {
         if let Some(log) = self.log.as_deref() {
             r.reps = log.previous_reps(c);
             r.rounds = vec![None; r.reps.len()];
+            r.load = r.reps.iter().rev().find_map(|x| x.load.clone());
         }
         self.results.push(r);
         self.results.len() - 1

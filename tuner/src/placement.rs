@@ -13,7 +13,10 @@ impl Engine<'_> {
     pub fn footprint(&mut self, c: &Candidate) -> Result<LoadReport, String> {
         let mut req = self.request(c);
         req.settings.no_alloc = true;
-        let key = serde_json::to_string(&(&req.settings, &req.context)).expect("serialises");
+        // Thread counts do not change what a load allocates: one dry run serves them all.
+        let mut context = req.context.clone();
+        context.threads = 0;
+        let key = serde_json::to_string(&(&req.settings, &context)).expect("serialises");
         if let Some(r) = self.footprints.get(&key) {
             return r.clone();
         }
@@ -66,6 +69,12 @@ impl Engine<'_> {
     /// The most layers that fit the budgets with `c`'s other settings (binary search over dry runs);
     /// `None` when not even zero layers fit.
     pub fn max_fitting_layers(&mut self, c: &Candidate) -> Option<u32> {
+        self.max_fitting_layers_from(c, 0)
+    }
+
+    /// [`Self::max_fitting_layers`] when `known` layers are already known to fit (a lever that only
+    /// shrinks memory fits at least what the unchanged settings fit).
+    fn max_fitting_layers_from(&mut self, c: &Candidate, known: u32) -> Option<u32> {
         let all = self.settings.n_layers + 1;
         let fits = |e: &mut Self, n: u32| {
             e.check_fit(&Candidate {
@@ -77,10 +86,10 @@ impl Engine<'_> {
         if fits(self, all) {
             return Some(all);
         }
-        if !fits(self, 0) {
+        if known == 0 && !fits(self, 0) {
             return None;
         }
-        let (mut lo, mut hi) = (0, all); // lo fits, hi does not
+        let (mut lo, mut hi) = (known.min(all - 1), all); // lo fits, hi does not
         while hi - lo > 1 {
             let mid = (lo + hi) / 2;
             if fits(self, mid) {
@@ -92,20 +101,95 @@ impl Engine<'_> {
         Some(lo)
     }
 
-    /// GPU-layer counts to measure: the most that fit, a few steps down, and none (CPU only).
+    /// GPU-layer counts to measure: the most that fit, a few steps down, and none (CPU only); with
+    /// `--quick` the most that fit, half and none. Then the fit levers' placements.
     pub fn placement_group(&mut self, from: &Candidate) -> Vec<Candidate> {
         let Some(max) = self.max_fitting_layers(from) else {
             return Vec::new();
         };
-        let mut ns = vec![max, max.saturating_sub(1), max * 3 / 4, max / 2, max / 4, 0];
+        let mut ns = if self.settings.quick {
+            vec![max, max / 2, 0]
+        } else {
+            vec![max, max.saturating_sub(1), max * 3 / 4, max / 2, max / 4, 0]
+        };
         ns.sort_unstable_by(|a, b| b.cmp(a));
         ns.dedup();
-        ns.into_iter()
+        let mut group: Vec<Candidate> = ns
+            .into_iter()
             .map(|n| Candidate {
                 n_gpu_layers: n,
                 ..from.clone()
             })
-            .collect()
+            .collect();
+        if max <= self.settings.n_layers {
+            group.extend(self.lever_placements(from, max));
+        }
+        group
+    }
+
+    /// When not every layer fits: the settings that shrink what the device must hold — the smallest
+    /// micro-batch given (the compute buffer; on a large vocabulary the output logits of one
+    /// micro-batch alone are hundreds of MiB), a quantized KV cache, and both — each at the most
+    /// layers it lets fit, when that is more than `from`'s `max`. Measured beside the f16 placements,
+    /// so the run shows what each lever bought and what it cost.
+    fn lever_placements(&mut self, from: &Candidate, max: u32) -> Vec<Candidate> {
+        let small_ub = self
+            .settings
+            .ubatch_options
+            .iter()
+            .copied()
+            .filter(|&u| u < from.n_ubatch)
+            .min();
+        let quant_kv = self
+            .settings
+            .cache_types
+            .iter()
+            .copied()
+            .find(|t| t.is_quantized());
+        let with_ub = |c: &Candidate, u: u32| Candidate {
+            n_ubatch: u,
+            ..c.clone()
+        };
+        let with_kv = |c: &Candidate, t: search_space::CacheType| Candidate {
+            type_k: t,
+            type_v: t,
+            // A quantized V cache needs flash attention.
+            flash_attn: if c.flash_attn == search_space::FlashAttn::Off {
+                search_space::FlashAttn::Auto
+            } else {
+                c.flash_attn
+            },
+            ..c.clone()
+        };
+        let mut levers = Vec::new();
+        if let Some(u) = small_ub {
+            levers.push(with_ub(from, u));
+        }
+        if let Some(t) = quant_kv {
+            levers.push(with_kv(from, t));
+            if let Some(u) = small_ub {
+                levers.push(with_ub(&with_kv(from, t), u));
+            }
+        }
+        let all = self.settings.n_layers + 1;
+        let mut out = Vec::new();
+        let mut best = max;
+        for lever in levers.into_iter().filter(|c| c.validate().is_ok()) {
+            if best == all {
+                break;
+            }
+            if let Some(n) = self
+                .max_fitting_layers_from(&lever, max)
+                .filter(|&n| n > best)
+            {
+                best = n;
+                out.push(Candidate {
+                    n_gpu_layers: n,
+                    ..lever
+                });
+            }
+        }
+        out
     }
 
     /// MoE placement, like llama.cpp's `--n-cpu-moe`: every layer offloaded, with the experts of the

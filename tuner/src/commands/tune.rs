@@ -176,6 +176,7 @@ fn settings(
         n_layers: 0,
         offload: !machine.offload_devices().is_empty(),
         moe: false,
+        quick: args.quick,
     })
 }
 
