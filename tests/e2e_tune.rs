@@ -38,6 +38,24 @@ fn tunes_the_demo_model_and_saves_a_valid_profile() {
         report["baseline_figures"]["tg_tps"].as_f64().is_some(),
         "llama.cpp's defaults measured in the same run"
     );
+    // The headline's claim against the defaults comes from the decision rule: a verdict with its
+    // interval, or the defaults themselves winning.
+    let versus = &report["versus_defaults"];
+    if versus["same_configuration"] == false {
+        let verdict = versus["comparison"]["verdict"].as_str().unwrap();
+        assert!(["faster", "slower", "tie"].contains(&verdict), "{versus}");
+        assert!(
+            versus["comparison"]["ci_low"].as_f64().unwrap()
+                <= versus["comparison"]["ci_high"].as_f64().unwrap()
+        );
+        assert_eq!(
+            versus["chosen_for"].is_string(),
+            verdict == "tie",
+            "{versus}"
+        );
+    } else {
+        assert_eq!(report["winner"], report["baseline"], "{versus}");
+    }
 
     // The profile: in the store and at --out, identical, parseable, valid.
     let stored = sb.stored_profiles();
