@@ -116,16 +116,22 @@ pub fn init(echo: bool) {
     });
 }
 
-/// Backend modules are looked for in `AUTOTUNE_BACKEND_DIR`, next to the executable (installed
-/// layout), and in the directory the build wrote them to.
+/// Backend modules are looked for in `AUTOTUNE_BACKEND_DIR`, next to the executable (`backends/`),
+/// in `<exe dir>/../lib/autotune` (what `scripts/install` writes: `PREFIX/bin/autotune` beside
+/// `PREFIX/lib/autotune/`), and in the directory the build wrote them to. The installed layouts come
+/// before the build's directory, so an installed binary loads its own modules even while the build
+/// it came from still exists.
 fn load_backend_modules() {
     let mut dirs: Vec<std::path::PathBuf> = Vec::new();
     if let Some(d) = std::env::var_os("AUTOTUNE_BACKEND_DIR") {
         dirs.push(d.into());
     }
     if let Ok(exe) = std::env::current_exe() {
-        if let Some(parent) = exe.parent() {
-            dirs.push(parent.join("backends"));
+        if let Some(bin) = exe.parent() {
+            dirs.push(bin.join("backends"));
+            if let Some(prefix) = bin.parent() {
+                dirs.push(prefix.join("lib").join("autotune"));
+            }
         }
     }
     if let Some(d) = sys::BACKENDS_DIR {
