@@ -88,6 +88,7 @@ pub fn example_profile() -> Profile {
                     memory_total: 68_719_476_736,
                 },
             ],
+            gpus: vec!["NVIDIA GeForce RTX 4090".into()],
         },
         llama: LlamaBuild {
             version: "b6100".into(),

@@ -78,6 +78,10 @@ pub struct MachineRef {
     pub os: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceRef>,
+    /// GPUs the operating system showed, whether or not a backend of the build drove them (a profile
+    /// tuned with a GPU left idle says so here and in its notes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
 }
 
 /// One llama.cpp device (`--list-devices`).

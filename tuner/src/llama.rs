@@ -426,15 +426,6 @@ impl Model {
         unsafe { sys::llama_vocab_bos(sys::llama_model_get_vocab(self.ptr.as_ptr())) }
     }
 
-    pub fn size_bytes(&self) -> u64 {
-        // SAFETY: as above.
-        unsafe { sys::llama_model_size(self.ptr.as_ptr()) }
-    }
-
-    pub fn n_layer(&self) -> i32 {
-        // SAFETY: as above.
-        unsafe { sys::llama_model_n_layer(self.ptr.as_ptr()) }
-    }
 }
 
 impl Drop for Model {

@@ -7,6 +7,7 @@ mod exit;
 mod explain;
 mod fault;
 mod fit;
+mod gpus;
 mod inputs;
 mod llama;
 mod machine;

@@ -15,6 +15,11 @@ use std::path::PathBuf;
 pub struct Report {
     pub model: ModelSummary,
     pub machine: crate::machine::Machine,
+    /// GPUs the operating system shows, and the warnings for those no loaded backend drives.
+    pub gpus: Vec<crate::gpus::Gpu>,
+    pub gpu_warnings: Vec<String>,
+    /// The devices the winner runs on (its layers' devices and the CPU).
+    pub winner_devices: Vec<String>,
     pub llama: profiles::LlamaBuild,
     pub workload: Workload,
     pub seed: u64,
@@ -55,6 +60,20 @@ pub struct VersusDefaults {
     pub comparison: Option<Comparison>,
     /// Why the winner was chosen when it ties with the defaults.
     pub chosen_for: Option<String>,
+}
+
+/// The devices a candidate runs on: the CPU, and with GPU layers its pinned devices or every
+/// non-CPU device (llama.cpp splits layers over all of them by default).
+pub fn devices_of(c: &Candidate, machine: &crate::machine::Machine) -> Vec<String> {
+    let mut out = vec!["CPU".to_string()];
+    if c.n_gpu_layers > 0 {
+        if c.devices.is_empty() {
+            out.extend(machine.offload_devices().iter().map(|d| d.name.clone()));
+        } else {
+            out.extend(c.devices.iter().filter(|d| *d != "CPU").cloned());
+        }
+    }
+    out
 }
 
 /// The winner against the defaults (`None` when either was not measured).

@@ -2,7 +2,7 @@
 //! loaded, and its system info line (which SIMD kernels are in use).
 
 use crate::cli::{Cli, DoctorArgs};
-use crate::{exit, llama, machine::Machine};
+use crate::{exit, gpus, llama, machine::Machine};
 use search_space::size::format_size;
 use serde::Serialize;
 
@@ -13,6 +13,10 @@ pub struct Doctor {
     pub cpu_variant: Option<String>,
     pub system_info: String,
     pub llama_version: String,
+    /// GPUs the operating system shows, whether or not a loaded backend drives them.
+    pub gpus: Vec<gpus::Gpu>,
+    /// One line per vendor whose GPUs no device of this build is driven by (`gpus::unused`).
+    pub gpu_warnings: Vec<String>,
 }
 
 /// Starts llama.cpp in this process (connecting the RPC servers given) and reads what it sees.
@@ -21,9 +25,14 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Doctor> {
     let log = llama::take_log();
     llama::rpc_add_servers(rpc).map_err(|e| anyhow::anyhow!("{e}"))?;
     let devices = llama::devices();
+    let backends = llama::backends();
+    let found = gpus::this_machine();
+    let gpu_warnings = gpus::unused(&found, &backends, &devices);
     Ok(Doctor {
         machine: Machine::probe(devices),
-        backends: llama::backends(),
+        backends,
+        gpus: found,
+        gpu_warnings,
         cpu_variant: llama::cpu_variant(&log),
         system_info: llama::system_info(),
         llama_version: llama::build_info().0,
@@ -65,6 +74,15 @@ pub fn run(cli: &Cli, args: &DoctorArgs) -> anyhow::Result<i32> {
             format_size(dev.memory_total),
             dev.description
         );
+    }
+    if !d.gpus.is_empty() {
+        println!("gpus (seen by the OS)");
+        for g in &d.gpus {
+            println!("  {:<40} {}", g.name, g.source);
+        }
+    }
+    for w in &d.gpu_warnings {
+        println!("warning      {w}");
     }
     println!("fingerprint  {}", &m.fingerprint[..16]);
     Ok(exit::OK)

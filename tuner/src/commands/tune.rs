@@ -293,6 +293,9 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     }
 
     let doctor = doctor::probe(cli.verbose, &args.rpc)?;
+    for w in &doctor.gpu_warnings {
+        eprintln!("autotune: warning: {w}");
+    }
     let machine = doctor.machine.clone();
     let offload = !machine.offload_devices().is_empty();
     let n_layers = info.block_count.unwrap_or(0);
@@ -462,7 +465,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     let versus_defaults = winner
         .as_ref()
         .and_then(|w| report::versus_defaults(&results, w, &baseline, &workload, noise, seed));
-    let mut notes = Vec::new();
+    let mut notes = doctor.gpu_warnings.clone();
     for r in results.iter().filter(|r| r.failure.is_some()) {
         if let Some(crate::trial::TrialFailure::Crashed { name, .. }) = &r.failure {
             notes.push(report::one_line(&format!(
@@ -494,6 +497,12 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
             fingerprint: identity.fingerprint.clone(),
         },
         machine: machine.clone(),
+        gpus: doctor.gpus.clone(),
+        gpu_warnings: doctor.gpu_warnings.clone(),
+        winner_devices: winner
+            .as_ref()
+            .map(|w| report::devices_of(w, &machine))
+            .unwrap_or_default(),
         llama: llama_build.clone(),
         workload: workload.clone(),
         seed,
@@ -601,6 +610,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
                     memory_total: d.memory_total,
                 })
                 .collect(),
+            gpus: doctor.gpus.iter().map(|g| g.name.clone()).collect(),
         },
         llama: llama_build,
         workload: profile_workload,

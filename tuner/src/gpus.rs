@@ -1,0 +1,373 @@
+//! GPUs as the operating system sees them, whether or not this build of llama.cpp can drive them.
+//!
+//! A profile that leaves the GPU idle, trusted because it was "measured", is the worst result the tool
+//! can give: on an NVIDIA machine a build without the CUDA backend (or Vulkan) would tune the CPU alone
+//! and say nothing. So `doctor` and `tune` look for the hardware themselves — NVIDIA's driver files
+//! (`/proc/driver/nvidia/gpus`) or `nvidia-smi`, display controllers under `/sys/class/drm` (AMD, Intel,
+//! NVIDIA without its driver), Apple silicon on macOS — and compare it with the devices llama.cpp
+//! reports: a GPU no loaded backend offers gets one warning, with the command that builds the backend.
+
+use crate::llama::DeviceInfo;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Vendor {
+    Nvidia,
+    Amd,
+    Intel,
+    Apple,
+}
+
+impl Vendor {
+    fn from_pci(id: &str) -> Option<Vendor> {
+        match id.trim().to_ascii_lowercase().as_str() {
+            "0x10de" => Some(Vendor::Nvidia),
+            "0x1002" => Some(Vendor::Amd),
+            "0x8086" => Some(Vendor::Intel),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Vendor::Nvidia => "NVIDIA",
+            Vendor::Amd => "AMD",
+            Vendor::Intel => "Intel",
+            Vendor::Apple => "Apple",
+        }
+    }
+
+    /// ggml backends (registry names, lower case) that drive this vendor's GPUs, best first.
+    pub fn backends(self) -> &'static [&'static str] {
+        match self {
+            Vendor::Nvidia => &["cuda", "vulkan"],
+            Vendor::Amd => &["rocm", "hip", "vulkan"],
+            Vendor::Intel => &["sycl", "vulkan"],
+            Vendor::Apple => &["metal", "mtl"],
+        }
+    }
+
+    /// What builds a backend for this vendor.
+    pub fn build_hint(self) -> &'static str {
+        match self {
+            Vendor::Nvidia => "scripts/build-backends cuda",
+            Vendor::Amd | Vendor::Intel => "scripts/build-backends vulkan",
+            Vendor::Apple => "cargo build --release -p tuner --features metal",
+        }
+    }
+}
+
+/// One GPU found by the operating system.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub vendor: Vendor,
+    /// The model name where the driver gives one, else the PCI ids.
+    pub name: String,
+    /// Where it was seen (a path, or `nvidia-smi`).
+    pub source: String,
+}
+
+/// The GPUs under `root` (`/` on a real machine; a fixture directory in tests). NVIDIA GPUs come from
+/// the driver's files when it is loaded; display controllers (PCI class 0x03) from `sys/class/drm`.
+pub fn scan(root: &Path) -> Vec<Gpu> {
+    let mut gpus = nvidia_driver_gpus(root);
+    let have_nvidia = !gpus.is_empty();
+    for g in drm_gpus(root) {
+        // With NVIDIA's driver loaded its own files already named these GPUs.
+        if !(have_nvidia && g.vendor == Vendor::Nvidia) {
+            gpus.push(g);
+        }
+    }
+    gpus
+}
+
+/// This machine's GPUs: [`scan`] of `/`, `nvidia-smi -L` when the driver's files are not visible
+/// (some containers), and Apple silicon on macOS.
+pub fn this_machine() -> Vec<Gpu> {
+    let mut gpus = scan(Path::new("/"));
+    if !gpus.iter().any(|g| g.vendor == Vendor::Nvidia) {
+        gpus.extend(nvidia_smi_gpus());
+    }
+    if cfg!(target_os = "macos") && cfg!(target_arch = "aarch64") {
+        gpus.push(Gpu {
+            vendor: Vendor::Apple,
+            name: "Apple silicon GPU".into(),
+            source: "the OS".into(),
+        });
+    }
+    gpus
+}
+
+fn nvidia_driver_gpus(root: &Path) -> Vec<Gpu> {
+    let dir = root.join("proc/driver/nvidia/gpus");
+    let mut entries: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    entries.sort();
+    entries
+        .into_iter()
+        .map(|p| {
+            let info = std::fs::read_to_string(p.join("information")).unwrap_or_default();
+            let name = info
+                .lines()
+                .find_map(|l| l.strip_prefix("Model:"))
+                .map(|m| m.trim().to_string())
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| "NVIDIA GPU".into());
+            Gpu {
+                vendor: Vendor::Nvidia,
+                name,
+                source: p.display().to_string(),
+            }
+        })
+        .collect()
+}
+
+fn drm_gpus(root: &Path) -> Vec<Gpu> {
+    let dir = root.join("sys/class/drm");
+    let mut cards: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    cards.sort();
+    let read = |p: &Path, f: &str| std::fs::read_to_string(p.join("device").join(f)).ok();
+    cards
+        .into_iter()
+        .filter(|p| {
+            // card0, card1 … (not their connectors card0-HDMI-A-1, nor renderD128).
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("card"))
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter(|p| read(p, "class").is_some_and(|c| c.trim().starts_with("0x03")))
+        .filter_map(|p| {
+            let vendor_id = read(&p, "vendor")?;
+            let vendor = Vendor::from_pci(&vendor_id)?;
+            let device = read(&p, "device").unwrap_or_default();
+            Some(Gpu {
+                vendor,
+                name: format!(
+                    "{} GPU (PCI {}:{})",
+                    vendor.name(),
+                    vendor_id.trim().trim_start_matches("0x"),
+                    device.trim().trim_start_matches("0x")
+                ),
+                source: p.display().to_string(),
+            })
+        })
+        .collect()
+}
+
+fn nvidia_smi_gpus() -> Vec<Gpu> {
+    let Ok(out) = std::process::Command::new("nvidia-smi")
+        .arg("-L")
+        .stderr(std::process::Stdio::null())
+        .output()
+    else {
+        return Vec::new();
+    };
+    parse_nvidia_smi_list(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// `nvidia-smi -L` lines: `GPU 0: NVIDIA H200 (UUID: GPU-…)`.
+fn parse_nvidia_smi_list(text: &str) -> Vec<Gpu> {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("GPU ")?;
+            let (_, name) = rest.split_once(": ")?;
+            let name = name.split(" (UUID").next()?.trim();
+            Some(Gpu {
+                vendor: Vendor::Nvidia,
+                name: name.to_string(),
+                source: "nvidia-smi".into(),
+            })
+        })
+        .collect()
+}
+
+/// One warning per vendor whose GPUs no device of the running build is driven by: what was found,
+/// that the run would leave it idle, and the command that builds the backend. A backend that is
+/// loaded but lists no device (a module without a driver) is said as such.
+pub fn unused(gpus: &[Gpu], backends: &[String], devices: &[DeviceInfo]) -> Vec<String> {
+    fn has<'a>(mut list: impl Iterator<Item = &'a str>, wanted: &[&str]) -> bool {
+        list.any(|b| wanted.contains(&b.to_ascii_lowercase().as_str()))
+    }
+    let mut out = Vec::new();
+    for vendor in [Vendor::Nvidia, Vendor::Amd, Vendor::Intel, Vendor::Apple] {
+        let found: Vec<&str> = gpus
+            .iter()
+            .filter(|g| g.vendor == vendor)
+            .map(|g| g.name.as_str())
+            .collect();
+        if found.is_empty() {
+            continue;
+        }
+        let wanted = vendor.backends();
+        if has(devices.iter().map(|d| d.backend.as_str()), wanted) {
+            continue;
+        }
+        let what = found.join(", ");
+        let names: Vec<String> = wanted.iter().map(|b| display_backend(b)).collect();
+        if has(backends.iter().map(String::as_str), wanted) {
+            out.push(format!(
+                "{what} found, and a {} backend is loaded but lists no device: is the {} driver installed and loaded? autotune would tune without the GPU",
+                names.join("/"),
+                vendor.name()
+            ));
+        } else {
+            out.push(format!(
+                "{what} found, but this build has no {} backend: autotune would tune the CPU alone. Build one with: {}",
+                names.join(" or "),
+                vendor.build_hint()
+            ));
+        }
+    }
+    out
+}
+
+fn display_backend(b: &str) -> String {
+    match b {
+        "cuda" => "CUDA".into(),
+        "vulkan" => "Vulkan".into(),
+        "rocm" => "ROCm".into(),
+        "hip" => "HIP".into(),
+        "sycl" => "SYCL".into(),
+        "metal" => "Metal".into(),
+        other => other.to_uppercase(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn write(root: &Path, rel: &str, text: &str) {
+        let p = root.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(p, text).unwrap();
+    }
+
+    fn card(root: &Path, card: &str, vendor: &str, class: &str, device: &str) {
+        write(root, &format!("sys/class/drm/{card}/device/vendor"), vendor);
+        write(root, &format!("sys/class/drm/{card}/device/class"), class);
+        write(root, &format!("sys/class/drm/{card}/device/device"), device);
+    }
+
+    fn device(backend: &str) -> DeviceInfo {
+        DeviceInfo {
+            name: format!("{backend}0"),
+            description: String::new(),
+            backend: backend.into(),
+            kind: "gpu".into(),
+            memory_free: 1,
+            memory_total: 1,
+        }
+    }
+
+    #[test]
+    fn nvidia_driver_files_name_the_gpus() {
+        let root = tempfile::tempdir().unwrap();
+        write(
+            root.path(),
+            "proc/driver/nvidia/gpus/0000:19:00.0/information",
+            "Model: \t\t NVIDIA H200\nIRQ:   \t\t 34\n",
+        );
+        // The same GPU as a display controller: not counted twice.
+        card(root.path(), "card1", "0x10de\n", "0x030200\n", "0x2335\n");
+        let gpus = scan(root.path());
+        assert_eq!(gpus.len(), 1, "{gpus:?}");
+        assert_eq!(gpus[0].vendor, Vendor::Nvidia);
+        assert_eq!(gpus[0].name, "NVIDIA H200");
+    }
+
+    #[test]
+    fn display_controllers_of_known_vendors_are_gpus() {
+        let root = tempfile::tempdir().unwrap();
+        card(root.path(), "card0", "0x1002\n", "0x030000\n", "0x744c\n");
+        card(root.path(), "card1", "0x8086\n", "0x038000\n", "0x56a0\n");
+        // A BMC's display (ASPEED), a connector and a non-display function are not.
+        card(root.path(), "card2", "0x1a03\n", "0x030000\n", "0x2000\n");
+        card(
+            root.path(),
+            "card0-DP-1",
+            "0x1002\n",
+            "0x030000\n",
+            "0x744c\n",
+        );
+        card(root.path(), "card3", "0x10de\n", "0x040300\n", "0x10f0\n");
+        let gpus = scan(root.path());
+        let vendors: Vec<Vendor> = gpus.iter().map(|g| g.vendor).collect();
+        assert_eq!(vendors, [Vendor::Amd, Vendor::Intel], "{gpus:?}");
+        assert_eq!(gpus[0].name, "AMD GPU (PCI 1002:744c)");
+        // Without the NVIDIA driver, an NVIDIA display controller is still seen.
+        card(root.path(), "card4", "0x10de\n", "0x030200\n", "0x2335\n");
+        assert!(scan(root.path()).iter().any(|g| g.vendor == Vendor::Nvidia));
+    }
+
+    #[test]
+    fn an_empty_machine_has_no_gpus() {
+        let root = tempfile::tempdir().unwrap();
+        assert!(scan(root.path()).is_empty());
+    }
+
+    #[test]
+    fn nvidia_smi_list_is_parsed() {
+        let gpus = parse_nvidia_smi_list(
+            "GPU 0: NVIDIA H200 (UUID: GPU-1234)\nGPU 1: NVIDIA GeForce RTX 4090 (UUID: GPU-5678)\n",
+        );
+        let names: Vec<&str> = gpus.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, ["NVIDIA H200", "NVIDIA GeForce RTX 4090"]);
+    }
+
+    #[test]
+    fn a_gpu_without_a_backend_gets_one_warning_with_the_build_command() {
+        let gpu = |vendor, name: &str| Gpu {
+            vendor,
+            name: name.into(),
+            source: "fixture".into(),
+        };
+        let two_nvidia = [
+            gpu(Vendor::Nvidia, "NVIDIA H200"),
+            gpu(Vendor::Nvidia, "NVIDIA H200"),
+        ];
+        let cpu_only = ["CPU".to_string(), "RPC".to_string()];
+        let w = unused(&two_nvidia, &cpu_only, &[device("CPU")]);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with(
+                "NVIDIA H200, NVIDIA H200 found, but this build has no CUDA or Vulkan backend"
+            ),
+            "{}",
+            w[0]
+        );
+        assert!(w[0].ends_with("scripts/build-backends cuda"), "{}", w[0]);
+        // The module loaded, no driver: said as such.
+        let with_cuda = ["CPU".to_string(), "CUDA".to_string()];
+        let w = unused(&two_nvidia, &with_cuda, &[device("CPU")]);
+        assert!(
+            w[0].contains("CUDA/Vulkan backend is loaded but lists no device"),
+            "{}",
+            w[0]
+        );
+        // A device of a backend that drives it: nothing to say; Vulkan counts too.
+        assert!(unused(&two_nvidia, &with_cuda, &[device("CPU"), device("CUDA")]).is_empty());
+        assert!(unused(&two_nvidia, &cpu_only, &[device("Vulkan")]).is_empty());
+        // An AMD GPU beside a used NVIDIA one still gets its own warning.
+        let mixed = [
+            gpu(Vendor::Nvidia, "NVIDIA H200"),
+            gpu(Vendor::Amd, "AMD GPU (PCI 1002:744c)"),
+        ];
+        let w = unused(&mixed, &with_cuda, &[device("CUDA")]);
+        assert_eq!(w.len(), 1);
+        assert!(
+            w[0].contains("ROCm or HIP or Vulkan")
+                && w[0].ends_with("scripts/build-backends vulkan"),
+            "{}",
+            w[0]
+        );
+        assert!(unused(&[], &cpu_only, &[device("CPU")]).is_empty());
+    }
+}
