@@ -9,15 +9,21 @@
 //! shuffled order (seeded, recorded), so slow drift of the machine hits all candidates alike.
 
 use crate::llama::{ContextSettings, ModelSettings};
-use crate::pool::WorkerPool;
+use crate::pool::{WorkerPool, Workers};
 use crate::stats::{self, RoundRate, Sample, Verdict};
 use crate::trial::TrialFailure;
-use crate::worker::{LoadReport, MeasureRequest, Repetition, Request, Response, Workload};
+use crate::worker::{LoadReport, MeasureRequest, Repetition, Workload};
 use profiles::measurements::{MeasurementLog, Record};
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+/// The simulated landscape the engine's decisions are tested on (tests and `bench/search-sim` only;
+/// a user's run always measures llama.cpp). Declared here so it sits beside what it tests.
+#[cfg(test)]
+#[path = "sim/mod.rs"]
+pub(crate) mod sim;
 
 /// Everything a run needs to know, validated.
 #[derive(Debug, Clone)]
@@ -157,16 +163,39 @@ pub trait Progress {
     fn best(&self, label: &str, margin: Option<f64>, elapsed: Duration, budget: Duration);
 }
 
+/// What the engine measures through: on a user's run the worker processes running llama.cpp
+/// ([`Workers`]); in tests and `bench/search-sim` a simulated landscape (`sim`). The engine's
+/// clock is the measurer's too, so a simulated run spends simulated seconds of its budget.
+pub trait Measurer {
+    /// One repetition of the workload for a request, loading its model first when needed.
+    fn measure(
+        &mut self,
+        req: &MeasureRequest,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Repetition, TrialFailure>;
+    /// The dry run's memory per device for a request (nothing allocated); `Err` with the reason.
+    fn footprint(
+        &mut self,
+        req: &MeasureRequest,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<LoadReport, String>;
+    /// How often the placement of this request has crashed its worker.
+    fn crashes_for(&self, req: &MeasureRequest) -> u32;
+    /// Lets go of every loaded model, so the next repetition runs on a fresh load.
+    fn unload(&mut self);
+    /// Ends every worker (the end of the run).
+    fn shutdown(&mut self);
+    /// Time since the run started (wall time for real, simulated seconds for the simulator).
+    fn elapsed(&self) -> Duration;
+}
+
 pub struct Engine<'a> {
     pub settings: TuneSettings,
     pub results: Vec<CandidateResult>,
-    pub(crate) pool: WorkerPool,
-    /// A separate worker for dry runs, so they never evict a loaded model.
-    pub(crate) dry: WorkerPool,
+    pub(crate) measurer: Box<dyn Measurer + 'a>,
     /// Dry-run results by request key.
     pub(crate) footprints: std::collections::HashMap<String, Result<LoadReport, String>>,
     log: Option<&'a mut MeasurementLog>,
-    started: Instant,
     round: u64,
     stop: &'a dyn Fn() -> bool,
     progress: &'a dyn Progress,
@@ -184,15 +213,23 @@ impl<'a> Engine<'a> {
         stop: &'a dyn Fn() -> bool,
         progress: &'a dyn Progress,
     ) -> Self {
-        let dry = WorkerPool::new(1, pool.timeout);
+        Self::with_measurer(settings, Box::new(Workers::new(pool)), log, stop, progress)
+    }
+
+    /// An engine that measures through `measurer` (the simulator in tests).
+    pub fn with_measurer(
+        settings: TuneSettings,
+        measurer: Box<dyn Measurer + 'a>,
+        log: Option<&'a mut MeasurementLog>,
+        stop: &'a dyn Fn() -> bool,
+        progress: &'a dyn Progress,
+    ) -> Self {
         Engine {
             settings,
             results: Vec::new(),
-            pool,
-            dry,
+            measurer,
             footprints: Default::default(),
             log,
-            started: Instant::now(),
             round: 0,
             stop,
             progress,
@@ -265,7 +302,7 @@ impl<'a> Engine<'a> {
         if (self.stop)() {
             self.interrupted = true;
         }
-        if self.started.elapsed() >= self.settings.budget {
+        if self.measurer.elapsed() >= self.settings.budget {
             self.budget_spent = true;
         }
         self.interrupted || self.budget_spent
@@ -358,10 +395,11 @@ impl<'a> Engine<'a> {
                     1
                 };
                 for _ in 0..visit {
-                    let t = Instant::now();
+                    let t = self.measurer.elapsed();
                     self.measure_once(i, axis);
-                    spent[k] += t.elapsed();
-                    self.results[i].seconds += t.elapsed().as_secs_f64();
+                    let took = self.measurer.elapsed().saturating_sub(t);
+                    spent[k] += took;
+                    self.results[i].seconds += took.as_secs_f64();
                     let r = &self.results[i];
                     if r.failure.is_some() || r.skipped.is_some() || self.out_of_time() {
                         break;
@@ -417,15 +455,15 @@ impl<'a> Engine<'a> {
         let c = self.results[i].candidate.clone();
         let label = c.label();
         let req = self.request(&c);
-        if self.pool.crashes_for(&req) >= 2 {
+        if self.measurer.crashes_for(&req) >= 2 {
             self.results[i].skipped =
                 Some("skipped: this placement and kernel choice crashed twice".into());
             return;
         }
         self.progress.candidate_started(&label, axis);
         let stop = self.stop;
-        match self.pool.call(&Request::Measure(req), stop) {
-            Ok(Response::Measured(rep)) => {
+        match self.measurer.measure(&req, stop) {
+            Ok(rep) => {
                 if let Some(l) = &rep.load {
                     self.results[i].load = Some(l.clone());
                 }
@@ -436,7 +474,6 @@ impl<'a> Engine<'a> {
                 self.results[i].reps.push(rep);
                 self.results[i].rounds.push(Some(self.round));
             }
-            Ok(_) => {}
             Err(TrialFailure::Interrupted) => self.interrupted = true,
             Err(f) => {
                 self.progress.failed(&label, &f.to_string());
@@ -511,7 +548,7 @@ impl<'a> Engine<'a> {
                 self.progress.best(
                     &b.label(),
                     margin,
-                    self.started.elapsed(),
+                    self.measurer.elapsed(),
                     self.settings.budget,
                 );
             }
@@ -577,7 +614,7 @@ impl<'a> Engine<'a> {
                 // Every confirming repetition on a fresh load: one load of a configuration can run
                 // several percent faster or slower than another for as long as it lives (seen on a
                 // VM: `autotune measure --twice` without reloads called identical twins different).
-                self.pool.shutdown();
+                self.measurer.unload();
                 let i = self.index_of(&group[o]);
                 self.measure_once(i, "confirm");
             }
@@ -597,8 +634,7 @@ impl<'a> Engine<'a> {
     }
 
     pub fn shutdown(&mut self) {
-        self.pool.shutdown();
-        self.dry.shutdown();
+        self.measurer.shutdown();
     }
 }
 

@@ -4,7 +4,7 @@
 //! GPU-layer axis starts from the most layers that fit and walks down, so the offload cliff shows.
 
 use crate::engine::Engine;
-use crate::worker::{LoadReport, Request, Response};
+use crate::worker::LoadReport;
 use search_space::size::format_size;
 use search_space::Candidate;
 
@@ -21,20 +21,7 @@ impl Engine<'_> {
             return r.clone();
         }
         let stop = self.stop_fn();
-        let exclusive = !self.settings.rpc.is_empty();
-        if exclusive {
-            // A ggml RPC server serves one client at a time: no trial worker may hold a connection
-            // while the dry run talks to it, and the dry-run worker lets go right after.
-            self.pool.shutdown();
-        }
-        let result = match self.dry.call(&Request::Footprint(req), stop) {
-            Ok(Response::Footprint(report)) => Ok(report),
-            Ok(_) => Err("unexpected answer to a dry run".to_string()),
-            Err(f) => Err(format!("dry run failed: {f}")),
-        };
-        if exclusive {
-            self.dry.shutdown();
-        }
+        let result = self.measurer.footprint(&req, stop);
         self.footprints.insert(key, result.clone());
         result
     }

@@ -1,10 +1,11 @@
 //! Workers kept alive per model placement, so candidates that differ only in context settings share a
 //! loaded model, and a crashed worker is replaced transparently.
 
+use crate::engine::Measurer;
 use crate::trial::{TrialFailure, Worker};
-use crate::worker::{MeasureRequest, Request, Response};
+use crate::worker::{LoadReport, MeasureRequest, Repetition, Request, Response};
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Key of a loaded model in a worker: the file and the model-side settings.
 type ModelKey = String;
@@ -108,5 +109,80 @@ impl WorkerPool {
 impl Drop for WorkerPool {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// The engine's real measurer: trial workers running llama.cpp, a separate worker for dry runs (so
+/// they never evict a loaded model), and the wall clock from the run's start.
+pub struct Workers {
+    pool: WorkerPool,
+    dry: WorkerPool,
+    started: Instant,
+}
+
+impl Workers {
+    pub fn new(pool: WorkerPool) -> Self {
+        let dry = WorkerPool::new(1, pool.timeout);
+        Workers {
+            pool,
+            dry,
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Measurer for Workers {
+    fn measure(
+        &mut self,
+        req: &MeasureRequest,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Repetition, TrialFailure> {
+        match self.pool.call(&Request::Measure(req.clone()), stop)? {
+            Response::Measured(rep) => Ok(rep),
+            // A worker answers a measurement with a repetition or a refusal (an `Err` above).
+            _ => Err(TrialFailure::Refused {
+                stage: "measure".into(),
+                message: "unexpected answer from the worker".into(),
+            }),
+        }
+    }
+
+    fn footprint(
+        &mut self,
+        req: &MeasureRequest,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<LoadReport, String> {
+        let exclusive = !req.settings.rpc.is_empty();
+        if exclusive {
+            // A ggml RPC server serves one client at a time: no trial worker may hold a connection
+            // while the dry run talks to it, and the dry-run worker lets go right after.
+            self.pool.shutdown();
+        }
+        let result = match self.dry.call(&Request::Footprint(req.clone()), stop) {
+            Ok(Response::Footprint(report)) => Ok(report),
+            Ok(_) => Err("unexpected answer to a dry run".to_string()),
+            Err(f) => Err(format!("dry run failed: {f}")),
+        };
+        if exclusive {
+            self.dry.shutdown();
+        }
+        result
+    }
+
+    fn crashes_for(&self, req: &MeasureRequest) -> u32 {
+        self.pool.crashes_for(req)
+    }
+
+    fn unload(&mut self) {
+        self.pool.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.pool.shutdown();
+        self.dry.shutdown();
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.started.elapsed()
     }
 }
