@@ -6,7 +6,7 @@
 use super::prompts::Prompt;
 use super::report::SpeculationReport;
 use super::search::{self, Candidate, DraftEntry, SearchSettings};
-use super::serve::{CheckRequest, DraftModel, FootprintRequest};
+use super::serve::{CheckRequest, DraftModel, Fault, FootprintRequest};
 use super::{compat, discover, DraftPlacement, Grid};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::trial::Worker;
@@ -217,7 +217,15 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
         seed: s.seed,
         trial_timeout: s.trial_timeout,
         budget: s.budget.saturating_sub(started.elapsed()),
+        fault: Fault::from_env(),
     };
+    if let Some(f) = settings.fault {
+        eprintln!(
+            "autotune: warning: AUTOTUNE_SPECULATIVE_FAULT is set: the draft loop runs with the test fault \
+             {}, so every draft's output is wrong on purpose",
+            f.name()
+        );
+    }
     let outcome = if candidates.iter().any(Option::is_some) {
         match search::run(&settings, &candidates, &mut entries, stop, progress) {
             Ok(o) => Some(o),
@@ -233,7 +241,7 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
     } else {
         None
     };
-    SpeculationReport::new(
+    let mut report = SpeculationReport::new(
         &s.target,
         s.target_info.file_type_name.clone(),
         target_mem
@@ -250,7 +258,9 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
         outcome,
         started.elapsed().as_secs_f64(),
         s.llama_version.clone(),
-    )
+    );
+    report.fault = settings.fault;
+    report
 }
 
 /// One request to the helper worker (started on first use, replaced after a crash).

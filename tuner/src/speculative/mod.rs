@@ -9,17 +9,21 @@
 //! The parts: [`compat`] decides whether a draft can serve a target at all (the vocabulary check of
 //! llama.cpp's speculative decoding), [`discover`] finds candidate drafts beside a target, [`prompts`]
 //! is the built-in prompt set, [`serve`] is the worker-side draft-then-verify loop through linked
-//! llama.cpp, [`search`] measures draft settings against the target alone and picks the winner,
-//! [`report`] is the report and its table, and [`attach`] adds the result to a tuning profile.
+//! llama.cpp (reading logits with [`logits`]), [`search`] measures draft settings against the target
+//! alone and picks the winner, [`verify`] checks that a draft's output is the target alone's (up to
+//! near ties of rounding), [`report`] is the report and its table, and [`attach`] adds the result to
+//! a tuning profile.
 
 pub mod attach;
 pub mod compat;
 pub mod discover;
 pub mod evaluate;
+pub mod logits;
 pub mod prompts;
 pub mod report;
 pub mod search;
 pub mod serve;
+pub mod verify;
 
 use search_space::CacheType;
 use serde::{Deserialize, Serialize};

@@ -3,6 +3,8 @@
 
 use super::prompts::Prompt;
 use super::search::{DraftEntry, Outcome, Trial, Winner};
+use super::serve::Fault;
+use super::verify::{SameOutput, NEAR_TIE_NATS};
 use super::Grid;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, Table};
 use search_space::size::format_size;
@@ -46,6 +48,12 @@ pub struct SpeculationReport {
     pub confirm_error: Option<String>,
     pub elapsed_s: f64,
     pub llama_version: String,
+    /// A flip between two tokens whose logits are closer than this (nats) is rounding, not a
+    /// different output ([`super::verify`]).
+    pub near_tie_nats: f32,
+    /// Set only by the tests: the draft loop ran with a deliberate bug.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault: Option<Fault>,
 }
 
 impl SpeculationReport {
@@ -103,6 +111,8 @@ impl SpeculationReport {
             confirm_error,
             elapsed_s,
             llama_version,
+            near_tie_nats: NEAR_TIE_NATS,
+            fault: None,
         };
         r.conclusion = r.conclude();
         r
@@ -167,10 +177,15 @@ impl SpeculationReport {
                 let tg = t.median_tg().unwrap_or(0.0);
                 let why = match &t.versus_baseline {
                     Some(c) if c.verdict == crate::stats::Verdict::Faster => format!(
-                        "{:+.1}%, 95% CI [{:+.1}%, {:+.1}%], but its output differed from the target alone's",
+                        "{:+.1}%, 95% CI [{:+.1}%, {:+.1}%], but its output differed from the target alone's{}",
                         c.ratio * 100.0,
                         c.ci_low * 100.0,
-                        c.ci_high * 100.0
+                        c.ci_high * 100.0,
+                        t.output
+                            .divergence
+                            .as_ref()
+                            .map(|d| format!(" ({} token {}: {})", d.prompt, d.token, d.reason))
+                            .unwrap_or_default()
                     ),
                     Some(c) if c.ratio > 0.0 => format!(
                         "not faster beyond the noise threshold ({:+.1}%, 95% CI [{:+.1}%, {:+.1}%])",
@@ -332,11 +347,20 @@ impl SpeculationReport {
                     Cell::new(tg.map_or("-".into(), |v| format!("{v:.1}"))),
                     Cell::new(vs),
                     Cell::new(if !measured {
-                        "-"
-                    } else if trial.identical {
-                        "yes"
+                        "-".to_string()
                     } else {
-                        "NO"
+                        match trial.output.same_output {
+                            SameOutput::Identical => "yes".into(),
+                            SameOutput::NearTies => {
+                                format!("yes, {} near-tie", trial.output.near_ties.len())
+                                    + if trial.output.near_ties.len() == 1 {
+                                        ""
+                                    } else {
+                                        "s"
+                                    }
+                            }
+                            SameOutput::Differs => "NO".into(),
+                        }
                     }),
                     Cell::new(status),
                 ]);
@@ -358,16 +382,59 @@ impl SpeculationReport {
                 ));
             }
         }
-        if self
+        let checked = || {
+            self.drafts
+                .iter()
+                .flat_map(|d| &d.trials)
+                .filter(|t| t.ok())
+        };
+        let near_ties: Vec<&Trial> = checked()
+            .filter(|t| t.output.same_output == SameOutput::NearTies)
+            .collect();
+        if !near_ties.is_empty() {
+            let margin = near_ties
+                .iter()
+                .map(|t| t.output.max_near_tie_margin())
+                .fold(0.0, f32::max);
+            out.push_str(&format!(
+                "note    'yes, N near-ties': the same output up to N tokens where the target, checking the draft in one \
+                 batch, picked another of its nearly tied best tokens than it picks alone: the gap between the two \
+                 tokens' logits moved by less than {NEAR_TIE_NATS} nats between the paths (here at most {margin:.2}), \
+                 as llama.cpp's batched and one-token kernels round differently. Every other token is the target \
+                 alone's choice after the same text\n"
+            ));
+        }
+        if let Some((d, t)) = self
             .drafts
             .iter()
-            .flat_map(|d| &d.trials)
-            .any(|t| t.ok() && !t.identical)
+            .flat_map(|d| d.trials.iter().map(move |t| (d, t)))
+            .find(|(_, t)| t.ok() && t.output.differs())
         {
-            out.push_str(
-                "note    'same output: NO' means greedy decoding with the draft produced other tokens than without it: \
-                 llama.cpp's batched and single-token kernels round differently, which can flip a near tie\n",
-            );
+            let at = t
+                .output
+                .divergence
+                .as_ref()
+                .map(|v| {
+                    format!(
+                        " (first: {}, prompt {} token {}: {})",
+                        name(&d.path),
+                        v.prompt,
+                        v.token,
+                        v.reason
+                    )
+                })
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "note    'same output: NO': with the draft the target chose a token it does not choose alone after the \
+                 same text, beyond a near tie{at}: the draft loop is wrong (rollback, positions, KV cache), so the \
+                 setting is never chosen\n"
+            ));
+        }
+        if let Some(f) = self.fault {
+            out.push_str(&format!(
+                "note    test fault {} injected (AUTOTUNE_SPECULATIVE_FAULT): the draft loop is broken on purpose\n",
+                f.name()
+            ));
         }
         if self.budget_spent {
             out.push_str("note    the time budget ran out before every setting was measured; raise --draft-budget\n");

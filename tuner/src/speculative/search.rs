@@ -14,10 +14,13 @@
 //! of its paired ratio to the baseline lies above the noise threshold (`stats::compare_paired`); a
 //! draft that loses is reported with that interval too.
 //! Acceptance needs no repetition: with greedy decoding it is a property of the two models and the
-//! text, the same in every pass.
+//! text, the same in every pass. So is the output, which [`super::verify`] checks against the target
+//! alone after each setting's first pass: a setting whose output differs beyond near ties of rounding
+//! never wins.
 
 use super::prompts::Prompt;
-use super::serve::{DraftModel, PromptRun, SpeculateRequest};
+use super::serve::{DraftModel, Fault, PromptRun, SpeculateRequest};
+use super::verify::OutputCheck;
 use super::{DraftParams, DraftPlacement, Grid};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::stats::{self, Comparison, Sample, Summary, Verdict};
@@ -44,6 +47,8 @@ pub struct SearchSettings {
     /// Time for the whole search. The grid gets two thirds of it (what is left unmeasured then is
     /// marked skipped); the final comparison always runs its rounds.
     pub budget: Duration,
+    /// Test only: a deliberate rollback bug in the draft loop ([`Fault`]).
+    pub fault: Option<Fault>,
 }
 
 /// One configuration measured: the target alone (`params: None`) or with a draft.
@@ -67,11 +72,10 @@ pub struct Trial {
     /// The draft's prompt processing relative to the target's.
     pub draft_pp_overhead: f64,
     pub per_kind: Vec<KindAcceptance>,
-    /// The output is token-identical to the target alone on every prompt (greedy decoding).
-    pub identical: bool,
-    /// Where it first differs: prompt name and token index.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub divergence: Option<(String, usize)>,
+    /// The output against the target alone's (from the first pass): `same_output`, `identical`,
+    /// `near_ties`, `divergence`, `max_logit_gap`.
+    #[serde(flatten)]
+    pub output: OutputCheck,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -101,8 +105,7 @@ impl Trial {
             tokens_per_round: 0.0,
             draft_pp_overhead: 0.0,
             per_kind: Vec::new(),
-            identical: true,
-            divergence: None,
+            output: OutputCheck::new(),
             failure: None,
             skipped: None,
             versus_baseline: None,
@@ -204,7 +207,8 @@ struct Runner<'a> {
     /// The grid's share of the budget used up to the end of the current draft's turn: each draft
     /// gets an equal share, and what one leaves unused passes to the next.
     grid_share: f64,
-    reference: Vec<Vec<i32>>,
+    /// The target alone's first pass: what every draft setting's output is checked against.
+    reference: Vec<PromptRun>,
 }
 
 /// Measures the baseline and every candidate in `entries` whose status is `measured`
@@ -230,8 +234,8 @@ pub fn run(
     let first = r
         .pass(None)
         .map_err(|e| format!("the target alone could not be measured: {e}"))?;
-    r.reference = first.iter().map(|p| p.tokens.clone()).collect();
     r.record(&mut baseline, &first);
+    r.reference = first;
 
     let n_drafts = entries
         .iter()
@@ -478,7 +482,7 @@ fn confirm(
         let (Ok(tg), Ok(base)) = (Sample::new(ours.clone()), Sample::new(rounds[0].clone())) else {
             continue;
         };
-        if cmp.verdict != Verdict::Faster || !trial.identical {
+        if cmp.verdict != Verdict::Faster || trial.output.differs() {
             continue;
         }
         if best.as_ref().is_none_or(|b| cmp.ratio > b.comparison.ratio) {
@@ -543,27 +547,38 @@ impl Runner<'_> {
         })
     }
 
-    /// One pass over the prompt set; a dead worker is replaced for the next pass.
+    /// One pass over the prompt set.
     fn pass(
         &mut self,
         draft: Option<(&DraftModel, DraftParams)>,
     ) -> Result<Vec<PromptRun>, String> {
+        let prompts = self.s.prompts.iter().map(|p| p.text.clone()).collect();
+        self.speculate(draft, prompts, None)
+    }
+
+    /// One request to the worker; a dead worker is replaced for the next one.
+    fn speculate(
+        &mut self,
+        draft: Option<(&DraftModel, DraftParams)>,
+        prompts: Vec<String>,
+        follow: Option<Vec<Vec<i32>>>,
+    ) -> Result<Vec<PromptRun>, String> {
         if self.worker.is_none() {
             self.worker = Some(Worker::spawn().map_err(|e| format!("cannot start a worker: {e}"))?);
         }
+        let n_prompts = prompts.len();
         let request = Request::Speculate(SpeculateRequest {
             target: self.s.target.clone(),
             settings: self.s.settings.clone(),
             context: self.s.context.clone(),
             draft: draft.map(|(m, p)| (m.clone(), p)),
-            prompts: self.s.prompts.iter().map(|p| p.text.clone()).collect(),
+            prompts,
             n_gen: self.s.n_gen,
+            follow,
+            fault: self.s.fault,
         });
         let worker = self.worker.as_mut().expect("spawned above");
-        let timeout = self
-            .s
-            .trial_timeout
-            .saturating_mul(self.s.prompts.len().max(1) as u32);
+        let timeout = self.s.trial_timeout.saturating_mul(n_prompts.max(1) as u32);
         match worker.call(&request, timeout, self.stop) {
             Ok(Response::Speculated(a)) => Ok(a.runs),
             Ok(_) => Err("unexpected answer from the worker".into()),
@@ -575,8 +590,8 @@ impl Runner<'_> {
         }
     }
 
-    /// Adds a pass to a trial: its speed, and (from the first pass) acceptance and identity.
-    fn record(&self, t: &mut Trial, runs: &[PromptRun]) {
+    /// Adds a pass to a trial: its speed, and (from the first pass) acceptance and the output check.
+    fn record(&mut self, t: &mut Trial, runs: &[PromptRun]) {
         t.tg_tps.push(rate(runs));
         if t.tg_tps.len() > 1 {
             return;
@@ -631,20 +646,21 @@ impl Runner<'_> {
             };
         }
         t.per_kind = kinds;
-        if !self.reference.is_empty() {
-            for ((run, reference), prompt) in runs.iter().zip(&self.reference).zip(&self.s.prompts)
-            {
-                if run.tokens != *reference {
-                    let at = run
-                        .tokens
-                        .iter()
-                        .zip(reference)
-                        .position(|(a, b)| a != b)
-                        .unwrap_or(run.tokens.len().min(reference.len()));
-                    t.identical = false;
-                    t.divergence.get_or_insert((prompt.name.clone(), at));
-                }
-            }
+        if t.params.is_some() {
+            t.output = self.check_output(runs);
         }
+    }
+
+    /// The draft setting's output against the target alone's ([`super::verify::check`]), which
+    /// has the target alone follow the outputs that differ.
+    fn check_output(&mut self, runs: &[PromptRun]) -> OutputCheck {
+        let reference = std::mem::take(&mut self.reference);
+        let prompts = self.s.prompts.clone();
+        let check = super::verify::check(&prompts, runs, &reference, |texts, follow| {
+            (self.progress)("the target alone, following the output that differs");
+            self.speculate(None, texts, Some(follow))
+        });
+        self.reference = reference;
+        check
     }
 }

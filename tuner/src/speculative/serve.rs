@@ -10,7 +10,12 @@
 //! whose tokens are its own greedy choices plus its next token, and both KV caches roll back the
 //! rejected positions (`llama_memory_seq_rm`). The baseline runs the very same loop with no draft, so
 //! the two differ only by the draft. Models and contexts stay loaded between requests.
+//!
+//! Every generated token comes with the target's best tokens and their logits where it chose it
+//! ([`Choice`]), and the target alone can be made to *follow* a given output instead of choosing
+//! (`follow`): that is what [`super::verify`] checks a draft's output against once it differs.
 
+use super::logits::{choice, top_with_probability, Choice};
 use super::{compat, DraftParams};
 use crate::llama::{Context, ContextSettings, LlamaError, Model, ModelSettings};
 use crate::worker::Response;
@@ -107,6 +112,49 @@ pub struct SpeculateRequest {
     pub draft: Option<(DraftModel, DraftParams)>,
     pub prompts: Vec<String>,
     pub n_gen: u32,
+    /// The target alone (no draft) decodes these tokens, one list per prompt, one token at a time,
+    /// instead of its own choices, and records at each position what it would have chosen: the
+    /// reference for a draft's output past the point where it first differs from the target alone's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow: Option<Vec<Vec<i32>>>,
+    /// Test only: a deliberate bug in the rollback, to prove that the output check catches one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<Fault>,
+}
+
+/// A deliberate rollback bug (tests only, never a setting): the target's KV cache keeps rejected draft
+/// tokens, and the loop's positions carry on after them, so llama.cpp sees a consistent sequence and
+/// does not refuse it: the target just attends to text that is not there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// Rejected draft tokens are never removed from the target's cache.
+    KeepRejectedCells,
+    /// The rollback is off by one: the first rejected draft token stays in the target's cache.
+    KeepOneRejectedCell,
+}
+
+impl Fault {
+    /// Its name in `AUTOTUNE_SPECULATIVE_FAULT` and in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::KeepRejectedCells => "keep-rejected-cells",
+            Fault::KeepOneRejectedCell => "keep-one-rejected-cell",
+        }
+    }
+
+    /// From `AUTOTUNE_SPECULATIVE_FAULT` (`keep-rejected-cells`, `keep-one-rejected-cell`), which only
+    /// the end-to-end tests set.
+    pub fn from_env() -> Option<Fault> {
+        let v = std::env::var("AUTOTUNE_SPECULATIVE_FAULT").ok()?;
+        let f = serde_json::from_value(serde_json::Value::String(v.clone())).ok();
+        if f.is_none() {
+            eprintln!(
+                "autotune: warning: AUTOTUNE_SPECULATIVE_FAULT={v} is not a test fault; ignored"
+            );
+        }
+        f
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -122,6 +170,9 @@ pub struct PromptRun {
     pub prompt_tokens: u32,
     /// The generated tokens (the first comes from the prompt's logits).
     pub tokens: Vec<i32>,
+    /// The target's best tokens at each generated token (the first is its choice; when following a
+    /// given output, the token it would have chosen).
+    pub choices: Vec<Choice>,
     /// The target's prompt processing.
     pub prompt_seconds: f64,
     /// The draft's prompt processing (0 without a draft).
@@ -218,6 +269,20 @@ pub fn speculate(r: &SpeculateRequest) -> Response {
 }
 
 fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
+    if let Some(follow) = &r.follow {
+        if r.draft.is_some() {
+            return failed(
+                "settings",
+                "a followed output is decoded by the target alone",
+            );
+        }
+        if follow.len() != r.prompts.len() || follow.iter().any(Vec::is_empty) {
+            return failed(
+                "settings",
+                "a followed output needs one non-empty token list per prompt",
+            );
+        }
+    }
     if let Some((_, p)) = &r.draft {
         if p.n_max + 1 > r.context.n_batch {
             return failed(
@@ -264,7 +329,12 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
         )),
         None => None,
     };
-    let reserve = r.n_gen + r.draft.as_ref().map_or(0, |(_, p)| p.n_max) + 2;
+    let n_max = r.draft.as_ref().map_or(0, |(_, p)| p.n_max);
+    let mut reserve = r.n_gen + n_max + 2;
+    if r.fault.is_some() {
+        // Rejected tokens left in the cache take positions too: at most n_max per round.
+        reserve += r.n_gen * n_max;
+    }
     let mut prompts = Vec::with_capacity(r.prompts.len());
     for text in &r.prompts {
         match prompt_tokens(&model, text, r.context.n_ctx.saturating_sub(reserve)) {
@@ -278,14 +348,25 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
     if fresh {
         // Warm-up, discarded: first touches of weights and buffers, thread pool start.
         let d = dctx.as_mut().map(|(c, p)| (&mut **c, *p));
-        if let Err(e) = generate(&model, tctx, d, &prompts[0], 4) {
+        let warm_up = Generation {
+            n_gen: 4,
+            follow: None,
+            fault: None,
+        };
+        if let Err(e) = generate(&model, tctx, d, &prompts[0], &warm_up) {
             return failed("decode", e.to_string());
         }
     }
     let mut runs = Vec::with_capacity(prompts.len());
-    for p in &prompts {
+    for (i, p) in prompts.iter().enumerate() {
         let d = dctx.as_mut().map(|(c, p)| (&mut **c, *p));
-        match generate(&model, tctx, d, p, r.n_gen as usize) {
+        let follow = r.follow.as_ref().map(|f| f[i].as_slice());
+        let g = Generation {
+            n_gen: follow.map_or(r.n_gen as usize, <[i32]>::len),
+            follow,
+            fault: r.fault,
+        };
+        match generate(&model, tctx, d, p, &g) {
             Ok(run) => runs.push(run),
             Err(e) => return failed("decode", e.to_string()),
         }
@@ -314,39 +395,13 @@ fn prompt_tokens(model: &Model, text: &str, max: u32) -> Result<Vec<i32>, String
     Ok(out)
 }
 
-/// The greedy choice.
-pub fn argmax(logits: &[f32]) -> i32 {
-    let mut best = 0usize;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as i32
-}
-
-/// The top token and its probability under a softmax over the 10 best logits (llama-server's draft
-/// sampler is top-k 10, and p_min is compared with that probability).
-pub fn top_with_probability(logits: &[f32]) -> (i32, f32) {
-    const K: usize = 10;
-    let mut top: [(f32, usize); K] = [(f32::NEG_INFINITY, 0); K];
-    for (i, &v) in logits.iter().enumerate() {
-        if v > top[K - 1].0 {
-            let mut j = K - 1;
-            while j > 0 && top[j - 1].0 < v {
-                top[j] = top[j - 1];
-                j -= 1;
-            }
-            top[j] = (v, i);
-        }
-    }
-    let max = top[0].0;
-    let sum: f32 = top
-        .iter()
-        .filter(|(v, _)| v.is_finite())
-        .map(|(v, _)| (v - max).exp())
-        .sum();
-    (top[0].1 as i32, if sum > 0.0 { 1.0 / sum } else { 0.0 })
+/// What one prompt's generation does besides choosing greedily.
+struct Generation<'a> {
+    /// Tokens to generate (fewer when the text ends).
+    n_gen: usize,
+    /// Feed these tokens instead of the target's choices (no draft).
+    follow: Option<&'a [i32]>,
+    fault: Option<Fault>,
 }
 
 /// One prompt: prompt processing, then greedy generation with or without a draft.
@@ -355,11 +410,21 @@ fn generate(
     target: &mut Context,
     mut draft: Option<(&mut Context, DraftParams)>,
     prompt: &[i32],
-    n_gen: usize,
+    g: &Generation,
 ) -> Result<PromptRun, LlamaError> {
     let rollback = |what: &str| LlamaError::Decode {
         status: -1,
         log: format!("llama.cpp could not roll back the {what} KV cache"),
+    };
+    let n_gen = g.n_gen;
+    let followed = |i: usize| g.follow.and_then(|f| f.get(i)).copied();
+    // The target's choice for generated token i, with the logit of the token followed there.
+    let observe = |logits: &[f32], i: usize| {
+        let mut c = choice(logits);
+        if let Some(t) = followed(i) {
+            c.followed_logit = usize::try_from(t).ok().and_then(|t| logits.get(t)).copied();
+        }
+        c
     };
     let mut run = PromptRun {
         prompt_tokens: prompt.len() as u32,
@@ -370,7 +435,8 @@ fn generate(
     target.decode_at(prompt, 0, false)?;
     target.synchronize();
     run.prompt_seconds = t.elapsed().as_secs_f64();
-    let first = argmax(target.last_logits());
+    let first_choice = observe(target.last_logits(), 0);
+    let first = followed(0).unwrap_or(first_choice.token());
     let mut draft_kv = 0usize;
     if let Some((d, _)) = draft.as_mut() {
         d.clear();
@@ -383,9 +449,13 @@ fn generate(
     let mut seq: Vec<i32> = prompt.to_vec();
     seq.push(first);
     run.tokens.push(first);
+    run.choices.push(first_choice);
+    // Cells the target's cache holds beyond `seq` (only with a fault): positions carry on after them.
+    let mut stale = 0usize;
     let t = Instant::now();
     while run.tokens.len() < n_gen && !model.is_eog(*run.tokens.last().expect("one token")) {
-        // The target's cache holds seq[..n_past]; seq[n_past] is the last accepted token.
+        // The target's cache holds seq[..n_past] (plus `stale` cells); seq[n_past] is the last
+        // accepted token.
         let n_past = seq.len() - 1;
         let mut drafted: Vec<i32> = Vec::new();
         if let Some((d, p)) = draft.as_mut() {
@@ -414,9 +484,12 @@ fn generate(
         let mut batch = Vec::with_capacity(drafted.len() + 1);
         batch.push(seq[n_past]);
         batch.extend_from_slice(&drafted);
-        target.decode_at(&batch, n_past as i32, true)?;
-        let mut accepted = 0usize;
-        let next = loop {
+        let pos0 = n_past + stale;
+        target.decode_at(&batch, pos0 as i32, true)?;
+        // The target's choice after each accepted draft token, then its own next one.
+        let mut choices: Vec<Choice> = Vec::with_capacity(drafted.len() + 1);
+        loop {
+            let accepted = choices.len();
             let logits = target.logits_ith(accepted as i32);
             if logits.is_empty() {
                 return Err(LlamaError::Decode {
@@ -424,22 +497,33 @@ fn generate(
                     log: format!("no logits for batch position {accepted}"),
                 });
             }
-            let choice = argmax(logits);
-            if accepted < drafted.len() && drafted[accepted] == choice {
-                accepted += 1;
-            } else {
-                break choice;
+            let choice = observe(logits, run.tokens.len() + accepted);
+            let token = choice.token();
+            choices.push(choice);
+            if accepted >= drafted.len() || drafted[accepted] != token {
+                break;
             }
-        };
+        }
+        let accepted = choices.len() - 1;
         run.rounds += 1;
         run.drafted += drafted.len() as u32;
         run.accepted += accepted as u32;
         // Keep the last token and the accepted draft; the rejected positions leave both caches.
-        let keep = n_past + 1 + accepted;
-        if !drafted.is_empty() && !target.truncate(keep as i32) {
-            return Err(rollback("target"));
+        let keep = pos0 + 1 + accepted;
+        let rejected = drafted.len() - accepted;
+        if rejected > 0 {
+            let kept_stale = match g.fault {
+                None => 0,
+                Some(Fault::KeepOneRejectedCell) => 1,
+                Some(Fault::KeepRejectedCells) => rejected,
+            };
+            if kept_stale < rejected && !target.truncate((keep + kept_stale) as i32) {
+                return Err(rollback("target"));
+            }
+            stale += kept_stale;
         }
         if let Some((d, _)) = draft.as_mut() {
+            let keep = n_past + 1 + accepted;
             if draft_kv > keep {
                 if !d.truncate(keep as i32) {
                     return Err(rollback("draft"));
@@ -447,12 +531,20 @@ fn generate(
                 draft_kv = keep;
             }
         }
-        for &token in drafted[..accepted].iter().chain(std::iter::once(&next)) {
+        for (j, choice) in choices.into_iter().enumerate() {
             if run.tokens.len() >= n_gen || model.is_eog(*run.tokens.last().expect("one token")) {
                 break;
             }
+            // An accepted draft token is the target's choice; the last is the target's next token
+            // (or the one followed).
+            let token = if j < accepted {
+                drafted[j]
+            } else {
+                followed(run.tokens.len()).unwrap_or(choice.token())
+            };
             seq.push(token);
             run.tokens.push(token);
+            run.choices.push(choice);
         }
     }
     target.synchronize();
@@ -465,16 +557,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn top_probability_is_over_the_ten_best() {
-        let mut logits = vec![-100.0f32; 50];
-        logits[7] = 2.0;
-        logits[3] = 2.0f32 - 2.0f32.ln(); // half as likely as token 7
-        let (t, p) = top_with_probability(&logits);
-        assert_eq!(t, 7);
-        assert!((p - 2.0 / 3.0).abs() < 1e-3, "{p}");
-        // Eleven equal logits: only ten count.
-        let flat = vec![1.0f32; 11];
-        assert!((top_with_probability(&flat).1 - 0.1).abs() < 1e-6);
-        assert_eq!(argmax(&[0.0, 3.0, 1.0]), 1);
+    fn faults_come_from_their_kebab_case_names() {
+        for f in [Fault::KeepRejectedCells, Fault::KeepOneRejectedCell] {
+            let json = serde_json::to_string(&f).unwrap();
+            assert_eq!(json, format!("\"{}\"", f.name()));
+            assert_eq!(serde_json::from_str::<Fault>(&json).unwrap(), f);
+        }
+        assert!(serde_json::from_str::<Fault>("\"none\"").is_err());
     }
 }
