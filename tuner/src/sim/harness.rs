@@ -1,0 +1,206 @@
+//! Runs the engine on a simulated landscape the way `autotune tune` runs it (search, confirmation of
+//! the winner and runner-up, the final choice), for the engine's tests and `bench/search-sim`.
+
+use super::{Device, Host, Landscape, SimMeasurer, SimModel, Trace, GIB, MIB};
+use crate::engine::{self, CandidateResult, Engine, Progress, TuneSettings};
+use crate::report;
+use crate::worker::{Repetition, Workload};
+use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+/// The margin `autotune tune` keeps free on each device by default.
+pub const MARGIN: u64 = 256 * MIB;
+
+/// Progress that draws nothing.
+pub struct Quiet;
+
+impl Progress for Quiet {
+    fn candidate_started(&self, _: &str, _: &str) {}
+    fn repetition(&self, _: &str, _: &Repetition) {}
+    fn failed(&self, _: &str, _: &str) {}
+    fn best(&self, _: &str, _: Option<f64>, _: Duration, _: Duration) {}
+}
+
+/// A 70B-class model on `n` GPUs of `mem` bytes each (24 GB-class bandwidth), a 16-core host,
+/// 1% noise, no load offsets, no crashes.
+pub fn gpus(n: usize, mem: u64) -> Landscape {
+    Landscape {
+        host: Host {
+            bandwidth: 80e9,
+            flops_per_core: 60e9,
+            physical_cores: 16,
+        },
+        devices: (0..n)
+            .map(|i| Device {
+                name: format!("CUDA{i}"),
+                mem_bytes: mem,
+                bandwidth: 900e9,
+                flops: 80e12,
+                link: 25e9,
+            })
+            .collect(),
+        model: SimModel::llama_70b(),
+        overhead_s: 0.5e-3,
+        noise: 0.01,
+        load_spread: 0.0,
+        crash_rate: 0.0,
+    }
+}
+
+/// `autotune tune`'s defaults for this landscape (16 physical cores, 32 logical), budgets of each
+/// device's memory less the default margin.
+pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
+    let offload = !land.devices.is_empty();
+    TuneSettings {
+        model: "simulated.gguf".into(),
+        workload: Workload {
+            n_ctx: 4096,
+            n_prompt: 512,
+            n_gen: 128,
+            depth: 0,
+        },
+        noise: 0.02,
+        min_reps: 3,
+        max_reps: 10,
+        candidate_cap: Duration::from_secs(40 * 60),
+        budget: Duration::from_secs(4 * 3600),
+        seed,
+        threads_options: vec![1, 8, 16, 32],
+        default_threads: 16,
+        n_gpu_layers: if offload { land.model.n_layers + 1 } else { 0 },
+        n_gpu_layers_pinned: false,
+        kernels: vec![KernelChoice::Repack, KernelChoice::Plain],
+        cache_types: vec![CacheType::F16, CacheType::Q8_0, CacheType::Q4_0],
+        flash_attn: vec![FlashAttn::Auto, FlashAttn::On, FlashAttn::Off],
+        ubatch_options: vec![512, 256, 128],
+        rpc: Vec::new(),
+        budgets: land
+            .devices
+            .iter()
+            .map(|d| (d.name.clone(), d.mem_bytes.saturating_sub(MARGIN)))
+            .collect(),
+        n_layers: land.model.n_layers,
+        offload,
+        moe: land.model.moe.is_some(),
+        quick: false,
+    }
+}
+
+/// What one simulated run left behind.
+pub struct SimRun {
+    pub results: Vec<CandidateResult>,
+    pub winner: Option<Candidate>,
+    /// The winner of the search before the confirmation rounds.
+    pub searched: Option<Candidate>,
+    pub runner_up: Option<Candidate>,
+    pub baseline: Candidate,
+    pub drift: Vec<(Candidate, f64)>,
+    pub trace: Rc<RefCell<Trace>>,
+    pub budget_spent: bool,
+    pub seconds: f64,
+}
+
+/// How the run searches: coordinate descent, or every placement × every knob value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Search,
+    Grid,
+}
+
+/// Tunes on the landscape: the search (or the grid), then confirm and choose, as `tune` does.
+pub fn tune(
+    land: Landscape,
+    s: TuneSettings,
+    crashing: Option<fn(&Candidate) -> bool>,
+    mode: Mode,
+) -> SimRun {
+    let (w, noise, seed) = (s.workload.clone(), s.noise, s.seed);
+    let mut m = SimMeasurer::new(land, seed);
+    m.crashing = crashing;
+    let trace = Rc::clone(&m.trace);
+    let stop = || false;
+    let mut e = Engine::with_measurer(s, Box::new(m), None, &stop, &Quiet);
+    let searched = match mode {
+        Mode::Search => e.run(),
+        Mode::Grid => full_grid(&mut e),
+    };
+    let mut winner = searched.clone();
+    let mut runner_up = None;
+    let mut drift = Vec::new();
+    if let Some(win) = searched.clone() {
+        let board = report::leaderboard(&e.results, &w, noise, seed);
+        let measured: Vec<Candidate> = board
+            .iter()
+            .filter(|x| x.figures.is_some())
+            .map(|x| x.candidate.clone())
+            .collect();
+        runner_up = measured.iter().find(|c| **c != win).cloned();
+        drift = e.confirm(&win, runner_up.as_ref());
+        winner = e.choose(&measured).or(winner);
+    }
+    SimRun {
+        baseline: e.baseline(),
+        budget_spent: e.budget_spent,
+        seconds: e.measurer.elapsed().as_secs_f64(),
+        results: std::mem::take(&mut e.results),
+        winner,
+        searched,
+        runner_up,
+        drift,
+        trace,
+    }
+}
+
+/// Every placement the search would consider × every combination of the knob values, measured in
+/// one group with the same protocol, then the same decision rule.
+fn full_grid(e: &mut Engine) -> Option<Candidate> {
+    let base = e.baseline();
+    let mut placements = e.placement_group(&base);
+    if placements.is_empty() {
+        placements.push(base.clone());
+    }
+    let mut all: Vec<Candidate> = Vec::new();
+    for p in &placements {
+        for c in engine::grid(&e.settings, p) {
+            if !all.contains(&c) && e.check_fit(&c).is_ok() {
+                all.push(c);
+            }
+        }
+    }
+    e.measure_group(&all, "grid");
+    e.choose(&all)
+}
+
+/// Whether a candidate fits every device's budget (by the model, as the dry run would say).
+pub fn fits(land: &Landscape, s: &TuneSettings, c: &Candidate) -> bool {
+    land.footprint(c, s.workload.n_ctx)
+        .per_device
+        .iter()
+        .all(|d| {
+            s.budgets
+                .iter()
+                .find(|(n, _)| *n == d.device)
+                .is_none_or(|(_, b)| d.bytes <= *b)
+        })
+}
+
+/// The most GPU layers that fit with `c`'s other settings, found by trying every count.
+pub fn max_fit(land: &Landscape, s: &TuneSettings, c: &Candidate) -> Option<u32> {
+    (0..=land.model.n_layers + 1).rev().find(|&n| {
+        fits(
+            land,
+            s,
+            &Candidate {
+                n_gpu_layers: n,
+                ..c.clone()
+            },
+        )
+    })
+}
+
+/// Bytes of `GIB` as a float, for messages.
+pub fn gib(bytes: u64) -> f64 {
+    bytes as f64 / GIB as f64
+}

@@ -1,0 +1,380 @@
+//! The simulated hardware and model, noise-free: a roofline of devices and a model's layers, and
+//! what one configuration takes (bytes per device) and gives (prompt and generation tokens/s).
+//!
+//! A model of llama.cpp, not llama.cpp: the shapes are right (generation reads every offloaded
+//! byte at its device's bandwidth and the rest at the host's, layers split across GPUs in
+//! proportion to their memory, the output layer counted as one more layer, the compute buffer
+//! growing with the micro-batch times the vocabulary), the constants are round numbers.
+
+use crate::engine::score_seconds;
+use crate::worker::{DeviceBytes, LoadReport, MeasureRequest, Repetition, Workload};
+use search_space::{Candidate, FlashAttn, KernelChoice};
+
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+
+/// A non-CPU device (a GPU): its memory, read bandwidth, compute for prompt processing and the
+/// link to the host (what a CPU-resident weight costs to bring over for a batch).
+#[derive(Debug, Clone)]
+pub struct Device {
+    pub name: String,
+    pub mem_bytes: u64,
+    pub bandwidth: f64,
+    pub flops: f64,
+    pub link: f64,
+}
+
+/// The host: memory bandwidth (reached with about half the physical cores), compute per core.
+#[derive(Debug, Clone)]
+pub struct Host {
+    pub bandwidth: f64,
+    pub flops_per_core: f64,
+    pub physical_cores: u32,
+}
+
+/// Mixture of experts: the share of a layer's bytes that are experts, and the fraction of them
+/// one token reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Moe {
+    pub expert_share: f64,
+    pub active: f64,
+}
+
+/// A model's sizes (bytes as quantized in the file).
+#[derive(Debug, Clone)]
+pub struct SimModel {
+    pub n_layers: u32,
+    pub layer_bytes: u64,
+    /// K and V at f16 for one token in one layer.
+    pub kv_bytes_per_token_layer: u64,
+    pub output_bytes: u64,
+    pub embd_bytes: u64,
+    pub n_embd: u64,
+    pub n_vocab: u64,
+    pub moe: Option<Moe>,
+}
+
+impl SimModel {
+    /// A 70B-class dense model at about 4.5 bits a weight: 80 layers, 128k vocabulary, GQA 8×128.
+    pub fn llama_70b() -> Self {
+        SimModel {
+            n_layers: 80,
+            layer_bytes: 480 * MIB,
+            kv_bytes_per_token_layer: 2 * 8 * 128 * 2,
+            output_bytes: 560 * MIB,
+            embd_bytes: 560 * MIB,
+            n_embd: 8192,
+            n_vocab: 128_256,
+            moe: None,
+        }
+    }
+
+    /// A smaller model of `n_layers` layers of `layer_bytes` with a vocabulary of `n_vocab`.
+    pub fn dense(n_layers: u32, layer_bytes: u64, n_vocab: u64) -> Self {
+        let n_embd = 4096;
+        SimModel {
+            n_layers,
+            layer_bytes,
+            kv_bytes_per_token_layer: 2 * 8 * 128 * 2,
+            output_bytes: n_vocab * n_embd * 9 / 16,
+            embd_bytes: n_vocab * n_embd * 9 / 16,
+            n_embd,
+            n_vocab,
+            moe: None,
+        }
+    }
+}
+
+/// Devices, model, and the measurement's imperfections.
+#[derive(Debug, Clone)]
+pub struct Landscape {
+    pub host: Host,
+    pub devices: Vec<Device>,
+    pub model: SimModel,
+    /// Seconds per generated token outside the matrix reads (kernel launches, sampling).
+    pub overhead_s: f64,
+    /// Standard deviation of one repetition's multiplicative noise (0.01 = 1%).
+    pub noise: f64,
+    /// Each load runs up to ±this fraction faster or slower for as long as it lives.
+    pub load_spread: f64,
+    /// Probability that one repetition crashes its worker.
+    pub crash_rate: f64,
+}
+
+/// One place a configuration puts weights: a device, or the host (`device == None`).
+#[derive(Debug, Clone, Default)]
+pub struct Share {
+    pub device: Option<usize>,
+    pub name: String,
+    pub layers: u32,
+    /// Bytes held: weights, KV cache at the run's context, compute buffer.
+    pub weights: u64,
+    pub kv: u64,
+    pub compute: u64,
+    /// Weight bytes one generated token reads here.
+    pub read_per_token: f64,
+}
+
+impl Share {
+    pub fn bytes(&self) -> u64 {
+        self.weights + self.kv + self.compute
+    }
+}
+
+/// The candidate a request describes (the engine's request carries every knob).
+pub fn candidate_of(req: &MeasureRequest) -> Candidate {
+    Candidate {
+        n_gpu_layers: req.settings.n_gpu_layers,
+        n_cpu_moe: req.settings.n_cpu_moe,
+        devices: req.settings.devices.clone(),
+        kernels: if req.settings.use_extra_bufts {
+            KernelChoice::Repack
+        } else {
+            KernelChoice::Plain
+        },
+        threads: req.context.threads,
+        n_batch: req.context.n_batch,
+        n_ubatch: req.context.n_ubatch,
+        type_k: req.context.type_k,
+        type_v: req.context.type_v,
+        flash_attn: req.context.flash_attn,
+    }
+}
+
+impl Landscape {
+    /// The devices a candidate uses (its `--device` list, else all).
+    fn used(&self, c: &Candidate) -> Vec<usize> {
+        (0..self.devices.len())
+            .filter(|&d| c.devices.is_empty() || c.devices.contains(&self.devices[d].name))
+            .collect()
+    }
+
+    /// Where every byte goes: the last `-ngl` layers on the devices (split by their memory), the
+    /// output layer too when `-ngl` exceeds the layer count, the rest and the embeddings on the host;
+    /// with `--n-cpu-moe N` the experts of the first N layers stay on the host.
+    pub fn shares(&self, c: &Candidate, n_ctx: u32) -> Vec<Share> {
+        let m = &self.model;
+        let used = self.used(c);
+        let on_gpu = if used.is_empty() {
+            0
+        } else {
+            c.n_gpu_layers.min(m.n_layers)
+        };
+        let output_on_gpu = !used.is_empty() && c.n_gpu_layers > m.n_layers;
+        let total_mem: u64 = used.iter().map(|&d| self.devices[d].mem_bytes).sum();
+        let first = m.n_layers - on_gpu;
+        let (mut out, mut start, mut cum) = (Vec::new(), first, 0u64);
+        for (k, &d) in used.iter().enumerate() {
+            cum += self.devices[d].mem_bytes;
+            let end = first + (on_gpu as u64 * cum / total_mem.max(1)) as u32;
+            let last = k + 1 == used.len();
+            out.push(self.share(Some(d), start, end, last && output_on_gpu, c, n_ctx));
+            start = end;
+        }
+        let mut host = self.share(None, 0, first, !output_on_gpu, c, n_ctx);
+        // Experts kept on the host by --n-cpu-moe for layers that live on a device.
+        let (exp, active) = m.moe.map_or((0.0, 0.0), |e| (e.expert_share, e.active));
+        let kept = c.n_cpu_moe.clamp(first, m.n_layers) - first;
+        let bytes = (kept as f64 * m.layer_bytes as f64 * exp) as u64;
+        host.weights += bytes + m.embd_bytes;
+        host.read_per_token += bytes as f64 * active;
+        out.push(host);
+        out
+    }
+
+    /// Layers `[a, b)` on one place.
+    fn share(
+        &self,
+        device: Option<usize>,
+        a: u32,
+        b: u32,
+        output: bool,
+        c: &Candidate,
+        n_ctx: u32,
+    ) -> Share {
+        let m = &self.model;
+        let layers = b.saturating_sub(a);
+        let (exp, active) = m.moe.map_or((0.0, 1.0), |e| (e.expert_share, e.active));
+        // On a device, the experts of layers below --n-cpu-moe are not here.
+        let away = if device.is_some() {
+            c.n_cpu_moe.clamp(a, b.max(a)) - a
+        } else {
+            0
+        };
+        let lb = m.layer_bytes as f64;
+        let weights = layers as f64 * lb - away as f64 * lb * exp;
+        let read = layers as f64 * lb * (1.0 - exp) + (layers - away) as f64 * lb * exp * active;
+        let kv = (layers as u64 * n_ctx as u64 * m.kv_bytes_per_token_layer) as f64
+            * c.kv_bytes_factor();
+        let ub = c.n_ubatch as u64;
+        let mut compute = ub * m.n_embd * 4 * 6;
+        if c.flash_attn == FlashAttn::Off {
+            compute += ub * n_ctx as u64 * 4 * 4;
+        }
+        let mut out_bytes = 0;
+        if output {
+            compute += ub * m.n_vocab * 4;
+            out_bytes = m.output_bytes;
+        }
+        Share {
+            device,
+            name: device.map_or("CPU".to_string(), |d| self.devices[d].name.clone()),
+            layers,
+            weights: weights as u64 + out_bytes,
+            kv: kv as u64,
+            compute,
+            read_per_token: read + out_bytes as f64,
+        }
+    }
+
+    /// The dry run's answer: bytes per device (the host as `CPU`).
+    pub fn footprint(&self, c: &Candidate, n_ctx: u32) -> LoadReport {
+        let per_device: Vec<DeviceBytes> = self
+            .shares(c, n_ctx)
+            .into_iter()
+            .map(|s| DeviceBytes {
+                bytes: s.bytes(),
+                device: s.name,
+            })
+            .collect();
+        LoadReport {
+            reported_bytes: per_device.iter().map(|d| d.bytes).sum(),
+            per_device,
+            ..LoadReport::default()
+        }
+    }
+
+    /// The first device whose memory the configuration exceeds (what llama.cpp would fail on).
+    pub fn out_of_memory(&self, c: &Candidate, n_ctx: u32, weights_only: bool) -> Option<String> {
+        self.shares(c, n_ctx).into_iter().find_map(|s| {
+            let d = &self.devices[s.device?];
+            let need = if weights_only { s.weights } else { s.bytes() };
+            (need > d.mem_bytes).then(|| {
+                format!(
+                    "cudaMalloc failed: out of memory ({} MiB on {})",
+                    need / MIB,
+                    d.name
+                )
+            })
+        })
+    }
+
+    /// The host's read bandwidth with `t` threads: saturating at half the physical cores, a little
+    /// worse past them (hyper-threads contend).
+    fn host_bandwidth(&self, t: u32) -> f64 {
+        let phys = self.host.physical_cores.max(1);
+        let reach = (t as f64 / (phys as f64 / 2.0).max(1.0)).min(1.0);
+        self.host.bandwidth * reach * if t > phys { 0.85 } else { 1.0 }
+    }
+
+    /// Seconds to generate one token with `depth` tokens in the KV cache.
+    pub fn token_seconds(&self, c: &Candidate, n_ctx: u32, depth: u32) -> f64 {
+        let m = &self.model;
+        let shares = self.shares(c, n_ctx);
+        let kv_token = m.kv_bytes_per_token_layer as f64 * c.kv_bytes_factor() * depth as f64;
+        let quant_kv = if c.type_k.is_quantized() { 1.01 } else { 1.0 };
+        let mut t = 0.0;
+        for s in &shares {
+            let bytes = s.read_per_token + s.layers as f64 * kv_token;
+            t += match s.device {
+                Some(d) => {
+                    let fa = if c.flash_attn == FlashAttn::Off {
+                        1.0
+                    } else {
+                        0.99
+                    };
+                    bytes / self.devices[d].bandwidth * fa * quant_kv
+                }
+                None => {
+                    let plain = if c.kernels == KernelChoice::Plain {
+                        1.03
+                    } else {
+                        1.0
+                    };
+                    bytes / self.host_bandwidth(c.threads) * plain * quant_kv
+                }
+            };
+        }
+        let hops = shares
+            .iter()
+            .filter(|s| s.layers > 0)
+            .count()
+            .saturating_sub(1);
+        t + hops as f64 * 20e-6 + self.overhead_s * (1.0 + 0.002 * c.threads as f64)
+    }
+
+    /// Seconds to process an `n`-token prompt: matrix products at each device's compute; the
+    /// host's weights are either computed on the host or, with a device present and micro-batches
+    /// of 32 or more, copied over the link once per micro-batch (llama.cpp's op offload).
+    pub fn prompt_seconds(&self, c: &Candidate, n_ctx: u32, n: u32) -> f64 {
+        let ub = c.n_ubatch.max(1) as f64;
+        let eff = ub / (ub + 96.0);
+        let batches = (n as f64 / ub).ceil();
+        let shares = self.shares(c, n_ctx);
+        let used = self.used(c);
+        let mut t = batches * 1e-3;
+        for s in &shares {
+            let flops = 3.6 * s.read_per_token * n as f64;
+            t += match s.device {
+                Some(d) => {
+                    let fa = if c.flash_attn == FlashAttn::Off {
+                        1.0
+                    } else {
+                        0.95
+                    };
+                    flops / (self.devices[d].flops * eff) * fa
+                }
+                None if !used.is_empty() && c.n_ubatch >= 32 => {
+                    let d = &self.devices[used[0]];
+                    batches * s.weights as f64 / d.link + flops / (d.flops * eff)
+                }
+                None => {
+                    let cores = c.threads.min(self.host.physical_cores).max(1) as f64;
+                    let repack = if c.kernels == KernelChoice::Repack {
+                        1.3
+                    } else {
+                        1.0
+                    };
+                    flops / (self.host.flops_per_core * cores * repack * eff)
+                }
+            };
+        }
+        t
+    }
+
+    /// The noise-free repetition a configuration would give.
+    pub fn ideal(&self, c: &Candidate, w: &Workload) -> Repetition {
+        let tg = 1.0 / self.token_seconds(c, w.n_ctx, 0);
+        Repetition {
+            pp_tps: w.n_prompt as f64 / self.prompt_seconds(c, w.n_ctx, w.n_prompt),
+            tg_tps: tg,
+            tg_depth_tps: (w.depth > 0).then(|| 1.0 / self.token_seconds(c, w.n_ctx, w.depth)),
+            load: None,
+        }
+    }
+
+    /// Seconds one request of the workload takes, noise-free (the objective; lower is better).
+    pub fn true_seconds(&self, c: &Candidate, w: &Workload) -> f64 {
+        score_seconds(&self.ideal(c, w), w)
+    }
+
+    /// Seconds one repetition occupies the machine (prompt, generation, generation at depth).
+    pub fn rep_seconds(&self, rep: &Repetition, w: &Workload) -> f64 {
+        let mut s = w.n_prompt as f64 / rep.pp_tps + w.n_gen as f64 / rep.tg_tps;
+        if let Some(d) = rep.tg_depth_tps {
+            s += w.depth as f64 / rep.pp_tps + w.n_gen as f64 / d;
+        }
+        s + 0.05
+    }
+
+    /// Seconds one load takes: the file from disk (3 GB/s) and each device's share over its link.
+    pub fn load_seconds(&self, c: &Candidate, n_ctx: u32) -> f64 {
+        let shares = self.shares(c, n_ctx);
+        let disk: u64 = shares.iter().map(|s| s.weights).sum();
+        let upload: f64 = shares
+            .iter()
+            .filter_map(|s| Some(s.weights as f64 / self.devices[s.device?].link))
+            .sum();
+        1.0 + disk as f64 / 3e9 + upload
+    }
+}

@@ -1,0 +1,310 @@
+//! The engine's decisions on simulated landscapes: a 70B-class model on 1, 2 and 4 GPUs, the
+//! offload cliff, the fit levers, the tie-break, early drop, how the budget is spread, the
+//! confirmation and crashes. Fast and deterministic (simulated time).
+
+use super::harness::{self, fits, gpus, max_fit, settings, tune, Mode, Quiet, SimRun, MARGIN};
+use super::{Landscape, Outcome, SimMeasurer, SimModel, GIB, MIB};
+use crate::engine::{CandidateResult, Engine, TuneSettings};
+use crate::report;
+use crate::stats::Verdict;
+use search_space::{CacheType, Candidate, KernelChoice};
+use std::collections::HashMap;
+use std::time::Duration;
+
+fn result<'r>(run: &'r SimRun, c: &Candidate) -> Option<&'r CandidateResult> {
+    run.results.iter().find(|r| &r.candidate == c)
+}
+
+/// Runs `f` on an engine measuring the landscape (for tests of one group at a time).
+fn with_engine<T>(land: Landscape, s: TuneSettings, f: impl FnOnce(&mut Engine) -> T) -> T {
+    let stop = || false;
+    let m = SimMeasurer::new(land, s.seed);
+    let mut e = Engine::with_measurer(s, Box::new(m), None, &stop, &Quiet);
+    f(&mut e)
+}
+
+#[test]
+fn the_model_has_a_cliff_and_footprints_grow_with_layers() {
+    let land = gpus(1, 24 * GIB);
+    let s = settings(&land, 1);
+    let c = |n| Candidate::llama_default(16, n);
+    let w = &s.workload;
+    let gpu = |n| land.footprint(&c(n), w.n_ctx).per_device[0].bytes;
+    assert!(gpu(40) > gpu(20) && gpu(20) > gpu(0));
+    let max = max_fit(&land, &s, &c(81)).unwrap();
+    assert!((30..60).contains(&max), "{max} layers fit 24 GiB");
+    // Moving layers to the host costs generation speed many times their share.
+    let (full, half) = (
+        land.true_seconds(&c(max), w),
+        land.true_seconds(&c(max / 2), w),
+    );
+    assert!(half > 1.5 * full, "{half} vs {full}");
+    assert!(land.out_of_memory(&c(81), w.n_ctx, false).is_some());
+}
+
+#[test]
+fn the_search_starts_at_the_most_layers_that_fit_and_never_loads_what_does_not() {
+    for (n, mem) in [(1, 24 * GIB), (2, 16 * GIB), (4, 12 * GIB)] {
+        let land = gpus(n, mem);
+        let s = settings(&land, 7);
+        let run = tune(land.clone(), s.clone(), None, Mode::Search);
+        let base = Candidate::llama_default(16, 81);
+        let max = max_fit(&land, &s, &base).unwrap();
+        let trace = run.trace.borrow();
+        assert_eq!(trace.count(Outcome::OutOfMemory), 0, "{n} GPUs");
+        assert_eq!(run.baseline.n_gpu_layers, max, "{n} GPUs: the defaults");
+        let top = trace
+            .calls
+            .iter()
+            .filter(|(c, _, _)| c.n_ubatch == 512 && !c.type_k.is_quantized())
+            .map(|(c, _, _)| c.n_gpu_layers)
+            .max();
+        assert_eq!(top, Some(max), "{n} GPUs: the highest placement measured");
+        let win = run.winner.clone().expect("a winner");
+        assert!(fits(&land, &s, &win), "{n} GPUs: {}", win.label());
+        let own_max = max_fit(&land, &s, &win).unwrap();
+        assert!(win.n_gpu_layers + 1 >= own_max, "{n} GPUs: {}", win.label());
+        // Near the best layer count for the winner's other settings: a tie within the threshold
+        // (whose interval can reach past it) goes to less memory, so one layer fewer can win.
+        let best = (0..=own_max)
+            .map(|l| {
+                land.true_seconds(
+                    &Candidate {
+                        n_gpu_layers: l,
+                        ..win.clone()
+                    },
+                    &s.workload,
+                )
+            })
+            .fold(f64::INFINITY, f64::min);
+        let got = land.true_seconds(&win, &s.workload);
+        assert!(
+            got <= best * (1.0 + 2.0 * s.noise),
+            "{n} GPUs: {} {got} vs {best}",
+            win.label()
+        );
+    }
+}
+
+/// A 262k-token vocabulary on one GPU just too small for every layer at -ub 512: the micro-batch
+/// lever frees the compute buffer, every layer fits, and that placement wins.
+#[test]
+fn the_micro_batch_lever_appears_and_wins_when_it_lets_every_layer_fit() {
+    let mut land = gpus(1, 64 * GIB);
+    land.model = SimModel::dense(48, 700 * MIB, 262_144);
+    let mut s = settings(&land, 3);
+    s.cache_types = vec![CacheType::F16];
+    let lever = Candidate {
+        n_ubatch: 128,
+        ..Candidate::llama_default(16, 49)
+    };
+    let need = land.footprint(&lever, s.workload.n_ctx).per_device[0].bytes;
+    land.devices[0].mem_bytes = need + MARGIN + 16 * MIB;
+    s.budgets = vec![("CUDA0".into(), need + 16 * MIB)];
+    let at_512 = max_fit(&land, &s, &Candidate::llama_default(16, 49)).unwrap();
+    assert!(at_512 < 49, "not every layer fits at -ub 512 ({at_512})");
+    let run = tune(land, s, None, Mode::Search);
+    let r = result(&run, &lever).expect("the lever placement was measured");
+    assert!(r.ok());
+    let win = run.winner.unwrap();
+    assert_eq!(
+        (win.n_gpu_layers, win.n_ubatch),
+        (49, 128),
+        "{}",
+        win.label()
+    );
+    assert_eq!(run.trace.borrow().count(Outcome::OutOfMemory), 0);
+}
+
+/// 1% slower and less memory (a q8_0 KV cache with every layer on four GPUs): a tie within the
+/// 2% threshold, so the smaller one wins, and the report calls it a tie with the defaults.
+#[test]
+fn a_tie_goes_to_less_memory_and_the_report_says_tie() {
+    let mut land = gpus(4, 16 * GIB);
+    land.noise = 0.003;
+    let s = settings(&land, 11);
+    let w = s.workload.clone();
+    with_engine(land, s, |e| {
+        let base = e.baseline();
+        let q8 = Candidate {
+            type_k: CacheType::Q8_0,
+            type_v: CacheType::Q8_0,
+            ..base.clone()
+        };
+        e.measure_group(&[base.clone(), q8.clone()], "kv cache");
+        let median = |c: &Candidate| {
+            let r = e.results.iter().find(|r| &r.candidate == c).unwrap();
+            r.rate_sample(&w).unwrap().median()
+        };
+        assert!(median(&q8) < median(&base), "q8_0 is the slower one");
+        assert_eq!(e.choose(&[base.clone(), q8.clone()]), Some(q8.clone()));
+        let v = report::versus_defaults(&e.results, &q8, &base, &w, 0.02, 11).unwrap();
+        assert_eq!(v.comparison.unwrap().verdict, Verdict::Tie);
+        assert!(v.chosen_for.unwrap().contains("less memory"));
+    });
+}
+
+/// Placements far off the leader stop after their first visit; the leader is measured to the end.
+#[test]
+fn a_clearly_slower_candidate_stops_getting_repetitions() {
+    let land = gpus(1, 24 * GIB);
+    let s = settings(&land, 5);
+    let w = s.workload.clone();
+    let (min_reps, noise) = (s.min_reps as usize, s.noise);
+    with_engine(land.clone(), s, |e| {
+        let base = e.baseline();
+        let group = e.placement_group(&base);
+        e.measure_group(&group, "gpu layers");
+        let best = group
+            .iter()
+            .map(|c| land.true_seconds(c, &w))
+            .fold(f64::INFINITY, f64::min);
+        for c in &group {
+            let r = e.results.iter().find(|r| &r.candidate == c).unwrap();
+            if land.true_seconds(c, &w) > best * (1.0 + 4.0 * noise) {
+                assert_eq!(r.reps.len(), 2, "{} dropped after one visit", c.label());
+            } else {
+                assert!(r.reps.len() >= min_reps, "{} measured on", c.label());
+            }
+        }
+    });
+}
+
+/// In a group every candidate gets its first visit (two repetitions) before any gets a third.
+#[test]
+fn every_candidate_gets_its_first_repetitions_before_any_gets_more() {
+    let land = gpus(2, 16 * GIB);
+    let s = settings(&land, 9);
+    with_engine(land, s, |e| {
+        let base = e.baseline();
+        let group = e.placement_group(&base);
+        assert!(group.len() >= 5);
+        e.measure_group(&group, "gpu layers");
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        let results: Vec<_> = e.results.iter().map(|r| r.candidate.label()).collect();
+        let mut third = None;
+        for (k, label) in calls_of(e).into_iter().enumerate() {
+            let n = seen.entry(label).or_default();
+            *n += 1;
+            if *n == 3 && third.is_none() {
+                third = Some(k);
+            }
+        }
+        assert!(third.is_some(), "the leaders got more repetitions");
+        assert_eq!(third.unwrap(), 2 * group.len(), "{results:?}");
+    });
+}
+
+/// The labels of the candidates measured, in order (each repetition one entry).
+fn calls_of(e: &Engine) -> Vec<String> {
+    // The engine's rounds record the order: a repetition's round, then its place in `reps`.
+    let mut calls: Vec<(u64, usize, String)> = Vec::new();
+    for r in &e.results {
+        for (k, round) in r.rounds.iter().enumerate() {
+            calls.push((round.unwrap_or(0), k, r.candidate.label()));
+        }
+    }
+    calls.sort();
+    calls.into_iter().map(|(_, _, l)| l).collect()
+}
+
+/// A budget that ends during the very first repetition still leaves that candidate measured (its
+/// second repetition runs on the load already paid for), and the rest reported as not measured.
+#[test]
+fn a_tiny_budget_still_measures_the_first_visited_candidate() {
+    let land = gpus(1, 24 * GIB);
+    let mut s = settings(&land, 13);
+    let full = tune(land.clone(), s.clone(), None, Mode::Search);
+    let first_end = full.trace.borrow().calls[0].2;
+    s.budget = Duration::from_secs_f64(first_end - 1.0);
+    let run = tune(land, s, None, Mode::Search);
+    assert!(run.budget_spent);
+    let measured: Vec<_> = run.results.iter().filter(|r| r.ok()).collect();
+    assert_eq!(measured.len(), 1, "one candidate visited");
+    assert_eq!(measured[0].reps.len(), 2);
+    assert_eq!(run.winner.as_ref(), Some(&measured[0].candidate));
+    assert!(run
+        .results
+        .iter()
+        .filter(|r| !r.ok())
+        .all(|r| r.skipped.as_deref() == Some("not measured: time budget spent")));
+}
+
+/// The confirmation re-measures the search's winner and runner-up, twice each, interleaved, each
+/// repetition on a fresh load.
+#[test]
+fn confirm_remeasures_the_winner_and_the_runner_up_on_fresh_loads() {
+    let mut land = gpus(4, 12 * GIB);
+    land.load_spread = 0.03;
+    let run = tune(land.clone(), settings(&land, 21), None, Mode::Search);
+    let (win, second) = (
+        run.searched.clone().unwrap(),
+        run.runner_up.clone().unwrap(),
+    );
+    let trace = run.trace.borrow();
+    let last: Vec<&Candidate> = trace.calls[trace.calls.len() - 4..]
+        .iter()
+        .map(|(c, _, _)| c)
+        .collect();
+    assert_eq!(last.iter().filter(|c| ***c == win).count(), 2);
+    assert_eq!(last.iter().filter(|c| ***c == second).count(), 2);
+    assert_eq!(run.drift.len(), 2);
+    // Each confirming repetition paid a load: four in a row on fresh loads.
+    for r in [&win, &second].map(|c| result(&run, c).unwrap()) {
+        let fresh = r
+            .reps
+            .iter()
+            .rev()
+            .take(2)
+            .filter(|x| x.load.is_some())
+            .count();
+        assert_eq!(fresh, 2, "{}", r.candidate.label());
+    }
+    assert!(
+        run.drift.iter().all(|(_, d)| d.abs() < 0.1),
+        "{:?}",
+        run.drift
+    );
+}
+
+/// A configuration that aborts its worker is recorded as that candidate's failure; the search goes
+/// on to the next axes and still picks a winner. Random crashes (2%) do not stop a run either.
+#[test]
+fn a_crash_is_recorded_and_the_run_goes_on() {
+    let land = gpus(2, 24 * GIB);
+    let s = settings(&land, 17);
+    let run = tune(
+        land.clone(),
+        s.clone(),
+        Some(|c| c.kernels == KernelChoice::Plain),
+        Mode::Search,
+    );
+    let crashed: Vec<_> = run.results.iter().filter(|r| r.failure.is_some()).collect();
+    assert!(!crashed.is_empty());
+    assert!(crashed
+        .iter()
+        .all(|r| r.candidate.kernels == KernelChoice::Plain));
+    let win = run.winner.expect("a winner");
+    assert_eq!(win.kernels, KernelChoice::Repack);
+    assert!(run
+        .results
+        .iter()
+        .any(|r| r.candidate.n_ubatch != 512 && r.ok()));
+    let mut noisy = land;
+    noisy.crash_rate = 0.02;
+    let run = tune(noisy, s, None, Mode::Search);
+    assert!(run.winner.is_some());
+}
+
+#[test]
+fn a_run_is_deterministic_for_a_seed() {
+    let mut land = gpus(2, 16 * GIB);
+    land.load_spread = 0.03;
+    land.crash_rate = 0.02;
+    let a = tune(land.clone(), settings(&land, 4), None, Mode::Search);
+    let b = tune(land.clone(), settings(&land, 4), None, Mode::Search);
+    assert_eq!(a.winner, b.winner);
+    assert_eq!(a.trace.borrow().calls, b.trace.borrow().calls);
+    assert_eq!(a.seconds, b.seconds);
+    let _ = harness::gib(0);
+}
