@@ -145,6 +145,7 @@ fn load_backend_modules() {
             })
             .unwrap_or(false);
         if has_cpu {
+            let _ = MODULE_DIR.set(d.clone());
             llama_cpp_2::llama_backend::load_backends_from_path(&d);
             return;
         }
@@ -182,6 +183,88 @@ pub fn backends() -> Vec<String> {
             .map(|i| cstr(sys::ggml_backend_reg_name(sys::ggml_backend_reg_get(i))))
             .collect()
     }
+}
+
+/// The directory `init` loaded the backend modules from; unset when ggml searched by itself.
+static MODULE_DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
+
+/// One backend module file (`libggml-<name>.so`) of the directory `init` loaded modules from.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct BackendModule {
+    pub file: String,
+    /// The backend ggml registered from this file (`CPU`, `CUDA`, `RPC`, ...); None when ggml did
+    /// not load it (another CPU variant was chosen, or the file could not be opened).
+    pub backend: Option<String>,
+    /// Devices that backend has now (a CUDA module without an NVIDIA driver registers none).
+    pub devices: usize,
+}
+
+/// The module directory and each module in it, with the backend ggml registered from it (matched
+/// by ggml's "loaded CUDA backend from DIR/libggml-cuda.so" lines in `log`, what `init` logged) and
+/// that backend's device count. Empty for a build without loadable modules.
+pub fn backend_modules(log: &[String]) -> (Option<std::path::PathBuf>, Vec<BackendModule>) {
+    let Some(dir) = MODULE_DIR.get() else {
+        return (None, Vec::new());
+    };
+    let loaded = loaded_modules(log);
+    // SAFETY: plain getters over ggml's registry; names are static strings.
+    let counts: Vec<(String, usize)> = unsafe {
+        (0..sys::ggml_backend_reg_count())
+            .map(|i| {
+                let reg = sys::ggml_backend_reg_get(i);
+                (
+                    cstr(sys::ggml_backend_reg_name(reg)),
+                    sys::ggml_backend_reg_dev_count(reg),
+                )
+            })
+            .collect()
+    };
+    let mut files: Vec<String> = std::fs::read_dir(dir)
+        .map(|it| {
+            it.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|f| {
+                    f.starts_with("libggml-") && f.ends_with(".so") && f != "libggml-base.so"
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    let modules = files
+        .into_iter()
+        .map(|file| {
+            let backend = loaded
+                .iter()
+                .find(|(_, f)| *f == file)
+                .map(|(b, _)| b.clone());
+            let devices = backend
+                .as_ref()
+                .and_then(|b| counts.iter().find(|(n, _)| n == b))
+                .map_or(0, |(_, c)| *c);
+            BackendModule {
+                file,
+                backend,
+                devices,
+            }
+        })
+        .collect();
+    (Some(dir.clone()), modules)
+}
+
+/// `(backend, file name)` of each "load_backend: loaded CUDA backend from /dir/libggml-cuda.so"
+/// line ggml logged.
+pub fn loaded_modules(log: &[String]) -> Vec<(String, String)> {
+    log.iter()
+        .filter_map(|l| {
+            let rest = &l[l.find("loaded ")? + "loaded ".len()..];
+            let (name, path) = rest.split_once(" backend from ")?;
+            let file = Path::new(path.trim())
+                .file_name()?
+                .to_string_lossy()
+                .into_owned();
+            Some((name.to_string(), file))
+        })
+        .collect()
 }
 
 /// llama.cpp's own system information line (`CPU : SSE3 = 1 | AVX512 = 1 | AMX_INT8 = 1 | ...`).
@@ -425,7 +508,6 @@ impl Model {
         // SAFETY: as above.
         unsafe { sys::llama_vocab_bos(sys::llama_model_get_vocab(self.ptr.as_ptr())) }
     }
-
 }
 
 impl Drop for Model {
