@@ -6,7 +6,7 @@
 
 use crate::error::{ProfileError, Result};
 use crate::profile::Profile;
-use crate::server_args::{server_options, shell_quote};
+use crate::server_args::shell_quote;
 use search_space::{CacheType, FlashAttn, KernelChoice};
 use std::fmt;
 use std::fmt::Write as _;
@@ -82,9 +82,7 @@ pub fn export(p: &Profile, f: ExportFormat) -> Result<String> {
 }
 
 fn options(p: &Profile) -> Vec<crate::server_args::ServerOption> {
-    let mut o = server_options(&p.winner, &p.model.path, &p.workload);
-    o.extend(p.draft.iter().flat_map(crate::server_args::draft_options));
-    o
+    p.server_options()
 }
 
 fn origin(p: &Profile) -> String {

@@ -55,6 +55,7 @@ pub fn example_profile() -> Profile {
         created_unix: 1_760_000_000,
         autotune_version: "0.1.0".into(),
         server_args: Vec::new(),
+        rpc: Vec::new(),
         notes: vec!["flash attention on is required for the q8_0 V cache".into()],
         model: ModelRef {
             path: "/models/Qwen3-4B-Q4_K_M.gguf".into(),

@@ -6,7 +6,7 @@
 //! meaning of the keys may have changed.
 
 use crate::error::{ProfileError, Result};
-use crate::server_args::server_args;
+use crate::server_args::{server_options, ServerOption};
 use search_space::Candidate;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -32,6 +32,10 @@ pub struct Profile {
     pub server_args: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// ggml RPC servers (`host:port`) the run used as devices: llama-server gets them as `--rpc`, and
+    /// `apply` connects them before checking the devices.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rpc: Vec<String>,
     pub model: ModelRef,
     pub machine: MachineRef,
     pub llama: LlamaBuild,
@@ -239,13 +243,26 @@ impl Profile {
 
     /// The llama-server argv this profile's winner, workload and model stand for.
     pub fn expected_server_args(&self) -> Vec<String> {
-        let mut args = server_args(&self.winner, &self.model.path, &self.workload);
-        if let Some(d) = &self.draft {
-            args.extend(crate::server_args::words(
-                crate::server_args::draft_options(d),
-            ));
+        crate::server_args::words(self.server_options())
+    }
+
+    /// llama-server's options for this profile: the winner's, its RPC servers, its draft. The one
+    /// list the argv and every export are made from.
+    pub fn server_options(&self) -> Vec<ServerOption> {
+        let mut o = server_options(&self.winner, &self.model.path, &self.workload);
+        if !self.rpc.is_empty() {
+            o.push(ServerOption {
+                short: "--rpc",
+                long: "rpc",
+                value: Some(self.rpc.join(",")),
+            });
         }
-        args
+        o.extend(
+            self.draft
+                .iter()
+                .flat_map(crate::server_args::draft_options),
+        );
+        o
     }
 
     /// Sets `server_args` from the winner (call after changing `winner`, `workload` or `model.path`).

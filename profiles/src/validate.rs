@@ -31,6 +31,7 @@ impl Profile {
         })?;
         in_range("workload.n_ctx", self.workload.n_ctx, 1, MAX_CTX)?;
         check_winner(self)?;
+        check_rpc(&self.rpc)?;
         check_figures("figures", &self.figures)?;
         if let Some(b) = &self.baseline {
             check_figures("baseline", b)?;
@@ -205,6 +206,26 @@ fn check_figures(field: &str, f: &Figures) -> Result<()> {
 }
 
 /// `found` must equal `expected`; the error names the first word that differs.
+/// RPC servers are `host:port` (a name, an IPv4 address or a bracketed IPv6 one, then a port): nothing
+/// that llama-server could read as another flag or another list item.
+fn check_rpc(rpc: &[String]) -> Result<()> {
+    for (i, e) in rpc.iter().enumerate() {
+        let port_ok = e.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+        });
+        let chars_ok = e
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':' | '[' | ']'));
+        if !port_ok || !chars_ok || e.starts_with('-') {
+            return Err(ProfileError::invalid(
+                format!("rpc[{i}]"),
+                format!("'{e}' is not a host:port address"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_server_args(expected: &[String], found: &[String]) -> Result<()> {
     if expected == found {
         return Ok(());
@@ -285,6 +306,29 @@ mod tests {
         let mut p = example_profile();
         p.server_args.truncate(4);
         assert!(invalid(&p).contains("missing '-t'"));
+    }
+
+    #[test]
+    fn rpc_servers_reach_the_server_args_and_must_be_addresses() {
+        let mut p = example_profile();
+        p.rpc = vec!["127.0.0.1:50052".into(), "[::1]:50053".into()];
+        p.refresh_server_args();
+        p.validate(false).unwrap();
+        let i = p.server_args.iter().position(|a| a == "--rpc").unwrap();
+        assert_eq!(p.server_args[i + 1], "127.0.0.1:50052,[::1]:50053");
+        for bad in [
+            "--rpc",
+            "host",
+            "a,b:1",
+            "h:0",
+            "h:99999",
+            "h:1 -ngl 0",
+            "$(id):1",
+        ] {
+            p.rpc = vec![bad.into()];
+            p.refresh_server_args();
+            assert!(invalid(&p).contains("is not a host:port address"), "{bad}");
+        }
     }
 
     #[test]

@@ -43,6 +43,13 @@ pub struct DeviceInfo {
     pub memory_total: u64,
 }
 
+impl DeviceInfo {
+    /// A device served by a ggml RPC server (`RPC0`, …).
+    pub fn is_rpc(&self) -> bool {
+        self.backend.eq_ignore_ascii_case("RPC")
+    }
+}
+
 static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static ECHO_LOG: OnceLock<bool> = OnceLock::new();
 static BACKEND: OnceLock<llama_cpp_2::llama_backend::LlamaBackend> = OnceLock::new();

@@ -54,7 +54,9 @@ impl Machine {
             "{cpu}|{physical}|{logical}|{}|{os}",
             ram_bytes >> 30
         ));
-        for d in &devices {
+        // RPC devices are other machines (or servers) a run connects to, not this machine: a profile
+        // is found again whether or not they are connected, and `apply` connects the profile's own.
+        for d in devices.iter().filter(|d| !d.is_rpc()) {
             h.update(format!(
                 "|{}|{}|{}|{}",
                 d.name,

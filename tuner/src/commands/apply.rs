@@ -35,7 +35,7 @@ pub fn resolve(target: &Path, force: bool, verbose: bool) -> anyhow::Result<Stor
     if !is_profile_file {
         tune::inspect_model(target)?;
     }
-    let here = doctor::probe(verbose, &[])?;
+    let mut here = doctor::probe(verbose, &[])?;
     let stored = if is_profile_file {
         StoredProfile::read(target).map_err(bad_profile)?
     } else {
@@ -64,6 +64,20 @@ pub fn resolve(target: &Path, force: bool, verbose: bool) -> anyhow::Result<Stor
         .validate(true)
         .map_err(|e| bad_profile(e.with_path(&stored.path)))?;
 
+    if !stored.profile.rpc.is_empty() {
+        // The profile's layers live on RPC servers: connect them (a server that is down is an error
+        // naming it) and see their devices as llama-server will.
+        here = doctor::probe(verbose, &stored.profile.rpc).map_err(|e| {
+            Exit::new(
+                exit::BAD_PROFILE,
+                format!(
+                    "profile {} runs layers on RPC servers ({}): {e:#}",
+                    stored.path.display(),
+                    stored.profile.rpc.join(", ")
+                ),
+            )
+        })?;
+    }
     let changes = staleness(&stored.profile, &here);
     if !changes.is_empty() {
         let reason = format!(
@@ -95,11 +109,21 @@ fn staleness(p: &Profile, here: &doctor::Doctor) -> Vec<String> {
             short(&here.machine.fingerprint)
         ));
     }
-    let was: Vec<&str> = p.machine.devices.iter().map(|d| d.name.as_str()).collect();
+    // RPC devices count when the profile uses them (its `rpc` servers, connected by `resolve`); a run
+    // that merely had them connected left no trace in the winner.
+    let counts = |backend: &str| p.rpc.is_empty() == false || !backend.eq_ignore_ascii_case("RPC");
+    let was: Vec<&str> = p
+        .machine
+        .devices
+        .iter()
+        .filter(|d| counts(&d.backend))
+        .map(|d| d.name.as_str())
+        .collect();
     let now: Vec<&str> = here
         .machine
         .devices
         .iter()
+        .filter(|d| counts(&d.backend))
         .map(|d| d.name.as_str())
         .collect();
     if was != now {

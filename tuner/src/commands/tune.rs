@@ -582,6 +582,12 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
             .unwrap_or(0),
         autotune_version: env!("CARGO_PKG_VERSION").to_string(),
         server_args: Vec::new(),
+        // The RPC servers the winner's layers live on: llama-server needs them (`--rpc`).
+        rpc: if winner.n_gpu_layers > 0 {
+            args.rpc.clone()
+        } else {
+            Vec::new()
+        },
         notes: report.notes.clone(),
         model: profiles::ModelRef {
             path: model_path.clone(),
