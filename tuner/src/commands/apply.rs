@@ -111,21 +111,26 @@ fn staleness(p: &Profile, here: &doctor::Doctor) -> Vec<String> {
     }
     // RPC devices count when the profile uses them (its `rpc` servers, connected by `resolve`); a run
     // that merely had them connected left no trace in the winner.
-    let counts = |backend: &str| p.rpc.is_empty() == false || !backend.eq_ignore_ascii_case("RPC");
-    let was: Vec<&str> = p
-        .machine
-        .devices
-        .iter()
-        .filter(|d| counts(&d.backend))
-        .map(|d| d.name.as_str())
-        .collect();
-    let now: Vec<&str> = here
-        .machine
-        .devices
-        .iter()
-        .filter(|d| counts(&d.backend))
-        .map(|d| d.name.as_str())
-        .collect();
+    let names = |devices: &mut dyn Iterator<Item = (&str, &str)>| -> Vec<String> {
+        devices
+            .filter(|(_, backend)| !p.rpc.is_empty() || !backend.eq_ignore_ascii_case("RPC"))
+            .map(|(name, _)| name.to_string())
+            .collect()
+    };
+    let was = names(
+        &mut p
+            .machine
+            .devices
+            .iter()
+            .map(|d| (d.name.as_str(), d.backend.as_str())),
+    );
+    let now = names(
+        &mut here
+            .machine
+            .devices
+            .iter()
+            .map(|d| (d.name.as_str(), d.backend.as_str())),
+    );
     if was != now {
         changes.push(format!(
             "devices were [{}], now [{}]",
