@@ -1,0 +1,235 @@
+//! A llama.cpp context over a loaded model: creation with context settings, decoding (timed or with
+//! logits), and KV-cache edits.
+
+use super::{log_tail, take_log, ContextSettings, LlamaError, Model};
+use llama_cpp_sys_2 as sys;
+use search_space::{CacheType, FlashAttn};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+fn ggml_type(t: CacheType) -> sys::ggml_type {
+    match t {
+        CacheType::F32 => sys::GGML_TYPE_F32,
+        CacheType::F16 => sys::GGML_TYPE_F16,
+        CacheType::Bf16 => sys::GGML_TYPE_BF16,
+        CacheType::Q8_0 => sys::GGML_TYPE_Q8_0,
+        CacheType::Q5_1 => sys::GGML_TYPE_Q5_1,
+        CacheType::Q5_0 => sys::GGML_TYPE_Q5_0,
+        CacheType::Q4_1 => sys::GGML_TYPE_Q4_1,
+        CacheType::Q4_0 => sys::GGML_TYPE_Q4_0,
+        CacheType::Iq4Nl => sys::GGML_TYPE_IQ4_NL,
+    }
+}
+
+/// A llama.cpp context; it holds its model alive (`Arc`), so a worker can keep both across requests.
+pub struct Context {
+    pub(super) ptr: NonNull<sys::llama_context>,
+    model: Arc<Model>,
+    n_batch: u32,
+}
+
+// SAFETY: a context is used from one thread at a time (the worker's loop).
+unsafe impl Send for Context {}
+
+impl Context {
+    pub fn new(model: &Arc<Model>, s: &ContextSettings) -> Result<Context, LlamaError> {
+        Self::with_max_outputs(model, s, 0)
+    }
+
+    /// A context whose batches have at most `n_outputs_max` outputs (logits) each, 0 = n_batch. A
+    /// speculative draft needs 1, as llama-server's draft context has, which keeps its compute buffer
+    /// small.
+    pub fn with_max_outputs(
+        model: &Arc<Model>,
+        s: &ContextSettings,
+        n_outputs_max: u32,
+    ) -> Result<Context, LlamaError> {
+        // SAFETY: default params are plain data.
+        let mut p = unsafe { sys::llama_context_default_params() };
+        p.n_outputs_max = n_outputs_max;
+        p.n_ctx = s.n_ctx;
+        p.n_batch = s.n_batch;
+        p.n_ubatch = s.n_ubatch;
+        p.n_seq_max = 1;
+        p.n_threads = s.threads as i32;
+        p.n_threads_batch = s.threads as i32;
+        p.type_k = ggml_type(s.type_k);
+        p.type_v = ggml_type(s.type_v);
+        p.flash_attn_type = match s.flash_attn {
+            FlashAttn::Off => sys::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+            FlashAttn::On => sys::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            FlashAttn::Auto => sys::LLAMA_FLASH_ATTN_TYPE_AUTO,
+        };
+        p.no_perf = true;
+        take_log();
+        // SAFETY: model is valid and outlives the context (borrow).
+        let ptr = unsafe { sys::llama_init_from_model(model.ptr.as_ptr(), p) };
+        NonNull::new(ptr)
+            .map(|ptr| Context {
+                ptr,
+                model: Arc::clone(model),
+                n_batch: s.n_batch,
+            })
+            .ok_or_else(|| LlamaError::Context(log_tail(&take_log())))
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Empties the KV cache.
+    pub fn clear(&mut self) {
+        // SAFETY: context is valid; memory handle belongs to it.
+        unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true) }
+    }
+
+    /// Decodes `tokens` in chunks of n_batch, continuing the sequence in the KV cache.
+    pub fn decode(&mut self, tokens: &mut [i32]) -> Result<(), LlamaError> {
+        for chunk in tokens.chunks_mut(self.n_batch.max(1) as usize) {
+            // SAFETY: the batch views `chunk`, which outlives the call; positions are assigned by
+            // llama.cpp from the memory's current end.
+            let status = unsafe {
+                sys::llama_decode(
+                    self.ptr.as_ptr(),
+                    sys::llama_batch_get_one(chunk.as_mut_ptr(), chunk.len() as i32),
+                )
+            };
+            if status != 0 {
+                return Err(LlamaError::Decode {
+                    status,
+                    log: log_tail(&take_log()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until the device has really finished: without it an asynchronous backend "finishes"
+    /// a prompt at tens of thousands of tokens per second.
+    pub fn synchronize(&mut self) {
+        // SAFETY: context is valid.
+        unsafe { sys::llama_synchronize(self.ptr.as_ptr()) }
+    }
+
+    /// Logits of the last output (n_vocab floats).
+    pub fn last_logits(&self) -> &[f32] {
+        // SAFETY: llama.cpp keeps n_vocab logits for output -1 until the next decode.
+        unsafe {
+            let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), -1);
+            if p.is_null() {
+                &[]
+            } else {
+                std::slice::from_raw_parts(p, self.model.n_vocab() as usize)
+            }
+        }
+    }
+
+    /// Decodes `tokens` from position 0 of an empty cache as one batch with an output (logits) for
+    /// every token; read them with [`Context::logits_ith`]. `tokens.len()` must not exceed n_batch.
+    pub fn decode_with_all_logits(&mut self, tokens: &[i32]) -> Result<(), LlamaError> {
+        self.clear();
+        let n = tokens.len() as i32;
+        // SAFETY: the batch is allocated for n tokens with one sequence id each, every field we set
+        // is within those sizes, and it is freed after the decode.
+        unsafe {
+            let batch = sys::llama_batch_init(n, 0, 1);
+            for (i, &t) in tokens.iter().enumerate() {
+                *batch.token.add(i) = t;
+                *batch.pos.add(i) = i as i32;
+                *batch.n_seq_id.add(i) = 1;
+                *(*batch.seq_id.add(i)) = 0;
+                *batch.logits.add(i) = 1;
+            }
+            let mut b = batch;
+            b.n_tokens = n;
+            let status = sys::llama_decode(self.ptr.as_ptr(), b);
+            sys::llama_batch_free(batch);
+            if status != 0 {
+                return Err(LlamaError::Decode {
+                    status,
+                    log: log_tail(&take_log()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Logits (n_vocab floats) of output `i` of the last decode.
+    pub fn logits_ith(&self, i: i32) -> &[f32] {
+        // SAFETY: llama.cpp keeps the outputs of the last decode until the next one; NULL for a bad id.
+        unsafe {
+            let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), i);
+            if p.is_null() {
+                &[]
+            } else {
+                std::slice::from_raw_parts(p, self.model.n_vocab() as usize)
+            }
+        }
+    }
+
+    /// Decodes `tokens` as sequence 0 at positions `pos0..`, continuing what is in the KV cache, in
+    /// chunks of n_batch. With `all_logits` every token gets an output (read them with
+    /// [`Context::logits_ith`], indexed from 0 within the batch; `tokens` must then fit one batch),
+    /// else only the last token does ([`Context::last_logits`]).
+    pub fn decode_at(
+        &mut self,
+        tokens: &[i32],
+        pos0: i32,
+        all_logits: bool,
+    ) -> Result<(), LlamaError> {
+        let n_batch = self.n_batch.max(1) as usize;
+        if all_logits && tokens.len() > n_batch {
+            return Err(LlamaError::Decode {
+                status: -1,
+                log: format!(
+                    "{} tokens with logits exceed n_batch {n_batch}",
+                    tokens.len()
+                ),
+            });
+        }
+        let chunks = tokens.len().div_ceil(n_batch);
+        for (c, chunk) in tokens.chunks(n_batch).enumerate() {
+            let last_chunk = c + 1 == chunks;
+            let n = chunk.len() as i32;
+            let start = pos0 + (c * n_batch) as i32;
+            // SAFETY: the batch is allocated for n tokens with one sequence id each; every field set
+            // is within those sizes, and it is freed after the decode.
+            unsafe {
+                let batch = sys::llama_batch_init(n, 0, 1);
+                for (i, &t) in chunk.iter().enumerate() {
+                    *batch.token.add(i) = t;
+                    *batch.pos.add(i) = start + i as i32;
+                    *batch.n_seq_id.add(i) = 1;
+                    *(*batch.seq_id.add(i)) = 0;
+                    *batch.logits.add(i) =
+                        i8::from(all_logits || (last_chunk && i + 1 == chunk.len()));
+                }
+                let mut b = batch;
+                b.n_tokens = n;
+                let status = sys::llama_decode(self.ptr.as_ptr(), b);
+                sys::llama_batch_free(batch);
+                if status != 0 {
+                    return Err(LlamaError::Decode {
+                        status,
+                        log: log_tail(&take_log()),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes positions `from..` of sequence 0 from the KV cache (rolling back rejected draft
+    /// tokens). False when llama.cpp cannot remove part of the sequence.
+    pub fn truncate(&mut self, from: i32) -> bool {
+        // SAFETY: context is valid; the memory handle belongs to it.
+        unsafe { sys::llama_memory_seq_rm(sys::llama_get_memory(self.ptr.as_ptr()), 0, from, -1) }
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: we own the context.
+        unsafe { sys::llama_free(self.ptr.as_ptr()) }
+    }
+}

@@ -1,0 +1,60 @@
+//! Safe wrappers over the few llama.cpp calls the tuner needs, one file per job: backend start-up and
+//! devices, model and context lifetimes (timed decoding), RPC servers, and what llama.cpp logs about
+//! its buffers and memory.
+//!
+//! The measurement loop talks to the C API (`llama-cpp-sys-2`) directly, the way llama-bench does,
+//! because the knobs it measures (`use_extra_bufts`, `no_alloc`, flash-attention type) are not all
+//! exposed by the higher-level `llama-cpp-2` wrapper. Everything unsafe stays in this module.
+
+mod backend;
+mod bandwidth;
+mod breakdown;
+mod context;
+mod log;
+mod model;
+mod rpc;
+mod settings;
+
+pub use backend::{
+    backend_modules, backends, buffer_type_by_name, build_info, device_free, devices, init,
+    system_info, BackendModule, DeviceInfo,
+};
+pub use bandwidth::device_read_bandwidth;
+pub use breakdown::{breakdown_per_device, memory_breakdown};
+pub use context::Context;
+pub use log::{
+    bytes_per_device, cpu_variant, loaded_modules, log_tail, parse_buffer_reports, take_log,
+};
+pub use model::{quantize_model, Model};
+pub use rpc::{rpc_add_servers, rpc_start_server};
+pub use settings::{expert_pattern, ContextSettings, ModelSettings};
+
+use std::ffi::{c_char, CStr};
+
+/// A failure reported by llama.cpp (not a crash: crashes kill the worker process).
+#[derive(Debug, thiserror::Error)]
+pub enum LlamaError {
+    #[error("llama.cpp could not load the model: {0}")]
+    ModelLoad(String),
+    #[error("llama.cpp could not create a context: {0}")]
+    Context(String),
+    #[error("llama_decode failed with status {status}: {log}")]
+    Decode { status: i32, log: String },
+    #[error("unknown device '{0}' (see `autotune doctor` for the device names)")]
+    UnknownDevice(String),
+    #[error("rpc: {0}")]
+    Rpc(String),
+    #[error("path is not valid UTF-8 or contains NUL: {0}")]
+    BadPath(String),
+}
+
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+pub(crate) unsafe fn cstr(p: *const c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        // SAFETY: caller passes a NUL-terminated string.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}

@@ -1,0 +1,64 @@
+//! The settings a model is loaded with and a context is created with (they travel in the worker
+//! protocol), and how a search-space candidate becomes them.
+
+use search_space::{CacheType, FlashAttn};
+use serde::{Deserialize, Serialize};
+
+/// Model-side settings: a change here needs a new model load.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ModelSettings {
+    pub n_gpu_layers: u32,
+    pub devices: Vec<String>,
+    pub use_extra_bufts: bool,
+    /// Only simulate allocations (dry run): sizes are logged, nothing is computed.
+    #[serde(default)]
+    pub no_alloc: bool,
+    /// ggml RPC servers (`host:port`) to connect before loading: they become devices.
+    #[serde(default)]
+    pub rpc: Vec<String>,
+    /// MoE: expert tensors of the first N layers stay in host memory (llama.cpp's --n-cpu-moe).
+    #[serde(default)]
+    pub n_cpu_moe: u32,
+    /// Tensors whose names match a pattern go to a buffer type (llama.cpp's `-ot PATTERN=BUFT`); the
+    /// buffer type is named by its ggml name or its device's name (`CPU`, `RPC0`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_overrides: Vec<(String, String)>,
+    /// Share of the offloaded layers per non-CPU device (llama.cpp's `-ts`); empty = llama.cpp's default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_split: Vec<u32>,
+}
+
+impl Default for ModelSettings {
+    /// llama.cpp's own defaults on this machine's devices: nothing offloaded, extra buffer types
+    /// (weight repack / AMX) on, a real load.
+    fn default() -> Self {
+        ModelSettings {
+            n_gpu_layers: 0,
+            devices: Vec::new(),
+            use_extra_bufts: true,
+            no_alloc: false,
+            rpc: Vec::new(),
+            n_cpu_moe: 0,
+            tensor_overrides: Vec::new(),
+            tensor_split: Vec::new(),
+        }
+    }
+}
+
+/// The tensor-name pattern of one layer's expert tensors, as llama.cpp's `--n-cpu-moe` writes it
+/// (covers the fused `gate_up` tensors and the `chexps` variant too).
+pub fn expert_pattern(layer: u32) -> String {
+    format!("blk\\.{layer}\\.ffn_(up|down|gate|gate_up)_(ch|)exps")
+}
+
+/// Context-side settings: a change here needs only a new context.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ContextSettings {
+    pub n_ctx: u32,
+    pub n_batch: u32,
+    pub n_ubatch: u32,
+    pub threads: u32,
+    pub type_k: CacheType,
+    pub type_v: CacheType,
+    pub flash_attn: FlashAttn,
+}
