@@ -1,8 +1,11 @@
 //! Command-line flags as clap parses them ("low args"); `commands::*` turns them into validated
 //! settings ("high args"). Flag names mirror llama.cpp's where they overlap.
 
+use crate::session::DeviceBudget;
 use clap::{Args, Parser, Subcommand};
+use search_space::{CacheType, FlashAttn, KernelChoice};
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -70,28 +73,8 @@ pub struct TuneArgs {
     /// The GGUF model file to tune
     pub model: PathBuf,
 
-    /// Context size the server will run with (llama.cpp's -c); measured at this size
-    #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
-    pub ctx: u32,
-
-    /// The kind of request to optimise for: chat (256-token turns, 256 generated, 1024 already in
-    /// the cache), long-prompt (3000-token documents, 128 generated), agent (1024-token tool
-    /// results, 256 generated, 2048 in the cache). --prompt/--gen/--depth override its numbers.
-    /// Without it: 512 prompt, 128 generated, no depth (llama-bench's pp512/tg128)
-    #[arg(long)]
-    pub workload: Option<WorkloadPreset>,
-
-    /// Prompt tokens of a representative request (prompt processing is measured at this length)
-    #[arg(short = 'p', long)]
-    pub prompt: Option<u32>,
-
-    /// Tokens generated per request (generation speed is measured over this many)
-    #[arg(short = 'n', long)]
-    pub gen: Option<u32>,
-
-    /// Tokens already in the KV cache when generation is measured (a long chat); 0 = none
-    #[arg(short = 'd', long)]
-    pub depth: Option<u32>,
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
 
     /// Thread counts to try, comma separated (default: 1, half the cores, the cores, all CPUs)
     #[arg(short = 't', long, value_delimiter = ',')]
@@ -103,7 +86,7 @@ pub struct TuneArgs {
         value_delimiter = ',',
         default_value = "f16,q8_0,q4_0"
     )]
-    pub cache_types: Vec<String>,
+    pub cache_types: Vec<CacheType>,
 
     /// Flash attention settings to try: on, off, auto
     #[arg(
@@ -111,12 +94,12 @@ pub struct TuneArgs {
         value_delimiter = ',',
         default_value = "auto,on,off"
     )]
-    pub flash_attn: Vec<String>,
+    pub flash_attn: Vec<FlashAttn>,
 
     /// CPU kernel choices to try: repack (llama.cpp's extra buffer types: weight repack / AMX) and
     /// plain (llama-server's --no-repack)
     #[arg(long, value_delimiter = ',', default_value = "repack,plain")]
-    pub kernels: Vec<String>,
+    pub kernels: Vec<KernelChoice>,
 
     /// Physical batch sizes (-ub) to try
     #[arg(long, value_delimiter = ',', default_value = "512,256,128")]
@@ -126,27 +109,16 @@ pub struct TuneArgs {
     #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
     pub n_gpu_layers: Option<u32>,
 
-    /// ggml RPC servers to use as devices, host:port comma separated (see `autotune rpc-serve`)
-    #[arg(long, value_delimiter = ',')]
-    pub rpc: Vec<String>,
-
-    /// Memory a device may use, DEVICE=SIZE (e.g. RPC0=300M, CPU=8G); repeatable. Default: its free
-    /// memory minus --mem-margin
-    #[arg(long = "mem-budget", value_delimiter = ',')]
-    pub mem_budget: Vec<String>,
-
-    /// Memory kept free on every device when no --mem-budget is given (llama.cpp's own fit keeps
-    /// 1 GiB, which costs whole layers on small cards)
-    #[arg(long = "mem-margin", default_value = "256M")]
-    pub mem_margin: String,
+    #[command(flatten)]
+    pub devices: DeviceArgs,
 
     /// Measure every combination of the knob values given (grid mode) instead of searching
     #[arg(long)]
     pub exhaustive: bool,
 
     /// Time budget for the whole run, e.g. 90s, 5m, 1h
-    #[arg(long, default_value = "10m", allow_hyphen_values = true)]
-    pub budget: String,
+    #[arg(long, default_value = "10m", allow_hyphen_values = true, value_parser = parse_duration)]
+    pub budget: Duration,
 
     /// About a minute: fewer repetitions, shorter generation
     #[arg(long, conflicts_with = "thorough")]
@@ -156,10 +128,6 @@ pub struct TuneArgs {
     #[arg(long)]
     pub thorough: bool,
 
-    /// Relative difference below which two configurations are called a tie
-    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE)]
-    pub noise: f64,
-
     /// Minimum measured repetitions per configuration (after a discarded warm-up)
     #[arg(long = "min-reps", default_value_t = 3)]
     pub min_reps: u32,
@@ -168,17 +136,8 @@ pub struct TuneArgs {
     #[arg(long = "max-reps", default_value_t = 10)]
     pub max_reps: u32,
 
-    /// Seed of the candidate order shuffle and the prompt tokens (recorded in the report)
-    #[arg(long)]
-    pub seed: Option<u64>,
-
-    /// A trial that gives no answer within this time is killed and recorded as timed out
-    #[arg(
-        long = "trial-timeout",
-        default_value = "5m",
-        allow_hyphen_values = true
-    )]
-    pub trial_timeout: String,
+    #[command(flatten)]
+    pub trial: TrialArgs,
 
     /// Ignore measurements of earlier runs (by default they are reused when still valid)
     #[arg(long, conflicts_with = "resume")]
@@ -239,6 +198,79 @@ pub struct TuneArgs {
     pub speculative: DraftSearchArgs,
 }
 
+/// The request to optimise for (`tune`): the context size and one representative request.
+#[derive(Debug, Args)]
+pub struct WorkloadArgs {
+    /// Context size the server will run with (llama.cpp's -c); measured at this size
+    #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
+    pub ctx: u32,
+
+    /// The kind of request to optimise for: chat (256-token turns, 256 generated, 1024 already in
+    /// the cache), long-prompt (3000-token documents, 128 generated), agent (1024-token tool
+    /// results, 256 generated, 2048 in the cache). --prompt/--gen/--depth override its numbers.
+    /// Without it: 512 prompt, 128 generated, no depth (llama-bench's pp512/tg128)
+    #[arg(long)]
+    pub workload: Option<WorkloadPreset>,
+
+    /// Prompt tokens of a representative request (prompt processing is measured at this length)
+    #[arg(short = 'p', long)]
+    pub prompt: Option<u32>,
+
+    /// Tokens generated per request (generation speed is measured over this many)
+    #[arg(short = 'n', long)]
+    pub gen: Option<u32>,
+
+    /// Tokens already in the KV cache when generation is measured (a long chat); 0 = none
+    #[arg(short = 'd', long)]
+    pub depth: Option<u32>,
+}
+
+/// ggml RPC servers as devices (`tune`, `fit`, `measure`, `doctor`).
+#[derive(Debug, Args)]
+pub struct RpcArgs {
+    /// ggml RPC servers to use as devices, host:port comma separated (see `autotune rpc-serve`)
+    #[arg(long = "rpc", value_name = "RPC", value_delimiter = ',')]
+    pub servers: Vec<String>,
+}
+
+/// The devices a run may use and the memory it may take on each (`tune`, `fit`).
+#[derive(Debug, Args)]
+pub struct DeviceArgs {
+    #[command(flatten)]
+    pub rpc: RpcArgs,
+
+    /// Memory a device may use, DEVICE=SIZE (e.g. RPC0=300M, CPU=8G); repeatable. Default: its free
+    /// memory minus --mem-margin
+    #[arg(long = "mem-budget", value_delimiter = ',')]
+    pub mem_budget: Vec<DeviceBudget>,
+
+    /// Memory kept free on every device when no --mem-budget is given (llama.cpp's own fit keeps
+    /// 1 GiB, which costs whole layers on small cards)
+    #[arg(long = "mem-margin", default_value = "256M", value_parser = parse_size)]
+    pub mem_margin: u64,
+}
+
+/// How candidates are judged and how long one may take (`tune`, `draft`).
+#[derive(Debug, Args)]
+pub struct TrialArgs {
+    /// Relative difference below which two configurations are called a tie
+    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE)]
+    pub noise: f64,
+
+    /// Seed of the candidate order shuffle and the prompt tokens (recorded in the report)
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// A trial that gives no answer within this time is killed and recorded as timed out
+    #[arg(
+        long = "trial-timeout",
+        default_value = "5m",
+        allow_hyphen_values = true,
+        value_parser = parse_duration
+    )]
+    pub trial_timeout: Duration,
+}
+
 #[derive(Debug, Args)]
 pub struct QuantizeArgs {
     /// The source GGUF file (ideally F16/BF16/F32; a quantized one needs --allow-requantize)
@@ -286,7 +318,7 @@ pub struct QualityArgs {
         value_delimiter = ',',
         default_value = "f16,q8_0,q4_0"
     )]
-    pub kv_types: Vec<String>,
+    pub kv_types: Vec<CacheType>,
     /// Evaluate only the first N tokens of the text (faster, noisier)
     #[arg(long)]
     pub tokens: Option<u32>,
@@ -340,9 +372,8 @@ pub struct DoctorArgs {
     /// Print the report as JSON
     #[arg(long)]
     pub json: bool,
-    /// ggml RPC servers to use as devices, host:port comma separated (see `autotune rpc-serve`)
-    #[arg(long, value_delimiter = ',')]
-    pub rpc: Vec<String>,
+    #[command(flatten)]
+    pub rpc: RpcArgs,
 }
 
 #[derive(Debug, Args)]
@@ -394,16 +425,16 @@ pub struct MeasureArgs {
     pub ubatch: u32,
     /// K cache type (-ctk)
     #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
-    pub cache_type_k: String,
+    pub cache_type_k: CacheType,
     /// V cache type (-ctv)
     #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
-    pub cache_type_v: String,
+    pub cache_type_v: CacheType,
     /// Flash attention: on, off, auto (-fa)
     #[arg(long = "flash-attn", visible_alias = "fa", default_value = "auto")]
-    pub flash_attn: String,
+    pub flash_attn: FlashAttn,
     /// CPU kernels: repack (llama.cpp's default) or plain (--no-repack)
     #[arg(long, default_value = "repack")]
-    pub kernels: String,
+    pub kernels: KernelChoice,
     /// Layers offloaded to non-CPU devices (-ngl)
     #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
     pub n_gpu_layers: u32,
@@ -420,9 +451,8 @@ pub struct MeasureArgs {
     /// Share of the offloaded layers per non-CPU device, comma separated (-ts), e.g. 3,1
     #[arg(long = "tensor-split", visible_alias = "ts", value_delimiter = ',')]
     pub tensor_split: Vec<u32>,
-    /// ggml RPC servers to use as devices, host:port comma separated (see `autotune rpc-serve`)
-    #[arg(long, value_delimiter = ',')]
-    pub rpc: Vec<String>,
+    #[command(flatten)]
+    pub rpc: RpcArgs,
     /// Also predict the memory with a dry-run load (no_alloc) and print prediction vs actual
     #[arg(long)]
     pub predict: bool,
@@ -551,12 +581,21 @@ pub struct DraftSearchArgs {
     #[arg(
         long = "draft-budget",
         default_value = "5m",
-        allow_hyphen_values = true
+        allow_hyphen_values = true,
+        value_parser = parse_duration
     )]
-    pub draft_budget: String,
+    pub draft_budget: Duration,
 }
 
 #[derive(Debug, Args)]
+#[command(
+    mut_arg("noise", |a| a.help("Relative difference below which the draft and the target alone are called a tie")),
+    mut_arg("seed", |a| a.help("Seed of the order of the final comparison (recorded in the report)")),
+    mut_arg("trial_timeout", |a| a.help(
+        "Deadline of one prompt's generation (a pass over the prompt set gets one per prompt): a \
+         worker that gives no answer in time is killed and the setting recorded as failed"
+    ))
+)]
 pub struct DraftArgs {
     /// The target model (the one whose output counts)
     pub target: PathBuf,
@@ -570,37 +609,25 @@ pub struct DraftArgs {
     pub threads: Option<u32>,
     /// K cache type of both models (-ctk)
     #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
-    pub cache_type_k: String,
+    pub cache_type_k: CacheType,
     /// V cache type of both models (-ctv)
     #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
-    pub cache_type_v: String,
+    pub cache_type_v: CacheType,
     /// Flash attention: on, off, auto (-fa)
     #[arg(long = "flash-attn", visible_alias = "fa", default_value = "auto")]
-    pub flash_attn: String,
+    pub flash_attn: FlashAttn,
     /// CPU kernels: repack (llama.cpp's default) or plain (--no-repack)
     #[arg(long, default_value = "repack")]
-    pub kernels: String,
+    pub kernels: KernelChoice,
     /// Target layers on non-CPU devices (-ngl; default: all when such a device exists); the draft
     /// follows (all its layers when the target offloads)
     #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
     pub n_gpu_layers: Option<u32>,
     /// Memory kept free on every device: target and draft together must fit in the rest
-    #[arg(long = "mem-margin", default_value = "256M")]
-    pub mem_margin: String,
-    /// Relative difference below which the draft and the target alone are called a tie
-    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE)]
-    pub noise: f64,
-    /// Seed of the order of the final comparison (recorded in the report)
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Deadline of one prompt's generation (a pass over the prompt set gets one per prompt): a
-    /// worker that gives no answer in time is killed and the setting recorded as failed
-    #[arg(
-        long = "trial-timeout",
-        default_value = "5m",
-        allow_hyphen_values = true
-    )]
-    pub trial_timeout: String,
+    #[arg(long = "mem-margin", default_value = "256M", value_parser = parse_size)]
+    pub mem_margin: u64,
+    #[command(flatten)]
+    pub trial: TrialArgs,
     /// Print the report as JSON instead of a table
     #[arg(long)]
     pub json: bool,
@@ -652,6 +679,11 @@ pub fn with_default_subcommand(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::O
         args.insert(1, "tune".into());
     }
     args
+}
+
+/// Parses a size like `256M`, `8G` or plain bytes (search-space's parser), for clap.
+fn parse_size(s: &str) -> Result<u64, String> {
+    search_space::size::parse_size(s).map_err(|e| e.to_string())
 }
 
 /// Parses `90s`, `5m`, `1h`, `1h30m` or plain seconds.

@@ -9,9 +9,9 @@
 //! shuffled order (seeded, recorded), so slow drift of the machine hits all candidates alike.
 
 use crate::llama::{ContextSettings, ModelSettings};
-use crate::pool::{WorkerPool, Workers};
+use crate::worker::{WorkerPool, Workers};
 use crate::stats::{self, RoundRate, Sample, Verdict};
-use crate::trial::TrialFailure;
+use crate::worker::TrialFailure;
 use crate::worker::{LoadReport, MeasureRequest, Repetition, Workload};
 use profiles::measurements::{MeasurementLog, Record};
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
@@ -661,6 +661,68 @@ impl<'a> Engine<'a> {
 
     pub fn shutdown(&mut self) {
         self.measurer.shutdown();
+    }
+}
+
+/// What a tuning run found: every candidate's outcome, the winner after the confirmation rounds, and
+/// how the run ended. Reports and profiles are built from it (`tuning`), never from flags.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub settings: TuneSettings,
+    pub results: Vec<CandidateResult>,
+    pub winner: Option<Candidate>,
+    /// llama.cpp's defaults as this run measured them.
+    pub baseline: Candidate,
+    /// Relative drift of the winner and the runner-up over the confirmation rounds, by label.
+    pub confirm_drift: Vec<(String, f64)>,
+    /// The candidates the confirmation rounds re-measured (winner first).
+    pub confirmed: Vec<Candidate>,
+    pub interrupted: bool,
+    pub budget_spent: bool,
+}
+
+impl Engine<'_> {
+    /// The whole run: the search (or the grid with `exhaustive`), the confirmation rounds of the
+    /// winner and the runner-up (within the budget), the final choice, and the workers ended.
+    pub fn tune(mut self, exhaustive: bool) -> Run {
+        let mut winner = if exhaustive {
+            self.run_exhaustive()
+        } else {
+            self.run()
+        };
+        let baseline = self.baseline();
+        let (mut confirm_drift, mut confirmed) = (Vec::new(), Vec::new());
+        if let Some(w) = winner.clone().filter(|_| !self.interrupted) {
+            let s = &self.settings;
+            let measured: Vec<Candidate> =
+                crate::report::leaderboard(&self.results, &s.workload, s.noise, s.seed)
+                    .into_iter()
+                    .filter(|e| e.figures.is_some())
+                    .map(|e| e.candidate)
+                    .collect();
+            let runner_up = measured.iter().find(|c| **c != w).cloned();
+            confirmed = std::iter::once(w.clone()).chain(runner_up.clone()).collect();
+            // The confirmation rounds run within the budget (they stop when it is spent).
+            confirm_drift = self
+                .confirm(&w, runner_up.as_ref())
+                .into_iter()
+                .map(|(c, d)| (c.label(), d))
+                .collect();
+            if let Some(b) = self.choose(&measured) {
+                winner = Some(b);
+            }
+        }
+        self.shutdown();
+        Run {
+            settings: self.settings.clone(),
+            results: std::mem::take(&mut self.results),
+            winner,
+            baseline,
+            confirm_drift,
+            confirmed,
+            interrupted: self.interrupted,
+            budget_spent: self.budget_spent,
+        }
     }
 }
 

@@ -5,19 +5,20 @@ mod commands;
 mod engine;
 mod exit;
 mod explain;
-mod fault;
 mod fit;
 mod gpus;
 mod inputs;
 mod llama;
 mod machine;
 mod placement;
-mod pool;
+mod probe;
 mod quant;
 mod report;
+mod session;
 mod speculative;
 mod stats;
-mod trial;
+mod term;
+mod tuning;
 mod worker;
 
 use clap::Parser;
@@ -52,7 +53,7 @@ fn main() {
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
     let result = match &cli.command {
-        cli::Command::Worker => worker::serve().map(|_| exit::OK),
+        cli::Command::Worker => worker::server::serve().map(|_| exit::OK),
         cli::Command::Doctor(a) => commands::doctor::run(&cli, a),
         cli::Command::Show(a) => commands::show::run(&cli, a),
         cli::Command::Tune(a) => commands::tune::run(&cli, a),
@@ -73,7 +74,7 @@ fn main() {
                 .downcast_ref::<exit::Exit>()
                 .map_or(exit::ERROR, |x| x.code);
             // One line, whatever the error carries (a quoted line of a bad file, a source chain).
-            eprintln!("autotune: error: {}", report::one_line(&format!("{e:#}")));
+            eprintln!("autotune: error: {}", term::one_line(&format!("{e:#}")));
             std::process::exit(code);
         }
     }

@@ -428,13 +428,7 @@ pub(crate) fn truncate(s: &str, n: usize) -> String {
 }
 
 /// Profiles hold one-line strings: llama.cpp's multi-line messages are joined.
-pub fn one_line(s: &str) -> String {
-    s.split(['\n', '\r'])
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" | ")
-}
+pub use crate::term::one_line;
 
 #[cfg(test)]
 mod tests {

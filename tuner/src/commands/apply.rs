@@ -7,7 +7,8 @@
 mod server;
 
 use crate::cli::{ApplyArgs, Cli};
-use crate::commands::{doctor, tune};
+use crate::probe::{self, Probe};
+use crate::session;
 use crate::exit::{self, Exit};
 use anyhow::Context as _;
 use profiles::{Profile, Store, StoredProfile};
@@ -33,9 +34,9 @@ pub fn resolve(target: &Path, force: bool, verbose: bool) -> anyhow::Result<Stor
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
     if !is_profile_file {
-        tune::inspect_model(target)?;
+        session::inspect_model(target)?;
     }
-    let mut here = doctor::probe(verbose, &[])?;
+    let mut here = probe::probe(verbose, &[])?;
     let stored = if is_profile_file {
         StoredProfile::read(target).map_err(bad_profile)?
     } else {
@@ -67,7 +68,7 @@ pub fn resolve(target: &Path, force: bool, verbose: bool) -> anyhow::Result<Stor
     if !stored.profile.rpc.is_empty() {
         // The profile's layers live on RPC servers: connect them (a server that is down is an error
         // naming it) and see their devices as llama-server will.
-        here = doctor::probe(verbose, &stored.profile.rpc).map_err(|e| {
+        here = probe::probe(verbose, &stored.profile.rpc).map_err(|e| {
             Exit::new(
                 exit::BAD_PROFILE,
                 format!(
@@ -100,7 +101,7 @@ pub fn resolve(target: &Path, force: bool, verbose: bool) -> anyhow::Result<Stor
 }
 
 /// What differs between the profile's measurement and this machine now; empty when nothing does.
-fn staleness(p: &Profile, here: &doctor::Doctor) -> Vec<String> {
+fn staleness(p: &Profile, here: &Probe) -> Vec<String> {
     let mut changes = Vec::new();
     if p.machine.fingerprint != here.machine.fingerprint {
         changes.push(format!(
@@ -422,7 +423,7 @@ fn find_server(
     if let Ok(path) = which::which("llama-server") {
         return Ok(Some(path));
     }
-    let Ok(dirs) = std::fs::read_dir(tune::cache_dir().join("llama-tools")) else {
+    let Ok(dirs) = std::fs::read_dir(session::cache_dir().join("llama-tools")) else {
         return Ok(None);
     };
     let mut builds: Vec<(bool, std::time::SystemTime, PathBuf)> = dirs

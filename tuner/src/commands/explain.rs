@@ -1,15 +1,15 @@
 //! `autotune explain [PROFILE|MODEL]`: the roofline and the diagnosis of a profile, with charts
-//! (`--plot DIR`) and a Markdown report (`--export-markdown FILE`). Also [`after_tune`], which shows
-//! the same right after a tuning run.
+//! (`--plot DIR`) and a Markdown report (`--export-markdown FILE`).
 
-use crate::cli::{Cli, ExplainArgs, TuneArgs};
+use crate::cli::{Cli, ExplainArgs};
 use crate::exit::{self, Exit};
-use crate::explain::{bandwidth, charts, markdown, offload_devices, roofline, Explanation};
+use crate::explain::{bandwidth, offload_devices, outputs, roofline, Explanation};
+use crate::{probe, session};
 use anyhow::Context as _;
 use profiles::{Profile, Roofline, Store, StoredProfile};
 use search_space::gguf::GgufInfo;
 use search_space::identity::ModelIdentity;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub fn run(cli: &Cli, args: &ExplainArgs) -> anyhow::Result<i32> {
     let stored = find(args.target.as_deref(), cli.verbose)?;
@@ -27,7 +27,7 @@ pub fn run(cli: &Cli, args: &ExplainArgs) -> anyhow::Result<i32> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| profile.model_stem());
-    let written = write_outputs(
+    let written = outputs::write(
         &profile,
         &explanation,
         args.plot.as_deref(),
@@ -47,86 +47,6 @@ pub fn run(cli: &Cli, args: &ExplainArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(exit::OK)
-}
-
-/// After `autotune tune` saved `profile`: the roofline and diagnosis after the table (on stderr with
-/// `--json`, whose stdout is the report), then the charts (`--plot`, beside the profile) and the
-/// Markdown report (`--export-markdown`).
-/// The profile is saved by then, so a chart or report that cannot be written is a warning.
-pub fn after_tune(args: &TuneArgs, profile: &Profile, profile_path: Option<&Path>) {
-    if let Err(e) = show_after_tune(args, profile, profile_path) {
-        eprintln!(
-            "autotune: warning: {}",
-            crate::report::one_line(&format!("{e:#}"))
-        );
-    }
-}
-
-fn show_after_tune(
-    args: &TuneArgs,
-    profile: &Profile,
-    profile_path: Option<&Path>,
-) -> anyhow::Result<()> {
-    let explanation = Explanation::of(profile);
-    let stem = profile_path
-        .and_then(|p| p.file_stem())
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| profile.model_stem());
-    let dir = profile_path
-        .and_then(|p| p.parent())
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let written = write_outputs(
-        profile,
-        &explanation,
-        args.plot.then_some(dir.as_path()),
-        args.export_markdown.as_deref(),
-        &stem,
-    )?;
-    let mut text = format!("\n{}", explanation.render(profile));
-    for line in written {
-        text.push_str(&line);
-        text.push('\n');
-    }
-    if args.json {
-        eprint!("{text}");
-    } else {
-        print!("{text}");
-    }
-    Ok(())
-}
-
-/// Charts into `plot_dir`, the Markdown report to `markdown` (with charts beside it when no
-/// `plot_dir` is given); returns one line per file written.
-fn write_outputs(
-    profile: &Profile,
-    explanation: &Explanation,
-    plot_dir: Option<&Path>,
-    markdown: Option<&Path>,
-    stem: &str,
-) -> anyhow::Result<Vec<String>> {
-    let mut lines = Vec::new();
-    let md_dir = markdown.map(|m| {
-        m.parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."))
-            .to_path_buf()
-    });
-    let chart_dir = plot_dir.map(Path::to_path_buf).or_else(|| md_dir.clone());
-    let written = match &chart_dir {
-        Some(dir) => charts::write(profile, explanation, dir, stem)?,
-        None => Vec::new(),
-    };
-    for c in &written {
-        lines.push(format!("chart       {} ({})", c.path.display(), c.title));
-    }
-    if let (Some(file), Some(dir)) = (markdown, md_dir) {
-        let text = markdown::render(profile, explanation, &written, &dir);
-        profiles::write_atomic(file, &text)
-            .with_context(|| format!("cannot write {}", file.display()))?;
-        lines.push(format!("report      {}", file.display()));
-    }
-    Ok(lines)
 }
 
 fn is_profile_file(path: &Path) -> bool {
@@ -157,10 +77,10 @@ fn find(target: Option<&Path>, verbose: bool) -> anyhow::Result<StoredProfile> {
         return Ok(stored);
     }
     if let Some(model) = target {
-        crate::commands::tune::inspect_model(model)?;
+        session::inspect_model(model)?;
     }
     let store = Store::open(Store::default_dir().map_err(bad)?).map_err(bad)?;
-    let here = crate::commands::doctor::probe(verbose, &[])?;
+    let here = probe::probe(verbose, &[])?;
     let found = match target {
         Some(model) => {
             let id = ModelIdentity::of_file(model)
@@ -238,21 +158,4 @@ fn recompute_roofline(profile: &Profile, model: Option<&Path>) -> Option<Rooflin
         offload,
         bw.as_ref(),
     ))
-}
-
-/// The roofline of a run's winner, for the profile: the token's reads from the model header, the
-/// CPU's bandwidth and each non-CPU device's (through `rpc`'s servers where those are the devices),
-/// measured now (call it after the workers have stopped, on a quiet machine).
-pub fn roofline_for_run(info: &GgufInfo, profile: &Profile, rpc: &[String]) -> Roofline {
-    let bw = bandwidth::measure_cpu();
-    let devices = offload_devices(profile);
-    let mut r = roofline::roofline(
-        info,
-        &profile.winner,
-        &profile.workload,
-        !devices.is_empty(),
-        bw.as_ref(),
-    );
-    r.device_bandwidth = bandwidth::measure_devices(&devices, rpc);
-    r
 }

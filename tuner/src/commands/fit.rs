@@ -3,13 +3,14 @@
 //! choice, and autotune's dry-run prediction of its bytes per device against the budgets — so the two
 //! placements can be compared for memory safety and, with `autotune measure`, for speed.
 
-use crate::cli::Cli;
-use crate::commands::{doctor, tune};
+use crate::cli::{Cli, DeviceArgs};
+use crate::probe;
+use crate::session;
 use crate::exit::{self, Exit};
 use crate::fit::{as_n_cpu_moe, FitAnswer, FitRequest};
 use crate::llama::{ContextSettings, ModelSettings};
-use crate::pool::WorkerPool;
-use crate::trial::Worker;
+use crate::worker::WorkerPool;
+use crate::worker::Worker;
 use crate::worker::{MeasureRequest, Request, Response, Workload};
 use clap::Args;
 use search_space::size::format_size;
@@ -19,23 +20,24 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, Args)]
+#[command(
+    mut_arg("mem_budget", |a| a.help(
+        "Memory a device may use, DEVICE=SIZE (e.g. RPC0=300M); repeatable. llama.cpp's fit is told \
+         to leave free − SIZE free on that device. Default: its free memory minus --mem-margin"
+    )),
+    mut_arg("mem_margin", |a| a.help(
+        "Memory kept free on every device without a --mem-budget (the same default as `tune`, so the \
+         two choices are made under the same budgets)"
+    ))
+)]
 pub struct FitArgs {
     /// The GGUF model file
     pub model: PathBuf,
     /// Context size (-c) the placement must hold; llama.cpp's fit keeps it and moves weights instead
     #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
     pub ctx: u32,
-    /// ggml RPC servers to use as devices, host:port comma separated (see `autotune rpc-serve`)
-    #[arg(long, value_delimiter = ',')]
-    pub rpc: Vec<String>,
-    /// Memory a device may use, DEVICE=SIZE (e.g. RPC0=300M); repeatable. llama.cpp's fit is told
-    /// to leave free − SIZE free on that device. Default: its free memory minus --mem-margin
-    #[arg(long = "mem-budget", value_delimiter = ',')]
-    pub mem_budget: Vec<String>,
-    /// Memory kept free on every device without a --mem-budget (the same default as `tune`, so the
-    /// two choices are made under the same budgets)
-    #[arg(long = "mem-margin", default_value = "256M")]
-    pub mem_margin: String,
+    #[command(flatten)]
+    pub devices: DeviceArgs,
     /// Print the report as JSON
     #[arg(long)]
     pub json: bool,
@@ -73,15 +75,15 @@ pub struct FitReport {
 }
 
 pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
-    let info = tune::inspect_model(&a.model)?;
+    let info = session::inspect_model(&a.model)?;
     let model = std::fs::canonicalize(&a.model)?;
     if a.ctx == 0 {
         return Err(Exit::new(exit::USAGE, "--ctx must be at least 1"));
     }
-    let d = doctor::probe(cli.verbose, &a.rpc)?;
-    let budgets = tune::budgets_of(&a.mem_budget, &a.mem_margin, &d.machine)?;
-    let default_margin = search_space::size::parse_size(&a.mem_margin)
-        .map_err(|e| Exit::new(exit::USAGE, format!("--mem-margin: {e}")))?;
+    let rpc = &a.devices.rpc.servers;
+    let d = probe::probe(cli.verbose, rpc)?;
+    let budgets = session::budgets_of(&a.devices.mem_budget, a.devices.mem_margin, &d.machine)?;
+    let default_margin = a.devices.mem_margin;
     let never = || false;
 
     // llama.cpp's fit, in a worker of its own (it aborts like any llama.cpp call, and a ggml RPC
@@ -89,7 +91,7 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
     let mut worker = Worker::spawn()?;
     let request = Request::LlamaFit(FitRequest {
         model: model.clone(),
-        rpc: a.rpc.clone(),
+        rpc: rpc.clone(),
         n_ctx: a.ctx,
         budgets: budgets.clone(),
         default_margin,
@@ -123,7 +125,7 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
     let settings = ModelSettings {
         n_gpu_layers,
         no_alloc: true,
-        rpc: a.rpc.clone(),
+        rpc: rpc.clone(),
         n_cpu_moe: n_cpu_moe.unwrap_or(0),
         tensor_overrides: if n_cpu_moe.is_some() {
             Vec::new()
@@ -137,7 +139,7 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
         tensor_split: answer.tensor_split.iter().map(|v| *v as u32).collect(),
         ..Default::default()
     };
-    let server_args = server_args(&answer, &settings, &a.rpc);
+    let server_args = server_args(&answer, &settings, rpc);
 
     // autotune's prediction of that placement, with llama.cpp's default context settings.
     let dry = MeasureRequest {

@@ -3,14 +3,15 @@
 //! benchmark compares these figures with llama-bench's.
 
 use crate::cli::{Cli, MeasureArgs};
-use crate::commands::{doctor, tune::inspect_model};
+use crate::probe;
+use crate::session::inspect_model;
 use crate::exit::{self, Exit};
 use crate::inputs;
 use crate::llama::{ContextSettings, ModelSettings};
-use crate::pool::WorkerPool;
+use crate::worker::WorkerPool;
 use crate::stats::{self, Comparison, RoundRate, Sample, Summary, Verdict};
 use crate::worker::{LoadReport, MeasureRequest, Repetition, Request, Response, Workload};
-use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
+use search_space::Candidate;
 use serde::Serialize;
 use std::time::Duration;
 
@@ -34,14 +35,6 @@ pub struct Measurement {
     pub devices: Vec<String>,
 }
 
-fn parse<T: std::str::FromStr>(flag: &str, v: &str) -> anyhow::Result<T>
-where
-    T::Err: std::fmt::Display,
-{
-    v.parse::<T>()
-        .map_err(|e| Exit::new(exit::USAGE, format!("{flag}: {e}")))
-}
-
 /// `-ot PATTERN=BUFT` values as (pattern, buffer type) pairs; the pattern may itself contain `=`.
 pub fn tensor_overrides(values: &[String]) -> anyhow::Result<Vec<(String, String)>> {
     values
@@ -59,12 +52,12 @@ pub fn tensor_overrides(values: &[String]) -> anyhow::Result<Vec<(String, String
 pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     inspect_model(&a.model)?;
     let model = std::fs::canonicalize(&a.model)?;
-    let d = doctor::probe(cli.verbose, &a.rpc)?;
+    let d = probe::probe(cli.verbose, &a.rpc.servers)?;
     let candidate = Candidate {
         n_gpu_layers: a.n_gpu_layers,
         n_cpu_moe: a.n_cpu_moe,
         devices: a.devices.clone(),
-        kernels: parse::<KernelChoice>("--kernels", &a.kernels)?,
+        kernels: a.kernels,
         threads: match a.threads {
             Some(t) => {
                 inputs::threads("-t", &[t], inputs::logical_cpus())?;
@@ -74,9 +67,9 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         },
         n_batch: a.batch,
         n_ubatch: a.ubatch,
-        type_k: parse::<CacheType>("--cache-type-k", &a.cache_type_k)?,
-        type_v: parse::<CacheType>("--cache-type-v", &a.cache_type_v)?,
-        flash_attn: parse::<FlashAttn>("--flash-attn", &a.flash_attn)?,
+        type_k: a.cache_type_k,
+        type_v: a.cache_type_v,
+        flash_attn: a.flash_attn,
     };
     candidate
         .validate()
@@ -100,7 +93,7 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
             devices: candidate.devices.clone(),
             use_extra_bufts: candidate.kernels.use_extra_bufts(),
             no_alloc: false,
-            rpc: a.rpc.clone(),
+            rpc: a.rpc.servers.clone(),
             n_cpu_moe: candidate.n_cpu_moe,
             tensor_overrides: tensor_overrides(&a.override_tensor)?,
             tensor_split: a.tensor_split.clone(),

@@ -1,4 +1,4 @@
-//! One module per subcommand.
+//! One module per subcommand, and [`settings`], which turns their flags into validated settings.
 
 pub mod apply;
 pub mod doctor;
@@ -10,5 +10,6 @@ pub mod measure;
 pub mod quality;
 pub mod quantize;
 pub mod rpc_serve;
+mod settings;
 pub mod show;
 pub mod tune;

@@ -2,14 +2,13 @@
 //! the most precise file and top-1 agreement, for every quantization and every KV-cache type.
 
 use crate::cli::{Cli, QualityArgs};
-use crate::commands::tune::{cache_dir, inspect_model};
+use super::settings::eval_settings;
+use crate::session::inspect_model;
 use crate::exit::{self, Exit};
 use crate::inputs::{self, Also};
 use crate::quant::ladder::{self, Ladder};
-use crate::quant::quality::{self, EvalSettings, Evaluator, QualityTable};
-use crate::trial::TrialFailure;
-use anyhow::Context as _;
-use search_space::CacheType;
+use crate::quant::quality::{self, Evaluator, QualityTable};
+use crate::worker::TrialFailure;
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -17,50 +16,6 @@ pub struct QualityReport {
     pub ladder: Ladder,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quality: Option<QualityTable>,
-}
-
-/// Physical cores, as llama.cpp's default thread count.
-pub fn default_threads() -> u32 {
-    crate::machine::Machine::probe(Vec::new())
-        .physical_cores
-        .max(1)
-}
-
-/// The evaluation settings shared by `quality` and `tune --max-kld`.
-pub fn eval_settings(
-    text: Option<&std::path::Path>,
-    max_tokens: Option<u32>,
-    chunk: u32,
-    threads: Option<u32>,
-    fresh: bool,
-    quiet: bool,
-) -> anyhow::Result<EvalSettings> {
-    let usage = |m: String| Exit::new(exit::USAGE, m);
-    if chunk < 16 {
-        return Err(usage(format!(
-            "--chunk {chunk}: use at least 16 tokens (512 is usual)"
-        )));
-    }
-    if max_tokens == Some(0) {
-        return Err(usage("the token limit must be at least 1".into()));
-    }
-    let text = match text {
-        Some(p) => std::fs::read_to_string(p)
-            .with_context(|| format!("--text {}: cannot read", p.display()))?,
-        None => quality::EVAL_TEXT.to_string(),
-    };
-    if text.trim().is_empty() {
-        return Err(usage("the evaluation text is empty".into()));
-    }
-    Ok(EvalSettings {
-        text,
-        max_tokens,
-        chunk,
-        threads: threads.unwrap_or_else(default_threads),
-        fresh,
-        cache_dir: cache_dir(),
-        quiet,
-    })
 }
 
 pub fn run(cli: &Cli, a: &QualityArgs) -> anyhow::Result<i32> {
@@ -82,12 +37,6 @@ pub fn run(cli: &Cli, a: &QualityArgs) -> anyhow::Result<i32> {
         }
         return Ok(exit::OK);
     }
-    let kv_types = a
-        .kv_types
-        .iter()
-        .map(|s| s.parse::<CacheType>())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| Exit::new(exit::USAGE, format!("--kv-types: {e}")))?;
     let reference = quality::choose_reference(&ladder, a.reference.as_deref())
         .map_err(|e| Exit::new(exit::USAGE, e))?;
     let settings = eval_settings(
@@ -101,9 +50,9 @@ pub fn run(cli: &Cli, a: &QualityArgs) -> anyhow::Result<i32> {
     if !a.json && !cli.quiet {
         eprint!("ladder of {}\n{}", a.model.display(), ladder.describe());
     }
-    let stop = crate::quant::interrupt_flag()?;
+    let stop = crate::term::interrupt_flag()?;
     let mut evaluator = Evaluator::new(settings, &stop);
-    let table = evaluator.table(&ladder, &reference, &kv_types);
+    let table = evaluator.table(&ladder, &reference, &a.kv_types);
     evaluator.shutdown();
     let table = match table {
         Ok(t) => t,

@@ -2,10 +2,10 @@
 //! llama.cpp's quantizer (linked, in a worker process per file), into a folder of its own.
 
 use crate::cli::{Cli, QuantizeArgs};
-use crate::commands::tune::{cache_dir, inspect_model};
+use crate::session::{cache_dir, inspect_model};
 use crate::exit::{self, Exit};
 use crate::quant::make::{self, Made, MakeSettings};
-use crate::trial::TrialFailure;
+use crate::worker::TrialFailure;
 use anyhow::Context as _;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use search_space::identity::ModelIdentity;
@@ -81,10 +81,10 @@ pub fn run(cli: &Cli, a: &QuantizeArgs) -> anyhow::Result<i32> {
     };
     // The source belongs to its ladder: linked into the folder so `--ladder` finds every rung there.
     let _ = make::link_source(&settings);
-    let stop = crate::quant::interrupt_flag()?;
+    let stop = crate::term::interrupt_flag()?;
     let mut files = Vec::new();
     for (i, t) in types.iter().enumerate() {
-        let bar = crate::quant::bar(
+        let bar = crate::term::bar(
             cli.quiet,
             "{spinner} [{elapsed_precise}] {prefix} {bar:30} {pos}/{len} tensors",
         );

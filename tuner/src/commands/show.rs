@@ -52,9 +52,9 @@ pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
     let stored = if target.extension().is_some_and(|e| e == "toml") {
         StoredProfile::read(target).map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?
     } else {
-        crate::commands::tune::inspect_model(target)?;
+        crate::session::inspect_model(target)?;
         let id = ModelIdentity::of_file(target)?;
-        let doctor = crate::commands::doctor::probe(cli.verbose, &[])?;
+        let doctor = crate::probe::probe(cli.verbose, &[])?;
         match store
             .find(&doctor.machine.fingerprint, &id.fingerprint)
             .map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?

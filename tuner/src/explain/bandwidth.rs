@@ -25,7 +25,7 @@ pub fn measure_devices(devices: &[String], rpc: &[String]) -> Vec<profiles::Devi
     if devices.is_empty() {
         return Vec::new();
     }
-    let mut worker = match crate::trial::Worker::spawn() {
+    let mut worker = match crate::worker::Worker::spawn() {
         Ok(w) => w,
         Err(e) => {
             eprintln!("autotune: warning: no device bandwidth probe: {e}");
@@ -56,7 +56,7 @@ pub fn measure_devices(devices: &[String], rpc: &[String]) -> Vec<profiles::Devi
             Err(f) => {
                 eprintln!("autotune: warning: bandwidth of {device} not measured: {f}");
                 // The worker is gone; the next device gets a fresh one.
-                match crate::trial::Worker::spawn() {
+                match crate::worker::Worker::spawn() {
                     Ok(w) => worker = w,
                     Err(_) => return out,
                 }

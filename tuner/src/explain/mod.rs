@@ -10,6 +10,7 @@ pub mod bandwidth;
 pub mod charts;
 mod diagnosis;
 pub mod markdown;
+pub mod outputs;
 pub mod roofline;
 #[cfg(test)]
 mod tests;

@@ -23,7 +23,7 @@ pub mod serve;
 /// (≈ 0.1-0.4), whose damage shows in everyday use. Small models suffer more from the same type.
 pub const DEFAULT_MAX_KLD: f64 = 0.05;
 
-use crate::trial::{TrialFailure, Worker};
+use crate::worker::{TrialFailure, Worker};
 use crate::worker::{Request, Response};
 use indicatif::ProgressBar;
 use std::path::Path;
@@ -51,26 +51,4 @@ pub(crate) fn call_with_progress(
     let result = worker.call(request, timeout, &poll);
     let _ = std::fs::remove_file(progress);
     result
-}
-
-/// A flag set by SIGINT and SIGTERM, so a long quantization or evaluation stops cleanly.
-pub(crate) fn interrupt_flag() -> anyhow::Result<std::sync::Arc<AtomicBool>> {
-    use anyhow::Context as _;
-    let stop = std::sync::Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, std::sync::Arc::clone(&stop))
-            .context("cannot install the interrupt handler")?;
-    }
-    Ok(stop)
-}
-
-/// A progress bar on stderr when it is a terminal and not `--quiet`.
-pub(crate) fn bar(quiet: bool, template: &str) -> Option<ProgressBar> {
-    use std::io::IsTerminal;
-    (!quiet && std::io::stderr().is_terminal()).then(|| {
-        let b = ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
-        b.set_style(indicatif::ProgressStyle::with_template(template).expect("valid template"));
-        b.enable_steady_tick(Duration::from_millis(200));
-        b
-    })
 }

@@ -11,7 +11,7 @@
 use super::kld::QualityFigures;
 use super::ladder::{Ladder, Rung};
 use super::serve::{QualityJob, QualityRequest};
-use crate::trial::{TrialFailure, Worker};
+use crate::worker::{TrialFailure, Worker};
 use crate::worker::{Request, Response};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use search_space::identity::ModelIdentity;
@@ -260,7 +260,7 @@ impl<'a> Evaluator<'a> {
             n_gpu_layers: 999,
             progress: Some(progress.clone()),
         });
-        let bar = super::bar(
+        let bar = crate::term::bar(
             s.quiet,
             "{spinner} [{elapsed_precise}] quality {prefix} {bar:30} {pos}/{len} chunks",
         );

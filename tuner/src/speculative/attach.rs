@@ -4,26 +4,48 @@
 //! pays, a note with the measured numbers.
 
 use super::evaluate::{self, Setup};
+use super::prompts::Prompt;
 use super::search::Winner;
-use crate::cli::{Cli, TuneArgs};
+use super::Grid;
 use crate::llama::{ContextSettings, ModelSettings};
+use crate::tuning::Tuned;
 use anyhow::Context as _;
 use profiles::{DraftSettings, Profile};
 use search_space::gguf::GgufInfo;
 use search_space::identity::ModelIdentity;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-/// Runs the draft search when `--draft` was given. Returns the sentence for the report's and the
-/// profile's notes; sets `profile.draft` when a draft pays.
+/// The draft search, validated (shared by `autotune draft` and `tune --draft`).
+#[derive(Debug, Clone)]
+pub struct DraftSearch {
+    /// Draft model files (`auto` among them: the compatible smaller models beside the target).
+    pub drafts: Vec<PathBuf>,
+    pub grid: Grid,
+    pub prompts: Vec<Prompt>,
+    pub n_gen: u32,
+    pub reps: u32,
+    pub budget: Duration,
+    /// Tie threshold of the final comparison.
+    pub noise: f64,
+    /// Seed of the final comparison's order; `None`: the profile's creation time.
+    pub seed: Option<u64>,
+    pub trial_timeout: Duration,
+}
+
+/// Runs the draft search for a tuned model's winner. Returns the sentence for the report's and the
+/// profile's notes; sets `profile.draft` when a draft pays. `show`: print the search's table on
+/// stderr.
 pub fn attach(
-    cli: &Cli,
-    args: &TuneArgs,
-    info: &GgufInfo,
+    search: &DraftSearch,
+    tuned: &Tuned,
     profile: &mut Profile,
-    budgets: &[(String, u64)],
     stop: &AtomicBool,
+    quiet: bool,
+    show: bool,
 ) -> anyhow::Result<Option<String>> {
-    if args.speculative.draft.is_empty() || stop.load(Ordering::Relaxed) {
+    if search.drafts.is_empty() || stop.load(Ordering::Relaxed) {
         return Ok(None);
     }
     let w = &profile.winner;
@@ -32,7 +54,7 @@ pub fn attach(
         devices: w.devices.clone(),
         use_extra_bufts: w.kernels.use_extra_bufts(),
         no_alloc: false,
-        rpc: args.rpc.clone(),
+        rpc: tuned.rpc.clone(),
         n_cpu_moe: w.n_cpu_moe,
         tensor_overrides: Vec::new(),
         tensor_split: Vec::new(),
@@ -46,27 +68,25 @@ pub fn attach(
         type_v: w.type_v,
         flash_attn: w.flash_attn,
     };
-    let search = crate::commands::draft::search_settings(&args.speculative)?;
     let setup = Setup {
         target: profile.model.path.clone(),
-        target_info: info.clone(),
-        drafts: args.speculative.draft.clone(),
+        target_info: tuned.info.clone(),
+        drafts: search.drafts.clone(),
         settings,
         context,
-        grid: search.grid,
-        prompts: search.prompts,
+        grid: search.grid.clone(),
+        prompts: search.prompts.clone(),
         n_gen: search.n_gen,
         reps: search.reps,
-        noise: args.noise,
-        seed: args.seed.unwrap_or(profile.created_unix),
-        trial_timeout: crate::cli::parse_duration(&args.trial_timeout)
-            .map_err(|e| crate::exit::Exit::new(crate::exit::USAGE, e))?,
+        noise: search.noise,
+        seed: search.seed.unwrap_or(profile.created_unix),
+        trial_timeout: search.trial_timeout,
         budget: search.budget,
-        budgets: budgets.to_vec(),
+        budgets: tuned.run.settings.budgets.clone(),
         llama_version: profile.llama.version.clone(),
     };
-    let bar = crate::quant::bar(
-        cli.quiet,
+    let bar = crate::term::bar(
+        quiet,
         "{spinner} [{elapsed_precise}] speculative decoding: {wide_msg}",
     );
     let progress = |m: &str| {
@@ -79,7 +99,7 @@ pub fn attach(
     if let Some(b) = &bar {
         b.finish_and_clear();
     }
-    if !cli.quiet && !args.json {
+    if show {
         eprint!("{}", report.render());
     }
     if report.interrupted || stop.load(Ordering::Relaxed) {

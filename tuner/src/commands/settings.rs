@@ -1,0 +1,233 @@
+//! Flags into validated settings ("low args" → "high args"): each function reads one command's clap
+//! groups, checks ranges and files, and returns the value the core runs with. Below `commands/`
+//! nothing sees a flag.
+
+use crate::cli::{Cli, DraftSearchArgs, TrialArgs, TuneArgs, WorkloadArgs};
+use crate::exit::{self, Exit};
+use crate::inputs::{self, Also};
+use crate::quant::joint::Joint;
+use crate::quant::quality::{self, EvalSettings};
+use crate::speculative::attach::DraftSearch;
+use crate::speculative::{prompts, Grid};
+use crate::tuning::Plan;
+use crate::worker::Workload;
+use crate::session;
+use anyhow::Context as _;
+use std::path::Path;
+use std::time::Duration;
+
+fn usage(m: String) -> anyhow::Error {
+    Exit::new(exit::USAGE, m)
+}
+
+/// The request shape: the preset's numbers (or llama-bench's pp512/tg128), overridden by explicit
+/// flags, and the name recorded in the profile.
+pub fn workload(a: &WorkloadArgs) -> (Workload, String) {
+    let (p, g, d) = a.workload.map(|w| w.numbers()).unwrap_or((512, 128, 0));
+    let name = match (
+        a.workload,
+        a.prompt.is_some() || a.gen.is_some() || a.depth.is_some(),
+    ) {
+        (Some(w), false) => w.name().to_string(),
+        (Some(w), true) => format!("{} (adjusted)", w.name()),
+        (None, _) => "custom".to_string(),
+    };
+    let w = Workload {
+        n_ctx: a.ctx,
+        n_prompt: a.prompt.unwrap_or(p),
+        n_gen: a.gen.unwrap_or(g),
+        depth: a.depth.unwrap_or(d),
+    };
+    (w, name)
+}
+
+fn check_workload(w: &Workload) -> anyhow::Result<()> {
+    let (ctx, prompt, gen, depth) = (w.n_ctx, w.n_prompt, w.n_gen, w.depth);
+    if ctx == 0 {
+        return Err(usage("--ctx must be at least 1".into()));
+    }
+    if prompt == 0 || gen == 0 {
+        return Err(usage("--prompt and --gen must be at least 1 token".into()));
+    }
+    if prompt as u64 + depth as u64 > ctx as u64 || gen as u64 + depth as u64 > ctx as u64 {
+        return Err(usage(format!(
+            "--depth {depth} plus --prompt {prompt} or --gen {gen} does not fit in --ctx {ctx}: raise --ctx or lower them"
+        )));
+    }
+    Ok(())
+}
+
+fn check_noise(noise: f64) -> anyhow::Result<()> {
+    if !(noise > 0.0 && noise < 1.0) {
+        return Err(usage(format!(
+            "--noise {noise} must be between 0 and 1 (e.g. 0.02 for 2%)"
+        )));
+    }
+    Ok(())
+}
+
+/// Seconds since the epoch, the seed of a run that was given none.
+fn time_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(1)
+}
+
+/// `tune`'s settings (what depends on the machine is resolved when the model is tuned).
+pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
+    let (mut workload, workload_name) = workload(&a.workload);
+    check_workload(&workload)?;
+    check_noise(a.trial.noise)?;
+    if a.min_reps < 2 || a.max_reps < a.min_reps {
+        return Err(usage(
+            "--min-reps must be at least 2 and --max-reps at least --min-reps".into(),
+        ));
+    }
+    if a.ubatch.iter().any(|&u| u == 0) {
+        return Err(usage("--ubatch sizes must be at least 1".into()));
+    }
+    let (min_reps, max_reps, noise, per_candidate) = if a.quick {
+        (a.min_reps.min(3), a.max_reps.min(4), a.trial.noise, 8)
+    } else if a.thorough {
+        (a.min_reps.max(5), a.max_reps.max(20), a.trial.noise.min(0.02), 120)
+    } else {
+        (a.min_reps, a.max_reps, a.trial.noise, 40)
+    };
+    if a.quick {
+        workload.n_gen = workload.n_gen.min(64);
+    }
+    Ok(Plan {
+        workload,
+        workload_name,
+        noise,
+        min_reps,
+        max_reps,
+        candidate_cap: Duration::from_secs(per_candidate),
+        budget: a.budget,
+        seed: a.trial.seed.unwrap_or_else(time_seed),
+        threads: a.threads.clone(),
+        n_gpu_layers: a.n_gpu_layers,
+        kernels: a.kernels.clone(),
+        cache_types: a.cache_types.clone(),
+        flash_attn: a.flash_attn.clone(),
+        ubatch_options: a.ubatch.clone(),
+        rpc: a.devices.rpc.servers.clone(),
+        mem_budget: a.devices.mem_budget.clone(),
+        mem_margin: a.devices.mem_margin,
+        trial_timeout: a.trial.trial_timeout,
+        quick: a.quick,
+        exhaustive: a.exhaustive,
+        fresh: a.fresh,
+        resume: a.resume,
+        verbose: cli.verbose,
+        quiet: cli.quiet,
+    })
+}
+
+/// `tune`'s choice among quantizations, when any of its flags was given.
+pub fn joint(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Option<Joint>> {
+    if a.quants.is_empty() && !a.ladder && a.max_kld.is_none() && a.reference.is_none() {
+        return Ok(None);
+    }
+    let max_kld = a.max_kld.unwrap_or(crate::quant::DEFAULT_MAX_KLD);
+    if !(max_kld.is_finite() && max_kld >= 0.0) {
+        return Err(usage(format!(
+            "--max-kld {max_kld}: give a divergence in nats per token, at least 0 (e.g. 0.05)"
+        )));
+    }
+    Ok(Some(Joint {
+        model: a.model.clone(),
+        quants: a.quants.clone(),
+        ladder: a.ladder,
+        max_kld,
+        reference: a.reference.clone(),
+        eval: eval_settings(None, a.quality_tokens, 512, None, false, cli.quiet)?,
+        budget: a.budget,
+        json: a.json,
+    }))
+}
+
+/// The draft search (`draft`, `tune --draft`).
+pub fn draft_search(a: &DraftSearchArgs, trial: &TrialArgs) -> anyhow::Result<DraftSearch> {
+    inputs::model_files("--draft", &a.draft, Also::Auto)?;
+    let grid = Grid::new(
+        a.draft_max.clone(),
+        a.draft_min.clone(),
+        a.draft_p_min.clone(),
+    )
+    .map_err(usage)?;
+    let prompts = match &a.draft_prompts {
+        Some(p) => prompts::from_file(p).map_err(|e| usage(format!("--draft-prompts: {e}")))?,
+        None => prompts::built_in(),
+    };
+    if a.draft_gen < 2 {
+        return Err(usage("--draft-gen must be at least 2 tokens".into()));
+    }
+    if a.draft_reps < 2 {
+        return Err(usage("--draft-reps must be at least 2".into()));
+    }
+    Ok(DraftSearch {
+        drafts: a.draft.clone(),
+        grid,
+        prompts,
+        n_gen: a.draft_gen,
+        reps: a.draft_reps,
+        budget: a.draft_budget,
+        noise: trial.noise,
+        seed: trial.seed,
+        trial_timeout: trial.trial_timeout,
+    })
+}
+
+/// `draft`'s settings: the search, with a seed drawn now when none was given; the noise checked.
+pub fn draft_command_search(
+    a: &DraftSearchArgs,
+    trial: &TrialArgs,
+) -> anyhow::Result<DraftSearch> {
+    let mut s = draft_search(a, trial)?;
+    if !(trial.noise > 0.0 && trial.noise < 1.0) {
+        return Err(usage(format!(
+            "--noise {} must be between 0 and 1",
+            trial.noise
+        )));
+    }
+    s.seed = Some(trial.seed.unwrap_or_else(time_seed));
+    Ok(s)
+}
+
+/// The quality evaluation (`quality`, `tune --max-kld`).
+pub fn eval_settings(
+    text: Option<&Path>,
+    max_tokens: Option<u32>,
+    chunk: u32,
+    threads: Option<u32>,
+    fresh: bool,
+    quiet: bool,
+) -> anyhow::Result<EvalSettings> {
+    if chunk < 16 {
+        return Err(usage(format!(
+            "--chunk {chunk}: use at least 16 tokens (512 is usual)"
+        )));
+    }
+    if max_tokens == Some(0) {
+        return Err(usage("the token limit must be at least 1".into()));
+    }
+    let text = match text {
+        Some(p) => std::fs::read_to_string(p)
+            .with_context(|| format!("--text {}: cannot read", p.display()))?,
+        None => quality::EVAL_TEXT.to_string(),
+    };
+    if text.trim().is_empty() {
+        return Err(usage("the evaluation text is empty".into()));
+    }
+    Ok(EvalSettings {
+        text,
+        max_tokens,
+        chunk,
+        threads: threads.unwrap_or_else(session::default_threads),
+        fresh,
+        cache_dir: session::cache_dir(),
+        quiet,
+    })
+}

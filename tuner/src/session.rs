@@ -1,0 +1,114 @@
+//! What every command that touches a model needs before it starts: the model header checked, the
+//! cache directory, the memory budget of each device, the default thread count, the profile store
+//! and its lock.
+
+use crate::exit::{self, Exit};
+use crate::machine::Machine;
+use anyhow::Context as _;
+use profiles::{Store, StoreLock};
+use search_space::gguf::GgufInfo;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Inspects the model header safely before llama.cpp sees the file (exit 3 when it is no usable GGUF).
+pub fn inspect_model(path: &Path) -> anyhow::Result<GgufInfo> {
+    GgufInfo::inspect(path).map_err(|e| Exit::new(exit::BAD_MODEL, e.to_string()))
+}
+
+/// autotune's cache directory (measurement logs, demo model, built tools).
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("AUTOTUNE_CACHE_DIR") {
+        return d.into();
+    }
+    directories::ProjectDirs::from("", "", "autotune")
+        .map(|p| p.cache_dir().to_path_buf())
+        .unwrap_or_else(|| std::env::temp_dir().join("autotune-cache"))
+}
+
+/// One `--mem-budget DEVICE=SIZE` value, parsed (the device is checked against the machine later).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceBudget {
+    pub device: String,
+    pub bytes: u64,
+}
+
+impl std::str::FromStr for DeviceBudget {
+    type Err = String;
+    fn from_str(item: &str) -> Result<Self, String> {
+        let (dev, size) = item
+            .split_once('=')
+            .ok_or_else(|| format!("'{item}': write DEVICE=SIZE, e.g. RPC0=300M"))?;
+        let bytes = search_space::size::parse_size(size).map_err(|e| format!("{dev}: {e}"))?;
+        Ok(DeviceBudget {
+            device: dev.to_string(),
+            bytes,
+        })
+    }
+}
+
+/// Memory budget per device (device name → bytes): the `--mem-budget` given for it, else its free
+/// memory minus `margin`. A budget naming a device this machine does not have is a usage error.
+pub fn budgets_of(
+    explicit: &[DeviceBudget],
+    margin: u64,
+    machine: &Machine,
+) -> anyhow::Result<Vec<(String, u64)>> {
+    if let Some(b) = explicit
+        .iter()
+        .find(|b| !machine.devices.iter().any(|d| d.name == b.device))
+    {
+        let names: Vec<&str> = machine.devices.iter().map(|d| d.name.as_str()).collect();
+        return Err(Exit::new(
+            exit::USAGE,
+            format!(
+                "--mem-budget: unknown device '{}' (devices: {})",
+                b.device,
+                names.join(", ")
+            ),
+        ));
+    }
+    Ok(machine
+        .devices
+        .iter()
+        .map(|d| {
+            let b = explicit
+                .iter()
+                .find(|b| b.device == d.name)
+                .map(|b| b.bytes)
+                .unwrap_or_else(|| d.memory_free.saturating_sub(margin));
+            (d.name.clone(), b)
+        })
+        .collect())
+}
+
+/// Physical cores, as llama.cpp's default thread count.
+pub fn default_threads() -> u32 {
+    Machine::probe(Vec::new()).physical_cores.max(1)
+}
+
+/// The profile store (`$AUTOTUNE_PROFILE_DIR` or the per-user data folder).
+pub fn open_store() -> anyhow::Result<Store> {
+    Store::open(Store::default_dir()?).context("cannot open the profile store")
+}
+
+/// Takes the store's lock, waiting (and saying so) while another run holds it; polled rather than
+/// blocking, so Ctrl-C still works while waiting.
+pub fn lock_store(store: &Store, stop: &AtomicBool) -> anyhow::Result<StoreLock> {
+    if let Some(g) = store.try_lock()? {
+        return Ok(g);
+    }
+    eprintln!("autotune: another autotune run holds the store lock; waiting for it to finish");
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Err(Exit::new(
+                exit::INTERRUPTED,
+                "interrupted while waiting for the store lock; nothing was measured",
+            ));
+        }
+        if let Some(g) = store.try_lock()? {
+            return Ok(g);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -1,0 +1,88 @@
+//! The terminal side of a run: the interrupt flag (Ctrl-C, SIGTERM), progress bars on stderr, and
+//! errors and notes kept to one line.
+
+use crate::engine::Progress;
+use crate::worker::Repetition;
+use anyhow::Context as _;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A flag set by SIGINT and SIGTERM, so a long run stops cleanly and keeps what it measured.
+pub fn interrupt_flag() -> anyhow::Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("cannot install the interrupt handler")?;
+    }
+    Ok(stop)
+}
+
+/// A progress bar on stderr when it is a terminal and not `--quiet`.
+pub fn bar(quiet: bool, template: &str) -> Option<ProgressBar> {
+    (!quiet && std::io::stderr().is_terminal()).then(|| {
+        let b = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        b.set_style(ProgressStyle::with_template(template).expect("valid template"));
+        b.enable_steady_tick(Duration::from_millis(200));
+        b
+    })
+}
+
+/// Multi-line text (llama.cpp's messages, an error's source chain) joined into one line.
+pub fn one_line(s: &str) -> String {
+    s.split(['\n', '\r'])
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// The tuning run's progress bar: repetitions counted, the candidate and the best so far.
+pub struct Bar(Option<ProgressBar>);
+
+impl Bar {
+    pub fn new(quiet: bool) -> Bar {
+        Bar(bar(
+            quiet,
+            "{spinner} [{elapsed_precise}] {pos} reps · {prefix} · {wide_msg}",
+        ))
+    }
+
+    pub fn finish(&self) {
+        if let Some(b) = &self.0 {
+            b.finish_and_clear();
+        }
+    }
+}
+
+impl Progress for Bar {
+    fn candidate_started(&self, label: &str, axis: &str) {
+        if let Some(b) = &self.0 {
+            b.set_prefix(axis.to_string());
+            b.set_message(label.to_string());
+        }
+    }
+    fn repetition(&self, _label: &str, rep: &Repetition) {
+        if let Some(b) = &self.0 {
+            b.inc(1);
+            b.set_prefix(format!("pp {:.0} tg {:.1}", rep.pp_tps, rep.tg_tps));
+        }
+    }
+    fn failed(&self, label: &str, failure: &str) {
+        match &self.0 {
+            Some(b) => b.println(format!("trial failed: {label}: {failure}")),
+            None => eprintln!("autotune: trial failed: {label}: {failure}"),
+        }
+    }
+    fn best(&self, label: &str, margin: Option<f64>, elapsed: Duration, budget: Duration) {
+        let left = budget.saturating_sub(elapsed).as_secs();
+        let m = margin
+            .map(|m| format!(", {:+.1}% over the runner-up", m * 100.0))
+            .unwrap_or_default();
+        if let Some(b) = &self.0 {
+            b.println(format!("best so far: {label}{m} ({left} s of budget left)"));
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! Tuning one model file on this machine: validated settings ([`Plan`]) in, a [`Tuned`] out — the
+//! engine's [`Run`] with everything a report and a profile need (the model, the machine, the
+//! llama.cpp build, the measurement log). `autotune tune` and the quantization ladder both tune
+//! through [`tune`]; neither sees flags.
+
+mod output;
+
+pub use output::{complete, nothing_measured, profile_from_run, report_of, save, After};
+
+use crate::engine::{Engine, Run, TuneSettings};
+use crate::exit::{self, Exit};
+use crate::machine::Machine;
+use crate::probe::{self, Probe};
+use crate::session::{self, DeviceBudget};
+use crate::term::Bar;
+use crate::worker::{WorkerPool, Workload};
+use anyhow::Context as _;
+use profiles::measurements::{self, MeasurementLog};
+use search_space::gguf::GgufInfo;
+use search_space::identity::ModelIdentity;
+use search_space::{CacheType, FlashAttn, KernelChoice};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The search budget of `--quick` (a ceiling: a shorter budget still wins).
+const QUICK_BUDGET: Duration = Duration::from_secs(50);
+
+/// What to tune for and how, validated (built from the flags in `commands/`); what depends on the
+/// machine and the model (thread counts, layers, budgets per device) is resolved by [`Plan::settings`].
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub workload: Workload,
+    /// The preset's name, "… (adjusted)" or "custom" (recorded in the profile).
+    pub workload_name: String,
+    pub noise: f64,
+    pub min_reps: u32,
+    pub max_reps: u32,
+    pub candidate_cap: Duration,
+    /// The whole run's time (`--quick` caps it at [`QUICK_BUDGET`]).
+    pub budget: Duration,
+    pub seed: u64,
+    /// Thread counts to try; `None`: 1, half the cores, the cores, all CPUs.
+    pub threads: Option<Vec<u32>>,
+    /// Pinned GPU layers; `None`: all when a non-CPU device exists, else 0.
+    pub n_gpu_layers: Option<u32>,
+    pub kernels: Vec<KernelChoice>,
+    pub cache_types: Vec<CacheType>,
+    pub flash_attn: Vec<FlashAttn>,
+    pub ubatch_options: Vec<u32>,
+    pub rpc: Vec<String>,
+    pub mem_budget: Vec<DeviceBudget>,
+    pub mem_margin: u64,
+    pub trial_timeout: Duration,
+    pub quick: bool,
+    pub exhaustive: bool,
+    /// Ignore earlier measurements; `resume`: fail when there are none.
+    pub fresh: bool,
+    pub resume: bool,
+    pub verbose: bool,
+    pub quiet: bool,
+}
+
+impl Plan {
+    /// The engine's settings for `model` on `machine`.
+    pub fn settings(
+        &self,
+        model: &Path,
+        machine: &Machine,
+        info: &GgufInfo,
+    ) -> anyhow::Result<TuneSettings> {
+        let logical = machine.logical_cpus.max(1);
+        let physical = machine.physical_cores.max(1);
+        let threads_options = match &self.threads {
+            Some(t) => {
+                crate::inputs::threads(
+                    "--threads",
+                    t,
+                    crate::inputs::logical_cpus().max(logical as u32),
+                )?;
+                t.clone()
+            }
+            None => {
+                let mut v = vec![1, (physical / 2).max(1), physical, logical];
+                v.sort_unstable();
+                v.dedup();
+                v
+            }
+        };
+        // llama.cpp's default thread count is the number of physical cores (its "math" cores).
+        let default_threads = if threads_options.contains(&physical) {
+            physical
+        } else {
+            threads_options[0]
+        };
+        let offload = !machine.offload_devices().is_empty();
+        let n_layers = info.block_count.unwrap_or(0);
+        Ok(TuneSettings {
+            model: model.to_path_buf(),
+            workload: self.workload.clone(),
+            noise: self.noise,
+            min_reps: self.min_reps,
+            max_reps: self.max_reps,
+            candidate_cap: self.candidate_cap,
+            // --quick: at most 50 s of search, so with the confirmation and the last repetition in
+            // flight the run measures for under a minute.
+            budget: if self.quick {
+                self.budget.min(QUICK_BUDGET)
+            } else {
+                self.budget
+            },
+            seed: self.seed,
+            threads_options,
+            default_threads,
+            n_gpu_layers: self
+                .n_gpu_layers
+                .unwrap_or(if offload { n_layers + 1 } else { 0 }),
+            n_gpu_layers_pinned: self.n_gpu_layers.is_some(),
+            kernels: self.kernels.clone(),
+            cache_types: self.cache_types.clone(),
+            flash_attn: self.flash_attn.clone(),
+            ubatch_options: self.ubatch_options.clone(),
+            rpc: self.rpc.clone(),
+            budgets: session::budgets_of(&self.mem_budget, self.mem_margin, machine)?,
+            n_layers,
+            offload,
+            moe: info.is_moe(),
+            quick: self.quick,
+        })
+    }
+}
+
+/// One model file tuned on this machine.
+#[derive(Debug)]
+pub struct Tuned {
+    /// The model file, canonical.
+    pub model: PathBuf,
+    pub info: GgufInfo,
+    pub identity: ModelIdentity,
+    pub probe: Probe,
+    pub llama: profiles::LlamaBuild,
+    pub workload_name: String,
+    /// The RPC servers the run used as devices.
+    pub rpc: Vec<String>,
+    pub run: Run,
+    /// Interrupted by the engine or by a signal.
+    pub interrupted: bool,
+    pub log_path: PathBuf,
+    /// Repetitions reused from earlier runs, and appended by this one.
+    pub reused: usize,
+    pub appended: usize,
+    pub elapsed_s: f64,
+}
+
+/// Tunes `model` as `plan` says. Call with the profile store locked (the measurement log is shared
+/// with any other run of the same model).
+pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tuned> {
+    let info = session::inspect_model(model)?;
+    let model = std::fs::canonicalize(model)
+        .with_context(|| format!("{}: cannot resolve path", model.display()))?;
+    let identity = ModelIdentity::of_file(&model)
+        .with_context(|| format!("{}: cannot read", model.display()))?;
+    let probe = probe::probe(plan.verbose, &plan.rpc)?;
+    for w in &probe.gpu_warnings {
+        eprintln!("autotune: warning: {w}");
+    }
+    let settings = plan.settings(&model, &probe.machine, &info)?;
+    let llama = profiles::LlamaBuild {
+        version: probe.llama_version.clone(),
+        commit: crate::llama::build_info().1,
+        backends: probe.backends.clone(),
+        cpu_variant: probe.cpu_variant.clone(),
+        system_info: probe.system_info.clone(),
+    };
+    let mut log = open_log(plan, &identity, &llama, &probe.machine, &settings.workload)?;
+    let reused = log.previous_count();
+    // Two models loaded at once only when they fit comfortably in memory.
+    // With RPC devices one worker at a time: a ggml RPC server serves one client at a time.
+    let max_alive = if plan.rpc.is_empty()
+        && info.file_size.saturating_mul(4) < probe.machine.ram_available_bytes
+    {
+        2
+    } else {
+        1
+    };
+    let pool = WorkerPool::new(max_alive, plan.trial_timeout);
+    let stop_fn = || stop.load(Ordering::Relaxed);
+    let bar = Bar::new(plan.quiet);
+    let started = Instant::now();
+    let run = Engine::new(settings, pool, Some(&mut log), &stop_fn, &bar).tune(plan.exhaustive);
+    bar.finish();
+    Ok(Tuned {
+        interrupted: run.interrupted || stop.load(Ordering::Relaxed),
+        elapsed_s: started.elapsed().as_secs_f64(),
+        log_path: log.path().to_path_buf(),
+        appended: log.appended,
+        reused,
+        model,
+        info,
+        identity,
+        probe,
+        llama,
+        workload_name: plan.workload_name.clone(),
+        rpc: plan.rpc.clone(),
+        run,
+    })
+}
+
+/// The model's measurement log for this workload, machine and build (earlier repetitions reused
+/// unless `fresh`; `resume` fails when there are none).
+fn open_log(
+    plan: &Plan,
+    identity: &ModelIdentity,
+    llama: &profiles::LlamaBuild,
+    machine: &Machine,
+    workload: &Workload,
+) -> anyhow::Result<MeasurementLog> {
+    let log_path = session::cache_dir()
+        .join("measurements")
+        .join(format!("{}.jsonl", identity.short()));
+    let context = measurements::Context {
+        model: identity.fingerprint.clone(),
+        // The build's identity includes how llama.cpp was compiled (in the commit string): an -O2
+        // build's figures are not an -O3 build's.
+        llama: format!(
+            "{} {} {}",
+            llama.version,
+            llama.commit,
+            llama.cpu_variant.clone().unwrap_or_default()
+        ),
+        machine: machine.fingerprint.clone(),
+        workload: workload.clone(),
+    };
+    let log = MeasurementLog::open(&log_path, context, !plan.fresh)
+        .with_context(|| format!("cannot open the measurement log {}", log_path.display()))?;
+    if plan.resume && log.previous_count() == 0 {
+        return Err(Exit::new(
+            exit::USAGE,
+            format!(
+                "--resume: no earlier measurements of this model, workload, machine and llama.cpp build in {}; run without --resume",
+                log_path.display()
+            ),
+        ));
+    }
+    if log.corrupt_lines > 0 {
+        eprintln!(
+            "autotune: warning: {} corrupt lines in {} were ignored",
+            log.corrupt_lines,
+            log_path.display()
+        );
+    }
+    Ok(log)
+}

@@ -1,0 +1,257 @@
+//! What a tuned model turns into: the run's [`Report`] (table or JSON) and the [`Profile`] of its
+//! winner, completed (draft, roofline) and saved. Built from the [`Tuned`] alone, so a profile written from the same measurements is the
+//! same file whoever asked for it (`tune`, or the quantization ladder).
+
+use super::Tuned;
+use crate::exit::{self, Exit};
+use crate::explain::outputs::{roofline_for_run, Asked};
+use crate::report::{self, ModelSummary, Report};
+use crate::speculative::attach::{attach, DraftSearch};
+use crate::worker::TrialFailure;
+use anyhow::Context as _;
+use profiles::{Figures, Profile, Store};
+use search_space::Candidate;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+
+/// The notes of the run: GPU warnings, crashed candidates, a budget that ran out.
+fn notes(t: &Tuned) -> Vec<String> {
+    let results = &t.run.results;
+    let mut notes = t.probe.gpu_warnings.clone();
+    for r in results.iter().filter(|r| r.failure.is_some()) {
+        if let Some(TrialFailure::Crashed { name, .. }) = &r.failure {
+            notes.push(report::one_line(&format!(
+                "{} crashed ({name}); recorded and skipped",
+                r.candidate.label()
+            )));
+        }
+    }
+    if results
+        .iter()
+        .any(|r| r.skipped.as_deref().is_some_and(|s| s.contains("budget")))
+    {
+        notes.push(format!(
+            "the time budget ({} s) ran out before every candidate was measured; raise --budget",
+            t.run.settings.budget.as_secs()
+        ));
+    }
+    notes
+}
+
+fn figures_of(t: &Tuned, c: &Candidate) -> Option<Figures> {
+    t.run
+        .results
+        .iter()
+        .find(|r| &r.candidate == c)
+        .and_then(|r| report::figures(r, &t.run.settings.workload))
+}
+
+fn leaderboard(t: &Tuned) -> Vec<profiles::LeaderboardEntry> {
+    let s = &t.run.settings;
+    report::leaderboard(&t.run.results, &s.workload, s.noise, s.seed)
+}
+
+/// The run's report (no profile path yet).
+pub fn report_of(t: &Tuned) -> Report {
+    let (run, s, info) = (&t.run, &t.run.settings, &t.info);
+    let machine = &t.probe.machine;
+    Report {
+        model: ModelSummary {
+            path: t.model.clone(),
+            architecture: info.architecture.clone(),
+            file_type: info.file_type_name.clone(),
+            layers: info.block_count,
+            parameters: info.parameter_count,
+            size_bytes: info.file_size,
+            trained_context: info.context_length,
+            experts: info.expert_count,
+            fingerprint: t.identity.fingerprint.clone(),
+        },
+        machine: machine.clone(),
+        gpus: t.probe.gpus.clone(),
+        gpu_warnings: t.probe.gpu_warnings.clone(),
+        winner_devices: run
+            .winner
+            .as_ref()
+            .map(|w| report::devices_of(w, machine))
+            .unwrap_or_default(),
+        llama: t.llama.clone(),
+        workload: s.workload.clone(),
+        seed: s.seed,
+        noise: s.noise,
+        elapsed_s: t.elapsed_s,
+        budget_s: s.budget.as_secs_f64(),
+        interrupted: t.interrupted,
+        budget_spent: run.budget_spent,
+        measured: run.results.iter().filter(|r| r.ok()).count(),
+        failed: run.results.iter().filter(|r| r.failure.is_some()).count(),
+        reused_repetitions: t.reused,
+        leaderboard: leaderboard(t),
+        winner: run.winner.clone(),
+        winner_figures: run.winner.as_ref().and_then(|w| figures_of(t, w)),
+        baseline: Some(run.baseline.clone()),
+        baseline_figures: figures_of(t, &run.baseline),
+        versus_defaults: run.winner.as_ref().and_then(|w| {
+            report::versus_defaults(&run.results, w, &run.baseline, &s.workload, s.noise, s.seed)
+        }),
+        confirm_drift: run.confirm_drift.clone(),
+        confirmed: run.confirmed.clone(),
+        profile_path: None,
+        measurement_log: Some(t.log_path.clone()),
+        notes: notes(t),
+        memory: report::memory_rows(&run.results),
+    }
+}
+
+/// Why there is no winner: every candidate pruned by the memory budgets, or none measured (exit 4).
+pub fn nothing_measured(t: &Tuned) -> anyhow::Error {
+    let results = &t.run.results;
+    if !results.is_empty()
+        && results.iter().all(|r| {
+            r.skipped
+                .as_deref()
+                .is_some_and(|s| s.starts_with("pruned"))
+        })
+    {
+        let reason = results
+            .iter()
+            .find_map(|r| r.skipped.clone())
+            .unwrap_or_default();
+        return Exit::new(
+            exit::NOTHING_MEASURED,
+            format!(
+                "{}: no configuration fits the memory budgets ({reason}); nothing was loaded",
+                t.model.display()
+            ),
+        );
+    }
+    Exit::new(
+        exit::NOTHING_MEASURED,
+        format!(
+            "{}: no configuration could be measured (see the statuses above)",
+            t.model.display()
+        ),
+    )
+}
+
+/// The winner's profile (`None` without a measured winner). The roofline, a draft and the server
+/// arguments are added by the caller, after the workers are gone.
+pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
+    let winner = t.run.winner.clone()?;
+    let figures = figures_of(t, &winner)?;
+    let w = &t.run.settings.workload;
+    let (machine, info, id) = (&t.probe.machine, &t.info, &t.identity);
+    Some(Profile {
+        schema_version: profiles::SCHEMA_VERSION,
+        created_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        autotune_version: env!("CARGO_PKG_VERSION").to_string(),
+        server_args: Vec::new(),
+        // The RPC servers the winner's layers live on: llama-server needs them (`--rpc`).
+        rpc: if winner.n_gpu_layers > 0 {
+            t.rpc.clone()
+        } else {
+            Vec::new()
+        },
+        notes: notes(t),
+        model: profiles::ModelRef {
+            path: t.model.clone(),
+            file_name: id.file_name.clone(),
+            fingerprint: id.fingerprint.clone(),
+            size_bytes: id.size_bytes,
+            architecture: info.architecture.clone(),
+            file_type: info.file_type_name.clone(),
+        },
+        machine: profiles::MachineRef {
+            fingerprint: machine.fingerprint.clone(),
+            hostname: machine.hostname.clone(),
+            cpu: machine.cpu.clone(),
+            physical_cores: machine.physical_cores,
+            logical_cpus: machine.logical_cpus,
+            ram_bytes: machine.ram_bytes,
+            os: machine.os.clone(),
+            devices: machine
+                .devices
+                .iter()
+                .map(|d| profiles::DeviceRef {
+                    name: d.name.clone(),
+                    description: d.description.clone(),
+                    kind: d.kind.clone(),
+                    backend: d.backend.clone(),
+                    memory_total: d.memory_total,
+                })
+                .collect(),
+            gpus: t.probe.gpus.iter().map(|g| g.name.clone()).collect(),
+        },
+        llama: t.llama.clone(),
+        workload: profiles::Workload {
+            n_ctx: w.n_ctx,
+            n_prompt: w.n_prompt,
+            n_gen: w.n_gen,
+            depth: w.depth,
+            name: t.workload_name.clone(),
+        },
+        winner,
+        figures,
+        baseline: figures_of(t, &t.run.baseline),
+        roofline: None,
+        leaderboard: leaderboard(t),
+        draft: None,
+    })
+}
+
+/// What is done with a winner's profile once it is built: a draft searched for it, where it is
+/// saved, what is explained after the run.
+#[derive(Debug, Clone, Default)]
+pub struct After {
+    /// `--draft`: speculative decoding measured with the winner's settings.
+    pub draft: Option<DraftSearch>,
+    /// Save in the profile store (not `--no-save`).
+    pub save: bool,
+    /// `--out FILE`.
+    pub out: Option<PathBuf>,
+    pub explain: Asked,
+    pub quiet: bool,
+}
+
+/// Adds to a winner's profile what needs the workers gone: the draft search (when asked; its note
+/// is returned and added to the profile's notes), the bandwidth roofline (a ~1 s probe, for
+/// `explain`), and the server's arguments.
+pub fn complete(
+    profile: &mut Profile,
+    t: &Tuned,
+    after: &After,
+    stop: &AtomicBool,
+) -> anyhow::Result<Option<String>> {
+    let show = !after.quiet && !after.explain.json;
+    let note = match &after.draft {
+        Some(d) => attach(d, t, profile, stop, after.quiet, show)?,
+        None => None,
+    };
+    if let Some(n) = &note {
+        profile.notes.push(n.clone());
+    }
+    profile.roofline = Some(roofline_for_run(&t.info, profile, &t.rpc));
+    profile.refresh_server_args();
+    Ok(note)
+}
+
+/// Validates and writes a finished profile: to the store (locked by the caller) and to `--out`;
+/// returns where it went (the store's file first).
+pub fn save(store: &Store, profile: &Profile, after: &After) -> anyhow::Result<Option<PathBuf>> {
+    profile
+        .validate(false)
+        .map_err(|e| anyhow::anyhow!("internal error: the new profile does not validate: {e}"))?;
+    let mut saved = None;
+    if after.save {
+        saved = Some(store.save(profile).context("cannot save the profile")?);
+    }
+    if let Some(out) = &after.out {
+        profiles::write_atomic(out, &profile.to_toml()?)
+            .with_context(|| format!("cannot write {}", out.display()))?;
+        saved = saved.or_else(|| Some(out.clone()));
+    }
+    Ok(saved)
+}
