@@ -7,9 +7,9 @@
 mod server;
 
 use crate::cli::{ApplyArgs, Cli};
+use crate::exit::{self, Exit};
 use crate::probe::{self, Probe};
 use crate::session;
-use crate::exit::{self, Exit};
 use anyhow::Context as _;
 use profiles::{Profile, Store, StoredProfile};
 use search_space::identity::ModelIdentity;
@@ -261,19 +261,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     argv.extend(args.extra.iter().cloned());
 
     if !args.exec {
-        let program = match &server {
-            Some(s) => s.to_string_lossy().into_owned(),
-            None => {
-                eprintln!(
-                    "autotune: warning: llama-server not found (not on PATH, no vendor build): pass --server PATH \
-                     or build it with vendor/build-llama-tools"
-                );
-                "llama-server".to_string()
-            }
-        };
-        let mut line = vec![program];
-        line.extend(argv);
-        println!("{}", profiles::shell_quote(&line));
+        print_command(server.as_deref(), argv);
         return Ok(exit::OK);
     }
 
@@ -309,32 +297,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     server::wait_ready(&mut proc, &url, &signal)?;
     let ready_s = started.elapsed().as_secs_f64();
 
-    // The first completion warms the server up (page cache, allocations, first-request paths); the
-    // second is the one compared. Both leave room for the prompt in the context.
-    let n_gen = p.workload.n_gen.max(1);
-    let timeout = Duration::from_secs_f64(
-        (60.0 + 10.0 * f64::from(n_gen) / p.figures.tg_tps.max(0.1)).min(3600.0),
-    );
-    let warmup = server::complete(&mut proc, &url, n_gen.min(16), timeout, &signal)?;
-    let room = p
-        .workload
-        .n_ctx
-        .saturating_sub(u32::try_from(warmup.timings.prompt_n).unwrap_or(u32::MAX) + 1);
-    if room < n_gen {
-        eprintln!(
-            "autotune: warning: the context ({} tokens) leaves room for {room} generated tokens after the check's \
-             prompt, fewer than the profile's {n_gen}",
-            p.workload.n_ctx
-        );
-    }
-    let answer = server::complete(&mut proc, &url, n_gen.min(room).max(1), timeout, &signal)?;
-    if answer.timings.predicted_n == 0 || answer.content.is_empty() {
-        return Err(Exit::new(
-            exit::ERROR,
-            "llama-server answered the completion without generating any text",
-        ));
-    }
-
+    let answer = check_completion(&mut proc, &url, p, &signal)?;
     let tg_ratio = answer.timings.predicted_per_second / p.figures.tg_tps;
     let check = Check {
         profile: stored.path.clone(),
@@ -360,14 +323,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         print!("{}", render(&check));
     }
     if !check.within_tolerance {
-        eprintln!(
-            "autotune: warning: llama-server generates at {:.1} t/s, {:.2}× the profile's {:.1} t/s (beyond ±{:.0}%): \
-             the machine may be busy, or the server runs differently from the measurement",
-            check.completion.predicted_per_second,
-            tg_ratio,
-            check.profile_tg_tps,
-            args.tolerance * 100.0
-        );
+        warn_beyond_tolerance(&check);
     }
 
     if args.check_only {
@@ -380,6 +336,70 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         proc.child.id()
     );
     server::serve_in_foreground(&mut proc, &signal)
+}
+
+/// The command line `apply` prints without `--exec`.
+fn print_command(server: Option<&Path>, argv: Vec<String>) {
+    let program = match server {
+        Some(s) => s.to_string_lossy().into_owned(),
+        None => {
+            eprintln!(
+                "autotune: warning: llama-server not found (not on PATH, no vendor build): pass --server PATH \
+                 or build it with vendor/build-llama-tools"
+            );
+            "llama-server".to_string()
+        }
+    };
+    let mut line = vec![program];
+    line.extend(argv);
+    println!("{}", profiles::shell_quote(&line));
+}
+
+/// Two completions: the first warms the server up, the second is the one compared.
+fn check_completion(
+    proc: &mut ServerProcess,
+    url: &str,
+    p: &Profile,
+    signal: &AtomicUsize,
+) -> anyhow::Result<server::CompletionAnswer> {
+    // The first completion warms the server up (page cache, allocations, first-request paths); the
+    // second is the one compared. Both leave room for the prompt in the context.
+    let n_gen = p.workload.n_gen.max(1);
+    let timeout = Duration::from_secs_f64(
+        (60.0 + 10.0 * f64::from(n_gen) / p.figures.tg_tps.max(0.1)).min(3600.0),
+    );
+    let warmup = server::complete(proc, url, n_gen.min(16), timeout, signal)?;
+    let room = p
+        .workload
+        .n_ctx
+        .saturating_sub(u32::try_from(warmup.timings.prompt_n).unwrap_or(u32::MAX) + 1);
+    if room < n_gen {
+        eprintln!(
+            "autotune: warning: the context ({} tokens) leaves room for {room} generated tokens after the check's \
+             prompt, fewer than the profile's {n_gen}",
+            p.workload.n_ctx
+        );
+    }
+    let answer = server::complete(proc, url, n_gen.min(room).max(1), timeout, signal)?;
+    if answer.timings.predicted_n == 0 || answer.content.is_empty() {
+        return Err(Exit::new(
+            exit::ERROR,
+            "llama-server answered the completion without generating any text",
+        ));
+    }
+
+    Ok(answer)
+}
+
+fn warn_beyond_tolerance(check: &Check) {
+    eprintln!(
+            "autotune: warning: llama-server generates at {:.1} t/s, {:.2}× the profile's {:.1} t/s (beyond ±{:.0}%): \
+             the machine may be busy, or the server runs differently from the measurement",
+            check.completion.predicted_per_second,
+            check.tg_ratio,
+            check.profile_tg_tps,
+            check.tolerance * 100.0
+        );
 }
 
 fn render(c: &Check) -> String {

@@ -4,13 +4,13 @@
 //! placements can be compared for memory safety and, with `autotune measure`, for speed.
 
 use crate::cli::{Cli, DeviceArgs};
-use crate::probe;
-use crate::session;
 use crate::exit::{self, Exit};
 use crate::fit::{as_n_cpu_moe, FitAnswer, FitRequest};
 use crate::llama::{ContextSettings, ModelSettings};
-use crate::worker::WorkerPool;
+use crate::probe;
+use crate::session;
 use crate::worker::Worker;
+use crate::worker::WorkerPool;
 use crate::worker::{MeasureRequest, Request, Response, Workload};
 use clap::Args;
 use search_space::size::format_size;
@@ -84,35 +84,14 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
     let d = probe::probe(cli.verbose, rpc)?;
     let budgets = session::budgets_of(&a.devices.mem_budget, a.devices.mem_margin, &d.machine)?;
     let default_margin = a.devices.mem_margin;
-    let never = || false;
 
-    // llama.cpp's fit, in a worker of its own (it aborts like any llama.cpp call, and a ggml RPC
-    // server serves one client at a time: the worker lets go before the dry run connects).
-    let mut worker = Worker::spawn()?;
-    let request = Request::LlamaFit(FitRequest {
+    let answer = llama_fit(FitRequest {
         model: model.clone(),
         rpc: rpc.clone(),
         n_ctx: a.ctx,
         budgets: budgets.clone(),
         default_margin,
-    });
-    let answer = match worker.call(&request, Duration::from_secs(600), &never) {
-        Ok(Response::Fitted(f)) => f,
-        Ok(_) => anyhow::bail!("unexpected answer from the worker"),
-        Err(f) => {
-            return Err(Exit::new(
-                exit::NOTHING_MEASURED,
-                format!("llama.cpp's fit failed: {f}"),
-            ))
-        }
-    };
-    worker.quit();
-    if answer.status == 2 {
-        return Err(Exit::new(
-            exit::NOTHING_MEASURED,
-            format!("llama.cpp's fit reported an error: {}", answer.log_tail),
-        ));
-    }
+    })?;
     let n_layer = info.block_count.unwrap_or(0);
     let n_cpu_moe = as_n_cpu_moe(&answer.overrides, n_layer);
     // -1 is llama.cpp's default, "every layer": the fit left it alone because everything fits.
@@ -141,21 +120,87 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
     };
     let server_args = server_args(&answer, &settings, rpc);
 
-    // autotune's prediction of that placement, with llama.cpp's default context settings.
+    let (predicted, prediction_error) = predict(
+        &model,
+        settings,
+        answer.n_ctx,
+        d.machine.physical_cores,
+        &budgets,
+    );
+    let report = FitReport {
+        model,
+        n_ctx: answer.n_ctx,
+        status: answer.status_name(),
+        n_gpu_layers,
+        n_cpu_moe,
+        server_args,
+        memory_safe: prediction_error.is_none() && predicted.iter().all(|p| p.within_budget),
+        predicted,
+        prediction_error,
+        fit: answer,
+    };
+    // Every worker is gone: `autotune fit … | head` may end quietly like other CLI tools.
+    // SAFETY: restoring the default disposition of a signal.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(exit::OK)
+}
+
+/// llama.cpp's fit, in a worker of its own (it aborts like any llama.cpp call, and a ggml RPC
+/// server serves one client at a time: the worker lets go before the dry run connects).
+fn llama_fit(request: FitRequest) -> anyhow::Result<FitAnswer> {
+    let mut worker = Worker::spawn()?;
+    let answer = match worker.call(
+        &Request::LlamaFit(request),
+        Duration::from_secs(600),
+        &|| false,
+    ) {
+        Ok(Response::Fitted(f)) => f,
+        Ok(_) => anyhow::bail!("unexpected answer from the worker"),
+        Err(f) => {
+            return Err(Exit::new(
+                exit::NOTHING_MEASURED,
+                format!("llama.cpp's fit failed: {f}"),
+            ))
+        }
+    };
+    worker.quit();
+    if answer.status == 2 {
+        return Err(Exit::new(
+            exit::NOTHING_MEASURED,
+            format!("llama.cpp's fit reported an error: {}", answer.log_tail),
+        ));
+    }
+    Ok(answer)
+}
+
+/// autotune's dry-run prediction of the fit's placement per device, against the budgets, with
+/// llama.cpp's default context settings; or why there is none.
+fn predict(
+    model: &std::path::Path,
+    settings: ModelSettings,
+    n_ctx: u32,
+    threads: u32,
+    budgets: &[(String, u64)],
+) -> (Vec<DeviceFit>, Option<String>) {
     let dry = MeasureRequest {
-        model: model.clone(),
+        model: model.to_path_buf(),
         settings,
         context: ContextSettings {
-            n_ctx: answer.n_ctx,
+            n_ctx: n_ctx,
             n_batch: 2048,
             n_ubatch: 512,
-            threads: d.machine.physical_cores,
+            threads,
             type_k: CacheType::F16,
             type_v: CacheType::F16,
             flash_attn: FlashAttn::Auto,
         },
         workload: Workload {
-            n_ctx: answer.n_ctx,
+            n_ctx: n_ctx,
             n_prompt: 1,
             n_gen: 1,
             depth: 0,
@@ -163,7 +208,7 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
         seed: 1,
     };
     let mut pool = WorkerPool::new(1, Duration::from_secs(600));
-    let (predicted, prediction_error) = match pool.call(&Request::Footprint(dry), &never) {
+    let outcome = match pool.call(&Request::Footprint(dry), &|| false) {
         Ok(Response::Footprint(r)) => (
             r.per_device
                 .iter()
@@ -186,27 +231,7 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
         Err(f) => (Vec::new(), Some(format!("dry run failed: {f}"))),
     };
     pool.shutdown();
-    let report = FitReport {
-        model,
-        n_ctx: answer.n_ctx,
-        status: answer.status_name(),
-        n_gpu_layers,
-        n_cpu_moe,
-        server_args,
-        memory_safe: prediction_error.is_none() && predicted.iter().all(|p| p.within_budget),
-        predicted,
-        prediction_error,
-        fit: answer,
-    };
-    // Every worker is gone: `autotune fit … | head` may end quietly like other CLI tools.
-    // SAFETY: restoring the default disposition of a signal.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_report(&report);
-    }
-    Ok(exit::OK)
+    outcome
 }
 
 /// llama-server flags for the fit's placement: `-c`, `-ngl`, `--n-cpu-moe` or `-ot`, `-ts`, `--rpc`.

@@ -3,13 +3,13 @@
 //! benchmark compares these figures with llama-bench's.
 
 use crate::cli::{Cli, MeasureArgs};
-use crate::probe;
-use crate::session::inspect_model;
 use crate::exit::{self, Exit};
 use crate::inputs;
 use crate::llama::{ContextSettings, ModelSettings};
-use crate::worker::WorkerPool;
+use crate::probe;
+use crate::session::inspect_model;
 use crate::stats::{self, Comparison, RoundRate, Sample, Summary, Verdict};
+use crate::worker::WorkerPool;
 use crate::worker::{LoadReport, MeasureRequest, Repetition, Request, Response, Workload};
 use search_space::Candidate;
 use serde::Serialize;
@@ -53,6 +53,46 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     inspect_model(&a.model)?;
     let model = std::fs::canonicalize(&a.model)?;
     let d = probe::probe(cli.verbose, &a.rpc.servers)?;
+    let (candidate, request) = request_of(a, model, &d)?;
+    if a.twice {
+        return twice(a, &request, &candidate);
+    }
+    let predicted = if a.predict {
+        predict(&request, &candidate)?
+    } else {
+        None
+    };
+    let (reps, load) = repetitions(&request, &candidate, a.reps)?;
+    let workload = request.workload.clone();
+    let summary = |v: Vec<f64>| Sample::new(v).ok().map(|s| s.summary());
+    let m = Measurement {
+        pp: summary(reps.iter().map(|r| r.pp_tps).collect()).expect("at least 2 reps"),
+        tg: summary(reps.iter().map(|r| r.tg_tps).collect()).expect("at least 2 reps"),
+        tg_depth: summary(reps.iter().filter_map(|r| r.tg_depth_tps).collect()),
+        candidate,
+        workload,
+        load,
+        predicted,
+        tensor_overrides: request.settings.tensor_overrides.clone(),
+        tensor_split: request.settings.tensor_split.clone(),
+        llama_version: d.llama_version,
+        cpu_variant: d.cpu_variant,
+        devices: d.machine.devices.iter().map(|x| x.name.clone()).collect(),
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&m)?);
+        return Ok(exit::OK);
+    }
+    print_text(&m);
+    Ok(exit::OK)
+}
+
+/// The configuration the flags describe, and its measurement request.
+fn request_of(
+    a: &MeasureArgs,
+    model: std::path::PathBuf,
+    d: &probe::Probe,
+) -> anyhow::Result<(Candidate, MeasureRequest)> {
     let candidate = Candidate {
         n_gpu_layers: a.n_gpu_layers,
         n_cpu_moe: a.n_cpu_moe,
@@ -110,59 +150,50 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         workload: workload.clone(),
         seed: a.seed,
     };
-    if a.twice {
-        return twice(a, &request, &candidate);
-    }
-    let never = || false;
-    let predicted = if a.predict {
-        let mut dry = request.clone();
-        dry.settings.no_alloc = true;
-        let mut pool = WorkerPool::new(1, Duration::from_secs(600));
-        let r = match pool.call(&Request::Footprint(dry), &never) {
-            Ok(Response::Footprint(r)) => Some(r),
-            Ok(_) => None,
-            Err(f) => {
-                return Err(Exit::new(
-                    exit::NOTHING_MEASURED,
-                    format!("dry run of {}: {f}", candidate.label()),
-                ))
-            }
-        };
-        pool.shutdown();
-        r
-    } else {
-        None
+    Ok((candidate, request))
+}
+
+/// `--predict`: the dry run's memory per device (nothing allocated).
+fn predict(request: &MeasureRequest, candidate: &Candidate) -> anyhow::Result<Option<LoadReport>> {
+    let mut dry = request.clone();
+    dry.settings.no_alloc = true;
+    let mut pool = WorkerPool::new(1, Duration::from_secs(600));
+    let r = match pool.call(&Request::Footprint(dry), &|| false) {
+        Ok(Response::Footprint(r)) => Some(r),
+        Ok(_) => None,
+        Err(f) => {
+            return Err(Exit::new(
+                exit::NOTHING_MEASURED,
+                format!("dry run of {}: {f}", candidate.label()),
+            ))
+        }
     };
+    pool.shutdown();
+    Ok(r)
+}
+
+/// `n` repetitions in one worker (one load), and the load's report.
+fn repetitions(
+    request: &MeasureRequest,
+    candidate: &Candidate,
+    n: u32,
+) -> anyhow::Result<(Vec<Repetition>, Option<LoadReport>)> {
     let mut pool = WorkerPool::new(1, Duration::from_secs(600));
     let mut reps = Vec::new();
     let mut load = None;
-    for _ in 0..a.reps {
-        let r = repetition(&mut pool, &request, &candidate.label())?;
+    for _ in 0..n {
+        let r = repetition(&mut pool, request, &candidate.label())?;
         if r.load.is_some() {
             load = r.load.clone();
         }
         reps.push(r);
     }
     pool.shutdown();
-    let summary = |v: Vec<f64>| Sample::new(v).ok().map(|s| s.summary());
-    let m = Measurement {
-        pp: summary(reps.iter().map(|r| r.pp_tps).collect()).expect("at least 2 reps"),
-        tg: summary(reps.iter().map(|r| r.tg_tps).collect()).expect("at least 2 reps"),
-        tg_depth: summary(reps.iter().filter_map(|r| r.tg_depth_tps).collect()),
-        candidate,
-        workload,
-        load,
-        predicted,
-        tensor_overrides: request.settings.tensor_overrides.clone(),
-        tensor_split: request.settings.tensor_split.clone(),
-        llama_version: d.llama_version,
-        cpu_variant: d.cpu_variant,
-        devices: d.machine.devices.iter().map(|x| x.name.clone()).collect(),
-    };
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&m)?);
-        return Ok(exit::OK);
-    }
+    Ok((reps, load))
+}
+
+/// The text form: the figures with their statistics, and memory predicted against reported.
+fn print_text(m: &Measurement) {
     println!("{}", m.candidate.label());
     for (pattern, buft) in &m.tensor_overrides {
         println!("  -ot {pattern}={buft}");
@@ -211,7 +242,6 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
             );
         }
     }
-    Ok(exit::OK)
 }
 
 /// One repetition of `request` in `pool`'s worker; a failed trial is the command's error.
