@@ -246,19 +246,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         }
     }
 
-    let port = if args.port == 0 {
-        free_port(&args.host)?
-    } else {
-        args.port
-    };
-    let mut argv = p.server_args.clone();
-    argv.extend([
-        "--host".to_string(),
-        args.host.clone(),
-        "--port".to_string(),
-        port.to_string(),
-    ]);
-    argv.extend(args.extra.iter().cloned());
+    let (argv, port) = server_argv(p, args)?;
 
     if !args.exec {
         print_command(server.as_deref(), argv);
@@ -278,12 +266,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
             args.host
         );
     }
-    // Installed before the server starts, so a Ctrl-C at any point stops it instead of orphaning it.
-    let signal = Arc::new(AtomicUsize::new(0));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)
-            .context("cannot install the interrupt handler")?;
-    }
+    let signal = interrupt_counter()?;
 
     let started = Instant::now();
     let mut proc = ServerProcess::start(&server, &argv, cli.verbose)?;
@@ -336,6 +319,35 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         proc.child.id()
     );
     server::serve_in_foreground(&mut proc, &signal)
+}
+
+/// llama-server's arguments: the profile's, the address, then the user's extra ones; and the port.
+fn server_argv(p: &Profile, args: &ApplyArgs) -> anyhow::Result<(Vec<String>, u16)> {
+    let port = if args.port == 0 {
+        free_port(&args.host)?
+    } else {
+        args.port
+    };
+    let mut argv = p.server_args.clone();
+    argv.extend([
+        "--host".to_string(),
+        args.host.clone(),
+        "--port".to_string(),
+        port.to_string(),
+    ]);
+    argv.extend(args.extra.iter().cloned());
+    Ok((argv, port))
+}
+
+/// The signal received (SIGINT or SIGTERM), 0 until then. Installed before the server starts, so a
+/// Ctrl-C at any point stops it instead of orphaning it.
+fn interrupt_counter() -> anyhow::Result<Arc<AtomicUsize>> {
+    let signal = Arc::new(AtomicUsize::new(0));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)
+            .context("cannot install the interrupt handler")?;
+    }
+    Ok(signal)
 }
 
 /// The command line `apply` prints without `--exec`.

@@ -2,9 +2,9 @@
 //! llama.cpp's quantizer (linked, in a worker process per file), into a folder of its own.
 
 use crate::cli::{Cli, QuantizeArgs};
-use crate::session::{cache_dir, inspect_model};
 use crate::exit::{self, Exit};
 use crate::quant::make::{self, Made, MakeSettings};
+use crate::session::{cache_dir, inspect_model};
 use crate::worker::TrialFailure;
 use anyhow::Context as _;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
@@ -52,22 +52,7 @@ pub fn run(cli: &Cli, a: &QuantizeArgs) -> anyhow::Result<i32> {
             src_type.as_deref().unwrap_or("?")
         );
     }
-    let out_dir = match &a.out_dir {
-        Some(d) => d.clone(),
-        None => {
-            let id = ModelIdentity::of_file(&src)
-                .with_context(|| format!("{}: cannot read", src.display()))?;
-            let name = src
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            cache_dir().join("ladder").join(format!(
-                "{}-{}",
-                make::base_name(&name, src_type.as_deref()),
-                &id.short()[..8]
-            ))
-        }
-    };
+    let out_dir = out_dir_for(&src, src_type.as_deref(), a.out_dir.as_ref())?;
     std::fs::create_dir_all(&out_dir)
         .with_context(|| format!("cannot create {}", out_dir.display()))?;
     let settings = MakeSettings {
@@ -81,42 +66,7 @@ pub fn run(cli: &Cli, a: &QuantizeArgs) -> anyhow::Result<i32> {
     };
     // The source belongs to its ladder: linked into the folder so `--ladder` finds every rung there.
     let _ = make::link_source(&settings);
-    let stop = crate::term::interrupt_flag()?;
-    let mut files = Vec::new();
-    for (i, t) in types.iter().enumerate() {
-        let bar = crate::term::bar(
-            cli.quiet,
-            "{spinner} [{elapsed_precise}] {prefix} {bar:30} {pos}/{len} tensors",
-        );
-        if let Some(b) = &bar {
-            b.set_prefix(format!("{} ({}/{})", t.name, i + 1, types.len()));
-        }
-        let made = make::make_one(&settings, t, bar.as_ref(), &stop);
-        if let Some(b) = &bar {
-            b.finish_and_clear();
-        }
-        match made {
-            Ok(m) => {
-                if m.failed() {
-                    eprintln!("autotune: {}: {}", m.file_type, m.status);
-                }
-                files.push(m);
-            }
-            Err(TrialFailure::Interrupted) => {
-                return Err(Exit::new(
-                    exit::INTERRUPTED,
-                    "interrupted; the files finished so far are kept, run again to make the rest",
-                ));
-            }
-            Err(f) => files.push(Made {
-                file_type: t.name.into(),
-                path: PathBuf::new(),
-                status: format!("failed: {f}"),
-                size_bytes: 0,
-                seconds: 0.0,
-            }),
-        }
-    }
+    let files = make_all(&settings, &types, cli.quiet)?;
     let report = QuantizeReport {
         source: src,
         source_type: src_type,
@@ -142,6 +92,76 @@ pub fn run(cli: &Cli, a: &QuantizeArgs) -> anyhow::Result<i32> {
         ));
     }
     Ok(exit::OK)
+}
+
+/// Where the ladder goes: `--out-dir`, else a folder per source under the cache's `ladder/`.
+fn out_dir_for(
+    src: &std::path::Path,
+    src_type: Option<&str>,
+    explicit: Option<&PathBuf>,
+) -> anyhow::Result<PathBuf> {
+    Ok(match explicit {
+        Some(d) => d.clone(),
+        None => {
+            let id = ModelIdentity::of_file(src)
+                .with_context(|| format!("{}: cannot read", src.display()))?;
+            let name = src
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            cache_dir().join("ladder").join(format!(
+                "{}-{}",
+                make::base_name(&name, src_type),
+                &id.short()[..8]
+            ))
+        }
+    })
+}
+
+/// Makes every type in turn, each with its progress bar; a failed one is a row, an interrupt the
+/// command's end.
+fn make_all(
+    settings: &MakeSettings,
+    types: &[make::QuantType],
+    quiet: bool,
+) -> anyhow::Result<Vec<Made>> {
+    let stop = crate::term::interrupt_flag()?;
+    let mut files = Vec::new();
+    for (i, t) in types.iter().enumerate() {
+        let bar = crate::term::bar(
+            quiet,
+            "{spinner} [{elapsed_precise}] {prefix} {bar:30} {pos}/{len} tensors",
+        );
+        if let Some(b) = &bar {
+            b.set_prefix(format!("{} ({}/{})", t.name, i + 1, types.len()));
+        }
+        let made = make::make_one(settings, t, bar.as_ref(), &stop);
+        if let Some(b) = &bar {
+            b.finish_and_clear();
+        }
+        match made {
+            Ok(m) => {
+                if m.failed() {
+                    eprintln!("autotune: {}: {}", m.file_type, m.status);
+                }
+                files.push(m);
+            }
+            Err(TrialFailure::Interrupted) => {
+                return Err(Exit::new(
+                    exit::INTERRUPTED,
+                    "interrupted; the files finished so far are kept, run again to make the rest",
+                ));
+            }
+            Err(f) => files.push(Made {
+                file_type: t.name.into(),
+                path: PathBuf::new(),
+                status: format!("failed: {f}"),
+                size_bytes: 0,
+                seconds: 0.0,
+            }),
+        }
+    }
+    Ok(files)
 }
 
 fn render(r: &QuantizeReport) -> String {
