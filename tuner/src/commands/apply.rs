@@ -234,18 +234,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     let p = &stored.profile;
 
     let server = find_server(args.server.as_deref(), p.llama.cpu_variant.as_deref())?;
-    let version = server.as_deref().and_then(server_version);
-    let profile_llama = format!("{} (commit {})", p.llama.version, p.llama.commit);
-    let same_build = version.as_deref().is_some_and(|v| names_build(v, p));
-    if let Some(v) = &version {
-        if !same_build {
-            eprintln!(
-                "autotune: warning: llama-server reports `{v}`, the profile was measured with llama.cpp \
-                 {profile_llama}: if these are different llama.cpp builds, speeds may differ"
-            );
-        }
-    }
-
+    let (version, profile_llama, same_build) = build_of(server.as_deref(), p);
     let (argv, port) = server_argv(p, args)?;
 
     if !args.exec {
@@ -268,17 +257,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     }
     let signal = interrupt_counter()?;
 
-    let started = Instant::now();
-    let mut proc = ServerProcess::start(&server, &argv, cli.verbose)?;
-    let url = format!("http://{}:{port}", connect_host(&args.host));
-    if !cli.quiet {
-        eprintln!(
-            "autotune: started llama-server (pid {}), waiting for {url}/health",
-            proc.child.id()
-        );
-    }
-    server::wait_ready(&mut proc, &url, &signal)?;
-    let ready_s = started.elapsed().as_secs_f64();
+    let (mut proc, url, ready_s) = start(&server, &argv, args, port, cli, &signal)?;
 
     let answer = check_completion(&mut proc, &url, p, &signal)?;
     let tg_ratio = answer.timings.predicted_per_second / p.figures.tg_tps;
@@ -319,6 +298,46 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         proc.child.id()
     );
     server::serve_in_foreground(&mut proc, &signal)
+}
+
+/// The server's version line, the profile's llama.cpp, and whether they name the same build
+/// (a warning when they do not).
+fn build_of(server: Option<&Path>, p: &Profile) -> (Option<String>, String, bool) {
+    let version = server.and_then(server_version);
+    let profile_llama = format!("{} (commit {})", p.llama.version, p.llama.commit);
+    let same_build = version.as_deref().is_some_and(|v| names_build(v, p));
+    if let Some(v) = &version {
+        if !same_build {
+            eprintln!(
+                "autotune: warning: llama-server reports `{v}`, the profile was measured with llama.cpp \
+                 {profile_llama}: if these are different llama.cpp builds, speeds may differ"
+            );
+        }
+    }
+    (version, profile_llama, same_build)
+}
+
+/// Starts llama-server and waits for its health check; the process, its URL and the seconds it took.
+fn start(
+    server: &Path,
+    argv: &[String],
+    args: &ApplyArgs,
+    port: u16,
+    cli: &Cli,
+    signal: &AtomicUsize,
+) -> anyhow::Result<(ServerProcess, String, f64)> {
+    let started = Instant::now();
+    let mut proc = ServerProcess::start(server, argv, cli.verbose)?;
+    let url = format!("http://{}:{port}", connect_host(&args.host));
+    if !cli.quiet {
+        eprintln!(
+            "autotune: started llama-server (pid {}), waiting for {url}/health",
+            proc.child.id()
+        );
+    }
+    server::wait_ready(&mut proc, &url, signal)?;
+    let ready_s = started.elapsed().as_secs_f64();
+    Ok((proc, url, ready_s))
 }
 
 /// llama-server's arguments: the profile's, the address, then the user's extra ones; and the port.
