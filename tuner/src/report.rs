@@ -276,6 +276,21 @@ fn ci(v: Option<[f64; 2]>, median: f64) -> String {
 impl Report {
     /// The human rendering: a header, the leaderboard table and a verdict.
     pub fn render(&self, top: usize) -> String {
+        let mut s = self.header();
+        s.push_str(&self.table(top).to_string());
+        s.push('\n');
+        if self.leaderboard.len() > top {
+            s.push_str(&format!(
+                "({} more rows in --json and in the profile)\n",
+                self.leaderboard.len() - top
+            ));
+        }
+        s.push_str(&self.verdict());
+        s
+    }
+
+    /// Model, machine and workload, one line each.
+    fn header(&self) -> String {
         let mut s = String::new();
         s.push_str(&format!(
             "model   {} ({}, {}, {} layers, {})\n",
@@ -313,6 +328,11 @@ impl Report {
             self.seed,
             self.elapsed_s
         ));
+        s
+    }
+
+    /// The leaderboard's first `top` rows.
+    fn table(&self, top: usize) -> Table {
         let mut t = Table::new();
         t.load_preset(UTF8_FULL_CONDENSED);
         let depth = self.workload.depth > 0;
@@ -322,64 +342,67 @@ impl Report {
         }
         header.extend(["s/request", "memory", "n", "status"]);
         t.set_header(header);
-        let baseline = self.baseline.as_ref();
         for e in self.leaderboard.iter().take(top.max(1)) {
-            let rank = if e.rank == 0 {
-                "-".to_string()
-            } else if e.tie_with_previous {
-                format!("={}", e.rank)
-            } else {
-                e.rank.to_string()
-            };
-            let mut label = e.candidate.label();
-            if Some(&e.candidate) == baseline {
-                label.push_str("  (llama.cpp defaults)");
-            }
-            let mut row = vec![Cell::new(rank), Cell::new(label)];
-            match &e.figures {
-                Some(f) => {
-                    row.push(
-                        Cell::new(format!("{:.1} {}", f.pp_tps, ci(f.pp_ci, f.pp_tps)))
-                            .set_alignment(CellAlignment::Right),
-                    );
-                    row.push(
-                        Cell::new(format!("{:.1} {}", f.tg_tps, ci(f.tg_ci, f.tg_tps)))
-                            .set_alignment(CellAlignment::Right),
-                    );
-                    if depth {
-                        row.push(Cell::new(
-                            f.tg_depth_tps.map_or("-".into(), |v| format!("{v:.1}")),
-                        ));
-                    }
-                    row.push(
-                        Cell::new(format!("{:.3}", f.score_s)).set_alignment(CellAlignment::Right),
-                    );
-                    row.push(Cell::new(if f.mem_bytes > 0 {
-                        format_size(f.mem_bytes)
-                    } else {
-                        "-".into()
-                    }));
-                    row.push(Cell::new(f.repetitions));
-                    row.push(Cell::new(if e.tie_with_previous { "tie" } else { "ok" }));
-                }
-                None => {
-                    let blanks = if depth { 6 } else { 5 };
-                    for _ in 0..blanks {
-                        row.push(Cell::new("-"));
-                    }
-                    row.push(Cell::new(truncate(&e.status, 70)));
-                }
-            }
-            t.add_row(row);
+            t.add_row(self.row(e, depth));
         }
-        s.push_str(&t.to_string());
-        s.push('\n');
-        if self.leaderboard.len() > top {
-            s.push_str(&format!(
-                "({} more rows in --json and in the profile)\n",
-                self.leaderboard.len() - top
-            ));
+        t
+    }
+
+    /// One leaderboard row: rank, configuration, figures (or blanks and why not).
+    fn row(&self, e: &LeaderboardEntry, depth: bool) -> Vec<Cell> {
+        let baseline = self.baseline.as_ref();
+        let rank = if e.rank == 0 {
+            "-".to_string()
+        } else if e.tie_with_previous {
+            format!("={}", e.rank)
+        } else {
+            e.rank.to_string()
+        };
+        let mut label = e.candidate.label();
+        if Some(&e.candidate) == baseline {
+            label.push_str("  (llama.cpp defaults)");
         }
+        let mut row = vec![Cell::new(rank), Cell::new(label)];
+        match &e.figures {
+            Some(f) => {
+                row.push(
+                    Cell::new(format!("{:.1} {}", f.pp_tps, ci(f.pp_ci, f.pp_tps)))
+                        .set_alignment(CellAlignment::Right),
+                );
+                row.push(
+                    Cell::new(format!("{:.1} {}", f.tg_tps, ci(f.tg_ci, f.tg_tps)))
+                        .set_alignment(CellAlignment::Right),
+                );
+                if depth {
+                    row.push(Cell::new(
+                        f.tg_depth_tps.map_or("-".into(), |v| format!("{v:.1}")),
+                    ));
+                }
+                row.push(
+                    Cell::new(format!("{:.3}", f.score_s)).set_alignment(CellAlignment::Right),
+                );
+                row.push(Cell::new(if f.mem_bytes > 0 {
+                    format_size(f.mem_bytes)
+                } else {
+                    "-".into()
+                }));
+                row.push(Cell::new(f.repetitions));
+                row.push(Cell::new(if e.tie_with_previous { "tie" } else { "ok" }));
+            }
+            None => {
+                let blanks = if depth { 6 } else { 5 };
+                for _ in 0..blanks {
+                    row.push(Cell::new("-"));
+                }
+                row.push(Cell::new(truncate(&e.status, 70)));
+            }
+        }
+        row
+    }
+
+    /// The winner against the defaults, drift seen when confirming, notes, where the profile went.
+    fn verdict(&self) -> String {
+        let mut s = String::new();
         if let (Some(w), Some(wf)) = (&self.winner, &self.winner_figures) {
             s.push_str(&format!("\nwinner  {}\n", w.label()));
             if let Some(v) = &self.versus_defaults {
