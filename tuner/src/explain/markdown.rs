@@ -14,6 +14,22 @@ pub fn render(
     charts: &[Chart],
     dir: &Path,
 ) -> String {
+    let mut s = winner(profile);
+    s.push_str(&diagnosis(profile, explanation));
+    s.push_str(&leaderboard(profile));
+    if !charts.is_empty() {
+        s.push_str("\n## Charts\n\n");
+        for c in charts {
+            let link = c.path.strip_prefix(dir).unwrap_or(&c.path);
+            let link = link.to_string_lossy().replace(' ', "%20");
+            s.push_str(&format!("![{}]({link})\n\n", c.title));
+        }
+    }
+    s
+}
+
+/// The title, the machine and workload, the winner against the defaults and its server command.
+fn winner(profile: &Profile) -> String {
     let mut s = String::new();
     let w = &profile.workload;
     s.push_str(&format!(
@@ -57,7 +73,14 @@ pub fn render(
     }
     s.push_str(".\n\n```sh\nllama-server ");
     s.push_str(&profiles::shell_quote(&profile.server_args));
-    s.push_str("\n```\n\n## Diagnosis\n\n");
+    s.push_str("\n```\n");
+    s
+}
+
+/// The findings, then the roofline.
+fn diagnosis(profile: &Profile, explanation: &Explanation) -> String {
+    let mut s = String::from("\n## Diagnosis\n\n");
+    let w = &profile.workload;
     for finding in &explanation.findings {
         s.push_str(&format!(
             "- **{}**: {}\n",
@@ -77,70 +100,73 @@ pub fn render(
         }
         None => s.push_str("Not recorded in this profile.\n"),
     }
+    s
+}
+
+/// The leaderboard as a Markdown table.
+fn leaderboard(profile: &Profile) -> String {
+    let mut s = String::new();
     s.push_str("\n## Leaderboard\n\n");
-    let depth = w.depth > 0;
+    let depth = profile.workload.depth > 0;
     s.push_str(if depth {
         "| # | configuration | pp t/s | tg t/s | tg@depth t/s | s/request | memory | n | status |\n|---:|---|---:|---:|---:|---:|---:|---:|---|\n"
     } else {
         "| # | configuration | pp t/s | tg t/s | s/request | memory | n | status |\n|---:|---|---:|---:|---:|---:|---:|---|\n"
     });
     for e in &profile.leaderboard {
-        let rank = match (e.rank, e.tie_with_previous) {
-            (0, _) => "-".to_string(),
-            (r, true) => format!("={r}"),
-            (r, false) => r.to_string(),
-        };
-        let mut label = format!("`{}`", e.candidate.label());
-        if e.candidate == profile.winner {
-            label.push_str(" **winner**");
-        } else if e.figures.is_some() && e.figures.as_ref() == profile.baseline.as_ref() {
-            label.push_str(" (llama.cpp defaults)");
-        }
-        let row = match &e.figures {
-            Some(f) => {
-                let mut cols = vec![
-                    rank,
-                    label,
-                    format!("{:.1}", f.pp_tps),
-                    format!("{:.1}", f.tg_tps),
-                ];
-                if depth {
-                    cols.push(f.tg_depth_tps.map_or("-".into(), |v| format!("{v:.1}")));
-                }
-                let mem = if f.mem_bytes > 0 {
-                    format_size(f.mem_bytes)
-                } else {
-                    "-".into()
-                };
-                cols.extend([
-                    format!("{:.3}", f.score_s),
-                    mem,
-                    f.repetitions.to_string(),
-                    cell(&e.status),
-                ]);
-                cols
-            }
-            None => {
-                let mut cols = vec![rank, label];
-                cols.extend(std::iter::repeat_n(
-                    "-".to_string(),
-                    if depth { 6 } else { 5 },
-                ));
-                cols.push(cell(&e.status));
-                cols
-            }
-        };
+        let row = leaderboard_row(profile, e, depth);
         s.push_str(&format!("| {} |\n", row.join(" | ")));
     }
-    if !charts.is_empty() {
-        s.push_str("\n## Charts\n\n");
-        for c in charts {
-            let link = c.path.strip_prefix(dir).unwrap_or(&c.path);
-            let link = link.to_string_lossy().replace(' ', "%20");
-            s.push_str(&format!("![{}]({link})\n\n", c.title));
+    s
+}
+
+/// One row: rank, configuration (the winner and the defaults marked), figures or why not.
+fn leaderboard_row(profile: &Profile, e: &profiles::LeaderboardEntry, depth: bool) -> Vec<String> {
+    let rank = match (e.rank, e.tie_with_previous) {
+        (0, _) => "-".to_string(),
+        (r, true) => format!("={r}"),
+        (r, false) => r.to_string(),
+    };
+    let mut label = format!("`{}`", e.candidate.label());
+    if e.candidate == profile.winner {
+        label.push_str(" **winner**");
+    } else if e.figures.is_some() && e.figures.as_ref() == profile.baseline.as_ref() {
+        label.push_str(" (llama.cpp defaults)");
+    }
+    match &e.figures {
+        Some(f) => {
+            let mut cols = vec![
+                rank,
+                label,
+                format!("{:.1}", f.pp_tps),
+                format!("{:.1}", f.tg_tps),
+            ];
+            if depth {
+                cols.push(f.tg_depth_tps.map_or("-".into(), |v| format!("{v:.1}")));
+            }
+            let mem = if f.mem_bytes > 0 {
+                format_size(f.mem_bytes)
+            } else {
+                "-".into()
+            };
+            cols.extend([
+                format!("{:.3}", f.score_s),
+                mem,
+                f.repetitions.to_string(),
+                cell(&e.status),
+            ]);
+            cols
+        }
+        None => {
+            let mut cols = vec![rank, label];
+            cols.extend(std::iter::repeat_n(
+                "-".to_string(),
+                if depth { 6 } else { 5 },
+            ));
+            cols.push(cell(&e.status));
+            cols
         }
     }
-    s
 }
 
 /// Text safe inside a table cell: no pipes, no line breaks.
