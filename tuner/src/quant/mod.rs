@@ -6,7 +6,7 @@
 //! The parts: [`ladder`] finds the rungs beside a model (header reading only), [`make`] writes new
 //! rungs with llama.cpp's quantizer, [`kld`] is the arithmetic of the comparison, [`serve`] is the
 //! worker-side code that runs llama.cpp for both, [`quality`] runs and caches the evaluations,
-//! [`joint`] tunes each rung (the ordinary `tune`, one child process per file) and [`choice`]
+//! [`joint`] tunes each rung (like `tune`, in this process, one file at a time) and [`choice`]
 //! picks under the gate and reports.
 
 pub mod choice;
