@@ -282,21 +282,7 @@ fn twice(a: &MeasureArgs, request: &MeasureRequest, candidate: &Candidate) -> an
             ),
         ));
     }
-    let mut reps: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
-    for round in 0..a.reps as usize {
-        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for which in order {
-            // A fresh load for every repetition: on a VM one load of a configuration can run ~10%
-            // slower than another load of the same configuration for as long as it lives (measured
-            // here: whichever of two workers loaded first), so a load is part of the noise to sample.
-            let mut pool = WorkerPool::new(1, Duration::from_secs(600));
-            let label = format!("{} ({})", candidate.label(), ["A", "B"][which]);
-            let r = repetition(&mut pool, request, &label);
-            pool.shutdown();
-            let r = r?;
-            reps[which].push((r.pp_tps, r.tg_tps));
-        }
-    }
+    let reps = interleaved(request, candidate, a.reps)?;
     let column = |which: usize, k: usize| -> Vec<f64> {
         reps[which]
             .iter()
@@ -336,10 +322,40 @@ fn twice(a: &MeasureArgs, request: &MeasureRequest, candidate: &Candidate) -> an
         println!("{}", serde_json::to_string_pretty(&t)?);
         return Ok(exit::OK);
     }
+    print_twice(&t, a.reps);
+    Ok(exit::OK)
+}
+
+/// `rounds` rounds of A and B, the order alternating, each repetition on a fresh load: (pp, tg) each.
+fn interleaved(
+    request: &MeasureRequest,
+    candidate: &Candidate,
+    rounds: u32,
+) -> anyhow::Result<[Vec<(f64, f64)>; 2]> {
+    let mut reps: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..rounds as usize {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for which in order {
+            // A fresh load for every repetition: on a VM one load of a configuration can run ~10%
+            // slower than another load of the same configuration for as long as it lives (measured
+            // here: whichever of two workers loaded first), so a load is part of the noise to sample.
+            let mut pool = WorkerPool::new(1, Duration::from_secs(600));
+            let label = format!("{} ({})", candidate.label(), ["A", "B"][which]);
+            let r = repetition(&mut pool, request, &label);
+            pool.shutdown();
+            let r = r?;
+            reps[which].push((r.pp_tps, r.tg_tps));
+        }
+    }
+    Ok(reps)
+}
+
+/// `--twice`'s text form: A and B per figure, their ratio and the verdict.
+fn print_twice(t: &Twice, reps: u32) {
     println!(
         "{} measured twice (A and B), {} interleaved rounds",
         t.candidate.label(),
-        a.reps
+        reps
     );
     let names = [
         format!("pp{}", t.workload.n_prompt),
@@ -360,8 +376,7 @@ fn twice(a: &MeasureArgs, request: &MeasureRequest, candidate: &Candidate) -> an
             100.0 * c.ratio,
             100.0 * c.ci_low,
             100.0 * c.ci_high,
-            100.0 * a.noise,
+            100.0 * t.noise,
         );
     }
-    Ok(exit::OK)
 }
