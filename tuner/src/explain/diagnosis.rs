@@ -285,6 +285,30 @@ fn finding(topic: Topic, text: String) -> Finding {
     }
 }
 
+/// The fit finding of a run with no layers on another device: the share of RAM the winner takes.
+fn cpu_only_fit(profile: &Profile, devs: &[String], failed: &str) -> String {
+    let mem = profile.figures.mem_bytes;
+    let ram = profile.machine.ram_bytes;
+    let on = if devs.is_empty() {
+        "CPU only".to_string()
+    } else {
+        format!("CPU only (no layers on {} measured)", devs.join(", "))
+    };
+    if mem > 0 && ram > 0 {
+        format!(
+            "yes: {on}; the winner takes {} of {} RAM ({:.0}%){failed}",
+            format_size(mem),
+            format_size(ram),
+            100.0 * mem as f64 / ram as f64
+        )
+    } else {
+        format!(
+            "yes: {on}; the model file is {}{failed}",
+            format_size(profile.model.size_bytes)
+        )
+    }
+}
+
 fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
     let devs = offload_devices(profile);
     // Out of memory when loaded, or pruned by the placement's dry run ("pruned: needs X on DEV").
@@ -300,27 +324,7 @@ fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
     };
     let ok: Vec<&PlacementPoint> = placements.iter().filter(|p| p.tg_tps.is_some()).collect();
     if devs.is_empty() || ok.iter().all(|p| p.n_gpu_layers == 0) {
-        let mem = profile.figures.mem_bytes;
-        let ram = profile.machine.ram_bytes;
-        let on = if devs.is_empty() {
-            "CPU only".to_string()
-        } else {
-            format!("CPU only (no layers on {} measured)", devs.join(", "))
-        };
-        let text = if mem > 0 && ram > 0 {
-            format!(
-                "yes: {on}; the winner takes {} of {} RAM ({:.0}%){failed}",
-                format_size(mem),
-                format_size(ram),
-                100.0 * mem as f64 / ram as f64
-            )
-        } else {
-            format!(
-                "yes: {on}; the model file is {}{failed}",
-                format_size(profile.model.size_bytes)
-            )
-        };
-        return finding(Topic::Fit, text);
+        return finding(Topic::Fit, cpu_only_fit(profile, &devs, &failed));
     }
     let devs = devs.join(", ");
     let full = profile.roofline.as_ref().map(|r| r.layers + 1);

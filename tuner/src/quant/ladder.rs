@@ -164,16 +164,14 @@ fn sort_rungs(rungs: &mut [Rung]) {
     });
 }
 
-/// Builds the ladder of `model` from candidate files: `sources` are files or folders (a folder
-/// stands for its `*.gguf` files); with no sources, the model's own folder.
-pub fn discover(
+/// The files `sources` name (a folder: its `*.gguf` files, sorted; no sources: the model's folder);
+/// a folder that cannot be read is recorded in `rejected`.
+fn candidate_files(
     model: &Path,
     sources: &[PathBuf],
-) -> Result<Ladder, search_space::gguf::GgufError> {
-    let model_info = GgufInfo::inspect(model)?;
-    let model_canon = std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf());
+    rejected: &mut Vec<Rejected>,
+) -> Vec<PathBuf> {
     let mut candidates: Vec<PathBuf> = Vec::new();
-    let mut rejected = Vec::new();
     let folders: Vec<PathBuf> = if sources.is_empty() {
         vec![model
             .parent()
@@ -208,6 +206,19 @@ pub fn discover(
             candidates.push(src.clone());
         }
     }
+    candidates
+}
+
+/// Builds the ladder of `model` from candidate files: `sources` are files or folders (a folder
+/// stands for its `*.gguf` files); with no sources, the model's own folder.
+pub fn discover(
+    model: &Path,
+    sources: &[PathBuf],
+) -> Result<Ladder, search_space::gguf::GgufError> {
+    let model_info = GgufInfo::inspect(model)?;
+    let model_canon = std::fs::canonicalize(model).unwrap_or_else(|_| model.to_path_buf());
+    let mut rejected = Vec::new();
+    let candidates = candidate_files(model, sources, &mut rejected);
     let mut rungs = vec![Rung::from_info(model_info.clone())];
     let mut seen = vec![model_canon];
     for path in candidates {
