@@ -7,6 +7,7 @@
 
 use super::{Explanation, PlacementPoint};
 use anyhow::Context as _;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use profiles::Profile;
@@ -117,6 +118,78 @@ fn gpu_layers(profile: &Profile, points: &[PlacementPoint], path: &Path) -> anyh
         .draw()
         .map_err(err)?;
 
+    reference_lines(&mut chart, profile, all_layers, tg_max)?;
+    let tg: Vec<(f64, f64)> = ok.iter().map(|p| (f64::from(p.0), p.1)).collect();
+    let pp: Vec<(f64, f64)> = ok.iter().map(|p| (f64::from(p.0), p.2)).collect();
+    chart
+        .draw_series(LineSeries::new(tg.clone(), TG_COLOR.stroke_width(3)))
+        .map_err(err)?
+        .label("tg (left axis)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], TG_COLOR.stroke_width(3)));
+    chart
+        .draw_series(tg.iter().map(|&p| Circle::new(p, 4, TG_COLOR.filled())))
+        .map_err(err)?;
+    chart
+        .draw_secondary_series(LineSeries::new(pp.clone(), PP_COLOR.stroke_width(3)))
+        .map_err(err)?
+        .label("pp (right axis)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], PP_COLOR.stroke_width(3)));
+    chart
+        .draw_secondary_series(pp.iter().map(|&p| Circle::new(p, 4, PP_COLOR.filled())))
+        .map_err(err)?;
+    failed_marks(&mut chart, points)?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font((FONT, 13))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// The leaderboard chart's title: the model and the request it is timed on.
+fn leaderboard_title(profile: &Profile) -> String {
+    format!(
+        "{}: seconds per request (prompt {} + gen {}{})",
+        profile.model.file_name,
+        profile.workload.n_prompt,
+        profile.workload.n_gen,
+        if profile.workload.depth > 0 {
+            format!(" at depth {}", profile.workload.depth)
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// A bar's label: its rank (`=N` for a tie) and configuration.
+fn bar_label(entry: &profiles::LeaderboardEntry, is_defaults: bool) -> String {
+    let rank = if entry.tie_with_previous {
+        format!("={}", entry.rank)
+    } else {
+        entry.rank.to_string()
+    };
+    let mut label = format!("{rank:>3}  {}", entry.candidate.label());
+    if is_defaults {
+        label.push_str(" (defaults)");
+    }
+    label
+}
+
+/// The primary axes of the GPU-layers chart.
+type LayersChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// Vertical lines at the winner's layer count and at "all layers".
+fn reference_lines(
+    chart: &mut LayersChart,
+    profile: &Profile,
+    all_layers: Option<u32>,
+    tg_max: f64,
+) -> anyhow::Result<()> {
     let winner = f64::from(profile.winner.n_gpu_layers);
     chart
         .draw_series(std::iter::once(PathElement::new(
@@ -137,24 +210,11 @@ fn gpu_layers(profile: &Profile, points: &[PlacementPoint], path: &Path) -> anyh
             .label(format!("all layers (ngl={all:.0})"))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
     }
-    let tg: Vec<(f64, f64)> = ok.iter().map(|p| (f64::from(p.0), p.1)).collect();
-    let pp: Vec<(f64, f64)> = ok.iter().map(|p| (f64::from(p.0), p.2)).collect();
-    chart
-        .draw_series(LineSeries::new(tg.clone(), TG_COLOR.stroke_width(3)))
-        .map_err(err)?
-        .label("tg (left axis)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], TG_COLOR.stroke_width(3)));
-    chart
-        .draw_series(tg.iter().map(|&p| Circle::new(p, 4, TG_COLOR.filled())))
-        .map_err(err)?;
-    chart
-        .draw_secondary_series(LineSeries::new(pp.clone(), PP_COLOR.stroke_width(3)))
-        .map_err(err)?
-        .label("pp (right axis)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], PP_COLOR.stroke_width(3)));
-    chart
-        .draw_secondary_series(pp.iter().map(|&p| Circle::new(p, 4, PP_COLOR.filled())))
-        .map_err(err)?;
+    Ok(())
+}
+
+/// A cross at every layer count where nothing was measured.
+fn failed_marks(chart: &mut LayersChart, points: &[PlacementPoint]) -> anyhow::Result<()> {
     let failed: Vec<f64> = points
         .iter()
         .filter(|p| p.tg_tps.is_none())
@@ -171,15 +231,6 @@ fn gpu_layers(profile: &Profile, points: &[PlacementPoint], path: &Path) -> anyh
             .label("not measured (did not fit or failed)")
             .legend(|(x, y)| Cross::new((x + 10, y), 5, FAILED_COLOR.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font((FONT, 13))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
     Ok(())
 }
 
@@ -203,19 +254,8 @@ fn leaderboard(profile: &Profile, path: &Path) -> anyhow::Result<()> {
     let height = 110 + 30 * n as u32;
     let root = SVGBackend::new(path, (1150, height)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
-    let title = format!(
-        "{}: seconds per request (prompt {} + gen {}{})",
-        profile.model.file_name,
-        profile.workload.n_prompt,
-        profile.workload.n_gen,
-        if profile.workload.depth > 0 {
-            format!(" at depth {}", profile.workload.depth)
-        } else {
-            String::new()
-        }
-    );
     let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FONT, 18))
+        .caption(leaderboard_title(profile), (FONT, 18))
         .margin(10)
         .margin_left(LABEL_WIDTH)
         .x_label_area_size(40)
@@ -255,15 +295,7 @@ fn leaderboard(profile: &Profile, path: &Path) -> anyhow::Result<()> {
         let (end, y) = chart.backend_coord(&(f.score_s, top - 0.5));
         root.draw(&Text::new(figures, (end + 6, y), label_style.clone()))
             .map_err(err)?;
-        let rank = if entry.tie_with_previous {
-            format!("={}", entry.rank)
-        } else {
-            entry.rank.to_string()
-        };
-        let mut label = format!("{rank:>3}  {}", entry.candidate.label());
-        if is_defaults {
-            label.push_str(" (defaults)");
-        }
+        let label = bar_label(entry, is_defaults);
         root.draw(&Text::new(label, (10, y), label_style.clone()))
             .map_err(err)?;
     }
