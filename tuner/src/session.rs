@@ -112,3 +112,49 @@ pub fn lock_store(store: &Store, stop: &AtomicBool) -> anyhow::Result<StoreLock>
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_budgets_parse_device_equals_size() {
+        let b: DeviceBudget = "RPC0=300M".parse().unwrap();
+        assert_eq!(b.device, "RPC0");
+        assert_eq!(b.bytes, 300 * 1024 * 1024);
+        assert!("RPC0"
+            .parse::<DeviceBudget>()
+            .unwrap_err()
+            .contains("DEVICE=SIZE"));
+        assert!("RPC0=lots".parse::<DeviceBudget>().is_err());
+    }
+
+    #[test]
+    fn budgets_are_free_memory_minus_the_margin_unless_given() {
+        let m = Machine::probe(vec![crate::llama::DeviceInfo {
+            name: "CPU".into(),
+            description: "test".into(),
+            backend: "CPU".into(),
+            kind: "cpu".into(),
+            memory_free: 8 << 30,
+            memory_total: 16 << 30,
+        }]);
+        let cpu = m.devices[0].clone();
+        let margin = 1 << 20;
+        let b = budgets_of(&[], margin, &m).unwrap();
+        assert_eq!(
+            b,
+            vec![(cpu.name.clone(), cpu.memory_free.saturating_sub(margin))]
+        );
+        let given = DeviceBudget {
+            device: cpu.name.clone(),
+            bytes: 42,
+        };
+        assert_eq!(budgets_of(&[given], margin, &m).unwrap()[0].1, 42);
+        let unknown = DeviceBudget {
+            device: "NOPE9".into(),
+            bytes: 1,
+        };
+        assert!(budgets_of(&[unknown], margin, &m).is_err());
+    }
+}
