@@ -9,65 +9,10 @@
 //! its autotune budget.
 
 use crate::llama::{self, cstr, LlamaError};
-use crate::worker::Response;
+pub use crate::worker::protocol::{FitAnswer, FitDevice, FitRequest, TensorOverride};
+use crate::worker::protocol::Response;
 use llama_cpp_sys_2 as sys;
-use serde::{Deserialize, Serialize};
 use std::ffi::CString;
-use std::path::PathBuf;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FitRequest {
-    pub model: PathBuf,
-    /// ggml RPC servers to connect first (they become devices).
-    pub rpc: Vec<String>,
-    pub n_ctx: u32,
-    /// Memory each device may use (autotune's budgets); devices not listed keep `default_margin` free.
-    pub budgets: Vec<(String, u64)>,
-    pub default_margin: u64,
-}
-
-/// One tensor-buffer override llama.cpp's fit set: tensors matching `pattern` go to `buffer_type`
-/// (its ggml name, what llama-server's `-ot` expects), which belongs to `device`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct TensorOverride {
-    pub pattern: String,
-    pub buffer_type: String,
-    pub device: String,
-}
-
-/// A device the fit planned for, with the margin it was told to keep free.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FitDevice {
-    pub name: String,
-    pub free: u64,
-    pub budget: u64,
-    pub margin: u64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FitAnswer {
-    /// 0 success, 1 no allocation projected to fit, 2 error (common_params_fit_status).
-    pub status: i32,
-    pub n_gpu_layers: i32,
-    pub n_ctx: u32,
-    /// Layers per non-CPU device (only set by the fit when there are several).
-    pub tensor_split: Vec<f32>,
-    pub overrides: Vec<TensorOverride>,
-    /// The devices in the model's order (the order of `tensor_split`).
-    pub devices: Vec<FitDevice>,
-    /// The fit's last log lines (why it failed, when it did).
-    pub log_tail: String,
-}
-
-impl FitAnswer {
-    pub fn status_name(&self) -> &'static str {
-        match self.status {
-            0 => "success",
-            1 => "failure",
-            _ => "error",
-        }
-    }
-}
 
 /// Non-CPU devices in the order llama.cpp gives them to a model: RPC servers first, then the others.
 fn model_devices() -> Vec<(sys::ggml_backend_dev_t, String)> {

@@ -4,7 +4,7 @@
 //! renamed, so an interrupted run never leaves a half-written model that looks complete.
 
 use super::serve::QuantizeRequest;
-use crate::trial::{TrialFailure, Worker};
+use crate::worker::{TrialFailure, Worker};
 use crate::worker::{Request, Response};
 use indicatif::ProgressBar;
 use search_space::gguf::GgufInfo;

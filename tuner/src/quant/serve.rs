@@ -6,70 +6,18 @@
 //! Progress travels through a small file the parent names in the request (`done/total`), read by the
 //! parent while it waits, so the one-line-per-request protocol stays as it is.
 
-use super::kld::{self, Accumulator, QualityFigures};
+use super::kld::{self, Accumulator};
 use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
-use crate::worker::Response;
+pub use crate::worker::protocol::{
+    QualityAnswer, QualityJob, QualityRequest, QuantizeAnswer, QuantizeRequest,
+};
+use crate::worker::protocol::Response;
 use rayon::prelude::*;
 use search_space::{CacheType, FlashAttn};
-use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// Quantize `src` into `dst` (written as is: the parent writes to a temporary name and renames).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct QuantizeRequest {
-    pub src: PathBuf,
-    pub dst: PathBuf,
-    /// The `llama_ftype` number (`general.file_type`).
-    pub ftype: u32,
-    pub allow_requantize: bool,
-    pub threads: u32,
-    /// Where to write `done/total` tensors while working.
-    pub progress: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct QuantizeAnswer {
-    pub seconds: f64,
-}
-
-/// One comparison: `model` with a `kv` cache against the reference with an f16 cache.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct QualityJob {
-    pub model: PathBuf,
-    pub kv: CacheType,
-}
-
-/// Compare every job against `reference` on `text`. The jobs share the reference's pass over each
-/// chunk: its decode (the costliest part, the reference being the largest file) is done once for all.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct QualityRequest {
-    pub reference: PathBuf,
-    pub jobs: Vec<QualityJob>,
-    pub text: String,
-    /// Use at most this many tokens of the text.
-    pub max_tokens: Option<u32>,
-    /// Chunk length (the context size of every context).
-    pub n_ctx: u32,
-    pub threads: u32,
-    /// Layers to offload when a non-CPU device exists (0 = CPU only).
-    pub n_gpu_layers: u32,
-    /// Where to write `done/total` (chunks × jobs) while working.
-    pub progress: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct QualityAnswer {
-    /// One per job, in order: its figures and its share of the time, or why it failed.
-    pub results: Vec<Result<(QualityFigures, f64), String>>,
-    /// Tokens of the text evaluated, and the chunks they were cut into.
-    pub tokens: u64,
-    /// Tokens of the whole text (more than `tokens` when a limit was given).
-    pub text_tokens: u64,
-    pub chunks: u32,
-}
 
 fn failed(stage: &str, message: impl Into<String>) -> Response {
     Response::Failed {

@@ -17,7 +17,7 @@ mod tests;
 pub use landscape::{candidate_of, Device, Host, Landscape, Moe, SimModel, GIB, MIB};
 
 use crate::engine::Measurer;
-use crate::trial::TrialFailure;
+use crate::worker::TrialFailure;
 use crate::worker::{LoadReport, MeasureRequest, Repetition};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -9,7 +9,7 @@ use super::search::{self, Candidate, DraftEntry, SearchSettings};
 use super::serve::{CheckRequest, DraftModel, Fault, FootprintRequest};
 use super::{compat, discover, DraftPlacement, Grid};
 use crate::llama::{ContextSettings, ModelSettings};
-use crate::trial::Worker;
+use crate::worker::Worker;
 use crate::worker::{DeviceBytes, Request, Response};
 use search_space::gguf::GgufInfo;
 use search_space::size::format_size;
@@ -278,7 +278,7 @@ fn ask(
         .expect("spawned above")
         .call(request, s.trial_timeout, stop);
     answer.map_err(|f| {
-        if !matches!(f, crate::trial::TrialFailure::Refused { .. }) {
+        if !matches!(f, crate::worker::TrialFailure::Refused { .. }) {
             *worker = None;
         }
         crate::report::one_line(&f.to_string())

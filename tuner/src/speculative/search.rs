@@ -24,7 +24,7 @@ use super::verify::OutputCheck;
 use super::{DraftParams, DraftPlacement, Grid};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::stats::{self, Comparison, Sample, Summary, Verdict};
-use crate::trial::{TrialFailure, Worker};
+use crate::worker::{TrialFailure, Worker};
 use crate::worker::{Request, Response};
 use serde::Serialize;
 use std::path::PathBuf;

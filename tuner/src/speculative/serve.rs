@@ -18,34 +18,14 @@
 use super::logits::{choice, top_with_probability, Choice};
 use super::{compat, DraftParams};
 use crate::llama::{Context, ContextSettings, LlamaError, Model, ModelSettings};
-use crate::worker::Response;
-use serde::{Deserialize, Serialize};
+pub use crate::worker::protocol::{
+    CheckAnswer, CheckRequest, DraftModel, Fault, FootprintRequest, PromptRun, SpeculateAnswer,
+    SpeculateRequest,
+};
+use crate::worker::protocol::{LoadReport, Response};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Can `draft` serve `target`? Both are loaded vocabulary-only.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CheckRequest {
-    pub target: PathBuf,
-    pub draft: PathBuf,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CheckAnswer {
-    /// None when compatible.
-    pub incompatible: Option<compat::Incompatibility>,
-}
-
-/// The memory of a model with a context, from a dry-run load (no_alloc): what llama.cpp's own
-/// accounting says per device. `n_outputs_max` as [`DraftModel::N_OUTPUTS_MAX`] for a draft.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FootprintRequest {
-    pub path: PathBuf,
-    pub settings: ModelSettings,
-    pub context: ContextSettings,
-    pub n_outputs_max: u32,
-}
 
 pub fn footprint(r: &FootprintRequest) -> Response {
     let settings = ModelSettings {
@@ -63,134 +43,11 @@ pub fn footprint(r: &FootprintRequest) -> Response {
     let breakdown = crate::llama::memory_breakdown(&ctx);
     let per_device = crate::llama::breakdown_per_device(&breakdown);
     let reported_bytes = per_device.iter().map(|d| d.bytes).sum();
-    Response::Footprint(crate::worker::LoadReport {
+    Response::Footprint(LoadReport {
         per_device,
         reported_bytes,
         ..Default::default()
     })
-}
-
-/// A draft model as the worker loads it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DraftModel {
-    pub path: PathBuf,
-    pub settings: ModelSettings,
-    pub context: ContextSettings,
-}
-
-impl DraftModel {
-    /// Outputs per batch of the draft's context: it only ever needs the last token's logits
-    /// (llama-server's draft context has the same limit).
-    pub const N_OUTPUTS_MAX: u32 = 1;
-
-    /// Its GPU layers and KV-cache types.
-    pub fn placement(&self) -> super::DraftPlacement {
-        super::DraftPlacement {
-            n_gpu_layers: self.settings.n_gpu_layers,
-            type_k: self.context.type_k,
-            type_v: self.context.type_v,
-        }
-    }
-
-    /// The same draft placed otherwise.
-    pub fn placed(&self, p: super::DraftPlacement) -> DraftModel {
-        let mut m = self.clone();
-        m.settings.n_gpu_layers = p.n_gpu_layers;
-        m.context.type_k = p.type_k;
-        m.context.type_v = p.type_v;
-        m
-    }
-}
-
-/// Generate `n_gen` tokens (fewer when the model ends the text) after each prompt, greedily.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SpeculateRequest {
-    pub target: PathBuf,
-    pub settings: ModelSettings,
-    pub context: ContextSettings,
-    /// None: the target alone (the baseline).
-    pub draft: Option<(DraftModel, DraftParams)>,
-    pub prompts: Vec<String>,
-    pub n_gen: u32,
-    /// The target alone (no draft) decodes these tokens, one list per prompt, one token at a time,
-    /// instead of its own choices, and records at each position what it would have chosen: the
-    /// reference for a draft's output past the point where it first differs from the target alone's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub follow: Option<Vec<Vec<i32>>>,
-    /// Test only: a deliberate bug in the rollback, to prove that the output check catches one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fault: Option<Fault>,
-}
-
-/// A deliberate rollback bug (tests only, never a setting): the target's KV cache keeps rejected draft
-/// tokens, and the loop's positions carry on after them, so llama.cpp sees a consistent sequence and
-/// does not refuse it: the target just attends to text that is not there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Fault {
-    /// Rejected draft tokens are never removed from the target's cache.
-    KeepRejectedCells,
-    /// The rollback is off by one: the first rejected draft token stays in the target's cache.
-    KeepOneRejectedCell,
-}
-
-impl Fault {
-    /// Its name in `AUTOTUNE_SPECULATIVE_FAULT` and in the report.
-    pub fn name(self) -> &'static str {
-        match self {
-            Fault::KeepRejectedCells => "keep-rejected-cells",
-            Fault::KeepOneRejectedCell => "keep-one-rejected-cell",
-        }
-    }
-
-    /// From `AUTOTUNE_SPECULATIVE_FAULT` (`keep-rejected-cells`, `keep-one-rejected-cell`), which only
-    /// the end-to-end tests set.
-    pub fn from_env() -> Option<Fault> {
-        let v = std::env::var("AUTOTUNE_SPECULATIVE_FAULT").ok()?;
-        let f = serde_json::from_value(serde_json::Value::String(v.clone())).ok();
-        if f.is_none() {
-            eprintln!(
-                "autotune: warning: AUTOTUNE_SPECULATIVE_FAULT={v} is not a test fault; ignored"
-            );
-        }
-        f
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SpeculateAnswer {
-    pub runs: Vec<PromptRun>,
-    /// A model or context was (re)created for this request, and a discarded warm-up ran first.
-    pub warmed_up: bool,
-}
-
-/// One prompt's generation.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct PromptRun {
-    pub prompt_tokens: u32,
-    /// The generated tokens (the first comes from the prompt's logits).
-    pub tokens: Vec<i32>,
-    /// The target's best tokens at each generated token (the first is its choice; when following a
-    /// given output, the token it would have chosen).
-    pub choices: Vec<Choice>,
-    /// The target's prompt processing.
-    pub prompt_seconds: f64,
-    /// The draft's prompt processing (0 without a draft).
-    pub draft_prompt_seconds: f64,
-    /// Generation after the first token, synchronised: what effective generation speed is made of.
-    pub gen_seconds: f64,
-    /// Target decodes during generation: one per verification round (one per token without a draft).
-    pub rounds: u32,
-    /// Draft tokens proposed, and how many of them the target accepted.
-    pub drafted: u32,
-    pub accepted: u32,
-}
-
-impl PromptRun {
-    /// Tokens generated by the timed loop (all but the first).
-    pub fn loop_tokens(&self) -> u32 {
-        self.tokens.len().saturating_sub(1) as u32
-    }
 }
 
 fn failed(stage: &str, message: impl Into<String>) -> Response {

@@ -15,7 +15,7 @@
 //! An unparseable `AUTOTUNE_FAULT` is reported on stderr and ignored. Unset, this costs one check per
 //! request. Workers answer one request at a time, so the counter file needs no lock.
 
-use crate::worker::Request;
+use super::protocol::Request;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 

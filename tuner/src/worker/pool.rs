@@ -2,8 +2,8 @@
 //! loaded model, and a crashed worker is replaced transparently.
 
 use crate::engine::Measurer;
-use crate::trial::{TrialFailure, Worker};
-use crate::worker::{LoadReport, MeasureRequest, Repetition, Request, Response};
+use super::client::{TrialFailure, Worker};
+use super::protocol::{LoadReport, MeasureRequest, Repetition, Request, Response};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The tuner's side of the worker protocol: spawn `autotune __worker`, send a request, wait for the
 //! answer with a deadline, and turn a crash, a signal or a timeout into a recorded outcome.
 
-use crate::worker::{Request, Response};
+use super::protocol::{Request, Response};
 pub use profiles::measurements::TrialFailure;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};

@@ -1,0 +1,100 @@
+//! The worker's own memory, from /proc: what llama.cpp's host buffers took (thread stacks left
+//! out) and the resident set size.
+
+/// Host memory this process holds for llama.cpp's buffers: private data (heap and anonymous
+/// mappings: KV cache, compute buffers, repacked weights — counted when allocated, touched or not,
+/// as a device allocation is) plus resident file-backed pages (the mmap'd weights, once read), less
+/// the reservations of thread stacks (see [`thread_stack_bytes`]).
+pub fn committed_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |key: &str| -> u64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    (kib("VmData:") + kib("RssFile:")).saturating_sub(thread_stack_bytes(
+        &std::fs::read_to_string("/proc/self/maps").unwrap_or_default(),
+    ))
+}
+
+/// Thread stacks in a `/proc/PID/maps` listing: an anonymous read-write mapping directly above its
+/// guard page(s) (an anonymous `---p` mapping of at most 1 MiB), which is how glibc lays out a
+/// pthread stack. VmData counts each whole stack reservation (8 MiB by default) although a thread
+/// touches a few pages of it: a compute thread started by the first decode is not memory llama.cpp
+/// took. Malloc arenas are the other way round (read-write below their reserved, inaccessible rest),
+/// and an inaccessible region larger than a guard does not qualify.
+pub fn thread_stack_bytes(maps: &str) -> u64 {
+    const MAX_GUARD: u64 = 1 << 20;
+    let mut total = 0;
+    // (end address, size) of the previous line when it was an anonymous guard.
+    let mut guard_end: Option<u64> = None;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            guard_end = None;
+            continue;
+        };
+        let anonymous = f.nth(2) == Some("0") && f.next().is_none();
+        let Some((start, end)) = range.split_once('-').and_then(|(a, b)| {
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+            ))
+        }) else {
+            guard_end = None;
+            continue;
+        };
+        if anonymous && perms.starts_with("rw") && guard_end == Some(start) {
+            total += end.saturating_sub(start);
+        }
+        guard_end =
+            (anonymous && perms == "---p" && end.saturating_sub(start) <= MAX_GUARD).then_some(end);
+    }
+    total
+}
+
+/// Resident set size of this process, from /proc (0 where unavailable).
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        // SAFETY: sysconf is a plain query.
+        .map(|pages| pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::thread_stack_bytes;
+
+    #[test]
+    fn thread_stacks_are_the_read_write_mappings_right_above_a_guard() {
+        let maps = "\
+55d0c0000000-55d0c0100000 rw-p 00000000 00:00 0                          [heap]
+7f0000000000-7f0000021000 rw-p 00000000 00:00 0
+7f0000021000-7f0004000000 ---p 00000000 00:00 0
+7f0004000000-7f0024000000 rw-p 00000000 00:00 0
+7f0040000000-7f0040001000 ---p 00000000 00:00 0
+7f0040001000-7f0040801000 rw-p 00000000 00:00 0
+7f0050000000-7f0050100000 r--p 00000000 fd:01 1234                       /models/m.gguf
+7f0050100000-7f0050101000 ---p 00000000 fd:01 1234                       /usr/lib/libx.so
+7f0050101000-7f0050102000 rw-p 00000000 00:00 0
+7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0                          [stack]
+";
+        // Counted: the 8 MiB stack above its 4 KiB guard. Not counted: the arena (read-write
+        // below its 64 MiB reservation), the 512 MiB buffer right above that reservation (too big a
+        // region for a guard), the anonymous page above a library's inaccessible mapping, the main
+        // thread's [stack], the heap and the file mapping.
+        assert_eq!(thread_stack_bytes(maps), 8 << 20);
+        assert_eq!(thread_stack_bytes(""), 0);
+        assert_eq!(thread_stack_bytes("garbage\n- x\n"), 0);
+    }
+}

@@ -1,0 +1,339 @@
+//! The worker protocol: every request the parent sends `autotune __worker` and every answer, one JSON
+//! line each. Types only: the child's dispatch is `worker::server`, each feature's handler lives in
+//! its feature module and depends on this file alone.
+
+use crate::llama::{ContextSettings, ModelSettings};
+use crate::quant::kld::QualityFigures;
+use crate::speculative::compat::Incompatibility;
+use crate::speculative::logits::Choice;
+use crate::speculative::{DraftParams, DraftPlacement};
+pub use profiles::measurements::{DeviceBytes, LoadReport, Repetition, Workload};
+use search_space::CacheType;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MeasureRequest {
+    pub model: PathBuf,
+    pub settings: ModelSettings,
+    pub context: ContextSettings,
+    pub workload: Workload,
+    /// Seed of the random prompt tokens.
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Request {
+    /// One repetition (pp, tg and, with depth, tg at depth). The first request on a fresh context
+    /// runs a discarded warm-up first.
+    Measure(MeasureRequest),
+    /// Load the model and create the context without running anything: the memory that takes.
+    Footprint(MeasureRequest),
+    Quit,
+    /// Write a quantization of a model with llama.cpp's quantizer (`autotune quantize`).
+    Quantize(QuantizeRequest),
+    /// Compare a model's next-token distributions with a reference's (`autotune quality`).
+    Quality(QualityRequest),
+    /// Is a draft model's vocabulary compatible with a target's (`autotune draft`)?
+    DraftCheck(CheckRequest),
+    /// Greedy generation over a prompt set, with a draft model (speculative decoding) or without.
+    Speculate(SpeculateRequest),
+    /// The memory of a draft (or target) for speculative decoding, from a dry run; answered `Footprint`.
+    SpecFootprint(FootprintRequest),
+    /// llama.cpp's own fit (`common_fit_params`) under given budgets (`autotune fit`).
+    LlamaFit(FitRequest),
+    /// The read bandwidth of a device's memory with its own kernels (`explain`'s roofline).
+    Bandwidth(BandwidthRequest),
+}
+
+/// Measure a device's memory read bandwidth; RPC servers are connected first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BandwidthRequest {
+    pub device: String,
+    pub rpc: Vec<String>,
+    /// Size of the matrix read.
+    pub bytes: u64,
+    pub passes: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Response {
+    Measured(Repetition),
+    Footprint(LoadReport),
+    /// llama.cpp refused (returned an error) without crashing.
+    Failed {
+        stage: String,
+        message: String,
+    },
+    Quantized(QuantizeAnswer),
+    Quality(QualityAnswer),
+    DraftCheck(CheckAnswer),
+    Speculated(SpeculateAnswer),
+    Fitted(FitAnswer),
+    /// Bytes per second, and the bytes each pass read.
+    Bandwidth {
+        bytes_per_s: f64,
+        bytes: u64,
+    },
+}
+
+// ---- Quantization and quality (`quant::serve`) ----
+
+/// Quantize `src` into `dst` (written as is: the parent writes to a temporary name and renames).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QuantizeRequest {
+    pub src: PathBuf,
+    pub dst: PathBuf,
+    /// The `llama_ftype` number (`general.file_type`).
+    pub ftype: u32,
+    pub allow_requantize: bool,
+    pub threads: u32,
+    /// Where to write `done/total` tensors while working.
+    pub progress: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QuantizeAnswer {
+    pub seconds: f64,
+}
+
+/// One comparison: `model` with a `kv` cache against the reference with an f16 cache.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QualityJob {
+    pub model: PathBuf,
+    pub kv: CacheType,
+}
+
+/// Compare every job against `reference` on `text`. The jobs share the reference's pass over each
+/// chunk: its decode (the costliest part, the reference being the largest file) is done once for all.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QualityRequest {
+    pub reference: PathBuf,
+    pub jobs: Vec<QualityJob>,
+    pub text: String,
+    /// Use at most this many tokens of the text.
+    pub max_tokens: Option<u32>,
+    /// Chunk length (the context size of every context).
+    pub n_ctx: u32,
+    pub threads: u32,
+    /// Layers to offload when a non-CPU device exists (0 = CPU only).
+    pub n_gpu_layers: u32,
+    /// Where to write `done/total` (chunks × jobs) while working.
+    pub progress: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QualityAnswer {
+    /// One per job, in order: its figures and its share of the time, or why it failed.
+    pub results: Vec<Result<(QualityFigures, f64), String>>,
+    /// Tokens of the text evaluated, and the chunks they were cut into.
+    pub tokens: u64,
+    /// Tokens of the whole text (more than `tokens` when a limit was given).
+    pub text_tokens: u64,
+    pub chunks: u32,
+}
+
+// ---- Speculative decoding (`speculative::serve`) ----
+
+/// Can `draft` serve `target`? Both are loaded vocabulary-only.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckRequest {
+    pub target: PathBuf,
+    pub draft: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CheckAnswer {
+    /// None when compatible.
+    pub incompatible: Option<Incompatibility>,
+}
+
+/// The memory of a model with a context, from a dry-run load (no_alloc): what llama.cpp's own
+/// accounting says per device. `n_outputs_max` as [`DraftModel::N_OUTPUTS_MAX`] for a draft.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FootprintRequest {
+    pub path: PathBuf,
+    pub settings: ModelSettings,
+    pub context: ContextSettings,
+    pub n_outputs_max: u32,
+}
+
+/// A draft model as the worker loads it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DraftModel {
+    pub path: PathBuf,
+    pub settings: ModelSettings,
+    pub context: ContextSettings,
+}
+
+impl DraftModel {
+    /// Outputs per batch of the draft's context: it only ever needs the last token's logits
+    /// (llama-server's draft context has the same limit).
+    pub const N_OUTPUTS_MAX: u32 = 1;
+
+    /// Its GPU layers and KV-cache types.
+    pub fn placement(&self) -> DraftPlacement {
+        DraftPlacement {
+            n_gpu_layers: self.settings.n_gpu_layers,
+            type_k: self.context.type_k,
+            type_v: self.context.type_v,
+        }
+    }
+
+    /// The same draft placed otherwise.
+    pub fn placed(&self, p: DraftPlacement) -> DraftModel {
+        let mut m = self.clone();
+        m.settings.n_gpu_layers = p.n_gpu_layers;
+        m.context.type_k = p.type_k;
+        m.context.type_v = p.type_v;
+        m
+    }
+}
+
+/// Generate `n_gen` tokens (fewer when the model ends the text) after each prompt, greedily.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpeculateRequest {
+    pub target: PathBuf,
+    pub settings: ModelSettings,
+    pub context: ContextSettings,
+    /// None: the target alone (the baseline).
+    pub draft: Option<(DraftModel, DraftParams)>,
+    pub prompts: Vec<String>,
+    pub n_gen: u32,
+    /// The target alone (no draft) decodes these tokens, one list per prompt, one token at a time,
+    /// instead of its own choices, and records at each position what it would have chosen: the
+    /// reference for a draft's output past the point where it first differs from the target alone's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow: Option<Vec<Vec<i32>>>,
+    /// Test only: a deliberate bug in the rollback, to prove that the output check catches one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<Fault>,
+}
+
+/// A deliberate rollback bug (tests only, never a setting): the target's KV cache keeps rejected draft
+/// tokens, and the loop's positions carry on after them, so llama.cpp sees a consistent sequence and
+/// does not refuse it: the target just attends to text that is not there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// Rejected draft tokens are never removed from the target's cache.
+    KeepRejectedCells,
+    /// The rollback is off by one: the first rejected draft token stays in the target's cache.
+    KeepOneRejectedCell,
+}
+
+impl Fault {
+    /// Its name in `AUTOTUNE_SPECULATIVE_FAULT` and in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::KeepRejectedCells => "keep-rejected-cells",
+            Fault::KeepOneRejectedCell => "keep-one-rejected-cell",
+        }
+    }
+
+    /// From `AUTOTUNE_SPECULATIVE_FAULT` (`keep-rejected-cells`, `keep-one-rejected-cell`), which only
+    /// the end-to-end tests set.
+    pub fn from_env() -> Option<Fault> {
+        let v = std::env::var("AUTOTUNE_SPECULATIVE_FAULT").ok()?;
+        let f = serde_json::from_value(serde_json::Value::String(v.clone())).ok();
+        if f.is_none() {
+            eprintln!(
+                "autotune: warning: AUTOTUNE_SPECULATIVE_FAULT={v} is not a test fault; ignored"
+            );
+        }
+        f
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpeculateAnswer {
+    pub runs: Vec<PromptRun>,
+    /// A model or context was (re)created for this request, and a discarded warm-up ran first.
+    pub warmed_up: bool,
+}
+
+/// One prompt's generation.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PromptRun {
+    pub prompt_tokens: u32,
+    /// The generated tokens (the first comes from the prompt's logits).
+    pub tokens: Vec<i32>,
+    /// The target's best tokens at each generated token (the first is its choice; when following a
+    /// given output, the token it would have chosen).
+    pub choices: Vec<Choice>,
+    /// The target's prompt processing.
+    pub prompt_seconds: f64,
+    /// The draft's prompt processing (0 without a draft).
+    pub draft_prompt_seconds: f64,
+    /// Generation after the first token, synchronised: what effective generation speed is made of.
+    pub gen_seconds: f64,
+    /// Target decodes during generation: one per verification round (one per token without a draft).
+    pub rounds: u32,
+    /// Draft tokens proposed, and how many of them the target accepted.
+    pub drafted: u32,
+    pub accepted: u32,
+}
+
+impl PromptRun {
+    /// Tokens generated by the timed loop (all but the first).
+    pub fn loop_tokens(&self) -> u32 {
+        self.tokens.len().saturating_sub(1) as u32
+    }
+}
+
+// ---- llama.cpp's own fit (`fit`) ----
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FitRequest {
+    pub model: PathBuf,
+    /// ggml RPC servers to connect first (they become devices).
+    pub rpc: Vec<String>,
+    pub n_ctx: u32,
+    /// Memory each device may use (autotune's budgets); devices not listed keep `default_margin` free.
+    pub budgets: Vec<(String, u64)>,
+    pub default_margin: u64,
+}
+
+/// One tensor-buffer override llama.cpp's fit set: tensors matching `pattern` go to `buffer_type`
+/// (its ggml name, what llama-server's `-ot` expects), which belongs to `device`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TensorOverride {
+    pub pattern: String,
+    pub buffer_type: String,
+    pub device: String,
+}
+
+/// A device the fit planned for, with the margin it was told to keep free.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FitDevice {
+    pub name: String,
+    pub free: u64,
+    pub budget: u64,
+    pub margin: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FitAnswer {
+    /// 0 success, 1 no allocation projected to fit, 2 error (common_params_fit_status).
+    pub status: i32,
+    pub n_gpu_layers: i32,
+    pub n_ctx: u32,
+    /// Layers per non-CPU device (only set by the fit when there are several).
+    pub tensor_split: Vec<f32>,
+    pub overrides: Vec<TensorOverride>,
+    /// The devices in the model's order (the order of `tensor_split`).
+    pub devices: Vec<FitDevice>,
+    /// The fit's last log lines (why it failed, when it did).
+    pub log_tail: String,
+}
+
+impl FitAnswer {
+    pub fn status_name(&self) -> &'static str {
+        match self.status {
+            0 => "success",
+            1 => "failure",
+            _ => "error",
+        }
+    }
+}
+
