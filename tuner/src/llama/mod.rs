@@ -22,9 +22,9 @@ pub use backend::{
 pub use bandwidth::device_read_bandwidth;
 pub use breakdown::{breakdown_per_device, memory_breakdown};
 pub use context::Context;
-pub use log::{
-    bytes_per_device, cpu_variant, loaded_modules, log_tail, parse_buffer_reports, take_log,
-};
+pub use log::{bytes_per_device, cpu_variant, log_tail, parse_buffer_reports, take_log};
+#[cfg(test)]
+pub use log::loaded_modules;
 pub use model::{quantize_model, Model};
 pub use rpc::{rpc_add_servers, rpc_start_server};
 pub use settings::{expert_pattern, ContextSettings, ModelSettings};

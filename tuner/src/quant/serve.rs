@@ -8,10 +8,10 @@
 
 use super::kld::{self, Accumulator};
 use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
+use crate::worker::protocol::Response;
 pub use crate::worker::protocol::{
     QualityAnswer, QualityJob, QualityRequest, QuantizeAnswer, QuantizeRequest,
 };
-use crate::worker::protocol::Response;
 use rayon::prelude::*;
 use search_space::{CacheType, FlashAttn};
 use std::path::{Path, PathBuf};

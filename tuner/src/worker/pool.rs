@@ -1,9 +1,9 @@
 //! Workers kept alive per model placement, so candidates that differ only in context settings share a
 //! loaded model, and a crashed worker is replaced transparently.
 
-use crate::engine::Measurer;
 use super::client::{TrialFailure, Worker};
 use super::protocol::{LoadReport, MeasureRequest, Repetition, Request, Response};
+use crate::engine::Measurer;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
