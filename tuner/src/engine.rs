@@ -311,25 +311,8 @@ impl<'a> Engine<'a> {
     pub(crate) fn request(&self, c: &Candidate) -> MeasureRequest {
         MeasureRequest {
             model: self.settings.model.clone(),
-            settings: ModelSettings {
-                n_gpu_layers: c.n_gpu_layers,
-                devices: c.devices.clone(),
-                use_extra_bufts: c.kernels.use_extra_bufts(),
-                no_alloc: false,
-                rpc: self.settings.rpc.clone(),
-                n_cpu_moe: c.n_cpu_moe,
-                tensor_overrides: Vec::new(),
-                tensor_split: Vec::new(),
-            },
-            context: ContextSettings {
-                n_ctx: self.settings.workload.n_ctx,
-                n_batch: c.n_batch,
-                n_ubatch: c.n_ubatch,
-                threads: c.threads,
-                type_k: c.type_k,
-                type_v: c.type_v,
-                flash_attn: c.flash_attn,
-            },
+            settings: ModelSettings::for_candidate(c, &self.settings.rpc),
+            context: ContextSettings::for_candidate(c, self.settings.workload.n_ctx),
             workload: self.settings.workload.clone(),
             seed: self.settings.seed ^ (self.round.wrapping_mul(0x100_0000_01B3)),
         }

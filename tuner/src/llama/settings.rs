@@ -1,7 +1,7 @@
 //! The settings a model is loaded with and a context is created with (they travel in the worker
 //! protocol), and how a search-space candidate becomes them.
 
-use search_space::{CacheType, FlashAttn};
+use search_space::{CacheType, Candidate, FlashAttn};
 use serde::{Deserialize, Serialize};
 
 /// Model-side settings: a change here needs a new model load.
@@ -61,4 +61,36 @@ pub struct ContextSettings {
     pub type_k: CacheType,
     pub type_v: CacheType,
     pub flash_attn: FlashAttn,
+}
+
+impl ModelSettings {
+    /// The model side of a search-space candidate: a real load on the candidate's devices, with the
+    /// run's RPC servers connected. The one place a candidate becomes model settings.
+    pub fn for_candidate(c: &Candidate, rpc: &[String]) -> ModelSettings {
+        ModelSettings {
+            n_gpu_layers: c.n_gpu_layers,
+            devices: c.devices.clone(),
+            use_extra_bufts: c.kernels.use_extra_bufts(),
+            no_alloc: false,
+            rpc: rpc.to_vec(),
+            n_cpu_moe: c.n_cpu_moe,
+            tensor_overrides: Vec::new(),
+            tensor_split: Vec::new(),
+        }
+    }
+}
+
+impl ContextSettings {
+    /// The context side of a search-space candidate for a context of `n_ctx` tokens.
+    pub fn for_candidate(c: &Candidate, n_ctx: u32) -> ContextSettings {
+        ContextSettings {
+            n_ctx,
+            n_batch: c.n_batch,
+            n_ubatch: c.n_ubatch,
+            threads: c.threads,
+            type_k: c.type_k,
+            type_v: c.type_v,
+            flash_attn: c.flash_attn,
+        }
+    }
 }

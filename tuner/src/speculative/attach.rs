@@ -49,25 +49,8 @@ pub fn attach(
         return Ok(None);
     }
     let w = &profile.winner;
-    let settings = ModelSettings {
-        n_gpu_layers: w.n_gpu_layers,
-        devices: w.devices.clone(),
-        use_extra_bufts: w.kernels.use_extra_bufts(),
-        no_alloc: false,
-        rpc: tuned.rpc.clone(),
-        n_cpu_moe: w.n_cpu_moe,
-        tensor_overrides: Vec::new(),
-        tensor_split: Vec::new(),
-    };
-    let context = ContextSettings {
-        n_ctx: profile.workload.n_ctx,
-        n_batch: w.n_batch,
-        n_ubatch: w.n_ubatch,
-        threads: w.threads,
-        type_k: w.type_k,
-        type_v: w.type_v,
-        flash_attn: w.flash_attn,
-    };
+    let settings = ModelSettings::for_candidate(w, &tuned.rpc);
+    let context = ContextSettings::for_candidate(w, profile.workload.n_ctx);
     let setup = Setup {
         target: profile.model.path.clone(),
         target_info: tuned.info.clone(),
