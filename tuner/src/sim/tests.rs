@@ -308,3 +308,27 @@ fn a_run_is_deterministic_for_a_seed() {
     assert_eq!(a.seconds, b.seconds);
     let _ = harness::gib(0);
 }
+
+#[test]
+fn knobs_the_user_pinned_hold_in_the_placements_measured_beside_the_defaults() {
+    let land = gpus(2, 16 * GIB);
+    let mut s = settings(&land, 3);
+    s.ubatch_options = vec![128];
+    s.cache_types = vec![CacheType::F16];
+    s.kernels = vec![KernelChoice::Plain];
+    let run = tune(land, s, None, Mode::Search);
+    let base = run.baseline.clone();
+    let trace = run.trace.borrow();
+    let others: Vec<&Candidate> = trace
+        .calls
+        .iter()
+        .map(|(c, _, _)| c)
+        .filter(|c| **c != base)
+        .collect();
+    assert!(!others.is_empty());
+    for c in others {
+        assert_eq!(c.n_ubatch, 128, "{}", c.label());
+        assert_eq!(c.type_k, CacheType::F16, "{}", c.label());
+        assert_eq!(c.kernels, KernelChoice::Plain, "{}", c.label());
+    }
+}
