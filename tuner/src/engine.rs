@@ -320,7 +320,8 @@ impl<'a> Engine<'a> {
                 rpc: self.settings.rpc.clone(),
                 n_cpu_moe: c.n_cpu_moe,
                 tensor_overrides: Vec::new(),
-                tensor_split: Vec::new(),
+                tensor_split: c.tensor_split.clone(),
+                split_mode: c.split_mode,
             },
             context: ContextSettings {
                 n_ctx: self.settings.workload.n_ctx,
@@ -521,6 +522,9 @@ impl<'a> Engine<'a> {
         let (group, axis) = self.first_group(&base);
         self.measure_group(&group, axis);
         let mut best = self.choose(&group);
+        if let Some(b) = best.take() {
+            best = Some(self.search_split(b));
+        }
         let axes: [(&str, fn(&TuneSettings, &Candidate) -> Vec<Candidate>); 5] = [
             ("threads", vary_threads),
             ("kernels", vary_kernels),
@@ -561,7 +565,12 @@ impl<'a> Engine<'a> {
             }
         }
         match best {
-            Some(b) if !self.out_of_time() => Some(self.refit_layers(b)),
+            // The split again once the KV cache and micro-batch are chosen: with room to spare,
+            // moving layers to the faster device pays where at f16 every byte was needed.
+            Some(b) if !self.out_of_time() => {
+                let b = self.refit_layers(b);
+                Some(self.search_split(b))
+            }
             other => other,
         }
     }

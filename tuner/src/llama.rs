@@ -355,6 +355,9 @@ pub struct ModelSettings {
     /// Share of the offloaded layers per non-CPU device (llama.cpp's `-ts`); empty = llama.cpp's default.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensor_split: Vec<u32>,
+    /// llama.cpp's `-sm`: whole layers per device, or rows of every layer across devices.
+    #[serde(default, skip_serializing_if = "search_space::SplitMode::is_layer")]
+    pub split_mode: search_space::SplitMode,
 }
 
 impl Default for ModelSettings {
@@ -370,6 +373,7 @@ impl Default for ModelSettings {
             n_cpu_moe: 0,
             tensor_overrides: Vec::new(),
             tensor_split: Vec::new(),
+            split_mode: search_space::SplitMode::Layer,
         }
     }
 }
@@ -497,6 +501,9 @@ impl Model {
         }
         if !s.tensor_split.is_empty() {
             p.tensor_split = split.as_ptr();
+        }
+        if s.split_mode == search_space::SplitMode::Row {
+            p.split_mode = sys::LLAMA_SPLIT_MODE_ROW;
         }
         take_log();
         // SAFETY: path and device list outlive the call; llama.cpp copies what it keeps.

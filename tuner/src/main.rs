@@ -12,6 +12,7 @@ mod inputs;
 mod llama;
 mod machine;
 mod placement;
+mod split;
 mod pool;
 mod quant;
 mod report;

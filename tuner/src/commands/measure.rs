@@ -64,6 +64,8 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         n_gpu_layers: a.n_gpu_layers,
         n_cpu_moe: a.n_cpu_moe,
         devices: a.devices.clone(),
+        tensor_split: a.tensor_split.clone(),
+        split_mode: Default::default(),
         kernels: parse::<KernelChoice>("--kernels", &a.kernels)?,
         threads: match a.threads {
             Some(t) => {
@@ -104,6 +106,7 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
             n_cpu_moe: candidate.n_cpu_moe,
             tensor_overrides: tensor_overrides(&a.override_tensor)?,
             tensor_split: a.tensor_split.clone(),
+            split_mode: candidate.split_mode,
         },
         context: ContextSettings {
             n_ctx: a.ctx,

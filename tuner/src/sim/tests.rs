@@ -332,3 +332,58 @@ fn knobs_the_user_pinned_hold_in_the_placements_measured_beside_the_defaults() {
         assert_eq!(c.kernels, KernelChoice::Plain, "{}", c.label());
     }
 }
+
+#[test]
+fn the_split_moves_toward_the_faster_device_by_measurement() {
+    let mut land = gpus(2, 24 * GIB);
+    land.devices[1].bandwidth = 2.0 * land.devices[0].bandwidth;
+    let s = settings(&land, 11);
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let win = run.winner.clone().expect("a winner");
+    assert!(fits(&land, &s, &win), "{}", win.label());
+    assert_eq!(win.tensor_split.len(), 2, "{}", win.label());
+    assert!(
+        win.tensor_split[1] > win.tensor_split[0],
+        "more on the faster device: {}",
+        win.label()
+    );
+    // Better than llama.cpp's split (by memory) at the winner's other settings and the most layers
+    // that split lets fit.
+    let plain = Candidate {
+        tensor_split: Vec::new(),
+        ..win.clone()
+    };
+    let plain = Candidate {
+        n_gpu_layers: max_fit(&land, &s, &plain).unwrap(),
+        ..plain
+    };
+    let (got, llama) = (
+        land.true_seconds(&win, &s.workload),
+        land.true_seconds(&plain, &s.workload),
+    );
+    assert!(got < llama * 0.97, "{got} vs {llama}");
+}
+
+#[test]
+fn a_budget_smaller_than_free_memory_is_split_for_and_fits_more_layers() {
+    let land = gpus(2, 24 * GIB);
+    let mut s = settings(&land, 5);
+    // Another tenant holds two thirds of CUDA1: llama.cpp's split (by free memory, even here) fills
+    // CUDA1's budget at half the layers the budgets hold together.
+    s.budgets[1].1 = 8 * GIB;
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let win = run.winner.clone().expect("a winner");
+    assert!(fits(&land, &s, &win), "{}", win.label());
+    assert!(
+        win.n_gpu_layers > run.baseline.n_gpu_layers + 5,
+        "{} vs the defaults' {}",
+        win.label(),
+        run.baseline.label()
+    );
+    assert!(
+        win.tensor_split.first() > win.tensor_split.get(1),
+        "{}",
+        win.label()
+    );
+    assert_eq!(run.trace.borrow().count(Outcome::OutOfMemory), 0);
+}

@@ -35,7 +35,8 @@ pub fn attach(
         rpc: args.rpc.clone(),
         n_cpu_moe: w.n_cpu_moe,
         tensor_overrides: Vec::new(),
-        tensor_split: Vec::new(),
+        tensor_split: w.tensor_split.clone(),
+        split_mode: w.split_mode,
     };
     let context = ContextSettings {
         n_ctx: profile.workload.n_ctx,
