@@ -522,6 +522,9 @@ impl<'a> Engine<'a> {
         let (group, axis) = self.first_group(&base);
         self.measure_group(&group, axis);
         let mut best = self.choose(&group);
+        if axis == "gpu layers" {
+            best = self.below_the_top(&in_space(&self.settings, &base), best);
+        }
         if let Some(b) = best.take() {
             best = Some(self.search_split(b));
         }
