@@ -203,6 +203,14 @@ pub fn export_ollama(p: &Profile) -> String {
             c.devices.join(",")
         );
     }
+    if !c.tensor_split.is_empty() {
+        let parts: Vec<String> = c.tensor_split.iter().map(|v| v.to_string()).collect();
+        let _ = writeln!(
+            out,
+            "# autotune: tensor split {} (llama.cpp -ts): Ollama splits by free memory itself",
+            parts.join(",")
+        );
+    }
     if let Some(d) = &p.draft {
         let _ = writeln!(
             out,

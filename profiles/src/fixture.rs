@@ -13,6 +13,8 @@ pub fn example_profile() -> Profile {
         n_gpu_layers: 99,
         n_cpu_moe: 0,
         devices: vec!["CUDA0".into()],
+        tensor_split: Vec::new(),
+        split_mode: Default::default(),
         kernels: KernelChoice::Plain,
         threads: 8,
         n_batch: 2048,

@@ -251,7 +251,9 @@ impl Profile {
     pub fn server_options(&self) -> Vec<ServerOption> {
         let mut o = server_options(&self.winner, &self.model.path, &self.workload);
         if !self.rpc.is_empty() {
-            o.push(ServerOption {
+            // Right after the model: llama-server resolves `--device` names as it reads them, and
+            // RPC devices exist only once `--rpc` has been read.
+            o.insert(1, ServerOption {
                 short: "--rpc",
                 long: "rpc",
                 value: Some(self.rpc.join(",")),

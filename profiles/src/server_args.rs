@@ -57,12 +57,19 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
             value: Some(c.devices.join(",")),
         });
     }
+    if !c.tensor_split.is_empty() {
+        let parts: Vec<String> = c.tensor_split.iter().map(|v| v.to_string()).collect();
+        opts.push(opt("-ts", "tensor-split", parts.join(",")));
+    }
+    if !c.split_mode.is_layer() {
+        opts.push(opt("-sm", "split-mode", c.split_mode.as_str().into()));
+    }
     opts
 }
 
 /// llama-server's arguments (without the program name) for `c` on `model` with the workload's context:
 /// `-m PATH -c N_CTX -t T -tb T -b B -ub UB -ctk K -ctv V -fa on|off|auto -ngl N [--no-repack]
-/// [--device A,B]`.
+/// [--device A,B] [-ts A,B] [-sm row]`.
 pub fn server_args(c: &Candidate, model: &Path, w: &Workload) -> Vec<String> {
     words(server_options(c, model, w))
 }
@@ -170,6 +177,15 @@ mod tests {
         );
         assert!(args.windows(2).any(|w| w == ["-fa", "on"]));
         assert!(args.windows(2).any(|w| w == ["-ctv", "q8_0"]));
+    }
+
+    #[test]
+    fn a_tensor_split_and_row_mode_add_flags() {
+        let mut c = Candidate::llama_default(4, 99);
+        c.tensor_split = vec![67, 33];
+        c.split_mode = search_space::SplitMode::Row;
+        let args = server_args(&c, Path::new("m.gguf"), &workload());
+        assert_eq!(&args[args.len() - 4..], ["-ts", "67,33", "-sm", "row"]);
     }
 
     #[test]

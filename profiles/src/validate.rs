@@ -176,9 +176,21 @@ fn check_winner(p: &Profile) -> Result<()> {
             ));
         }
     }
+    if c.tensor_split.len() > MAX_DEVICES {
+        return Err(ProfileError::invalid(
+            "winner.tensor_split",
+            format!("has {} shares; llama.cpp takes at most {MAX_DEVICES}", c.tensor_split.len()),
+        ));
+    }
+    for (i, &v) in c.tensor_split.iter().enumerate() {
+        in_range(&format!("winner.tensor_split[{i}]"), v, 0, 1_000_000)?;
+    }
     c.validate()
         .map_err(|e| ProfileError::invalid("winner", format!("is not runnable: {e}")))
 }
+
+/// llama.cpp's most devices (LLAMA_MAX_DEVICES).
+const MAX_DEVICES: usize = 16;
 
 /// llama.cpp device names: `CPU`, `CUDA0`, `Vulkan1`, `Metal`, `RPC[host:port]`, ...
 pub fn is_device_name(name: &str) -> bool {
@@ -480,6 +492,8 @@ mod tests {
                         n_gpu_layers: ngl,
                         n_cpu_moe: 0,
                         devices,
+                        tensor_split: Vec::new(),
+                        split_mode: Default::default(),
                         kernels,
                         threads,
                         n_batch,

@@ -140,6 +140,50 @@ impl FromStr for FlashAttn {
     }
 }
 
+/// How llama.cpp spreads the offloaded layers over several devices (`-sm`): whole layers per device
+/// (`layer`, its default, one device works at a time), or every layer's matrices split by rows across
+/// the devices (`row`, CUDA only: all devices work on every layer, at the cost of a sync per layer).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SplitMode {
+    #[default]
+    Layer,
+    Row,
+}
+
+impl SplitMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SplitMode::Layer => "layer",
+            SplitMode::Row => "row",
+        }
+    }
+    pub fn is_layer(&self) -> bool {
+        *self == SplitMode::Layer
+    }
+}
+
+impl fmt::Display for SplitMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for SplitMode {
+    type Err = ParseKnobError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "layer" => Ok(SplitMode::Layer),
+            "row" => Ok(SplitMode::Row),
+            _ => Err(ParseKnobError {
+                what: "split mode",
+                value: s.to_string(),
+                expected: "layer, row".into(),
+            }),
+        }
+    }
+}
+
 /// The CPU kernel choice: llama.cpp's "extra buffer types" (weight repacking into interleaved layouts,
 /// and the AMX kernels on CPUs that have AMX). `Repack` is llama.cpp's default; `Plain` is what
 /// llama-server's `--no-repack` and llama-bench's `--repack 0` select. On some machines the extra
@@ -198,6 +242,13 @@ pub struct Candidate {
     /// Devices to use, by llama.cpp's device name (`--device`); empty = llama.cpp's default.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<String>,
+    /// Share of the offloaded layers per device (`-ts`), in the order of `devices` (all non-CPU
+    /// devices when that is empty); empty = llama.cpp's split, by each device's free memory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_split: Vec<u32>,
+    /// `-sm`: whole layers per device (the default) or rows of every layer across the devices.
+    #[serde(default, skip_serializing_if = "SplitMode::is_layer")]
+    pub split_mode: SplitMode,
     /// Extra CPU buffer types (weight repack / AMX) or plain kernels (`--no-repack`).
     pub kernels: KernelChoice,
     /// Generation threads (`-t`); prompt processing uses the same count (`-tb`).
@@ -225,6 +276,8 @@ pub enum InvalidCandidate {
     UbatchOverBatch { n_batch: u32, n_ubatch: u32 },
     #[error("a quantized V cache ({type_v}) needs flash attention; use -fa on or auto")]
     QuantizedVWithoutFlashAttn { type_v: CacheType },
+    #[error("a tensor split needs a share above 0 for at least one device")]
+    EmptyTensorSplit,
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -239,6 +292,8 @@ impl Candidate {
             n_gpu_layers,
             n_cpu_moe: 0,
             devices: Vec::new(),
+            tensor_split: Vec::new(),
+            split_mode: SplitMode::Layer,
             kernels: KernelChoice::Repack,
             threads,
             n_batch: 2048,
@@ -270,15 +325,21 @@ impl Candidate {
                 type_v: self.type_v,
             });
         }
+        if !self.tensor_split.is_empty() && self.tensor_split.iter().all(|&v| v == 0) {
+            return Err(InvalidCandidate::EmptyTensorSplit);
+        }
         Ok(())
     }
 
     /// The settings that need a model (re)load: candidates equal in this key share a loaded model.
-    pub fn model_key(&self) -> (u32, u32, &[String], KernelChoice) {
+    #[allow(clippy::type_complexity)]
+    pub fn model_key(&self) -> (u32, u32, &[String], &[u32], SplitMode, KernelChoice) {
         (
             self.n_gpu_layers,
             self.n_cpu_moe,
             &self.devices,
+            &self.tensor_split,
+            self.split_mode,
             self.kernels,
         )
     }
@@ -290,6 +351,18 @@ impl Candidate {
         } else {
             format!(" dev={}", self.devices.join(","))
         };
+        let split = if self.tensor_split.is_empty() {
+            String::new()
+        } else {
+            let parts: Vec<String> = self.tensor_split.iter().map(|v| v.to_string()).collect();
+            format!(" ts={}", parts.join("/"))
+        };
+        let sm = if self.split_mode.is_layer() {
+            String::new()
+        } else {
+            format!(" sm={}", self.split_mode)
+        };
+        let dev = format!("{dev}{split}{sm}");
         let moe = if self.n_cpu_moe > 0 {
             format!(" cpu-moe={}", self.n_cpu_moe)
         } else {
@@ -321,6 +394,8 @@ impl Candidate {
             self.type_v != d.type_v,
             self.flash_attn != d.flash_attn,
             !self.devices.is_empty(),
+            !self.tensor_split.is_empty(),
+            !self.split_mode.is_layer(),
             self.n_cpu_moe > 0,
         ]
         .iter()

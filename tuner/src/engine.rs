@@ -274,9 +274,10 @@ impl<'a> Engine<'a> {
         if !self.settings.offload || self.settings.n_gpu_layers_pinned {
             return (vec![base.clone()], "defaults");
         }
-        let mut group = self.placement_group(base);
+        let start = in_space(&self.settings, base);
+        let mut group = self.placement_group(&start);
         if self.settings.moe {
-            group.extend(self.expert_group(base));
+            group.extend(self.expert_group(&start));
         }
         if !group.contains(base) {
             group.insert(0, base.clone());
@@ -503,6 +504,12 @@ impl<'a> Engine<'a> {
         let (group, axis) = self.first_group(&base);
         self.measure_group(&group, axis);
         let mut best = self.choose(&group);
+        if axis == "gpu layers" {
+            best = self.below_the_top(&in_space(&self.settings, &base), best);
+        }
+        if let Some(b) = best.take() {
+            best = Some(self.search_split(b));
+        }
         let axes: [(&str, fn(&TuneSettings, &Candidate) -> Vec<Candidate>); 5] = [
             ("threads", vary_threads),
             ("kernels", vary_kernels),
@@ -514,7 +521,9 @@ impl<'a> Engine<'a> {
             if self.out_of_time() {
                 break;
             }
-            let from = best.clone().unwrap_or_else(|| base.clone());
+            // Varied from inside the user's space: the defaults are the reference, not a start
+            // for knobs the user excluded.
+            let from = in_space(&self.settings, best.as_ref().unwrap_or(&base));
             let mut group: Vec<Candidate> = vary(&self.settings, &from)
                 .into_iter()
                 .filter(|c| c.validate().is_ok())
@@ -541,7 +550,12 @@ impl<'a> Engine<'a> {
             }
         }
         match best {
-            Some(b) if !self.out_of_time() => Some(self.refit_layers(b)),
+            // The split again once the KV cache and micro-batch are chosen: with room to spare,
+            // moving layers to the faster device pays where at f16 every byte was needed.
+            Some(b) if !self.out_of_time() => {
+                let b = self.refit_layers(b);
+                Some(self.search_split(b))
+            }
             other => other,
         }
     }
@@ -707,6 +721,41 @@ impl Engine<'_> {
             budget_spent: self.budget_spent,
         }
     }
+}
+
+/// `c` with every knob the user restricted moved into the search space (the first value given when
+/// `c`'s is not among them): the defaults stay llama.cpp's as the reference, but the placements
+/// measured beside them use only what the user allowed (`--ubatch 128` is never loaded at 512).
+pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
+    fn pick<T: Copy + PartialEq>(options: &[T], v: T) -> T {
+        if options.is_empty() || options.contains(&v) {
+            v
+        } else {
+            options[0]
+        }
+    }
+    let kv = pick(&s.cache_types, c.type_k);
+    let mut out = Candidate {
+        threads: pick(&s.threads_options, c.threads),
+        kernels: pick(&s.kernels, c.kernels),
+        flash_attn: pick(&s.flash_attn, c.flash_attn),
+        n_ubatch: pick(&s.ubatch_options, c.n_ubatch),
+        type_k: kv,
+        type_v: if s.cache_types.contains(&c.type_v) { c.type_v } else { kv },
+        ..c.clone()
+    };
+    out.n_batch = out.n_batch.max(out.n_ubatch);
+    if out.type_v.is_quantized() && out.flash_attn == FlashAttn::Off {
+        out.flash_attn = pick(
+            &s.flash_attn
+                .iter()
+                .copied()
+                .filter(|&f| f != FlashAttn::Off)
+                .collect::<Vec<_>>(),
+            FlashAttn::Auto,
+        );
+    }
+    out
 }
 
 fn vary_threads(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {

@@ -12,6 +12,7 @@ mod llama;
 mod machine;
 mod placement;
 mod probe;
+mod split;
 mod quant;
 mod report;
 mod session;

@@ -88,8 +88,9 @@ impl Engine<'_> {
         Some(lo)
     }
 
-    /// GPU-layer counts to measure: the most that fit, a few steps down, and none (CPU only); with
-    /// `--quick` the most that fit, half and none. Then the fit levers' placements.
+    /// GPU-layer counts to measure first: the most that fit, one fewer, and none (CPU only); with
+    /// `--quick` the most that fit, half and none. Then the fit levers' placements. The counts in
+    /// between come after, and only while the curve has not fallen ([`Self::below_the_top`]).
     pub fn placement_group(&mut self, from: &Candidate) -> Vec<Candidate> {
         let Some(max) = self.max_fitting_layers(from) else {
             return Vec::new();
@@ -97,7 +98,7 @@ impl Engine<'_> {
         let mut ns = if self.settings.quick {
             vec![max, max / 2, 0]
         } else {
-            vec![max, max.saturating_sub(1), max * 3 / 4, max / 2, max / 4, 0]
+            vec![max, max.saturating_sub(1), 0]
         };
         ns.sort_unstable_by(|a, b| b.cmp(a));
         ns.dedup();
@@ -112,6 +113,54 @@ impl Engine<'_> {
             group.extend(self.lever_placements(from, max));
         }
         group
+    }
+
+    /// The cliff, found without walking all the way down: from the most layers that fit, ¾, ½ and ¼
+    /// of them are measured one at a time against the best so far, and the walk stops at the first
+    /// that is slower by more than the noise (the curve has fallen; lower counts only fall further).
+    /// A device slower than the host, or a flat curve, walks on.
+    pub fn below_the_top(&mut self, start: &Candidate, best: Option<Candidate>) -> Option<Candidate> {
+        let Some(mut best) = best else {
+            return None;
+        };
+        if self.settings.quick {
+            return Some(best);
+        }
+        let Some(max) = self.max_fitting_layers(start) else {
+            return Some(best);
+        };
+        let mut steps: Vec<u32> = [max * 3 / 4, max / 2, max / 4]
+            .into_iter()
+            .filter(|&n| n > 0 && n + 1 < max)
+            .collect();
+        steps.dedup();
+        for n in steps {
+            if self.out_of_time() {
+                break;
+            }
+            let lower = Candidate {
+                n_gpu_layers: n,
+                ..start.clone()
+            };
+            let pair = [best.clone(), lower.clone()];
+            self.measure_group(&pair, "gpu layers");
+            if self.slower(&lower, &best) {
+                break;
+            }
+            best = self.choose(&pair).unwrap_or(best);
+        }
+        Some(best)
+    }
+
+    /// Whether `a` was measured slower than `b` by more than the noise (the decision rule's verdict).
+    fn slower(&self, a: &Candidate, b: &Candidate) -> bool {
+        let find = |c: &Candidate| self.results.iter().find(|r| &r.candidate == c && r.ok());
+        let (Some(ra), Some(rb)) = (find(a), find(b)) else {
+            return false;
+        };
+        let w = &self.settings.workload;
+        ra.compare_with(rb, w, self.settings.noise, self.settings.seed)
+            .is_some_and(|c| c.verdict == crate::stats::Verdict::Slower)
     }
 
     /// When not every layer fits: the settings that shrink what the device must hold — the smallest

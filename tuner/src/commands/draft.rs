@@ -43,6 +43,7 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
             n_cpu_moe: 0,
             tensor_overrides: Vec::new(),
             tensor_split: Vec::new(),
+            split_mode: Default::default(),
         },
         context: ContextSettings {
             n_ctx: a.ctx,

@@ -97,6 +97,8 @@ fn request_of(
         n_gpu_layers: a.n_gpu_layers,
         n_cpu_moe: a.n_cpu_moe,
         devices: a.devices.clone(),
+        tensor_split: a.tensor_split.clone(),
+        split_mode: Default::default(),
         kernels: a.kernels,
         threads: match a.threads {
             Some(t) => {
@@ -137,6 +139,7 @@ fn request_of(
             n_cpu_moe: candidate.n_cpu_moe,
             tensor_overrides: tensor_overrides(&a.override_tensor)?,
             tensor_split: a.tensor_split.clone(),
+            split_mode: candidate.split_mode,
         },
         context: ContextSettings {
             n_ctx: a.ctx,

@@ -26,6 +26,9 @@ pub struct ModelSettings {
     /// Share of the offloaded layers per non-CPU device (llama.cpp's `-ts`); empty = llama.cpp's default.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensor_split: Vec<u32>,
+    /// llama.cpp's `-sm`: whole layers per device, or rows of every layer across devices.
+    #[serde(default, skip_serializing_if = "search_space::SplitMode::is_layer")]
+    pub split_mode: search_space::SplitMode,
 }
 
 impl Default for ModelSettings {
@@ -41,6 +44,7 @@ impl Default for ModelSettings {
             n_cpu_moe: 0,
             tensor_overrides: Vec::new(),
             tensor_split: Vec::new(),
+            split_mode: search_space::SplitMode::Layer,
         }
     }
 }
@@ -75,7 +79,8 @@ impl ModelSettings {
             rpc: rpc.to_vec(),
             n_cpu_moe: c.n_cpu_moe,
             tensor_overrides: Vec::new(),
-            tensor_split: Vec::new(),
+            tensor_split: c.tensor_split.clone(),
+            split_mode: c.split_mode,
         }
     }
 }

@@ -127,6 +127,8 @@ pub fn candidate_of(req: &MeasureRequest) -> Candidate {
         n_gpu_layers: req.settings.n_gpu_layers,
         n_cpu_moe: req.settings.n_cpu_moe,
         devices: req.settings.devices.clone(),
+        tensor_split: req.settings.tensor_split.clone(),
+        split_mode: req.settings.split_mode,
         kernels: if req.settings.use_extra_bufts {
             KernelChoice::Repack
         } else {
@@ -149,7 +151,8 @@ impl Landscape {
             .collect()
     }
 
-    /// Where every byte goes: the last `-ngl` layers on the devices (split by their memory), the
+    /// Where every byte goes: the last `-ngl` layers on the devices (split by `-ts`, else by their
+    /// memory, as llama.cpp splits by free memory), the
     /// output layer too when `-ngl` exceeds the layer count, the rest and the embeddings on the host;
     /// with `--n-cpu-moe N` the experts of the first N layers stay on the host.
     pub fn shares(&self, c: &Candidate, n_ctx: u32) -> Vec<Share> {
@@ -161,11 +164,18 @@ impl Landscape {
             c.n_gpu_layers.min(m.n_layers)
         };
         let output_on_gpu = !used.is_empty() && c.n_gpu_layers > m.n_layers;
-        let total_mem: u64 = used.iter().map(|&d| self.devices[d].mem_bytes).sum();
+        let weight = |k: usize, d: usize| {
+            if c.tensor_split.is_empty() {
+                self.devices[d].mem_bytes
+            } else {
+                c.tensor_split.get(k).copied().unwrap_or(0) as u64
+            }
+        };
+        let total_mem: u64 = used.iter().enumerate().map(|(k, &d)| weight(k, d)).sum();
         let first = m.n_layers - on_gpu;
         let (mut out, mut start, mut cum) = (Vec::new(), first, 0u64);
         for (k, &d) in used.iter().enumerate() {
-            cum += self.devices[d].mem_bytes;
+            cum += weight(k, d);
             let end = first + (on_gpu as u64 * cum / total_mem.max(1)) as u32;
             let last = k + 1 == used.len();
             out.push(self.share(Some(d), start, end, last && output_on_gpu, c, n_ctx));

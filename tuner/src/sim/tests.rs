@@ -144,7 +144,7 @@ fn a_tie_goes_to_less_memory_and_the_report_says_tie() {
     });
 }
 
-/// Placements far off the leader stop after their first visit; the leader is measured to the end.
+/// Placements far off the leader stop after their first visit; those near it are measured to the end.
 #[test]
 fn a_clearly_slower_candidate_stops_getting_repetitions() {
     let land = gpus(1, 24 * GIB);
@@ -161,9 +161,12 @@ fn a_clearly_slower_candidate_stops_getting_repetitions() {
             .fold(f64::INFINITY, f64::min);
         for c in &group {
             let r = e.results.iter().find(|r| &r.candidate == c).unwrap();
-            if land.true_seconds(c, &w) > best * (1.0 + 4.0 * noise) {
+            // Beyond 4× the noise: dropped after one visit; within the noise: measured on. In
+            // between the rule (its best repetition 2× the noise behind the leader) may go either way.
+            let t = land.true_seconds(c, &w);
+            if t > best * (1.0 + 4.0 * noise) {
                 assert_eq!(r.reps.len(), 2, "{} dropped after one visit", c.label());
-            } else {
+            } else if t <= best * (1.0 + noise) {
                 assert!(r.reps.len() >= min_reps, "{} measured on", c.label());
             }
         }
@@ -178,7 +181,7 @@ fn every_candidate_gets_its_first_repetitions_before_any_gets_more() {
     with_engine(land, s, |e| {
         let base = e.baseline();
         let group = e.placement_group(&base);
-        assert!(group.len() >= 5);
+        assert!(group.len() >= 4, "{}", group.len());
         e.measure_group(&group, "gpu layers");
         let mut seen: HashMap<String, usize> = HashMap::new();
         let results: Vec<_> = e.results.iter().map(|r| r.candidate.label()).collect();
@@ -307,4 +310,122 @@ fn a_run_is_deterministic_for_a_seed() {
     assert_eq!(a.trace.borrow().calls, b.trace.borrow().calls);
     assert_eq!(a.seconds, b.seconds);
     let _ = harness::gib(0);
+}
+
+#[test]
+fn knobs_the_user_pinned_hold_in_the_placements_measured_beside_the_defaults() {
+    let land = gpus(2, 16 * GIB);
+    let mut s = settings(&land, 3);
+    s.ubatch_options = vec![128];
+    s.cache_types = vec![CacheType::F16];
+    s.kernels = vec![KernelChoice::Plain];
+    let run = tune(land, s, None, Mode::Search);
+    let base = run.baseline.clone();
+    let trace = run.trace.borrow();
+    let others: Vec<&Candidate> = trace
+        .calls
+        .iter()
+        .map(|(c, _, _)| c)
+        .filter(|c| **c != base)
+        .collect();
+    assert!(!others.is_empty());
+    for c in others {
+        assert_eq!(c.n_ubatch, 128, "{}", c.label());
+        assert_eq!(c.type_k, CacheType::F16, "{}", c.label());
+        assert_eq!(c.kernels, KernelChoice::Plain, "{}", c.label());
+    }
+}
+
+#[test]
+fn the_split_moves_toward_the_faster_device_by_measurement() {
+    let mut land = gpus(2, 24 * GIB);
+    land.devices[1].bandwidth = 2.0 * land.devices[0].bandwidth;
+    let s = settings(&land, 11);
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let win = run.winner.clone().expect("a winner");
+    assert!(fits(&land, &s, &win), "{}", win.label());
+    assert_eq!(win.tensor_split.len(), 2, "{}", win.label());
+    assert!(
+        win.tensor_split[1] > win.tensor_split[0],
+        "more on the faster device: {}",
+        win.label()
+    );
+    // Better than llama.cpp's split (by memory) at the winner's other settings and the most layers
+    // that split lets fit.
+    let plain = Candidate {
+        tensor_split: Vec::new(),
+        ..win.clone()
+    };
+    let plain = Candidate {
+        n_gpu_layers: max_fit(&land, &s, &plain).unwrap(),
+        ..plain
+    };
+    let (got, llama) = (
+        land.true_seconds(&win, &s.workload),
+        land.true_seconds(&plain, &s.workload),
+    );
+    assert!(got < llama * 0.97, "{got} vs {llama}");
+}
+
+#[test]
+fn a_budget_smaller_than_free_memory_is_split_for_and_fits_more_layers() {
+    let land = gpus(2, 24 * GIB);
+    let mut s = settings(&land, 5);
+    // Another tenant holds two thirds of CUDA1: llama.cpp's split (by free memory, even here) fills
+    // CUDA1's budget at half the layers the budgets hold together.
+    s.budgets[1].1 = 8 * GIB;
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let win = run.winner.clone().expect("a winner");
+    assert!(fits(&land, &s, &win), "{}", win.label());
+    assert!(
+        win.n_gpu_layers > run.baseline.n_gpu_layers + 5,
+        "{} vs the defaults' {}",
+        win.label(),
+        run.baseline.label()
+    );
+    assert!(
+        win.tensor_split.first() > win.tensor_split.get(1),
+        "{}",
+        win.label()
+    );
+    assert_eq!(run.trace.borrow().count(Outcome::OutOfMemory), 0);
+}
+
+#[test]
+fn the_walk_down_stops_once_the_curve_has_fallen_and_goes_on_where_it_has_not() {
+    // A device as fast as the host: a flat curve, every step ties, the walk goes on.
+    for (device_bandwidth, walks_down) in [(900e9, false), (80e9, true)] {
+        let mut land = gpus(1, 24 * GIB);
+        land.devices[0].bandwidth = device_bandwidth;
+        let s = settings(&land, 4);
+        let run = tune(land.clone(), s.clone(), None, Mode::Search);
+        let start = crate::engine::in_space(&s, &run.baseline);
+        let max = max_fit(&land, &s, &start).unwrap();
+        let between: Vec<u32> = [max * 3 / 4, max / 2, max / 4].into();
+        let trace = run.trace.borrow();
+        let measured = trace
+            .calls
+            .iter()
+            .filter(|(c, _, _)| {
+                between.contains(&c.n_gpu_layers)
+                    && Candidate {
+                        n_gpu_layers: max,
+                        ..c.clone()
+                    } == start
+            })
+            .count();
+        // The fast device: ¾ of the layers is measured, falls, and the walk stops there.
+        let steps = between.iter().filter(|&&n| n > 0 && n + 1 < max).count();
+        let reached = trace
+            .calls
+            .iter()
+            .filter(|(c, _, _)| c.n_gpu_layers == max / 4 && c.type_k == start.type_k)
+            .count();
+        assert!(steps == 3 && measured > 0, "{steps} steps, {measured} calls");
+        assert_eq!(
+            reached > 0,
+            walks_down,
+            "device at {device_bandwidth:e} B/s: {measured} calls between 0 and {max} layers"
+        );
+    }
 }

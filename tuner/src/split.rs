@@ -1,0 +1,219 @@
+//! Several offload devices: how the layers are spread over them. llama.cpp splits by each device's
+//! free memory, which is wrong whenever a budget, another tenant or a slower device says otherwise.
+//! The search measures the split in proportion to the budgets, that split moved a step toward each
+//! device, each device alone, each backend's devices alone (the same GPU can appear as CUDA0 and
+//! Vulkan0) and `-sm row` where every device is CUDA — each at the most layers it lets fit — and
+//! then keeps moving the split in the direction that won while the measurements say it pays.
+
+use crate::engine::Engine;
+use search_space::{Candidate, SplitMode};
+
+/// Percentage points one step of the split moves.
+const STEP: u32 = 10;
+/// Steps taken beyond the first group, at most.
+const MAX_STEPS: usize = 4;
+
+/// Shares in percent (summing to 100, each at least 1) in proportion to `weights`.
+pub fn shares_of(weights: &[u64]) -> Vec<u32> {
+    let total: u128 = weights.iter().map(|&w| w as u128).sum::<u128>().max(1);
+    let mut out: Vec<u32> = weights
+        .iter()
+        .map(|&w| ((w as u128 * 100 + total / 2) / total).max(1) as u32)
+        .collect();
+    fix_total(&mut out);
+    out
+}
+
+/// `ts` with `step` points moved to device `to` from the others (in proportion to their shares);
+/// `None` when nothing can move.
+pub fn shifted(ts: &[u32], to: usize, step: u32) -> Option<Vec<u32>> {
+    let others: u32 = ts.iter().enumerate().filter(|(k, _)| *k != to).map(|(_, v)| v).sum();
+    let step = step.min(others);
+    if step == 0 || to >= ts.len() {
+        return None;
+    }
+    let mut out: Vec<u32> = ts
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| {
+            if k == to {
+                v + step
+            } else {
+                v - (v as u64 * step as u64 / others as u64) as u32
+            }
+        })
+        .collect();
+    // Rounding leftovers come off the largest other device.
+    let total: u32 = ts.iter().sum();
+    let now: u32 = out.iter().sum();
+    if now > total {
+        if let Some(k) = (0..out.len()).filter(|&k| k != to).max_by_key(|&k| out[k]) {
+            out[k] -= (now - total).min(out[k]);
+        }
+    }
+    Some(out)
+}
+
+fn fix_total(v: &mut [u32]) {
+    let sum: i64 = v.iter().map(|&x| x as i64).sum();
+    if let Some(k) = (0..v.len()).max_by_key(|&k| v[k]) {
+        v[k] = (v[k] as i64 + 100 - sum).max(1) as u32;
+    }
+}
+
+/// The backend of a device by its llama.cpp name (`CUDA0` → `CUDA`, `RPC1` → `RPC`).
+fn backend_of(name: &str) -> &str {
+    name.trim_end_matches(|c: char| c.is_ascii_digit())
+}
+
+impl Engine<'_> {
+    /// The non-CPU devices the run may offload to and their budgets, in llama.cpp's order.
+    fn offload_budgets(&self) -> Vec<(String, u64)> {
+        self.settings
+            .budgets
+            .iter()
+            .filter(|(name, _)| name != "CPU")
+            .cloned()
+            .collect()
+    }
+
+    /// The other ways to spread `from`'s layers over two or more devices (empty with fewer).
+    pub fn split_group(&mut self, from: &Candidate) -> Vec<Candidate> {
+        let devs = self.offload_budgets();
+        if devs.len() < 2 {
+            return Vec::new();
+        }
+        let names: Vec<String> = devs.iter().map(|(n, _)| n.clone()).collect();
+        let by_budget = shares_of(&devs.iter().map(|(_, b)| *b).collect::<Vec<_>>());
+        let with = |devices: Vec<String>, tensor_split: Vec<u32>, split_mode| Candidate {
+            devices,
+            tensor_split,
+            split_mode,
+            ..from.clone()
+        };
+        let mut shapes = vec![with(Vec::new(), by_budget.clone(), SplitMode::Layer)];
+        for to in 0..names.len() {
+            if let Some(ts) = shifted(&by_budget, to, STEP) {
+                shapes.push(with(Vec::new(), ts, SplitMode::Layer));
+            }
+        }
+        for n in &names {
+            shapes.push(with(vec![n.clone()], Vec::new(), SplitMode::Layer));
+        }
+        let mut backends: Vec<&str> = names.iter().map(|n| backend_of(n)).collect();
+        backends.dedup();
+        if backends.len() > 1 {
+            for b in &backends {
+                let group: Vec<String> =
+                    names.iter().filter(|n| backend_of(n) == *b).cloned().collect();
+                if group.len() > 1 {
+                    shapes.push(with(group, Vec::new(), SplitMode::Layer));
+                }
+            }
+        }
+        if backends == ["CUDA"] {
+            shapes.push(with(Vec::new(), Vec::new(), SplitMode::Row));
+        }
+        let mut out = self.fitted(shapes);
+        out.retain(|c| c != from);
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Each shape at the most layers it lets fit (the user's pinned count when that fits); shapes
+    /// that fit no layer are left out.
+    fn fitted(&mut self, shapes: Vec<Candidate>) -> Vec<Candidate> {
+        let mut out = Vec::new();
+        for c in shapes.into_iter().filter(|c| c.validate().is_ok()) {
+            if self.settings.n_gpu_layers_pinned {
+                if self.check_fit(&c).is_ok() {
+                    out.push(c);
+                }
+            } else if let Some(n) = self.max_fitting_layers(&c).filter(|&n| n > 0) {
+                out.push(Candidate {
+                    n_gpu_layers: n,
+                    ..c
+                });
+            }
+        }
+        out
+    }
+
+    /// One more step in the direction `c`'s split already moved from the budgets' split.
+    fn split_step(&mut self, c: &Candidate) -> Option<Candidate> {
+        if c.tensor_split.is_empty() || !c.devices.is_empty() {
+            return None;
+        }
+        let devs = self.offload_budgets();
+        let base = shares_of(&devs.iter().map(|(_, b)| *b).collect::<Vec<_>>());
+        let to = (0..c.tensor_split.len().min(base.len())).find(|&k| c.tensor_split[k] > base[k])?;
+        let ts = shifted(&c.tensor_split, to, STEP)?;
+        let next = Candidate {
+            tensor_split: ts,
+            ..c.clone()
+        };
+        self.fitted(vec![next]).into_iter().next()
+    }
+
+    /// The split search around `best` (the placement group's winner): the split group, then steps in
+    /// the winning direction while each step wins. Returns the new best.
+    pub fn search_split(&mut self, best: Candidate) -> Candidate {
+        if !self.settings.offload || self.out_of_time() {
+            return best;
+        }
+        let from = crate::engine::in_space(&self.settings, &best);
+        let mut group = self.split_group(&from);
+        if group.is_empty() {
+            return best;
+        }
+        group.insert(0, best.clone());
+        self.measure_group(&group, "split");
+        let mut best = self.choose(&group).unwrap_or(best);
+        for _ in 0..MAX_STEPS {
+            if self.out_of_time() {
+                break;
+            }
+            let Some(next) = self.split_step(&best) else {
+                break;
+            };
+            let pair = [best.clone(), next];
+            self.measure_group(&pair, "split");
+            match self.choose(&pair) {
+                Some(c) if c == pair[1] => best = c,
+                _ => break,
+            }
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_follow_the_budgets_and_sum_to_100() {
+        assert_eq!(shares_of(&[200, 100]), vec![67, 33]);
+        assert_eq!(shares_of(&[1, 1, 1]).iter().sum::<u32>(), 100);
+        assert_eq!(shares_of(&[u64::MAX, 0]), vec![99, 1]);
+    }
+
+    #[test]
+    fn a_step_moves_points_toward_one_device_and_keeps_the_total() {
+        assert_eq!(shifted(&[50, 50], 0, 10), Some(vec![60, 40]));
+        assert_eq!(shifted(&[50, 50], 1, 10), Some(vec![40, 60]));
+        let three = shifted(&[40, 30, 30], 2, 10).unwrap();
+        assert_eq!(three.iter().sum::<u32>(), 100);
+        assert_eq!(three[2], 40);
+        assert_eq!(shifted(&[100, 0], 0, 10), None);
+        assert_eq!(shifted(&[95, 5], 0, 10), Some(vec![100, 0]));
+    }
+
+    #[test]
+    fn backends_are_named_by_their_prefix() {
+        assert_eq!(backend_of("CUDA1"), "CUDA");
+        assert_eq!(backend_of("RPC0"), "RPC");
+        assert_eq!(backend_of("Vulkan12"), "Vulkan");
+    }
+}
