@@ -110,6 +110,7 @@ pub fn example_profile() -> Profile {
         baseline: Some(baseline.clone()),
         roofline: None,
         draft: None,
+        ngram: None,
         leaderboard: vec![
             LeaderboardEntry {
                 rank: 1,

@@ -9,6 +9,7 @@ use crate::inputs::{self, Also};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::speculative::evaluate::{self, Setup};
 use crate::speculative::prompts::{self, Prompt};
+use crate::speculative::ngram::NgramGrid;
 use crate::speculative::Grid;
 use anyhow::Context as _;
 use search_space::{CacheType, FlashAttn, KernelChoice};
@@ -18,6 +19,7 @@ use std::time::Duration;
 /// The validated search flags shared with `tune --draft`.
 pub struct SearchFlags {
     pub grid: Grid,
+    pub ngram: NgramGrid,
     pub prompts: Vec<Prompt>,
     pub n_gen: u32,
     pub reps: u32,
@@ -33,6 +35,12 @@ pub fn search_settings(a: &DraftSearchArgs) -> anyhow::Result<SearchFlags> {
         a.draft_p_min.clone(),
     )
     .map_err(usage)?;
+    let ngram = if a.no_ngram {
+        NgramGrid::new(Vec::new(), Vec::new())
+    } else {
+        NgramGrid::new(a.ngram_n.clone(), a.ngram_m.clone())
+    }
+    .map_err(usage)?;
     let prompts = match &a.draft_prompts {
         Some(p) => prompts::from_file(p).map_err(|e| usage(format!("--draft-prompts: {e}")))?,
         None => prompts::built_in(),
@@ -47,6 +55,7 @@ pub fn search_settings(a: &DraftSearchArgs) -> anyhow::Result<SearchFlags> {
         .map_err(|e| usage(format!("--draft-budget: {e}")))?;
     Ok(SearchFlags {
         grid,
+        ngram,
         prompts,
         n_gen: a.draft_gen,
         reps: a.draft_reps,
@@ -87,7 +96,10 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
         inputs::threads("--threads", &[t], inputs::logical_cpus())?;
     }
     let threads = a.threads.unwrap_or(d.machine.physical_cores).max(1);
-    let n_batch = 2048u32.max(search.grid.n_max.iter().max().copied().unwrap_or(16) + 1);
+    let longest = search.ngram.size_m.iter().max().copied().unwrap_or(0);
+    let longest = longest.max(search.grid.n_max.iter().max().copied().unwrap_or(16));
+    let n_batch = 2048u32.max(longest + 1);
+    let own_prompts = a.search.draft_prompts.is_some();
     let setup = Setup {
         target,
         target_info: info,
@@ -112,7 +124,9 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
             flash_attn: parse::<FlashAttn>("--flash-attn", &a.flash_attn)?,
         },
         grid: search.grid,
-        prompts: search.prompts,
+        ngram: search.ngram,
+        discover: true,
+        prompts: crate::speculative::workload::prompts_for(a.workload, search.prompts, own_prompts),
         n_gen: search.n_gen,
         reps: search.reps,
         noise: a.noise,

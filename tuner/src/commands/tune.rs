@@ -626,6 +626,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
         roofline: None,
         leaderboard: board,
         draft: None,
+        ngram: None,
     };
     // Speculative decoding (--draft): measured with the winner's settings; the draft or a note.
     if let Some(note) = crate::speculative::attach::attach(

@@ -1,14 +1,16 @@
 //! `autotune tune MODEL --draft FILE…`: after tuning, speculative decoding is measured with the
 //! winner's settings (threads, KV-cache types, flash attention, placement), and the profile gets the
 //! winning draft — which adds llama-server's speculative flags to its command line — or, when no draft
-//! pays, a note with the measured numbers.
+//! pays, a note with the measured numbers. N-gram speculation (no draft model) is measured too when
+//! the workload is one where text repeats (agent, long-prompt), even without `--draft`; it is
+//! measured on the workload's prompts, so it is enabled only where it speeds up that workload.
 
 use super::evaluate::{self, Setup};
 use super::search::Winner;
 use crate::cli::{Cli, TuneArgs};
 use crate::llama::{ContextSettings, ModelSettings};
 use anyhow::Context as _;
-use profiles::{DraftSettings, Profile};
+use profiles::{DraftSettings, NgramSettings, Profile};
 use search_space::gguf::GgufInfo;
 use search_space::identity::ModelIdentity;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +25,8 @@ pub fn attach(
     budgets: &[(String, u64)],
     stop: &AtomicBool,
 ) -> anyhow::Result<Option<String>> {
-    if args.speculative.draft.is_empty() || stop.load(Ordering::Relaxed) {
+    let ngram_too = super::workload::text_repeats(args.workload) && !args.speculative.no_ngram;
+    if (args.speculative.draft.is_empty() && !ngram_too) || stop.load(Ordering::Relaxed) {
         return Ok(None);
     }
     let w = &profile.winner;
@@ -46,7 +49,12 @@ pub fn attach(
         type_v: w.type_v,
         flash_attn: w.flash_attn,
     };
-    let search = crate::commands::draft::search_settings(&args.speculative)?;
+    let mut search = crate::commands::draft::search_settings(&args.speculative)?;
+    if !ngram_too {
+        search.ngram = super::ngram::NgramGrid::new(Vec::new(), Vec::new())
+            .map_err(|e| crate::exit::Exit::new(crate::exit::USAGE, e))?;
+    }
+    let own = args.speculative.draft_prompts.is_some();
     let setup = Setup {
         target: profile.model.path.clone(),
         target_info: info.clone(),
@@ -54,7 +62,9 @@ pub fn attach(
         settings,
         context,
         grid: search.grid,
-        prompts: search.prompts,
+        ngram: search.ngram,
+        discover: false,
+        prompts: super::workload::prompts_for(args.workload, search.prompts, own),
         n_gen: search.n_gen,
         reps: search.reps,
         noise: args.noise,
@@ -85,10 +95,29 @@ pub fn attach(
     if report.interrupted || stop.load(Ordering::Relaxed) {
         return Ok(Some("speculative decoding: the draft search was interrupted; run again to measure the drafts".into()));
     }
-    if let Some(win) = &report.winner {
-        profile.draft = Some(draft_settings(win, &setup)?);
+    match &report.winner {
+        Some(win) if win.ngram.is_some() => profile.ngram = ngram_settings(win, &setup),
+        Some(win) => profile.draft = Some(draft_settings(win, &setup)?),
+        None => {}
     }
     Ok(Some(report.conclusion.clone()))
+}
+
+/// The profile's record of winning n-gram speculation.
+fn ngram_settings(w: &Winner, s: &Setup) -> Option<NgramSettings> {
+    let n = w.ngram?;
+    let mut kinds: Vec<String> = s.prompts.iter().map(|p| p.kind.clone()).collect();
+    kinds.dedup();
+    Some(NgramSettings {
+        spec_type: super::search::NGRAM_SIMPLE.into(),
+        size_n: n.size_n,
+        size_m: n.size_m,
+        kinds,
+        acceptance: w.acceptance,
+        tokens_per_round: w.tokens_per_round,
+        tg_tps: w.tg.median,
+        baseline_tg_tps: w.baseline_tg.median,
+    })
 }
 
 /// The profile's record of the winning draft.
@@ -96,16 +125,20 @@ fn draft_settings(w: &Winner, s: &Setup) -> anyhow::Result<DraftSettings> {
     let id = ModelIdentity::of_file(&w.draft)
         .with_context(|| format!("{}: cannot read", w.draft.display()))?;
     let info = GgufInfo::inspect(&w.draft).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let model = evaluate::draft_model(&w.draft, &info, &s.settings, &s.context).placed(w.placement);
+    let mut model = evaluate::draft_model(&w.draft, &info, &s.settings, &s.context);
+    if let Some(p) = w.placement {
+        model = model.placed(p);
+    }
+    let params = w.params.context("the winning draft has no draft settings")?;
     Ok(DraftSettings {
         path: w.draft.clone(),
         file_name: id.file_name,
         fingerprint: id.fingerprint,
         size_bytes: id.size_bytes,
         file_type: info.file_type_name,
-        n_max: w.params.n_max,
-        n_min: w.params.n_min,
-        p_min: (f64::from(w.params.p_min) * 100.0).round() / 100.0,
+        n_max: params.n_max,
+        n_min: params.n_min,
+        p_min: (f64::from(params.p_min) * 100.0).round() / 100.0,
         n_gpu_layers: model.settings.n_gpu_layers,
         devices: model.settings.devices,
         type_k: model.context.type_k,

@@ -118,6 +118,12 @@ impl SpeculationReport {
         r
     }
 
+    /// A kind's generation speed over the target alone's on the same prompts (first passes).
+    pub fn kind_speedup(&self, kind: &str, tg_tps: f64) -> Option<f64> {
+        let base = self.baseline.as_ref()?.per_kind.iter().find(|k| k.kind == kind)?;
+        (base.tg_tps > 0.0).then(|| tg_tps / base.tg_tps)
+    }
+
     fn baseline_tg(&self) -> Option<f64> {
         self.baseline.as_ref().and_then(Trial::median_tg)
     }
@@ -147,11 +153,10 @@ impl SpeculationReport {
     fn conclude(&self) -> String {
         if let Some(w) = &self.winner {
             return format!(
-                "speculative decoding pays: {} ({}, {}) generates {:.1} t/s against {:.1} t/s for the target alone \
+                "speculative decoding pays: {} ({}) generates {:.1} t/s against {:.1} t/s for the target alone \
                  ({:+.0}%, 95% CI [{:+.0}%, {:+.0}%]), acceptance {:.0}%, {:.2} tokens per target decode",
                 name(&w.draft),
-                w.params.label(),
-                w.placement.label(),
+                w.label(),
                 w.tg.median,
                 w.baseline_tg.median,
                 w.comparison.ratio * 100.0,
@@ -213,7 +218,7 @@ impl SpeculationReport {
                     "no draft pays: {best}, {} ({}{}), generated {:.1} t/s against {:.1} t/s for the target alone ({why}); \
                      acceptance {:.0}%, {:.2} tokens per target decode",
                     name(&d.path),
-                    t.params.map(|p| p.label()).unwrap_or_default(),
+                    t.label(),
                     t.placement
                         .map(|p| format!(", {}", p.label()))
                         .unwrap_or_default(),
@@ -302,7 +307,6 @@ impl SpeculationReport {
                 "status",
             ]);
             for (d, trial) in rows {
-                let p = trial.params.expect("draft trials have params");
                 let tg = trial.median_tg();
                 let vs = match (&trial.versus_baseline, tg, base) {
                     (Some(c), _, _) => format!(
@@ -319,10 +323,7 @@ impl SpeculationReport {
                 let status = match (&trial.failure, &trial.skipped) {
                     (Some(f), _) => format!("failed: {f}"),
                     (None, Some(s)) => format!("skipped: {s}"),
-                    _ if self.winner.as_ref().is_some_and(|w| {
-                        w.draft == d.path && w.params == p && Some(w.placement) == trial.placement
-                    }) =>
-                    {
+                    _ if self.winner.as_ref().is_some_and(|w| w.is(d, trial)) => {
                         "winner".into()
                     }
                     _ => "ok".into(),
@@ -330,10 +331,10 @@ impl SpeculationReport {
                 let measured = trial.ok();
                 t.add_row(vec![
                     Cell::new(name(&d.path)),
-                    Cell::new(p.n_max),
-                    Cell::new(p.n_min),
-                    Cell::new(format!("{:.2}", p.p_min)),
-                    Cell::new(trial.placement.map_or("-".into(), |x| x.label())),
+                ]
+                .into_iter()
+                .chain(settings_cells(trial))
+                .chain([
                     Cell::new(if measured {
                         format!("{:.0}%", trial.acceptance * 100.0)
                     } else {
@@ -363,7 +364,7 @@ impl SpeculationReport {
                         }
                     }),
                     Cell::new(status),
-                ]);
+                ]));
             }
             out.push_str(&format!("{t}\n"));
         }
@@ -371,13 +372,19 @@ impl SpeculationReport {
             let kinds: Vec<String> = t
                 .per_kind
                 .iter()
-                .map(|k| format!("{} {:.0}%", k.kind, k.acceptance * 100.0))
+                .map(|k| {
+                    format!("{} {:.0}%", k.kind, k.acceptance * 100.0)
+                        + &self
+                            .kind_speedup(&k.kind, k.tg_tps)
+                            .map(|x| format!(" x{x:.2}"))
+                            .unwrap_or_default()
+                })
                 .collect();
             if !kinds.is_empty() {
                 out.push_str(&format!(
-                    "acceptance by kind ({} {}): {}\n",
+                    "acceptance and speed-up against the target alone by kind ({} {}, first pass): {}\n",
                     name(&d.path),
-                    t.params.map(|p| p.label()).unwrap_or_default(),
+                    t.label(),
                     kinds.join(", ")
                 ));
             }
@@ -444,6 +451,26 @@ impl SpeculationReport {
         }
         out.push_str(&format!("result  {}\n", self.conclusion));
         out
+    }
+}
+
+/// The settings columns: n_max, n_min, p_min, placement (n-gram: its draft length m in n_max and
+/// its lookup length as the placement).
+fn settings_cells(t: &Trial) -> Vec<Cell> {
+    match (t.ngram, t.params) {
+        (Some(n), _) => vec![
+            Cell::new(n.size_m),
+            Cell::new("-"),
+            Cell::new("-"),
+            Cell::new(format!("lookup n {}", n.size_n)),
+        ],
+        (None, Some(p)) => vec![
+            Cell::new(p.n_max),
+            Cell::new(p.n_min),
+            Cell::new(format!("{:.2}", p.p_min)),
+            Cell::new(t.placement.map_or("-".into(), |x| x.label())),
+        ],
+        (None, None) => vec![Cell::new("-"); 4],
     }
 }
 
