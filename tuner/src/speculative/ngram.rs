@@ -26,7 +26,7 @@ pub struct NgramParams {
 
 impl NgramParams {
     pub fn label(&self) -> String {
-        format!("ngram-simple n {} m {}", self.size_n, self.size_m)
+        format!("n {} m {}", self.size_n, self.size_m)
     }
 }
 

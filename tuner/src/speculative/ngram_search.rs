@@ -18,7 +18,7 @@ pub(super) fn measure(r: &mut Runner, entry: &mut DraftEntry) {
                 entry.trials.push(t);
                 continue;
             }
-            (r.progress)(&params.label());
+            (r.progress)(&format!("ngram-simple {}", params.label()));
             match r.pass_ngram(*params) {
                 Ok(runs) => r.record(&mut t, &runs),
                 Err(e) => {

@@ -273,6 +273,13 @@ impl SpeculationReport {
             ));
         }
         for d in &self.drafts {
+            if d.is_ngram() {
+                out.push_str(&format!(
+                    "ngram   {} (no draft model: drafts by looking up the text so far): {}\n",
+                    d.spec_type, d.status
+                ));
+                continue;
+            }
             out.push_str(&format!(
                 "draft   {} ({}, {}{}): {}\n",
                 name(&d.path),
@@ -382,7 +389,7 @@ impl SpeculationReport {
                 .collect();
             if !kinds.is_empty() {
                 out.push_str(&format!(
-                    "acceptance and speed-up against the target alone by kind ({} {}, first pass): {}\n",
+                    "acceptance and speed-up against the target alone by kind ({} {}, median of the final rounds where measured there): {}\n",
                     name(&d.path),
                     t.label(),
                     kinds.join(", ")

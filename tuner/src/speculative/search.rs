@@ -97,7 +97,8 @@ pub struct KindAcceptance {
     pub drafted: u64,
     pub accepted: u64,
     pub acceptance: f64,
-    /// Effective generation speed of this kind's prompts in the first pass.
+    /// Effective generation speed of this kind's prompts: the median of the final comparison's
+    /// interleaved rounds for its finalists and the baseline, else the first pass.
     pub tg_tps: f64,
 }
 
@@ -508,6 +509,7 @@ fn confirm(
     }
     let reps = s.reps.max(2) as usize;
     let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); ranked.len() + 1];
+    let mut by_kind: Vec<Vec<Vec<(String, f64)>>> = vec![Vec::new(); ranked.len() + 1];
     for round in 0..reps {
         let order = stats::shuffled_order(ranked.len() + 1, s.seed.wrapping_add(round as u64));
         for &slot in &order {
@@ -545,7 +547,10 @@ fn confirm(
                 r.pass(Some((model, params)))
             };
             match measured {
-                Ok(runs) => rounds[slot].push(rate(&runs)),
+                Ok(runs) => {
+                    rounds[slot].push(rate(&runs));
+                    by_kind[slot].push(kind_rates(&runs, &s.prompts));
+                }
                 Err(e) => {
                     // An unpaired round would bias the comparison: stop, no winner.
                     outcome.confirm_error = Some(format!(
@@ -556,6 +561,10 @@ fn confirm(
                 }
             }
         }
+    }
+    set_kind_rates(&mut outcome.baseline, &by_kind[0]);
+    for (slot, &(_, e, i)) in ranked.iter().enumerate() {
+        set_kind_rates(&mut entries[e].trials[i], &by_kind[slot + 1]);
     }
     outcome.confirm_baseline = rounds[0].clone();
     outcome.baseline.tg_tps.extend(&rounds[0]);
@@ -606,6 +615,38 @@ fn rate(runs: &[PromptRun]) -> f64 {
         tokens as f64 / seconds
     } else {
         0.0
+    }
+}
+
+/// Generation speed per prompt kind of one pass.
+fn kind_rates(runs: &[PromptRun], prompts: &[Prompt]) -> Vec<(String, f64)> {
+    let mut kinds: Vec<&str> = prompts.iter().map(|p| p.kind.as_str()).collect();
+    kinds.dedup();
+    kinds
+        .into_iter()
+        .map(|k| {
+            let of_kind: Vec<PromptRun> = runs
+                .iter()
+                .zip(prompts)
+                .filter(|(_, p)| p.kind == k)
+                .map(|(r, _)| r.clone())
+                .collect();
+            (k.to_string(), rate(&of_kind))
+        })
+        .collect()
+}
+
+/// A finalist's (or the baseline's) per-kind speed: the median of the interleaved rounds, which
+/// ran side by side with the others', replacing the first pass's.
+fn set_kind_rates(t: &mut Trial, rounds: &[Vec<(String, f64)>]) {
+    for k in &mut t.per_kind {
+        let v: Vec<f64> = rounds
+            .iter()
+            .filter_map(|r| r.iter().find(|(n, _)| *n == k.kind).map(|x| x.1))
+            .collect();
+        if let Ok(sample) = Sample::new(v) {
+            k.tg_tps = sample.summary().median;
+        }
     }
 }
 
@@ -755,14 +796,10 @@ impl Runner<'_> {
                         drafted: 0,
                         accepted: 0,
                         acceptance: 0.0,
-                        tg_tps: rate(
-                            &runs
-                                .iter()
-                                .zip(&self.s.prompts)
-                                .filter(|(_, p)| p.kind == prompt.kind)
-                                .map(|(r, _)| r.clone())
-                                .collect::<Vec<_>>(),
-                        ),
+                        tg_tps: kind_rates(runs, &self.s.prompts)
+                            .into_iter()
+                            .find(|(k, _)| *k == prompt.kind)
+                            .map_or(0.0, |x| x.1),
                     });
                     kinds.last_mut().expect("pushed")
                 }
