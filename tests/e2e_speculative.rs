@@ -551,6 +551,8 @@ fn ngram_speculation_needs_no_draft_model_and_keeps_the_output() {
     let drafts = r["drafts"].as_array().unwrap();
     assert_eq!(drafts.len(), 1, "only n-gram: {r:#}");
     assert_eq!(drafts[0]["spec_type"], "ngram-simple", "{r:#}");
+    assert_eq!(r["mtp"]["heads"], 0, "the demo model has no MTP heads: {r:#}");
+    assert!(r["mtp"]["note"].as_str().unwrap().starts_with("no MTP heads"));
     let measured = measured_trials(&r);
     assert!(!measured.is_empty(), "{r:#}");
     for t in &measured {

@@ -193,6 +193,7 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
         s.llama_version.clone(),
     );
     report.fault = settings.fault;
+    report.mtp = Some(super::mtp::assess(&s.target_info));
     report
 }
 

@@ -19,6 +19,7 @@ pub mod compat;
 pub mod discover;
 pub mod evaluate;
 pub mod logits;
+pub mod mtp;
 pub mod ngram;
 pub mod ngram_search;
 pub mod prompts;

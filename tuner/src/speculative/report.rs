@@ -51,6 +51,9 @@ pub struct SpeculationReport {
     /// A flip between two tokens whose logits are closer than this (nats) is rounding, not a
     /// different output ([`super::verify`]).
     pub near_tie_nats: f32,
+    /// Whether the target has MTP heads (`draft-mtp`), and what was done about it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<super::mtp::MtpStatus>,
     /// Set only by the tests: the draft loop ran with a deliberate bug.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fault: Option<Fault>,
@@ -112,6 +115,7 @@ impl SpeculationReport {
             elapsed_s,
             llama_version,
             near_tie_nats: NEAR_TIE_NATS,
+            mtp: None,
             fault: None,
         };
         r.conclusion = r.conclude();
@@ -443,6 +447,9 @@ impl SpeculationReport {
                  same text, beyond a near tie{at}: the draft loop is wrong (rollback, positions, KV cache), so the \
                  setting is never chosen\n"
             ));
+        }
+        if let Some(m) = &self.mtp {
+            out.push_str(&format!("mtp     {}\n", m.note));
         }
         if let Some(f) = self.fault {
             out.push_str(&format!(
