@@ -551,8 +551,14 @@ fn ngram_speculation_needs_no_draft_model_and_keeps_the_output() {
     let drafts = r["drafts"].as_array().unwrap();
     assert_eq!(drafts.len(), 1, "only n-gram: {r:#}");
     assert_eq!(drafts[0]["spec_type"], "ngram-simple", "{r:#}");
-    assert_eq!(r["mtp"]["heads"], 0, "the demo model has no MTP heads: {r:#}");
-    assert!(r["mtp"]["note"].as_str().unwrap().starts_with("no MTP heads"));
+    assert_eq!(
+        r["mtp"]["heads"], 0,
+        "the demo model has no MTP heads: {r:#}"
+    );
+    assert!(r["mtp"]["note"]
+        .as_str()
+        .unwrap()
+        .starts_with("no MTP heads"));
     let measured = measured_trials(&r);
     assert!(!measured.is_empty(), "{r:#}");
     for t in &measured {
@@ -599,7 +605,10 @@ fn a_broken_rollback_under_ngram_speculation_is_caught() {
         .iter()
         .filter(|t| t["acceptance"].as_f64().unwrap() < 1.0)
         .collect();
-    assert!(!rejected.is_empty(), "a rejected draft token is needed: {r:#}");
+    assert!(
+        !rejected.is_empty(),
+        "a rejected draft token is needed: {r:#}"
+    );
     for t in rejected {
         assert_eq!(t["same_output"], "differs", "{t:#}");
     }

@@ -129,7 +129,9 @@ fn draft_settings(w: &Winner, s: &Setup) -> anyhow::Result<DraftSettings> {
     if let Some(p) = w.placement {
         model = model.placed(p);
     }
-    let params = w.params.context("the winning draft has no draft settings")?;
+    let params = w
+        .params
+        .context("the winning draft has no draft settings")?;
     Ok(DraftSettings {
         path: w.draft.clone(),
         file_name: id.file_name,

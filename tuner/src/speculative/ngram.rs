@@ -86,7 +86,9 @@ pub fn draft(p: NgramParams, history: &[i32], sampled: i32) -> Vec<i32> {
     let mut pattern: Vec<i32> = history[len - n + 1..].to_vec();
     pattern.push(sampled);
     // Backwards from the last place a whole n-gram fits before the current one; 0 is "no match".
-    let found = (1..len - n).rev().find(|&j| history[j..j + n] == pattern[..]);
+    let found = (1..len - n)
+        .rev()
+        .find(|&j| history[j..j + n] == pattern[..]);
     let Some(at) = found else {
         return Vec::new();
     };

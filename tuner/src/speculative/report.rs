@@ -124,7 +124,12 @@ impl SpeculationReport {
 
     /// A kind's generation speed over the target alone's on the same prompts (first passes).
     pub fn kind_speedup(&self, kind: &str, tg_tps: f64) -> Option<f64> {
-        let base = self.baseline.as_ref()?.per_kind.iter().find(|k| k.kind == kind)?;
+        let base = self
+            .baseline
+            .as_ref()?
+            .per_kind
+            .iter()
+            .find(|k| k.kind == kind)?;
         (base.tg_tps > 0.0).then(|| tg_tps / base.tg_tps)
     }
 
@@ -318,64 +323,7 @@ impl SpeculationReport {
                 "status",
             ]);
             for (d, trial) in rows {
-                let tg = trial.median_tg();
-                let vs = match (&trial.versus_baseline, tg, base) {
-                    (Some(c), _, _) => format!(
-                        "{:+.0}% [{:+.0}, {:+.0}]",
-                        c.ratio * 100.0,
-                        c.ci_low * 100.0,
-                        c.ci_high * 100.0
-                    ),
-                    (None, Some(tg), Some(b)) if b > 0.0 => {
-                        format!("{:+.0}%", (tg / b - 1.0) * 100.0)
-                    }
-                    _ => "-".into(),
-                };
-                let status = match (&trial.failure, &trial.skipped) {
-                    (Some(f), _) => format!("failed: {f}"),
-                    (None, Some(s)) => format!("skipped: {s}"),
-                    _ if self.winner.as_ref().is_some_and(|w| w.is(d, trial)) => {
-                        "winner".into()
-                    }
-                    _ => "ok".into(),
-                };
-                let measured = trial.ok();
-                t.add_row(vec![
-                    Cell::new(name(&d.path)),
-                ]
-                .into_iter()
-                .chain(settings_cells(trial))
-                .chain([
-                    Cell::new(if measured {
-                        format!("{:.0}%", trial.acceptance * 100.0)
-                    } else {
-                        "-".into()
-                    }),
-                    Cell::new(if measured {
-                        format!("{:.2}", trial.tokens_per_round)
-                    } else {
-                        "-".into()
-                    }),
-                    Cell::new(tg.map_or("-".into(), |v| format!("{v:.1}"))),
-                    Cell::new(vs),
-                    Cell::new(if !measured {
-                        "-".to_string()
-                    } else {
-                        match trial.output.same_output {
-                            SameOutput::Identical => "yes".into(),
-                            SameOutput::NearTies => {
-                                format!("yes, {} near-tie", trial.output.near_ties.len())
-                                    + if trial.output.near_ties.len() == 1 {
-                                        ""
-                                    } else {
-                                        "s"
-                                    }
-                            }
-                            SameOutput::Differs => "NO".into(),
-                        }
-                    }),
-                    Cell::new(status),
-                ]));
+                t.add_row(self.trial_row(d, trial, base));
             }
             out.push_str(&format!("{t}\n"));
         }
@@ -465,6 +413,66 @@ impl SpeculationReport {
         }
         out.push_str(&format!("result  {}\n", self.conclusion));
         out
+    }
+
+    /// One row of the table: a trial's settings and figures against the target alone.
+    fn trial_row(&self, d: &DraftEntry, trial: &Trial, base: Option<f64>) -> Vec<Cell> {
+        let tg = trial.median_tg();
+        let vs = match (&trial.versus_baseline, tg, base) {
+            (Some(c), _, _) => format!(
+                "{:+.0}% [{:+.0}, {:+.0}]",
+                c.ratio * 100.0,
+                c.ci_low * 100.0,
+                c.ci_high * 100.0
+            ),
+            (None, Some(tg), Some(b)) if b > 0.0 => {
+                format!("{:+.0}%", (tg / b - 1.0) * 100.0)
+            }
+            _ => "-".into(),
+        };
+        let status = match (&trial.failure, &trial.skipped) {
+            (Some(f), _) => format!("failed: {f}"),
+            (None, Some(s)) => format!("skipped: {s}"),
+            _ if self.winner.as_ref().is_some_and(|w| w.is(d, trial)) => "winner".into(),
+            _ => "ok".into(),
+        };
+        let measured = trial.ok();
+        let row: Vec<Cell> = vec![Cell::new(name(&d.path))]
+            .into_iter()
+            .chain(settings_cells(trial))
+            .chain([
+                Cell::new(if measured {
+                    format!("{:.0}%", trial.acceptance * 100.0)
+                } else {
+                    "-".into()
+                }),
+                Cell::new(if measured {
+                    format!("{:.2}", trial.tokens_per_round)
+                } else {
+                    "-".into()
+                }),
+                Cell::new(tg.map_or("-".into(), |v| format!("{v:.1}"))),
+                Cell::new(vs),
+                Cell::new(if !measured {
+                    "-".to_string()
+                } else {
+                    match trial.output.same_output {
+                        SameOutput::Identical => "yes".into(),
+                        SameOutput::NearTies => {
+                            format!("yes, {} near-tie", trial.output.near_ties.len())
+                                + if trial.output.near_ties.len() == 1 {
+                                    ""
+                                } else {
+                                    "s"
+                                }
+                        }
+                        SameOutput::Differs => "NO".into(),
+                    }
+                }),
+                Cell::new(status),
+            ])
+            .collect();
+        row
     }
 }
 

@@ -49,7 +49,9 @@ mod tests {
         let all = built_in();
         let agent = prompts_for(Some(WorkloadPreset::Agent), all.clone(), false);
         assert!(!agent.is_empty());
-        assert!(agent.iter().all(|p| p.kind == "code" || p.kind == "repetitive"));
+        assert!(agent
+            .iter()
+            .all(|p| p.kind == "code" || p.kind == "repetitive"));
         let long = prompts_for(Some(WorkloadPreset::LongPrompt), all.clone(), false);
         assert!(long.iter().all(|p| p.kind == "summarisation"));
         assert_eq!(prompts_for(None, all.clone(), false), all);
