@@ -169,6 +169,7 @@ fn drafts_with_another_vocabulary_are_rejected_with_the_reason() {
             "--draft",
             &format!("{},{}", tiny.display(), renamed.display()),
             "--json",
+            "--no-ngram",
             "-t",
             "2",
             "--ctx",
@@ -236,6 +237,7 @@ fn output_with_a_draft_is_the_target_alones_up_to_near_ties() {
             "--draft",
             draft.to_str().unwrap(),
             "--json",
+            "--no-ngram",
             // One thread: on a busy machine two spinning threads wait for each other far longer
             // than one thread computes.
             "-t",
@@ -331,6 +333,7 @@ fn a_broken_rollback_is_reported_as_a_real_divergence() {
             "--draft",
             draft.to_str().unwrap(),
             "--json",
+            "--no-ngram",
             "-t",
             "1",
             "--ctx",
@@ -484,4 +487,130 @@ fn tune_with_a_draft_records_the_outcome_in_the_profile() {
             assert!(!profile.server_args.iter().any(|x| x == "-md"));
         }
     }
+}
+
+/// A copy of the demo model alone in a folder (hard link where it can), so `autotune draft` finds no
+/// draft model beside it.
+fn lone_demo(sb: &Sandbox) -> PathBuf {
+    let lone = sb.dir.path().join("lone");
+    std::fs::create_dir_all(&lone).unwrap();
+    let to = lone.join("demo.gguf");
+    if std::fs::hard_link(demo_model(), &to).is_err() {
+        std::fs::copy(demo_model(), &to).unwrap();
+    }
+    to
+}
+
+/// Text that repeats (where n-gram lookup drafts) and a chat turn (where it rarely does).
+fn ngram_prompts(sb: &Sandbox) -> PathBuf {
+    let prompts = sb.dir.path().join("ngram-prompts.toml");
+    std::fs::write(
+        &prompts,
+        "[[prompt]]\nname = \"days\"\nkind = \"repetitive\"\ntext = \"Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday,\"\n\n\
+         [[prompt]]\nname = \"hello\"\nkind = \"chat\"\ntext = \"User: What is a good name for a cat?\\nAssistant:\"\n",
+    )
+    .unwrap();
+    prompts
+}
+
+fn ngram_args<'a>(target: &'a Path, prompts: &'a Path) -> Vec<&'a str> {
+    vec![
+        "draft",
+        target.to_str().unwrap(),
+        "--json",
+        "-t",
+        "1",
+        "--ctx",
+        "1024",
+        "--ngram-n",
+        "2",
+        "--ngram-m",
+        "8",
+        "--draft-gen",
+        "32",
+        "--draft-reps",
+        "2",
+        "--draft-budget",
+        "15m",
+        "--draft-prompts",
+        prompts.to_str().unwrap(),
+        "--seed",
+        "3",
+    ]
+}
+
+/// With no draft model anywhere, `autotune draft` measures n-gram speculation: it drafts on repeated
+/// text, its output passes the same identity check as a draft model's, and the report says per
+/// prompt kind how fast it went against the target alone.
+#[test]
+fn ngram_speculation_needs_no_draft_model_and_keeps_the_output() {
+    let sb = Sandbox::new();
+    let target = lone_demo(&sb);
+    let prompts = ngram_prompts(&sb);
+    let r = draft_report(&sb, &ngram_args(&target, &prompts));
+    let drafts = r["drafts"].as_array().unwrap();
+    assert_eq!(drafts.len(), 1, "only n-gram: {r:#}");
+    assert_eq!(drafts[0]["spec_type"], "ngram-simple", "{r:#}");
+    assert_eq!(
+        r["mtp"]["heads"], 0,
+        "the demo model has no MTP heads: {r:#}"
+    );
+    assert!(r["mtp"]["note"]
+        .as_str()
+        .unwrap()
+        .starts_with("no MTP heads"));
+    let measured = measured_trials(&r);
+    assert!(!measured.is_empty(), "{r:#}");
+    for t in &measured {
+        assert_eq!(t["ngram"]["size_n"], 2, "{t:#}");
+        assert_ne!(t["same_output"], "differs", "{t:#}");
+        let kind = |k: &str| {
+            t["per_kind"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|x| x["kind"] == k)
+                .cloned()
+                .unwrap()
+        };
+        assert!(
+            kind("repetitive")["accepted"].as_u64().unwrap() > 0,
+            "n-gram lookup drafts repeated text: {t:#}"
+        );
+        assert!(kind("chat")["tg_tps"].as_f64().unwrap() > 0.0, "{t:#}");
+    }
+    if let Some(w) = r["winner"].as_object() {
+        assert_eq!(w["ngram"]["size_m"], 8, "{r:#}");
+    }
+}
+
+/// The identity check applies to n-gram speculation too: a broken rollback is caught.
+#[test]
+fn a_broken_rollback_under_ngram_speculation_is_caught() {
+    let sb = Sandbox::new();
+    let target = lone_demo(&sb);
+    // Code that repeats with changes: n-gram drafts are often wrong part way, and rejected.
+    let prompts = sb.dir.path().join("code.toml");
+    std::fs::write(
+        &prompts,
+        "[[prompt]]\nname = \"list\"\nkind = \"code\"\ntext = \"fruits = [\\\"apple\\\", \\\"banana\\\", \\\"cherry\\\"]\\nfor fruit in fruits:\\n    print(fruit)\\nvegetables = [\\\"carrot\\\", \\\"potato\\\", \\\"onion\\\"]\\nfor\"\n",
+    )
+    .unwrap();
+    let mut args = ngram_args(&target, &prompts);
+    let gen = args.iter().position(|a| *a == "--draft-gen").unwrap() + 1;
+    args[gen] = "64";
+    let r = draft_report_with(&sb, &args, Some("keep-one-rejected-cell"));
+    let measured = measured_trials(&r);
+    let rejected: Vec<&serde_json::Value> = measured
+        .iter()
+        .filter(|t| t["acceptance"].as_f64().unwrap() < 1.0)
+        .collect();
+    assert!(
+        !rejected.is_empty(),
+        "a rejected draft token is needed: {r:#}"
+    );
+    for t in rejected {
+        assert_eq!(t["same_output"], "differs", "{t:#}");
+    }
+    assert!(r["winner"].is_null(), "a broken loop never wins: {r:#}");
 }

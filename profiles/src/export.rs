@@ -218,6 +218,13 @@ pub fn export_ollama(p: &Profile) -> String {
             d.file_name, d.tg_tps, d.baseline_tg_tps
         );
     }
+    if let Some(n) = &p.ngram {
+        let _ = writeln!(
+            out,
+            "# autotune: n-gram speculation {} (size n {}, m {}; {:.1} vs {:.1} t/s): Ollama cannot speculate",
+            n.spec_type, n.size_n, n.size_m, n.tg_tps, n.baseline_tg_tps
+        );
+    }
     out
 }
 

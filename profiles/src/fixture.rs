@@ -112,6 +112,7 @@ pub fn example_profile() -> Profile {
         baseline: Some(baseline.clone()),
         roofline: None,
         draft: None,
+        ngram: None,
         leaderboard: vec![
             LeaderboardEntry {
                 rank: 1,

@@ -7,6 +7,7 @@
 
 mod draft;
 mod error;
+mod ngram;
 mod export;
 pub mod measurements;
 mod profile;
@@ -20,6 +21,7 @@ mod fixture;
 
 pub use draft::{DraftSettings, MAX_DRAFT};
 pub use error::{ProfileError, Result};
+pub use ngram::{ngram_options, NgramSettings, MAX_NGRAM_SIZE};
 pub use export::{
     export, export_args, export_json, export_llama_swap, export_ollama, export_presets,
     ExportFormat, UnknownExportFormat,

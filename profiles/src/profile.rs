@@ -54,6 +54,10 @@ pub struct Profile {
     /// The draft model for speculative decoding, when one measured faster than the target alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft: Option<crate::DraftSettings>,
+    /// N-gram speculation (no draft model), when it measured faster than the target alone on the
+    /// workload's prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ngram: Option<crate::NgramSettings>,
 }
 
 /// The GGUF file the profile was measured with.
@@ -264,6 +268,7 @@ impl Profile {
                 .iter()
                 .flat_map(crate::server_args::draft_options),
         );
+        o.extend(self.ngram.iter().flat_map(crate::ngram_options));
         o
     }
 

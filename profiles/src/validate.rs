@@ -39,6 +39,9 @@ impl Profile {
         if let Some(d) = &self.draft {
             crate::draft::check(d, check_paths)?;
         }
+        if let Some(n) = &self.ngram {
+            crate::ngram::check(n, self.draft.is_some())?;
+        }
         check_server_args(&self.expected_server_args(), &self.server_args)
     }
 }

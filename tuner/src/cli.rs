@@ -570,6 +570,17 @@ pub struct DraftSearchArgs {
     /// Tokens generated per prompt of the prompt set (more: steadier acceptance figures, longer runs)
     #[arg(long = "draft-gen", default_value_t = 48)]
     pub draft_gen: u32,
+    /// N-gram lookup lengths to try for n-gram speculation without a draft model (llama-server's
+    /// --spec-type ngram-simple --spec-ngram-simple-size-n): shorter ones match more often, longer
+    /// ones match more surely
+    #[arg(long = "ngram-n", value_delimiter = ',', default_value = "4,12")]
+    pub ngram_n: Vec<u32>,
+    /// N-gram draft lengths to try (--spec-ngram-simple-size-m): the most tokens copied after a match
+    #[arg(long = "ngram-m", value_delimiter = ',', default_value = "8,16,48")]
+    pub ngram_m: Vec<u32>,
+    /// Do not measure n-gram speculation (only draft models)
+    #[arg(long = "no-ngram")]
+    pub no_ngram: bool,
     /// Prompt set to measure on, a TOML file of [[prompt]] name/kind/text tables (default: the
     /// built-in code, chat, summarisation and repetitive-text prompts)
     #[arg(long = "draft-prompts", value_name = "FILE")]
@@ -599,6 +610,10 @@ pub struct DraftSearchArgs {
 pub struct DraftArgs {
     /// The target model (the one whose output counts)
     pub target: PathBuf,
+    /// Measure and choose for this workload's prompts: chat (chat), agent (code and repetitive
+    /// text), long-prompt (summarisation); default: every built-in prompt. Ignored with --draft-prompts
+    #[arg(long)]
+    pub workload: Option<WorkloadPreset>,
     #[command(flatten)]
     pub search: DraftSearchArgs,
     /// Context size of both models (-c)

@@ -16,7 +16,7 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
     let info = session::inspect_model(&a.target)?;
     let target = std::fs::canonicalize(&a.target)
         .with_context(|| format!("{}: cannot resolve path", a.target.display()))?;
-    let search = settings::draft_command_search(&a.search, &a.trial)?;
+    let search = settings::draft_command_search(&a.search, &a.trial, a.workload)?;
     let stop = term::interrupt_flag()?;
     let d = probe::probe(cli.verbose, &[])?;
     let offload = !d.machine.offload_devices().is_empty();
@@ -29,7 +29,9 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
         inputs::threads("--threads", &[t], inputs::logical_cpus())?;
     }
     let threads = a.threads.unwrap_or(d.machine.physical_cores).max(1);
-    let n_batch = 2048u32.max(search.grid.n_max.iter().max().copied().unwrap_or(16) + 1);
+    let longest = search.ngram.size_m.iter().max().copied().unwrap_or(0);
+    let longest = longest.max(search.grid.n_max.iter().max().copied().unwrap_or(16));
+    let n_batch = 2048u32.max(longest + 1);
     let setup = Setup {
         target,
         target_info: info,
@@ -55,7 +57,13 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
             flash_attn: a.flash_attn,
         },
         grid: search.grid,
-        prompts: search.prompts,
+        ngram: search.ngram,
+        discover: true,
+        prompts: crate::speculative::workload::prompts_for(
+            search.workload,
+            search.prompts,
+            search.own_prompts,
+        ),
         n_gen: search.n_gen,
         reps: search.reps,
         noise: search.noise,

@@ -7,7 +7,9 @@ use crate::exit::{self, Exit};
 use crate::inputs::{self, Also};
 use crate::quant::joint::Joint;
 use crate::quant::quality::{self, EvalSettings};
+use crate::cli::WorkloadPreset;
 use crate::speculative::attach::DraftSearch;
+use crate::speculative::ngram::NgramGrid;
 use crate::speculative::{prompts, Grid};
 use crate::tuning::Plan;
 use crate::worker::Workload;
@@ -149,7 +151,11 @@ pub fn joint(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Option<Joint>> {
 }
 
 /// The draft search (`draft`, `tune --draft`).
-pub fn draft_search(a: &DraftSearchArgs, trial: &TrialArgs) -> anyhow::Result<DraftSearch> {
+pub fn draft_search(
+    a: &DraftSearchArgs,
+    trial: &TrialArgs,
+    workload: Option<WorkloadPreset>,
+) -> anyhow::Result<DraftSearch> {
     inputs::model_files("--draft", &a.draft, Also::Auto)?;
     let grid = Grid::new(
         a.draft_max.clone(),
@@ -157,6 +163,11 @@ pub fn draft_search(a: &DraftSearchArgs, trial: &TrialArgs) -> anyhow::Result<Dr
         a.draft_p_min.clone(),
     )
     .map_err(usage)?;
+    let ngram = if a.no_ngram {
+        NgramGrid::default()
+    } else {
+        NgramGrid::new(a.ngram_n.clone(), a.ngram_m.clone()).map_err(usage)?
+    };
     let prompts = match &a.draft_prompts {
         Some(p) => prompts::from_file(p).map_err(|e| usage(format!("--draft-prompts: {e}")))?,
         None => prompts::built_in(),
@@ -170,7 +181,10 @@ pub fn draft_search(a: &DraftSearchArgs, trial: &TrialArgs) -> anyhow::Result<Dr
     Ok(DraftSearch {
         drafts: a.draft.clone(),
         grid,
+        ngram,
         prompts,
+        own_prompts: a.draft_prompts.is_some(),
+        workload,
         n_gen: a.draft_gen,
         reps: a.draft_reps,
         budget: a.draft_budget,
@@ -184,8 +198,9 @@ pub fn draft_search(a: &DraftSearchArgs, trial: &TrialArgs) -> anyhow::Result<Dr
 pub fn draft_command_search(
     a: &DraftSearchArgs,
     trial: &TrialArgs,
+    workload: Option<WorkloadPreset>,
 ) -> anyhow::Result<DraftSearch> {
-    let mut s = draft_search(a, trial)?;
+    let mut s = draft_search(a, trial, workload)?;
     if !(trial.noise > 0.0 && trial.noise < 1.0) {
         return Err(usage(format!(
             "--noise {} must be between 0 and 1",

@@ -22,10 +22,13 @@ fn check_named_files(args: &TuneArgs) -> anyhow::Result<()> {
 
 /// What becomes of the winner's profile, from the flags.
 fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<After> {
-    let draft = if args.speculative.draft.is_empty() {
+    // Draft models when given; n-gram speculation (no draft model) when the workload repeats text.
+    let workload = args.workload.workload;
+    let ngram = crate::speculative::workload::text_repeats(workload) && !args.speculative.no_ngram;
+    let draft = if args.speculative.draft.is_empty() && !ngram {
         None
     } else {
-        Some(settings::draft_search(&args.speculative, &args.trial)?)
+        Some(settings::draft_search(&args.speculative, &args.trial, workload)?)
     };
     Ok(After {
         draft,

@@ -1,7 +1,9 @@
 //! `autotune tune MODEL --draft FILE…`: after tuning, speculative decoding is measured with the
 //! winner's settings (threads, KV-cache types, flash attention, placement), and the profile gets the
 //! winning draft — which adds llama-server's speculative flags to its command line — or, when no draft
-//! pays, a note with the measured numbers.
+//! pays, a note with the measured numbers. N-gram speculation (no draft model) is measured too when
+//! the workload is one where text repeats (agent, long-prompt), even without `--draft`; it is
+//! measured on the workload's prompts, so it is enabled only where it speeds up that workload.
 
 use super::evaluate::{self, Setup};
 use super::prompts::Prompt;
@@ -10,7 +12,7 @@ use super::Grid;
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::tuning::Tuned;
 use anyhow::Context as _;
-use profiles::{DraftSettings, Profile};
+use profiles::{DraftSettings, NgramSettings, Profile};
 use search_space::gguf::GgufInfo;
 use search_space::identity::ModelIdentity;
 use std::path::PathBuf;
@@ -23,7 +25,13 @@ pub struct DraftSearch {
     /// Draft model files (`auto` among them: the compatible smaller models beside the target).
     pub drafts: Vec<PathBuf>,
     pub grid: Grid,
+    /// N-gram speculation's lengths (empty: not measured).
+    pub ngram: super::ngram::NgramGrid,
     pub prompts: Vec<Prompt>,
+    /// The prompts are the user's (`--draft-prompts`), not filtered by the workload.
+    pub own_prompts: bool,
+    /// The workload the choice is made for (its prompt kinds; n-gram only where text repeats).
+    pub workload: Option<crate::cli::WorkloadPreset>,
     pub n_gen: u32,
     pub reps: u32,
     pub budget: Duration,
@@ -45,12 +53,18 @@ pub fn attach(
     quiet: bool,
     show: bool,
 ) -> anyhow::Result<Option<String>> {
-    if search.drafts.is_empty() || stop.load(Ordering::Relaxed) {
+    let ngram_too = super::workload::text_repeats(search.workload) && !search.ngram.is_empty();
+    if (search.drafts.is_empty() && !ngram_too) || stop.load(Ordering::Relaxed) {
         return Ok(None);
     }
     let w = &profile.winner;
     let settings = ModelSettings::for_candidate(w, &tuned.rpc);
     let context = ContextSettings::for_candidate(w, profile.workload.n_ctx);
+    let ngram = if ngram_too {
+        search.ngram.clone()
+    } else {
+        super::ngram::NgramGrid::default()
+    };
     let setup = Setup {
         target: profile.model.path.clone(),
         target_info: tuned.info.clone(),
@@ -58,7 +72,13 @@ pub fn attach(
         settings,
         context,
         grid: search.grid.clone(),
-        prompts: search.prompts.clone(),
+        ngram,
+        discover: false,
+        prompts: super::workload::prompts_for(
+            search.workload,
+            search.prompts.clone(),
+            search.own_prompts,
+        ),
         n_gen: search.n_gen,
         reps: search.reps,
         noise: search.noise,
@@ -88,10 +108,29 @@ pub fn attach(
     if report.interrupted || stop.load(Ordering::Relaxed) {
         return Ok(Some("speculative decoding: the draft search was interrupted; run again to measure the drafts".into()));
     }
-    if let Some(win) = &report.winner {
-        profile.draft = Some(draft_settings(win, &setup)?);
+    match &report.winner {
+        Some(win) if win.ngram.is_some() => profile.ngram = ngram_settings(win, &setup),
+        Some(win) => profile.draft = Some(draft_settings(win, &setup)?),
+        None => {}
     }
     Ok(Some(report.conclusion.clone()))
+}
+
+/// The profile's record of winning n-gram speculation.
+fn ngram_settings(w: &Winner, s: &Setup) -> Option<NgramSettings> {
+    let n = w.ngram?;
+    let mut kinds: Vec<String> = s.prompts.iter().map(|p| p.kind.clone()).collect();
+    kinds.dedup();
+    Some(NgramSettings {
+        spec_type: super::search::NGRAM_SIMPLE.into(),
+        size_n: n.size_n,
+        size_m: n.size_m,
+        kinds,
+        acceptance: w.acceptance,
+        tokens_per_round: w.tokens_per_round,
+        tg_tps: w.tg.median,
+        baseline_tg_tps: w.baseline_tg.median,
+    })
 }
 
 /// The profile's record of the winning draft.
@@ -99,16 +138,22 @@ fn draft_settings(w: &Winner, s: &Setup) -> anyhow::Result<DraftSettings> {
     let id = ModelIdentity::of_file(&w.draft)
         .with_context(|| format!("{}: cannot read", w.draft.display()))?;
     let info = GgufInfo::inspect(&w.draft).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let model = evaluate::draft_model(&w.draft, &info, &s.settings, &s.context).placed(w.placement);
+    let mut model = evaluate::draft_model(&w.draft, &info, &s.settings, &s.context);
+    if let Some(p) = w.placement {
+        model = model.placed(p);
+    }
+    let params = w
+        .params
+        .context("the winning draft has no draft settings")?;
     Ok(DraftSettings {
         path: w.draft.clone(),
         file_name: id.file_name,
         fingerprint: id.fingerprint,
         size_bytes: id.size_bytes,
         file_type: info.file_type_name,
-        n_max: w.params.n_max,
-        n_min: w.params.n_min,
-        p_min: (f64::from(w.params.p_min) * 100.0).round() / 100.0,
+        n_max: params.n_max,
+        n_min: params.n_min,
+        p_min: (f64::from(params.p_min) * 100.0).round() / 100.0,
         n_gpu_layers: model.settings.n_gpu_layers,
         devices: model.settings.devices,
         type_k: model.context.type_k,

@@ -28,6 +28,11 @@ pub struct Setup {
     pub settings: ModelSettings,
     pub context: ContextSettings,
     pub grid: Grid,
+    /// N-gram speculation's settings (empty: not tried).
+    pub ngram: super::ngram::NgramGrid,
+    /// Look for drafts beside the target when none is given (`autotune draft`; `tune` only with
+    /// `--draft auto`).
+    pub discover: bool,
     pub prompts: Vec<Prompt>,
     pub n_gen: u32,
     pub reps: u32,
@@ -108,97 +113,24 @@ pub fn alternative_placements(default: &DraftModel) -> Vec<DraftPlacement> {
 
 pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> SpeculationReport {
     let started = Instant::now();
-    let files = draft_files(&s.target, &s.target_info, &s.drafts);
+    let files = if s.drafts.is_empty() && !s.discover {
+        Vec::new()
+    } else {
+        draft_files(&s.target, &s.target_info, &s.drafts)
+    };
     let mut entries: Vec<DraftEntry> = Vec::new();
     let mut candidates: Vec<Option<Candidate>> = Vec::new();
+    if !s.ngram.is_empty() {
+        // First: it loads nothing, so the budget never leaves it unmeasured.
+        entries.push(DraftEntry::ngram());
+        candidates.push(None);
+    }
     // One worker for the vocabulary checks and the dry runs (each loads and frees what it needs).
     let mut helper: Option<Worker> = None;
     progress("the target's memory (dry run)");
     let target_mem = footprint(&mut helper, s, &s.target, &s.settings, &s.context, 0, stop);
     for path in files {
-        let mut entry = DraftEntry {
-            path: path.clone(),
-            file_type: None,
-            size_bytes: 0,
-            status: String::new(),
-            mem_bytes: None,
-            trials: Vec::new(),
-        };
-        let path = std::fs::canonicalize(&path).unwrap_or(path);
-        let mut candidate = None;
-        match GgufInfo::inspect(&path) {
-            Err(e) => entry.status = format!("unreadable: {e}"),
-            Ok(info) => {
-                entry.file_type = info.file_type_name.clone();
-                entry.size_bytes = info.file_size;
-                progress(&format!("{}: vocabulary", path.display()));
-                entry.status = match compat::precheck(&s.target_info, &info)
-                    .map_err(|e| e.to_string())
-                    .and_then(|()| vocabulary(&mut helper, s, &path, stop))
-                {
-                    Err(reason) => format!("incompatible: {reason}"),
-                    Ok(()) => {
-                        let model = draft_model(&path, &info, &s.settings, &s.context);
-                        progress(&format!("{}: memory (dry run)", path.display()));
-                        match (
-                            &target_mem,
-                            footprint(
-                                &mut helper,
-                                s,
-                                &path,
-                                &model.settings,
-                                &model.context,
-                                DraftModel::N_OUTPUTS_MAX,
-                                stop,
-                            ),
-                        ) {
-                            (_, Err(e)) => format!("failed: dry run: {e}"),
-                            (Err(e), _) => {
-                                format!("not measured: the target's dry run failed: {e}")
-                            }
-                            (Ok(t), Ok(d)) => {
-                                entry.mem_bytes = Some(d.iter().map(|x| x.bytes).sum());
-                                match overflow(t, &d, &s.budgets) {
-                                    Some(why) => format!("does not fit: {why}"),
-                                    None => {
-                                        // The other placements, each with its own dry run: only
-                                        // those that fit beside the target are measured.
-                                        let mut alternatives = Vec::new();
-                                        for p in alternative_placements(&model) {
-                                            let alt = model.placed(p);
-                                            progress(&format!(
-                                                "{}: memory with {} (dry run)",
-                                                path.display(),
-                                                p.label()
-                                            ));
-                                            if let Ok(d) = footprint(
-                                                &mut helper,
-                                                s,
-                                                &path,
-                                                &alt.settings,
-                                                &alt.context,
-                                                DraftModel::N_OUTPUTS_MAX,
-                                                stop,
-                                            ) {
-                                                if overflow(t, &d, &s.budgets).is_none() {
-                                                    alternatives.push(alt);
-                                                }
-                                            }
-                                        }
-                                        candidate = Some(Candidate {
-                                            model,
-                                            alternatives,
-                                        });
-                                        "measured".to_string()
-                                    }
-                                }
-                            }
-                        }
-                    }
-                };
-            }
-        }
-        entry.path = path;
+        let (entry, candidate) = examine(&mut helper, s, path, &target_mem, stop, progress);
         entries.push(entry);
         candidates.push(candidate);
     }
@@ -210,6 +142,7 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
         settings: s.settings.clone(),
         context: s.context.clone(),
         grid: s.grid.clone(),
+        ngram: s.ngram.clone(),
         prompts: s.prompts.clone(),
         n_gen: s.n_gen,
         reps: s.reps,
@@ -226,7 +159,7 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
             f.name()
         );
     }
-    let outcome = if candidates.iter().any(Option::is_some) {
+    let outcome = if candidates.iter().any(Option::is_some) || !s.ngram.is_empty() {
         match search::run(&settings, &candidates, &mut entries, stop, progress) {
             Ok(o) => Some(o),
             Err(e) => {
@@ -260,7 +193,104 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
         s.llama_version.clone(),
     );
     report.fault = settings.fault;
+    report.mtp = Some(super::mtp::assess(&s.target_info));
     report
+}
+
+/// One draft file: its vocabulary, its memory with the target's, and the placements that fit.
+fn examine(
+    helper: &mut Option<Worker>,
+    s: &Setup,
+    path: PathBuf,
+    target_mem: &Result<Vec<DeviceBytes>, String>,
+    stop: &dyn Fn() -> bool,
+    progress: &dyn Fn(&str),
+) -> (DraftEntry, Option<Candidate>) {
+    let mut entry = DraftEntry {
+        path: path.clone(),
+        spec_type: "draft-simple".into(),
+        file_type: None,
+        size_bytes: 0,
+        status: String::new(),
+        mem_bytes: None,
+        trials: Vec::new(),
+    };
+    let path = std::fs::canonicalize(&path).unwrap_or(path);
+    let mut candidate = None;
+    match GgufInfo::inspect(&path) {
+        Err(e) => entry.status = format!("unreadable: {e}"),
+        Ok(info) => {
+            entry.file_type = info.file_type_name.clone();
+            entry.size_bytes = info.file_size;
+            progress(&format!("{}: vocabulary", path.display()));
+            entry.status = match compat::precheck(&s.target_info, &info)
+                .map_err(|e| e.to_string())
+                .and_then(|()| vocabulary(helper, s, &path, stop))
+            {
+                Err(reason) => format!("incompatible: {reason}"),
+                Ok(()) => {
+                    let model = draft_model(&path, &info, &s.settings, &s.context);
+                    progress(&format!("{}: memory (dry run)", path.display()));
+                    match (
+                        target_mem,
+                        footprint(
+                            helper,
+                            s,
+                            &path,
+                            &model.settings,
+                            &model.context,
+                            DraftModel::N_OUTPUTS_MAX,
+                            stop,
+                        ),
+                    ) {
+                        (_, Err(e)) => format!("failed: dry run: {e}"),
+                        (Err(e), _) => {
+                            format!("not measured: the target's dry run failed: {e}")
+                        }
+                        (Ok(t), Ok(d)) => {
+                            entry.mem_bytes = Some(d.iter().map(|x| x.bytes).sum());
+                            match overflow(t, &d, &s.budgets) {
+                                Some(why) => format!("does not fit: {why}"),
+                                None => {
+                                    // The other placements, each with its own dry run: only
+                                    // those that fit beside the target are measured.
+                                    let mut alternatives = Vec::new();
+                                    for p in alternative_placements(&model) {
+                                        let alt = model.placed(p);
+                                        progress(&format!(
+                                            "{}: memory with {} (dry run)",
+                                            path.display(),
+                                            p.label()
+                                        ));
+                                        if let Ok(d) = footprint(
+                                            helper,
+                                            s,
+                                            &path,
+                                            &alt.settings,
+                                            &alt.context,
+                                            DraftModel::N_OUTPUTS_MAX,
+                                            stop,
+                                        ) {
+                                            if overflow(t, &d, &s.budgets).is_none() {
+                                                alternatives.push(alt);
+                                            }
+                                        }
+                                    }
+                                    candidate = Some(Candidate {
+                                        model,
+                                        alternatives,
+                                    });
+                                    "measured".to_string()
+                                }
+                            }
+                        }
+                    }
+                }
+            };
+        }
+    }
+    entry.path = path;
+    (entry, candidate)
 }
 
 /// One request to the helper worker (started on first use, replaced after a crash).

@@ -19,11 +19,15 @@ pub mod compat;
 pub mod discover;
 pub mod evaluate;
 pub mod logits;
+pub mod mtp;
+pub mod ngram;
+pub mod ngram_search;
 pub mod prompts;
 pub mod report;
 pub mod search;
 pub mod serve;
 pub mod verify;
+pub mod workload;
 
 use search_space::CacheType;
 use serde::{Deserialize, Serialize};

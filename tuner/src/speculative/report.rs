@@ -51,6 +51,9 @@ pub struct SpeculationReport {
     /// A flip between two tokens whose logits are closer than this (nats) is rounding, not a
     /// different output ([`super::verify`]).
     pub near_tie_nats: f32,
+    /// Whether the target has MTP heads (`draft-mtp`), and what was done about it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<super::mtp::MtpStatus>,
     /// Set only by the tests: the draft loop ran with a deliberate bug.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fault: Option<Fault>,
@@ -112,10 +115,22 @@ impl SpeculationReport {
             elapsed_s,
             llama_version,
             near_tie_nats: NEAR_TIE_NATS,
+            mtp: None,
             fault: None,
         };
         r.conclusion = r.conclude();
         r
+    }
+
+    /// A kind's generation speed over the target alone's on the same prompts (first passes).
+    pub fn kind_speedup(&self, kind: &str, tg_tps: f64) -> Option<f64> {
+        let base = self
+            .baseline
+            .as_ref()?
+            .per_kind
+            .iter()
+            .find(|k| k.kind == kind)?;
+        (base.tg_tps > 0.0).then(|| tg_tps / base.tg_tps)
     }
 
     fn baseline_tg(&self) -> Option<f64> {
@@ -147,11 +162,10 @@ impl SpeculationReport {
     fn conclude(&self) -> String {
         if let Some(w) = &self.winner {
             return format!(
-                "speculative decoding pays: {} ({}, {}) generates {:.1} t/s against {:.1} t/s for the target alone \
+                "speculative decoding pays: {} ({}) generates {:.1} t/s against {:.1} t/s for the target alone \
                  ({:+.0}%, 95% CI [{:+.0}%, {:+.0}%]), acceptance {:.0}%, {:.2} tokens per target decode",
                 name(&w.draft),
-                w.params.label(),
-                w.placement.label(),
+                w.label(),
                 w.tg.median,
                 w.baseline_tg.median,
                 w.comparison.ratio * 100.0,
@@ -213,7 +227,7 @@ impl SpeculationReport {
                     "no draft pays: {best}, {} ({}{}), generated {:.1} t/s against {:.1} t/s for the target alone ({why}); \
                      acceptance {:.0}%, {:.2} tokens per target decode",
                     name(&d.path),
-                    t.params.map(|p| p.label()).unwrap_or_default(),
+                    t.label(),
                     t.placement
                         .map(|p| format!(", {}", p.label()))
                         .unwrap_or_default(),
@@ -268,6 +282,13 @@ impl SpeculationReport {
             ));
         }
         for d in &self.drafts {
+            if d.is_ngram() {
+                out.push_str(&format!(
+                    "ngram   {} (no draft model: drafts by looking up the text so far): {}\n",
+                    d.spec_type, d.status
+                ));
+                continue;
+            }
             out.push_str(&format!(
                 "draft   {} ({}, {}{}): {}\n",
                 name(&d.path),
@@ -302,68 +323,7 @@ impl SpeculationReport {
                 "status",
             ]);
             for (d, trial) in rows {
-                let p = trial.params.expect("draft trials have params");
-                let tg = trial.median_tg();
-                let vs = match (&trial.versus_baseline, tg, base) {
-                    (Some(c), _, _) => format!(
-                        "{:+.0}% [{:+.0}, {:+.0}]",
-                        c.ratio * 100.0,
-                        c.ci_low * 100.0,
-                        c.ci_high * 100.0
-                    ),
-                    (None, Some(tg), Some(b)) if b > 0.0 => {
-                        format!("{:+.0}%", (tg / b - 1.0) * 100.0)
-                    }
-                    _ => "-".into(),
-                };
-                let status = match (&trial.failure, &trial.skipped) {
-                    (Some(f), _) => format!("failed: {f}"),
-                    (None, Some(s)) => format!("skipped: {s}"),
-                    _ if self.winner.as_ref().is_some_and(|w| {
-                        w.draft == d.path && w.params == p && Some(w.placement) == trial.placement
-                    }) =>
-                    {
-                        "winner".into()
-                    }
-                    _ => "ok".into(),
-                };
-                let measured = trial.ok();
-                t.add_row(vec![
-                    Cell::new(name(&d.path)),
-                    Cell::new(p.n_max),
-                    Cell::new(p.n_min),
-                    Cell::new(format!("{:.2}", p.p_min)),
-                    Cell::new(trial.placement.map_or("-".into(), |x| x.label())),
-                    Cell::new(if measured {
-                        format!("{:.0}%", trial.acceptance * 100.0)
-                    } else {
-                        "-".into()
-                    }),
-                    Cell::new(if measured {
-                        format!("{:.2}", trial.tokens_per_round)
-                    } else {
-                        "-".into()
-                    }),
-                    Cell::new(tg.map_or("-".into(), |v| format!("{v:.1}"))),
-                    Cell::new(vs),
-                    Cell::new(if !measured {
-                        "-".to_string()
-                    } else {
-                        match trial.output.same_output {
-                            SameOutput::Identical => "yes".into(),
-                            SameOutput::NearTies => {
-                                format!("yes, {} near-tie", trial.output.near_ties.len())
-                                    + if trial.output.near_ties.len() == 1 {
-                                        ""
-                                    } else {
-                                        "s"
-                                    }
-                            }
-                            SameOutput::Differs => "NO".into(),
-                        }
-                    }),
-                    Cell::new(status),
-                ]);
+                t.add_row(self.trial_row(d, trial, base));
             }
             out.push_str(&format!("{t}\n"));
         }
@@ -371,13 +331,19 @@ impl SpeculationReport {
             let kinds: Vec<String> = t
                 .per_kind
                 .iter()
-                .map(|k| format!("{} {:.0}%", k.kind, k.acceptance * 100.0))
+                .map(|k| {
+                    format!("{} {:.0}%", k.kind, k.acceptance * 100.0)
+                        + &self
+                            .kind_speedup(&k.kind, k.tg_tps)
+                            .map(|x| format!(" x{x:.2}"))
+                            .unwrap_or_default()
+                })
                 .collect();
             if !kinds.is_empty() {
                 out.push_str(&format!(
-                    "acceptance by kind ({} {}): {}\n",
+                    "acceptance and speed-up against the target alone by kind ({} {}, median of the final rounds where measured there): {}\n",
                     name(&d.path),
-                    t.params.map(|p| p.label()).unwrap_or_default(),
+                    t.label(),
                     kinds.join(", ")
                 ));
             }
@@ -430,6 +396,9 @@ impl SpeculationReport {
                  setting is never chosen\n"
             ));
         }
+        if let Some(m) = &self.mtp {
+            out.push_str(&format!("mtp     {}\n", m.note));
+        }
         if let Some(f) = self.fault {
             out.push_str(&format!(
                 "note    test fault {} injected (AUTOTUNE_SPECULATIVE_FAULT): the draft loop is broken on purpose\n",
@@ -444,6 +413,86 @@ impl SpeculationReport {
         }
         out.push_str(&format!("result  {}\n", self.conclusion));
         out
+    }
+
+    /// One row of the table: a trial's settings and figures against the target alone.
+    fn trial_row(&self, d: &DraftEntry, trial: &Trial, base: Option<f64>) -> Vec<Cell> {
+        let tg = trial.median_tg();
+        let vs = match (&trial.versus_baseline, tg, base) {
+            (Some(c), _, _) => format!(
+                "{:+.0}% [{:+.0}, {:+.0}]",
+                c.ratio * 100.0,
+                c.ci_low * 100.0,
+                c.ci_high * 100.0
+            ),
+            (None, Some(tg), Some(b)) if b > 0.0 => {
+                format!("{:+.0}%", (tg / b - 1.0) * 100.0)
+            }
+            _ => "-".into(),
+        };
+        let status = match (&trial.failure, &trial.skipped) {
+            (Some(f), _) => format!("failed: {f}"),
+            (None, Some(s)) => format!("skipped: {s}"),
+            _ if self.winner.as_ref().is_some_and(|w| w.is(d, trial)) => "winner".into(),
+            _ => "ok".into(),
+        };
+        let measured = trial.ok();
+        let row: Vec<Cell> = vec![Cell::new(name(&d.path))]
+            .into_iter()
+            .chain(settings_cells(trial))
+            .chain([
+                Cell::new(if measured {
+                    format!("{:.0}%", trial.acceptance * 100.0)
+                } else {
+                    "-".into()
+                }),
+                Cell::new(if measured {
+                    format!("{:.2}", trial.tokens_per_round)
+                } else {
+                    "-".into()
+                }),
+                Cell::new(tg.map_or("-".into(), |v| format!("{v:.1}"))),
+                Cell::new(vs),
+                Cell::new(if !measured {
+                    "-".to_string()
+                } else {
+                    match trial.output.same_output {
+                        SameOutput::Identical => "yes".into(),
+                        SameOutput::NearTies => {
+                            format!("yes, {} near-tie", trial.output.near_ties.len())
+                                + if trial.output.near_ties.len() == 1 {
+                                    ""
+                                } else {
+                                    "s"
+                                }
+                        }
+                        SameOutput::Differs => "NO".into(),
+                    }
+                }),
+                Cell::new(status),
+            ])
+            .collect();
+        row
+    }
+}
+
+/// The settings columns: n_max, n_min, p_min, placement (n-gram: its draft length m in n_max and
+/// its lookup length as the placement).
+fn settings_cells(t: &Trial) -> Vec<Cell> {
+    match (t.ngram, t.params) {
+        (Some(n), _) => vec![
+            Cell::new(n.size_m),
+            Cell::new("-"),
+            Cell::new("-"),
+            Cell::new(format!("lookup n {}", n.size_n)),
+        ],
+        (None, Some(p)) => vec![
+            Cell::new(p.n_max),
+            Cell::new(p.n_min),
+            Cell::new(format!("{:.2}", p.p_min)),
+            Cell::new(t.placement.map_or("-".into(), |x| x.label())),
+        ],
+        (None, None) => vec![Cell::new("-"); 4],
     }
 }
 

@@ -18,6 +18,7 @@
 //! alone after each setting's first pass: a setting whose output differs beyond near ties of rounding
 //! never wins.
 
+use super::ngram::{NgramGrid, NgramParams};
 use super::prompts::Prompt;
 use super::serve::{DraftModel, Fault, PromptRun, SpeculateRequest};
 use super::verify::OutputCheck;
@@ -35,6 +36,8 @@ pub struct SearchSettings {
     pub settings: ModelSettings,
     pub context: ContextSettings,
     pub grid: Grid,
+    /// N-gram settings to measure (empty: no n-gram speculation).
+    pub ngram: NgramGrid,
     pub prompts: Vec<Prompt>,
     /// Tokens generated per prompt.
     pub n_gen: u32,
@@ -55,6 +58,9 @@ pub struct SearchSettings {
 #[derive(Debug, Clone, Serialize)]
 pub struct Trial {
     pub params: Option<DraftParams>,
+    /// N-gram speculation's settings (no draft model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ngram: Option<NgramParams>,
     /// The draft's GPU layers and KV types (None for the target alone).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placement: Option<DraftPlacement>,
@@ -91,12 +97,16 @@ pub struct KindAcceptance {
     pub drafted: u64,
     pub accepted: u64,
     pub acceptance: f64,
+    /// Effective generation speed of this kind's prompts: the median of the final comparison's
+    /// interleaved rounds for its finalists and the baseline, else the first pass.
+    pub tg_tps: f64,
 }
 
 impl Trial {
     fn new(params: Option<DraftParams>, placement: Option<DraftPlacement>, stage: &str) -> Trial {
         Trial {
             params,
+            ngram: None,
             placement,
             stage: stage.into(),
             tg_tps: Vec::new(),
@@ -127,6 +137,28 @@ impl Trial {
         })
     }
 
+    /// An n-gram trial.
+    pub fn ngram(params: NgramParams, stage: &str) -> Trial {
+        Trial {
+            ngram: Some(params),
+            ..Trial::new(None, None, stage)
+        }
+    }
+
+    /// Its settings in words.
+    pub fn label(&self) -> String {
+        match (self.ngram, self.params) {
+            (Some(n), _) => n.label(),
+            (None, Some(p)) => p.label(),
+            (None, None) => "alone".into(),
+        }
+    }
+
+    /// With speculation (a draft model or n-gram), not the target alone.
+    pub fn speculates(&self) -> bool {
+        self.params.is_some() || self.ngram.is_some()
+    }
+
     pub fn ok(&self) -> bool {
         self.failure.is_none() && self.skipped.is_none() && !self.tg_tps.is_empty()
     }
@@ -154,7 +186,10 @@ impl Candidate {
 /// The outcome for one draft file.
 #[derive(Debug, Clone, Serialize)]
 pub struct DraftEntry {
+    /// The draft file, or [`NGRAM_SIMPLE`] for n-gram speculation.
     pub path: PathBuf,
+    /// llama-server's `--spec-type`: `draft-simple` or `ngram-simple`.
+    pub spec_type: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub file_type: Option<String>,
     pub size_bytes: u64,
@@ -166,12 +201,40 @@ pub struct DraftEntry {
     pub trials: Vec<Trial>,
 }
 
-/// The chosen draft setting.
+/// The name n-gram speculation's entry carries (llama-server's `--spec-type`).
+pub const NGRAM_SIMPLE: &str = "ngram-simple";
+
+impl DraftEntry {
+    /// The entry of n-gram speculation, measured whenever the grid has settings.
+    pub fn ngram() -> DraftEntry {
+        DraftEntry {
+            path: PathBuf::from(NGRAM_SIMPLE),
+            spec_type: NGRAM_SIMPLE.into(),
+            file_type: None,
+            size_bytes: 0,
+            status: "measured".into(),
+            mem_bytes: None,
+            trials: Vec::new(),
+        }
+    }
+
+    pub fn is_ngram(&self) -> bool {
+        self.spec_type == NGRAM_SIMPLE
+    }
+}
+
+/// The chosen setting: a draft model's, or n-gram speculation's (`ngram` set, `params` and
+/// `placement` then unused and absent from the JSON).
 #[derive(Debug, Clone, Serialize)]
 pub struct Winner {
+    /// The draft file, or `ngram-simple`.
     pub draft: PathBuf,
-    pub params: DraftParams,
-    pub placement: DraftPlacement,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub params: Option<DraftParams>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<DraftPlacement>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ngram: Option<NgramParams>,
     pub tg: Summary,
     pub baseline_tg: Summary,
     /// Median of the paired ratios, minus 1 (0.25: 25 % faster), with its interval.
@@ -179,6 +242,26 @@ pub struct Winner {
     pub acceptance: f64,
     pub tokens_per_round: f64,
     pub mem_bytes: u64,
+}
+
+impl Winner {
+    /// Its settings in words: the draft's and its placement's, or n-gram's.
+    pub fn label(&self) -> String {
+        match (self.ngram, self.params, self.placement) {
+            (Some(n), _, _) => n.label(),
+            (None, Some(p), Some(x)) => format!("{}, {}", p.label(), x.label()),
+            (None, Some(p), None) => p.label(),
+            (None, None, _) => "?".into(),
+        }
+    }
+
+    /// Whether this trial of this entry is the winner.
+    pub fn is(&self, entry: &DraftEntry, t: &Trial) -> bool {
+        self.draft == entry.path
+            && self.params == t.params
+            && self.ngram == t.ngram
+            && (self.ngram.is_some() || self.placement == t.placement)
+    }
 }
 
 /// What the search measured.
@@ -198,11 +281,11 @@ pub struct Outcome {
 /// Most settings in the final comparison (each adds a pass to every round).
 const MAX_FINALISTS: usize = 3;
 
-struct Runner<'a> {
-    s: &'a SearchSettings,
+pub(super) struct Runner<'a> {
+    pub(super) s: &'a SearchSettings,
     worker: Option<Worker>,
-    stop: &'a dyn Fn() -> bool,
-    progress: &'a dyn Fn(&str),
+    pub(super) stop: &'a dyn Fn() -> bool,
+    pub(super) progress: &'a dyn Fn(&str),
     started: Instant,
     /// The grid's share of the budget used up to the end of the current draft's turn: each draft
     /// gets an equal share, and what one leaves unused passes to the next.
@@ -212,7 +295,7 @@ struct Runner<'a> {
 }
 
 /// Measures the baseline and every candidate in `entries` whose status is `measured`
-/// (`candidates[i]` belongs to `entries[i]`), and chooses.
+/// (`candidates[i]` belongs to `entries[i]`; n-gram speculation's entry has none), and chooses.
 pub fn run(
     s: &SearchSettings,
     candidates: &[Option<Candidate>],
@@ -237,120 +320,25 @@ pub fn run(
     r.record(&mut baseline, &first);
     r.reference = first;
 
-    let n_drafts = entries
+    let measured = |e: &DraftEntry, c: &Option<Candidate>| {
+        e.status == "measured" && (c.is_some() || e.is_ngram())
+    };
+    let turns = entries
         .iter()
         .zip(candidates)
-        .filter(|(e, c)| c.is_some() && e.status == "measured")
+        .filter(|(e, c)| measured(e, c))
         .count()
         .max(1);
     let mut turn = 0;
     for (entry, cand) in entries.iter_mut().zip(candidates) {
-        let Some(cand) = cand else { continue };
-        if entry.status != "measured" {
+        if !measured(entry, cand) {
             continue;
         }
         turn += 1;
-        r.grid_share = turn as f64 / n_drafts as f64;
-        let home = Some(cand.model.placement());
-        let mut best: Option<(f64, DraftParams)> = None;
-        let mut failures = 0;
-        'lines: for line in s.grid.first_stage() {
-            let mut previous: Option<(f64, u32)> = None;
-            for (k, params) in line.iter().enumerate() {
-                let mut t = Trial::new(Some(*params), home, "grid");
-                if let Some(why) = r.out_of_time() {
-                    t.skipped = Some(why);
-                    entry.trials.push(t);
-                    continue;
-                }
-                (r.progress)(&format!(
-                    "{} {}",
-                    file_name(&cand.model.path),
-                    params.label()
-                ));
-                match r.pass(Some((&cand.model, *params))) {
-                    Ok(runs) => r.record(&mut t, &runs),
-                    Err(e) => {
-                        failures += 1;
-                        let fatal = failures >= 2
-                            || e.starts_with("llama.cpp refused at load")
-                            || e.starts_with("llama.cpp refused at context");
-                        t.failure = Some(e);
-                        entry.trials.push(t);
-                        if fatal {
-                            entry.status = format!("failed: {}", t_fail(&entry.trials));
-                            break 'lines;
-                        }
-                        continue;
-                    }
-                }
-                let tg = t.median_tg().unwrap_or(0.0);
-                if best.is_none_or(|(b, _)| tg > b) {
-                    best = Some((tg, *params));
-                }
-                let slower = previous.filter(|&(p, _)| tg < p * (1.0 - s.noise));
-                entry.trials.push(t);
-                if let Some((_, n)) = slower {
-                    for rest in &line[k + 1..] {
-                        let mut skip = Trial::new(Some(*rest), home, "grid");
-                        skip.skipped = Some(format!("longer drafts got slower from n_max {n} on"));
-                        entry.trials.push(skip);
-                    }
-                    break;
-                }
-                previous = Some((tg, params.n_max));
-            }
-        }
-        if let Some((_, best)) = best {
-            for params in s.grid.n_min_variants(best) {
-                let mut t = Trial::new(Some(params), home, "n_min");
-                if let Some(why) = r.out_of_time() {
-                    t.skipped = Some(why);
-                } else {
-                    (r.progress)(&format!(
-                        "{} {}",
-                        file_name(&cand.model.path),
-                        params.label()
-                    ));
-                    match r.pass(Some((&cand.model, params))) {
-                        Ok(runs) => r.record(&mut t, &runs),
-                        Err(e) => t.failure = Some(e),
-                    }
-                }
-                entry.trials.push(t);
-            }
-        }
-        // The draft's other placements, with the best settings so far.
-        let best = entry
-            .trials
-            .iter()
-            .filter(|t| t.ok())
-            .max_by(|a, b| {
-                a.median_tg()
-                    .unwrap_or(0.0)
-                    .total_cmp(&b.median_tg().unwrap_or(0.0))
-            })
-            .and_then(|t| t.params);
-        if let Some(best) = best {
-            for alt in &cand.alternatives {
-                let placement = alt.placement();
-                let mut t = Trial::new(Some(best), Some(placement), "placement");
-                if let Some(why) = r.out_of_time() {
-                    t.skipped = Some(why);
-                } else {
-                    (r.progress)(&format!(
-                        "{} {} {}",
-                        file_name(&alt.path),
-                        best.label(),
-                        placement.label()
-                    ));
-                    match r.pass(Some((alt, best))) {
-                        Ok(runs) => r.record(&mut t, &runs),
-                        Err(e) => t.failure = Some(e),
-                    }
-                }
-                entry.trials.push(t);
-            }
+        r.grid_share = turn as f64 / turns as f64;
+        match cand {
+            Some(cand) => measure_draft(&mut r, cand, entry),
+            None => super::ngram_search::measure(&mut r, entry),
         }
         if r.out_of_time().is_none() {
             (r.progress)("the target alone (baseline, again)");
@@ -359,7 +347,16 @@ pub fn run(
             }
         }
     }
+    Ok(finish(r, candidates, entries, baseline))
+}
 
+/// After the grids: entries left unmeasured say so, then the final comparison chooses.
+fn finish(
+    mut r: Runner,
+    candidates: &[Option<Candidate>],
+    entries: &mut [DraftEntry],
+    baseline: Trial,
+) -> Outcome {
     r.grid_share = 1.0;
     // A draft whose every setting was skipped was not measured, whatever the checks said.
     for entry in entries.iter_mut() {
@@ -383,11 +380,101 @@ pub fn run(
         interrupted,
         confirm_error: None,
     };
-    if interrupted {
-        return Ok(outcome);
+    if !interrupted {
+        confirm(&mut r, candidates, entries, &mut outcome);
     }
-    confirm(&mut r, candidates, entries, &mut outcome);
-    Ok(outcome)
+    outcome
+}
+
+/// One draft model: its grid, the other n_min values, then its other placements.
+fn measure_draft(r: &mut Runner, cand: &Candidate, entry: &mut DraftEntry) {
+    let best = draft_grid(r, cand, entry);
+    if let Some((_, best)) = best {
+        let home = Some(cand.model.placement());
+        for params in r.s.grid.n_min_variants(best) {
+            let mut t = Trial::new(Some(params), home, "n_min");
+            r.measure_once(&mut t, Some((&cand.model, params)), &cand.model.path);
+            entry.trials.push(t);
+        }
+    }
+    // The draft's other placements, with the best settings so far.
+    let best = entry
+        .trials
+        .iter()
+        .filter(|t| t.ok())
+        .max_by(|a, b| {
+            a.median_tg()
+                .unwrap_or(0.0)
+                .total_cmp(&b.median_tg().unwrap_or(0.0))
+        })
+        .and_then(|t| t.params);
+    if let Some(best) = best {
+        for alt in &cand.alternatives {
+            let mut t = Trial::new(Some(best), Some(alt.placement()), "placement");
+            r.measure_once(&mut t, Some((alt, best)), &alt.path);
+            entry.trials.push(t);
+        }
+    }
+}
+
+/// The grid's first stage for one draft: each line until it slows down. Returns the fastest.
+fn draft_grid(
+    r: &mut Runner,
+    cand: &Candidate,
+    entry: &mut DraftEntry,
+) -> Option<(f64, DraftParams)> {
+    let s = r.s;
+    let home = Some(cand.model.placement());
+    let mut best: Option<(f64, DraftParams)> = None;
+    let mut failures = 0;
+    for line in s.grid.first_stage() {
+        let mut previous: Option<(f64, u32)> = None;
+        for (k, params) in line.iter().enumerate() {
+            let mut t = Trial::new(Some(*params), home, "grid");
+            if let Some(why) = r.out_of_time() {
+                t.skipped = Some(why);
+                entry.trials.push(t);
+                continue;
+            }
+            (r.progress)(&format!(
+                "{} {}",
+                file_name(&cand.model.path),
+                params.label()
+            ));
+            match r.pass(Some((&cand.model, *params))) {
+                Ok(runs) => r.record(&mut t, &runs),
+                Err(e) => {
+                    failures += 1;
+                    let fatal = failures >= 2
+                        || e.starts_with("llama.cpp refused at load")
+                        || e.starts_with("llama.cpp refused at context");
+                    t.failure = Some(e);
+                    entry.trials.push(t);
+                    if fatal {
+                        entry.status = format!("failed: {}", t_fail(&entry.trials));
+                        return best;
+                    }
+                    continue;
+                }
+            }
+            let tg = t.median_tg().unwrap_or(0.0);
+            if best.is_none_or(|(b, _)| tg > b) {
+                best = Some((tg, *params));
+            }
+            let slower = previous.filter(|&(p, _)| tg < p * (1.0 - s.noise));
+            entry.trials.push(t);
+            if let Some((_, n)) = slower {
+                for rest in &line[k + 1..] {
+                    let mut skip = Trial::new(Some(*rest), home, "grid");
+                    skip.skipped = Some(format!("longer drafts got slower from n_max {n} on"));
+                    entry.trials.push(skip);
+                }
+                break;
+            }
+            previous = Some((tg, params.n_max));
+        }
+    }
+    best
 }
 
 /// The final, interleaved comparison: each draft's fastest setting against the baseline.
@@ -422,6 +509,7 @@ fn confirm(
     }
     let reps = s.reps.max(2) as usize;
     let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); ranked.len() + 1];
+    let mut by_kind: Vec<Vec<Vec<(String, f64)>>> = vec![Vec::new(); ranked.len() + 1];
     for round in 0..reps {
         let order = stats::shuffled_order(ranked.len() + 1, s.seed.wrapping_add(round as u64));
         for &slot in &order {
@@ -435,6 +523,13 @@ fn confirm(
                     round + 1
                 ));
                 r.pass(None)
+            } else if let Some(p) = entries[ranked[slot - 1].1].trials[ranked[slot - 1].2].ngram {
+                (r.progress)(&format!(
+                    "final comparison, round {}/{reps}: {}",
+                    round + 1,
+                    p.label()
+                ));
+                r.pass_ngram(p)
             } else {
                 let (_, e, i) = ranked[slot - 1];
                 let cand = candidates[e]
@@ -452,7 +547,10 @@ fn confirm(
                 r.pass(Some((model, params)))
             };
             match measured {
-                Ok(runs) => rounds[slot].push(rate(&runs)),
+                Ok(runs) => {
+                    rounds[slot].push(rate(&runs));
+                    by_kind[slot].push(kind_rates(&runs, &s.prompts));
+                }
                 Err(e) => {
                     // An unpaired round would bias the comparison: stop, no winner.
                     outcome.confirm_error = Some(format!(
@@ -463,6 +561,10 @@ fn confirm(
                 }
             }
         }
+    }
+    set_kind_rates(&mut outcome.baseline, &by_kind[0]);
+    for (slot, &(_, e, i)) in ranked.iter().enumerate() {
+        set_kind_rates(&mut entries[e].trials[i], &by_kind[slot + 1]);
     }
     outcome.confirm_baseline = rounds[0].clone();
     outcome.baseline.tg_tps.extend(&rounds[0]);
@@ -488,12 +590,11 @@ fn confirm(
         if best.as_ref().is_none_or(|b| cmp.ratio > b.comparison.ratio) {
             best = Some(Winner {
                 draft: entries[e].path.clone(),
-                params: trial.params.expect("draft trial"),
+                params: trial.params,
                 placement: candidates[e]
                     .as_ref()
-                    .expect("measured entries have candidates")
-                    .placed(trial.placement)
-                    .placement(),
+                    .map(|c| c.placed(trial.placement).placement()),
+                ngram: trial.ngram,
                 tg: tg.summary(),
                 baseline_tg: base.summary(),
                 comparison: cmp,
@@ -517,6 +618,38 @@ fn rate(runs: &[PromptRun]) -> f64 {
     }
 }
 
+/// Generation speed per prompt kind of one pass.
+fn kind_rates(runs: &[PromptRun], prompts: &[Prompt]) -> Vec<(String, f64)> {
+    let mut kinds: Vec<&str> = prompts.iter().map(|p| p.kind.as_str()).collect();
+    kinds.dedup();
+    kinds
+        .into_iter()
+        .map(|k| {
+            let of_kind: Vec<PromptRun> = runs
+                .iter()
+                .zip(prompts)
+                .filter(|(_, p)| p.kind == k)
+                .map(|(r, _)| r.clone())
+                .collect();
+            (k.to_string(), rate(&of_kind))
+        })
+        .collect()
+}
+
+/// A finalist's (or the baseline's) per-kind speed: the median of the interleaved rounds, which
+/// ran side by side with the others', replacing the first pass's.
+fn set_kind_rates(t: &mut Trial, rounds: &[Vec<(String, f64)>]) {
+    for k in &mut t.per_kind {
+        let v: Vec<f64> = rounds
+            .iter()
+            .filter_map(|r| r.iter().find(|(n, _)| *n == k.kind).map(|x| x.1))
+            .collect();
+        if let Ok(sample) = Sample::new(v) {
+            k.tg_tps = sample.summary().median;
+        }
+    }
+}
+
 /// The last failure of a draft's trials.
 fn t_fail(trials: &[Trial]) -> String {
     trials
@@ -533,7 +666,7 @@ fn file_name(p: &std::path::Path) -> String {
 }
 
 impl Runner<'_> {
-    fn out_of_time(&self) -> Option<String> {
+    pub(super) fn out_of_time(&self) -> Option<String> {
         if (self.stop)() {
             return Some("interrupted".into());
         }
@@ -553,13 +686,44 @@ impl Runner<'_> {
         draft: Option<(&DraftModel, DraftParams)>,
     ) -> Result<Vec<PromptRun>, String> {
         let prompts = self.s.prompts.iter().map(|p| p.text.clone()).collect();
-        self.speculate(draft, prompts, None)
+        self.speculate(draft, None, prompts, None)
+    }
+
+    /// One pass over the prompt set with n-gram speculation.
+    pub(super) fn pass_ngram(&mut self, p: NgramParams) -> Result<Vec<PromptRun>, String> {
+        let prompts = self.s.prompts.iter().map(|p| p.text.clone()).collect();
+        self.speculate(None, Some(p), prompts, None)
+    }
+
+    /// Measures a trial once (or marks it skipped when the grid's time is up).
+    fn measure_once(
+        &mut self,
+        t: &mut Trial,
+        draft: Option<(&DraftModel, DraftParams)>,
+        path: &std::path::Path,
+    ) {
+        if let Some(why) = self.out_of_time() {
+            t.skipped = Some(why);
+            return;
+        }
+        let placement = t.placement.map(|p| format!(" {}", p.label()));
+        (self.progress)(&format!(
+            "{} {}{}",
+            file_name(path),
+            t.label(),
+            placement.unwrap_or_default()
+        ));
+        match self.pass(draft) {
+            Ok(runs) => self.record(t, &runs),
+            Err(e) => t.failure = Some(e),
+        }
     }
 
     /// One request to the worker; a dead worker is replaced for the next one.
     fn speculate(
         &mut self,
         draft: Option<(&DraftModel, DraftParams)>,
+        ngram: Option<NgramParams>,
         prompts: Vec<String>,
         follow: Option<Vec<Vec<i32>>>,
     ) -> Result<Vec<PromptRun>, String> {
@@ -572,6 +736,7 @@ impl Runner<'_> {
             settings: self.s.settings.clone(),
             context: self.s.context.clone(),
             draft: draft.map(|(m, p)| (m.clone(), p)),
+            ngram,
             prompts,
             n_gen: self.s.n_gen,
             follow,
@@ -591,7 +756,7 @@ impl Runner<'_> {
     }
 
     /// Adds a pass to a trial: its speed, and (from the first pass) acceptance and the output check.
-    fn record(&mut self, t: &mut Trial, runs: &[PromptRun]) {
+    pub(super) fn record(&mut self, t: &mut Trial, runs: &[PromptRun]) {
         t.tg_tps.push(rate(runs));
         if t.tg_tps.len() > 1 {
             return;
@@ -631,6 +796,10 @@ impl Runner<'_> {
                         drafted: 0,
                         accepted: 0,
                         acceptance: 0.0,
+                        tg_tps: kind_rates(runs, &self.s.prompts)
+                            .into_iter()
+                            .find(|(k, _)| *k == prompt.kind)
+                            .map_or(0.0, |x| x.1),
                     });
                     kinds.last_mut().expect("pushed")
                 }
@@ -646,7 +815,7 @@ impl Runner<'_> {
             };
         }
         t.per_kind = kinds;
-        if t.params.is_some() {
+        if t.speculates() {
             t.output = self.check_output(runs);
         }
     }
@@ -658,7 +827,7 @@ impl Runner<'_> {
         let prompts = self.s.prompts.clone();
         let check = super::verify::check(&prompts, runs, &reference, |texts, follow| {
             (self.progress)("the target alone, following the output that differs");
-            self.speculate(None, texts, Some(follow))
+            self.speculate(None, None, texts, Some(follow))
         });
         self.reference = reference;
         check

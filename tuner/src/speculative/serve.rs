@@ -140,6 +140,9 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
             );
         }
     }
+    if let Some(e) = super::ngram::request_error(r) {
+        return failed("settings", e);
+    }
     if let Some((_, p)) = &r.draft {
         if p.n_max + 1 > r.context.n_batch {
             return failed(
@@ -186,7 +189,12 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
         )),
         None => None,
     };
-    let n_max = r.draft.as_ref().map_or(0, |(_, p)| p.n_max);
+    let n_max = r
+        .draft
+        .as_ref()
+        .map(|(_, p)| p.n_max)
+        .or(r.ngram.map(|p| p.size_m))
+        .unwrap_or(0);
     let mut reserve = r.n_gen + n_max + 2;
     if r.fault.is_some() {
         // Rejected tokens left in the cache take positions too: at most n_max per round.
@@ -209,6 +217,7 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
             n_gen: 4,
             follow: None,
             fault: None,
+            ngram: r.ngram,
         };
         if let Err(e) = generate(&model, tctx, d, &prompts[0], &warm_up) {
             return failed("decode", e.to_string());
@@ -222,6 +231,7 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
             n_gen: follow.map_or(r.n_gen as usize, <[i32]>::len),
             follow,
             fault: r.fault,
+            ngram: r.ngram,
         };
         match generate(&model, tctx, d, p, &g) {
             Ok(run) => runs.push(run),
@@ -259,6 +269,8 @@ struct Generation<'a> {
     /// Feed these tokens instead of the target's choices (no draft).
     follow: Option<&'a [i32]>,
     fault: Option<Fault>,
+    /// Draft by n-gram lookup in the text so far (no draft model).
+    ngram: Option<super::ngram::NgramParams>,
 }
 
 /// One prompt: prompt processing, then greedy generation with or without a draft.
@@ -337,6 +349,10 @@ fn generate(
                     drafted.clear();
                 }
             }
+        } else if let Some(p) = g.ngram {
+            // The server's history: the cached tokens, then the last accepted one.
+            drafted = super::ngram::draft(p, &seq[..n_past], seq[n_past]);
+            drafted.truncate(n_gen - run.tokens.len() - 1);
         }
         let mut batch = Vec::with_capacity(drafted.len() + 1);
         batch.push(seq[n_past]);

@@ -199,6 +199,7 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
         roofline: None,
         leaderboard: leaderboard(t),
         draft: None,
+        ngram: None,
     })
 }
 

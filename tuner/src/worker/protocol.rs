@@ -198,6 +198,9 @@ pub struct SpeculateRequest {
     pub context: ContextSettings,
     /// None: the target alone (the baseline).
     pub draft: Option<(DraftModel, DraftParams)>,
+    /// N-gram speculation instead of a draft model ([`crate::speculative::ngram`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ngram: Option<crate::speculative::ngram::NgramParams>,
     pub prompts: Vec<String>,
     pub n_gen: u32,
     /// The target alone (no draft) decodes these tokens, one list per prompt, one token at a time,
