@@ -133,3 +133,25 @@ pub fn stderr(o: &Output) -> String {
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
+
+/// An `autotune rpc-serve` on loopback (one thread), killed when dropped: a real non-CPU device.
+pub struct RpcServer(std::process::Child);
+
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `autotune rpc-serve` on `port` and gives it time to listen.
+pub fn rpc_server(port: u16) -> RpcServer {
+    let child = Command::new(bin())
+        .args(["rpc-serve", "--port", &port.to_string(), "-t", "1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("autotune rpc-serve");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    RpcServer(child)
+}

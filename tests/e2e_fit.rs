@@ -4,7 +4,7 @@
 
 mod common;
 use common::*;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 fn model_arg(p: &std::path::Path) -> String {
     p.to_str().unwrap().to_string()
@@ -123,14 +123,6 @@ fn a_model_larger_than_every_budget_is_a_clear_error_without_trials() {
     assert_eq!(lines, 0);
 }
 
-struct RpcServer(std::process::Child);
-impl Drop for RpcServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn moe_experts_go_to_the_host_when_the_device_is_small() {
     let out = Command::new(repo_root().join("vendor/make-tiny-moe"))
@@ -143,15 +135,7 @@ fn moe_experts_go_to_the_host_when_the_device_is_small() {
     );
     let moe = String::from_utf8(out.stdout).unwrap().trim().to_string();
     let port = 50190 + (std::process::id() % 50) as u16;
-    let _server = RpcServer(
-        Command::new(bin())
-            .args(["rpc-serve", "--port", &port.to_string(), "-t", "1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let _server = rpc_server(port);
     let sb = Sandbox::new();
     // At -ub 128, every layer with every expert does not fit 22 MiB on the device (at most 4 of
     // the 5 do); with the experts of two or more layers on the host all 5 do.

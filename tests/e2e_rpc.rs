@@ -5,26 +5,7 @@
 mod common;
 use common::*;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-
-struct RpcServer(std::process::Child);
-impl Drop for RpcServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn rpc_server(port: u16) -> RpcServer {
-    RpcServer(
-        Command::new(bin())
-            .args(["rpc-serve", "--port", &port.to_string(), "-t", "1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("autotune rpc-serve"),
-    )
-}
+use std::process::Command;
 
 fn llama_server() -> PathBuf {
     let out = Command::new(repo_root().join("vendor/build-llama-tools"))
@@ -43,7 +24,6 @@ fn a_profile_offloading_to_two_rpc_devices_applies_with_both_servers() {
     let base = 50240 + (std::process::id() % 40) as u16 * 2;
     let (p0, p1) = (base, base + 1);
     let _servers = (rpc_server(p0), rpc_server(p1));
-    std::thread::sleep(std::time::Duration::from_millis(1500));
     let rpc = format!("127.0.0.1:{p0},127.0.0.1:{p1}");
     let sb = Sandbox::new();
     let model = demo_model();
@@ -117,7 +97,6 @@ fn apply_names_the_rpc_server_that_is_down() {
     let rpc = format!("127.0.0.1:{base}");
     {
         let _server = rpc_server(base);
-        std::thread::sleep(std::time::Duration::from_millis(1500));
         let mut args = vec![
             "-q",
             "tune",
