@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_autotune"))
@@ -154,4 +155,26 @@ pub fn rpc_server(port: u16) -> RpcServer {
         .expect("autotune rpc-serve");
     std::thread::sleep(std::time::Duration::from_millis(1500));
     RpcServer(child)
+}
+
+/// The llama-server built by vendor/build-llama-tools (in the real cache, not the sandbox's: the sandbox's
+/// cache is empty, so the test passes the server with --server).
+pub fn llama_server() -> PathBuf {
+    static SERVER: OnceLock<PathBuf> = OnceLock::new();
+    SERVER
+        .get_or_init(|| {
+            let out = Command::new(repo_root().join("vendor/build-llama-tools"))
+                .output()
+                .expect("run vendor/build-llama-tools");
+            assert!(
+                out.status.success(),
+                "building llama-server failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let bin = PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
+                .join("llama-server");
+            assert!(bin.is_file(), "{} missing", bin.display());
+            bin
+        })
+        .clone()
 }

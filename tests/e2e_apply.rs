@@ -7,7 +7,6 @@
 mod common;
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 /// A sandbox whose store holds a profile of the demo model, and a copy of that profile outside the store.
@@ -55,28 +54,6 @@ fn tuned() -> &'static Tuned {
             profile,
         }
     })
-}
-
-/// The llama-server built by vendor/build-llama-tools (in the real cache, not the sandbox's: the sandbox's
-/// cache is empty, so the test passes the server with --server).
-fn llama_server() -> PathBuf {
-    static SERVER: OnceLock<PathBuf> = OnceLock::new();
-    SERVER
-        .get_or_init(|| {
-            let out = Command::new(repo_root().join("vendor/build-llama-tools"))
-                .output()
-                .expect("run vendor/build-llama-tools");
-            assert!(
-                out.status.success(),
-                "building llama-server failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let bin = PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
-                .join("llama-server");
-            assert!(bin.is_file(), "{} missing", bin.display());
-            bin
-        })
-        .clone()
 }
 
 /// A copy of the tuned profile with `edit` applied, as `name` next to the store (not in it).

@@ -4,45 +4,23 @@
 
 mod common;
 use common::*;
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::Path;
 
-fn llama_server() -> PathBuf {
-    let out = Command::new(repo_root().join("vendor/build-llama-tools"))
-        .output()
-        .expect("run vendor/build-llama-tools");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()).join("llama-server")
-}
-
-#[test]
-fn a_profile_offloading_to_two_rpc_devices_applies_with_both_servers() {
-    let base = 50240 + (std::process::id() % 40) as u16 * 2;
-    let (p0, p1) = (base, base + 1);
-    let _servers = (rpc_server(p0), rpc_server(p1));
-    let rpc = format!("127.0.0.1:{p0},127.0.0.1:{p1}");
-    let sb = Sandbox::new();
+/// Tunes the demo model with every layer on the RPC servers `rpc` into the profile file `out`.
+fn tune_offloaded(sb: &Sandbox, out: &Path, rpc: &str, budget: &str) {
     let model = demo_model();
-    let profile = sb.dir.path().join("rpc.toml");
     let mut args = vec![
         "-q",
         "tune",
         model.to_str().unwrap(),
         "--out",
-        profile.to_str().unwrap(),
+        out.to_str().unwrap(),
         "--rpc",
-        &rpc,
+        rpc,
         "--n-gpu-layers",
         "19",
         "--kernels",
         "plain",
-    ];
-    args.extend_from_slice(SHORT_WORKLOAD);
-    args.extend_from_slice(&[
         "--threads",
         "2",
         "--cache-types",
@@ -52,10 +30,22 @@ fn a_profile_offloading_to_two_rpc_devices_applies_with_both_servers() {
         "--ubatch",
         "128",
         "--budget",
-        "90s",
-    ]);
+        budget,
+    ];
+    args.extend_from_slice(SHORT_WORKLOAD);
     let o = sb.run(&args);
     assert!(o.status.success(), "tune: {}\n{}", stderr(&o), stdout(&o));
+}
+
+#[test]
+fn a_profile_offloading_to_two_rpc_devices_applies_with_both_servers() {
+    let base = 50240 + (std::process::id() % 40) as u16 * 2;
+    let (p0, p1) = (base, base + 1);
+    let _servers = (rpc_server(p0), rpc_server(p1));
+    let rpc = format!("127.0.0.1:{p0},127.0.0.1:{p1}");
+    let sb = Sandbox::new();
+    let profile = sb.dir.path().join("rpc.toml");
+    tune_offloaded(&sb, &profile, &rpc, "90s");
     let text = std::fs::read_to_string(&profile).unwrap();
     assert!(
         text.contains(&format!("127.0.0.1:{p0}")) && text.contains(&format!("127.0.0.1:{p1}")),
@@ -92,37 +82,11 @@ fn a_profile_offloading_to_two_rpc_devices_applies_with_both_servers() {
 fn apply_names_the_rpc_server_that_is_down() {
     let base = 50330 + (std::process::id() % 40) as u16 * 2;
     let sb = Sandbox::new();
-    let model = demo_model();
     let profile = sb.dir.path().join("rpc.toml");
     let rpc = format!("127.0.0.1:{base}");
     {
         let _server = rpc_server(base);
-        let mut args = vec![
-            "-q",
-            "tune",
-            model.to_str().unwrap(),
-            "--out",
-            profile.to_str().unwrap(),
-            "--rpc",
-            &rpc,
-            "--n-gpu-layers",
-            "19",
-            "--kernels",
-            "plain",
-            "--threads",
-            "2",
-            "--cache-types",
-            "f16",
-            "--flash-attn",
-            "auto",
-            "--ubatch",
-            "128",
-            "--budget",
-            "40s",
-        ];
-        args.extend_from_slice(SHORT_WORKLOAD);
-        let o = sb.run(&args);
-        assert!(o.status.success(), "tune: {}\n{}", stderr(&o), stdout(&o));
+        tune_offloaded(&sb, &profile, &rpc, "40s");
     }
     // The server is gone: apply fails in one line naming it, with the documented exit code.
     let o = sb.run(&["apply", profile.to_str().unwrap()]);

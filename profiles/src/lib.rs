@@ -7,9 +7,9 @@
 
 mod draft;
 mod error;
-mod ngram;
 mod export;
 pub mod measurements;
+mod ngram;
 mod profile;
 mod roofline;
 mod server_args;
@@ -21,11 +21,11 @@ mod fixture;
 
 pub use draft::{DraftSettings, MAX_DRAFT};
 pub use error::{ProfileError, Result};
-pub use ngram::{ngram_options, NgramSettings, MAX_NGRAM_SIZE};
 pub use export::{
     export, export_args, export_json, export_llama_swap, export_ollama, export_presets,
     ExportFormat, UnknownExportFormat,
 };
+pub use ngram::{ngram_options, NgramSettings, MAX_NGRAM_SIZE};
 pub use profile::{
     DeviceRef, Figures, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef, Profile,
     ProfileSummary, Workload, SCHEMA_VERSION,

@@ -257,11 +257,14 @@ impl Profile {
         if !self.rpc.is_empty() {
             // Right after the model: llama-server resolves `--device` names as it reads them, and
             // RPC devices exist only once `--rpc` has been read.
-            o.insert(1, ServerOption {
-                short: "--rpc",
-                long: "rpc",
-                value: Some(self.rpc.join(",")),
-            });
+            o.insert(
+                1,
+                ServerOption {
+                    short: "--rpc",
+                    long: "rpc",
+                    value: Some(self.rpc.join(",")),
+                },
+            );
         }
         o.extend(
             self.draft

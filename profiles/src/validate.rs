@@ -182,7 +182,10 @@ fn check_winner(p: &Profile) -> Result<()> {
     if c.tensor_split.len() > MAX_DEVICES {
         return Err(ProfileError::invalid(
             "winner.tensor_split",
-            format!("has {} shares; llama.cpp takes at most {MAX_DEVICES}", c.tensor_split.len()),
+            format!(
+                "has {} shares; llama.cpp takes at most {MAX_DEVICES}",
+                c.tensor_split.len()
+            ),
         ));
     }
     for (i, &v) in c.tensor_split.iter().enumerate() {

@@ -143,7 +143,9 @@ impl FromStr for FlashAttn {
 /// How llama.cpp spreads the offloaded layers over several devices (`-sm`): whole layers per device
 /// (`layer`, its default, one device works at a time), or every layer's matrices split by rows across
 /// the devices (`row`, CUDA only: all devices work on every layer, at the cost of a sync per layer).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum SplitMode {
     #[default]

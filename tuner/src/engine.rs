@@ -9,10 +9,10 @@
 //! shuffled order (seeded, recorded), so slow drift of the machine hits all candidates alike.
 
 use crate::llama::{ContextSettings, ModelSettings};
-use crate::worker::{WorkerPool, Workers};
 use crate::stats::{self, RoundRate, Sample, Verdict};
 use crate::worker::TrialFailure;
 use crate::worker::{LoadReport, MeasureRequest, Repetition, Workload};
+use crate::worker::{WorkerPool, Workers};
 use profiles::measurements::{MeasurementLog, Record};
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 use serde::{Deserialize, Serialize};
@@ -698,7 +698,9 @@ impl Engine<'_> {
                     .map(|e| e.candidate)
                     .collect();
             let runner_up = measured.iter().find(|c| **c != w).cloned();
-            confirmed = std::iter::once(w.clone()).chain(runner_up.clone()).collect();
+            confirmed = std::iter::once(w.clone())
+                .chain(runner_up.clone())
+                .collect();
             // The confirmation rounds run within the budget (they stop when it is spent).
             confirm_drift = self
                 .confirm(&w, runner_up.as_ref())
@@ -741,7 +743,11 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
         flash_attn: pick(&s.flash_attn, c.flash_attn),
         n_ubatch: pick(&s.ubatch_options, c.n_ubatch),
         type_k: kv,
-        type_v: if s.cache_types.contains(&c.type_v) { c.type_v } else { kv },
+        type_v: if s.cache_types.contains(&c.type_v) {
+            c.type_v
+        } else {
+            kv
+        },
         ..c.clone()
     };
     out.n_batch = out.n_batch.max(out.n_ubatch);

@@ -119,7 +119,11 @@ impl Engine<'_> {
     /// of them are measured one at a time against the best so far, and the walk stops at the first
     /// that is slower by more than the noise (the curve has fallen; lower counts only fall further).
     /// A device slower than the host, or a flat curve, walks on.
-    pub fn below_the_top(&mut self, start: &Candidate, best: Option<Candidate>) -> Option<Candidate> {
+    pub fn below_the_top(
+        &mut self,
+        start: &Candidate,
+        best: Option<Candidate>,
+    ) -> Option<Candidate> {
         let Some(mut best) = best else {
             return None;
         };

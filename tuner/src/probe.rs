@@ -43,7 +43,7 @@ pub struct ModuleStatus {
 /// Starts llama.cpp in this process (connecting the RPC servers given) and reads what it sees.
 pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
     llama::init(verbose);
-    let log = llama::take_log();
+    let log = llama::startup_log();
     llama::rpc_add_servers(rpc).map_err(|e| anyhow::anyhow!("{e}"))?;
     let (dir, found_modules) = llama::backend_modules(&log);
     let modules = Modules {

@@ -27,7 +27,12 @@ pub fn shares_of(weights: &[u64]) -> Vec<u32> {
 /// `ts` with `step` points moved to device `to` from the others (in proportion to their shares);
 /// `None` when nothing can move.
 pub fn shifted(ts: &[u32], to: usize, step: u32) -> Option<Vec<u32>> {
-    let others: u32 = ts.iter().enumerate().filter(|(k, _)| *k != to).map(|(_, v)| v).sum();
+    let others: u32 = ts
+        .iter()
+        .enumerate()
+        .filter(|(k, _)| *k != to)
+        .map(|(_, v)| v)
+        .sum();
     let step = step.min(others);
     if step == 0 || to >= ts.len() {
         return None;
@@ -67,24 +72,26 @@ fn backend_of(name: &str) -> &str {
 }
 
 impl Engine<'_> {
-    /// The non-CPU devices the run may offload to and their budgets, in llama.cpp's order.
-    fn offload_budgets(&self) -> Vec<(String, u64)> {
-        self.settings
+    /// The non-CPU devices the run may offload to, in llama.cpp's order, and their shares of the
+    /// layers in proportion to their budgets.
+    fn budget_split(&self) -> (Vec<String>, Vec<u32>) {
+        let (names, bytes): (Vec<String>, Vec<u64>) = self
+            .settings
             .budgets
             .iter()
             .filter(|(name, _)| name != "CPU")
             .cloned()
-            .collect()
+            .unzip();
+        let shares = shares_of(&bytes);
+        (names, shares)
     }
 
     /// The other ways to spread `from`'s layers over two or more devices (empty with fewer).
     pub fn split_group(&mut self, from: &Candidate) -> Vec<Candidate> {
-        let devs = self.offload_budgets();
-        if devs.len() < 2 {
+        let (names, by_budget) = self.budget_split();
+        if names.len() < 2 {
             return Vec::new();
         }
-        let names: Vec<String> = devs.iter().map(|(n, _)| n.clone()).collect();
-        let by_budget = shares_of(&devs.iter().map(|(_, b)| *b).collect::<Vec<_>>());
         let with = |devices: Vec<String>, tensor_split: Vec<u32>, split_mode| Candidate {
             devices,
             tensor_split,
@@ -104,8 +111,11 @@ impl Engine<'_> {
         backends.dedup();
         if backends.len() > 1 {
             for b in &backends {
-                let group: Vec<String> =
-                    names.iter().filter(|n| backend_of(n) == *b).cloned().collect();
+                let group: Vec<String> = names
+                    .iter()
+                    .filter(|n| backend_of(n) == *b)
+                    .cloned()
+                    .collect();
                 if group.len() > 1 {
                     shapes.push(with(group, Vec::new(), SplitMode::Layer));
                 }
@@ -145,9 +155,9 @@ impl Engine<'_> {
         if c.tensor_split.is_empty() || !c.devices.is_empty() {
             return None;
         }
-        let devs = self.offload_budgets();
-        let base = shares_of(&devs.iter().map(|(_, b)| *b).collect::<Vec<_>>());
-        let to = (0..c.tensor_split.len().min(base.len())).find(|&k| c.tensor_split[k] > base[k])?;
+        let (_, base) = self.budget_split();
+        let to =
+            (0..c.tensor_split.len().min(base.len())).find(|&k| c.tensor_split[k] > base[k])?;
         let ts = shifted(&c.tensor_split, to, STEP)?;
         let next = Candidate {
             tensor_split: ts,

@@ -68,9 +68,6 @@ pub fn resolve(target: &Path, force: bool, verbose: bool) -> anyhow::Result<Stor
     if !stored.profile.rpc.is_empty() {
         // The profile's layers live on RPC servers: connect them (a server that is down is an error
         // naming it) and see their devices as llama-server will.
-        // llama.cpp started in the first probe: what it logged then (the CPU variant, the modules)
-        // is not logged again.
-        let first = here;
         here = probe::probe(verbose, &stored.profile.rpc).map_err(|e| {
             Exit::new(
                 exit::BAD_PROFILE,
@@ -81,8 +78,6 @@ pub fn resolve(target: &Path, force: bool, verbose: bool) -> anyhow::Result<Stor
                 ),
             )
         })?;
-        here.cpu_variant = here.cpu_variant.or(first.cpu_variant);
-        here.modules = first.modules;
     }
     let changes = staleness(&stored.profile, &here);
     if !changes.is_empty() {

@@ -1,13 +1,13 @@
 //! `autotune quality MODEL [--quants …]`: the quality table of a model's ladder — KL divergence from
 //! the most precise file and top-1 agreement, for every quantization and every KV-cache type.
 
-use crate::cli::{Cli, QualityArgs};
 use super::settings::eval_settings;
-use crate::session::inspect_model;
+use crate::cli::{Cli, QualityArgs};
 use crate::exit::{self, Exit};
 use crate::inputs::{self, Also};
 use crate::quant::ladder::{self, Ladder};
 use crate::quant::quality::{self, Evaluator, QualityTable};
+use crate::session::inspect_model;
 use crate::worker::TrialFailure;
 use serde::Serialize;
 

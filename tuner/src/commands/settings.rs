@@ -2,18 +2,18 @@
 //! groups, checks ranges and files, and returns the value the core runs with. Below `commands/`
 //! nothing sees a flag.
 
+use crate::cli::WorkloadPreset;
 use crate::cli::{Cli, DraftSearchArgs, TrialArgs, TuneArgs, WorkloadArgs};
 use crate::exit::{self, Exit};
 use crate::inputs::{self, Also};
 use crate::quant::joint::Joint;
 use crate::quant::quality::{self, EvalSettings};
-use crate::cli::WorkloadPreset;
+use crate::session;
 use crate::speculative::attach::DraftSearch;
 use crate::speculative::ngram::NgramGrid;
 use crate::speculative::{prompts, Grid};
 use crate::tuning::Plan;
 use crate::worker::Workload;
-use crate::session;
 use anyhow::Context as _;
 use std::path::Path;
 use std::time::Duration;
@@ -92,7 +92,12 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
     let (min_reps, max_reps, noise, per_candidate) = if a.quick {
         (a.min_reps.min(3), a.max_reps.min(4), a.trial.noise, 8)
     } else if a.thorough {
-        (a.min_reps.max(5), a.max_reps.max(20), a.trial.noise.min(0.02), 120)
+        (
+            a.min_reps.max(5),
+            a.max_reps.max(20),
+            a.trial.noise.min(0.02),
+            120,
+        )
     } else {
         (a.min_reps, a.max_reps, a.trial.noise, 40)
     };

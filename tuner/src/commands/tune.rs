@@ -28,7 +28,11 @@ fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<After> {
     let draft = if args.speculative.draft.is_empty() && !ngram {
         None
     } else {
-        Some(settings::draft_search(&args.speculative, &args.trial, workload)?)
+        Some(settings::draft_search(
+            &args.speculative,
+            &args.trial,
+            workload,
+        )?)
     };
     Ok(After {
         draft,
@@ -86,4 +90,3 @@ fn emit(report: &Report, args: &TuneArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
-

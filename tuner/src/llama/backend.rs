@@ -8,6 +8,9 @@ use std::ffi::c_char;
 use std::sync::OnceLock;
 
 static BACKEND: OnceLock<llama_cpp_2::llama_backend::LlamaBackend> = OnceLock::new();
+/// What llama.cpp logged while starting (the modules it loaded, the CPU variant it chose): logged
+/// once per process, kept for every probe.
+static STARTUP_LOG: OnceLock<Vec<String>> = OnceLock::new();
 
 /// Devices and backends as llama.cpp sees them.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -36,9 +39,16 @@ pub fn init(echo: bool) {
         // SAFETY: the callback is a plain function that lives for the whole program.
         unsafe { sys::llama_log_set(Some(log::log_callback), std::ptr::null_mut()) };
         load_backend_modules();
-        llama_cpp_2::llama_backend::LlamaBackend::init()
-            .expect("llama.cpp backend initialises once")
+        let backend = llama_cpp_2::llama_backend::LlamaBackend::init()
+            .expect("llama.cpp backend initialises once");
+        STARTUP_LOG.get_or_init(log::take_log);
+        backend
     });
+}
+
+/// The lines llama.cpp logged while starting ([`init`] first).
+pub fn startup_log() -> &'static [String] {
+    STARTUP_LOG.get().map_or(&[], Vec::as_slice)
 }
 
 /// Backend modules are looked for in `AUTOTUNE_BACKEND_DIR`, next to the executable (`backends/`),

@@ -128,30 +128,7 @@ impl Context {
     /// every token; read them with [`Context::logits_ith`]. `tokens.len()` must not exceed n_batch.
     pub fn decode_with_all_logits(&mut self, tokens: &[i32]) -> Result<(), LlamaError> {
         self.clear();
-        let n = tokens.len() as i32;
-        // SAFETY: the batch is allocated for n tokens with one sequence id each, every field we set
-        // is within those sizes, and it is freed after the decode.
-        unsafe {
-            let batch = sys::llama_batch_init(n, 0, 1);
-            for (i, &t) in tokens.iter().enumerate() {
-                *batch.token.add(i) = t;
-                *batch.pos.add(i) = i as i32;
-                *batch.n_seq_id.add(i) = 1;
-                *(*batch.seq_id.add(i)) = 0;
-                *batch.logits.add(i) = 1;
-            }
-            let mut b = batch;
-            b.n_tokens = n;
-            let status = sys::llama_decode(self.ptr.as_ptr(), b);
-            sys::llama_batch_free(batch);
-            if status != 0 {
-                return Err(LlamaError::Decode {
-                    status,
-                    log: log_tail(&take_log()),
-                });
-            }
-        }
-        Ok(())
+        self.decode_at(tokens, 0, true)
     }
 
     /// Logits (n_vocab floats) of output `i` of the last decode.

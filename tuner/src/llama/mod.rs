@@ -17,14 +17,14 @@ mod settings;
 
 pub use backend::{
     backend_modules, backends, buffer_type_by_name, build_info, device_free, devices, init,
-    system_info, BackendModule, DeviceInfo,
+    startup_log, system_info, BackendModule, DeviceInfo,
 };
 pub use bandwidth::device_read_bandwidth;
 pub use breakdown::{breakdown_per_device, memory_breakdown};
 pub use context::Context;
-pub use log::{bytes_per_device, cpu_variant, log_tail, parse_buffer_reports, take_log};
 #[cfg(test)]
 pub use log::loaded_modules;
+pub use log::{bytes_per_device, cpu_variant, log_tail, parse_buffer_reports, take_log};
 pub use model::{quantize_model, Model};
 pub use rpc::{rpc_add_servers, rpc_start_server};
 pub use settings::{expert_pattern, ContextSettings, ModelSettings};

@@ -11,8 +11,8 @@
 use super::kld::QualityFigures;
 use super::ladder::{Ladder, Rung};
 use super::serve::{QualityJob, QualityRequest};
-use crate::worker::{TrialFailure, Worker};
 use crate::worker::{Request, Response};
+use crate::worker::{TrialFailure, Worker};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use search_space::identity::ModelIdentity;
 use search_space::size::format_size;

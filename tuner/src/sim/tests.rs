@@ -421,7 +421,10 @@ fn the_walk_down_stops_once_the_curve_has_fallen_and_goes_on_where_it_has_not() 
             .iter()
             .filter(|(c, _, _)| c.n_gpu_layers == max / 4 && c.type_k == start.type_k)
             .count();
-        assert!(steps == 3 && measured > 0, "{steps} steps, {measured} calls");
+        assert!(
+            steps == 3 && measured > 0,
+            "{steps} steps, {measured} calls"
+        );
         assert_eq!(
             reached > 0,
             walks_down,
