@@ -145,15 +145,31 @@ impl Drop for RpcServer {
     }
 }
 
-/// Starts `autotune rpc-serve` on `port` and gives it time to listen.
+/// Starts `autotune rpc-serve` on `port` and waits until it listens (up to a minute: on a busy
+/// 2-core machine the server's start-up, which loads the ggml backends, can take several seconds).
 pub fn rpc_server(port: u16) -> RpcServer {
-    let child = Command::new(bin())
+    let mut child = Command::new(bin())
         .args(["rpc-serve", "--port", &port.to_string(), "-t", "1"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("autotune rpc-serve");
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        // A connection that sends nothing is dropped by the server, which goes back to accepting.
+        if std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1)).is_ok() {
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("autotune rpc-serve on port {port} exited: {status}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "autotune rpc-serve on port {port} did not listen within a minute"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     RpcServer(child)
 }
 

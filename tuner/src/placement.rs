@@ -238,18 +238,49 @@ impl Engine<'_> {
 
     /// MoE placement, like llama.cpp's `--n-cpu-moe`: every layer offloaded, with the experts of the
     /// first N layers kept in host memory — reading only the active experts there is fast, unlike a
-    /// spilled dense layer. Only placements that fit are returned.
+    /// spilled dense layer. N is searched around the fit boundary one layer at a time: the fewest
+    /// layers whose experts must stay on the host for the rest to fit (dry runs, binary search), the
+    /// next one and two above it, and every expert on the host. Fewer experts on the host is usually
+    /// faster, but a slow link or a fast host can turn that, so the neighbours are measured, not
+    /// assumed. Only placements that fit are returned.
     pub fn expert_group(&mut self, from: &Candidate) -> Vec<Candidate> {
         let layers = self.settings.n_layers;
-        let mut ns = vec![0, layers / 4, layers / 2, layers * 3 / 4, layers];
+        let on_device = |n: u32| Candidate {
+            n_gpu_layers: layers + 1,
+            n_cpu_moe: n,
+            ..from.clone()
+        };
+        let Some(least) = self.fewest_host_expert_layers(&on_device) else {
+            return Vec::new();
+        };
+        let mut ns = vec![least, least + 1, least + 2, layers];
+        ns.retain(|&n| n <= layers);
         ns.dedup();
         ns.into_iter()
-            .map(|n| Candidate {
-                n_gpu_layers: layers + 1,
-                n_cpu_moe: n,
-                ..from.clone()
-            })
+            .map(on_device)
             .filter(|c| self.check_fit(c).is_ok())
             .collect()
+    }
+
+    /// The fewest expert layers on the host with which `at(n)` fits (fit only improves as n grows);
+    /// `None` when not even every expert on the host fits.
+    fn fewest_host_expert_layers(&mut self, at: &dyn Fn(u32) -> Candidate) -> Option<u32> {
+        let layers = self.settings.n_layers;
+        if self.check_fit(&at(0)).is_ok() {
+            return Some(0);
+        }
+        if self.check_fit(&at(layers)).is_err() {
+            return None;
+        }
+        let (mut lo, mut hi) = (0, layers); // lo does not fit, hi does
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if self.check_fit(&at(mid)).is_ok() {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        Some(hi)
     }
 }

@@ -432,3 +432,53 @@ fn the_walk_down_stops_once_the_curve_has_fallen_and_goes_on_where_it_has_not() 
         );
     }
 }
+
+#[test]
+fn moe_experts_are_placed_one_layer_at_a_time_around_the_fit_boundary() {
+    // A Mixtral-class MoE (48 layers of 560 MiB, 90% experts, a quarter of them read per token) on
+    // one 24 GiB GPU: every layer fits only with the experts of some layers on the host.
+    let mut land = gpus(1, 24 * GIB);
+    land.model = SimModel {
+        moe: Some(super::Moe {
+            expert_share: 0.9,
+            active: 0.25,
+        }),
+        ..SimModel::dense(48, 560 * MIB, 32_000)
+    };
+    let s = settings(&land, 9);
+    let all = land.model.n_layers + 1;
+    let at = |n| Candidate {
+        n_cpu_moe: n,
+        ..Candidate::llama_default(16, all)
+    };
+    let least = (0..=48).find(|&n| fits(&land, &s, &at(n))).expect("fits");
+    assert!(
+        least > 0 && least % 12 != 0,
+        "the boundary falls between the quarters: {least}"
+    );
+    let group = with_engine(land.clone(), s.clone(), |e| {
+        e.expert_group(&Candidate::llama_default(16, all))
+    });
+    let ns: Vec<u32> = group.iter().map(|c| c.n_cpu_moe).collect();
+    assert_eq!(ns, vec![least, least + 1, least + 2, 48]);
+
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let win = run.winner.clone().expect("a winner");
+    assert!(fits(&land, &s, &win), "{}", win.label());
+    assert_eq!(run.trace.borrow().count(Outcome::OutOfMemory), 0);
+    // The quarter grid this replaced would have measured the next quarter up at best.
+    let quarter = Candidate {
+        n_cpu_moe: least.div_ceil(12) * 12,
+        ..win.clone()
+    };
+    let (got, grid) = (
+        land.true_seconds(&win, &s.workload),
+        land.true_seconds(&quarter, &s.workload),
+    );
+    assert!(
+        got < grid * 0.98,
+        "{} ({got}) vs the quarter grid's {} ({grid})",
+        win.label(),
+        quarter.label()
+    );
+}

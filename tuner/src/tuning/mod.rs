@@ -174,9 +174,12 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     };
     let mut log = open_log(plan, &identity, &llama, &probe.machine, &settings.workload)?;
     let reused = log.previous_count();
-    // Two models loaded at once only when they fit comfortably in memory.
-    // With RPC devices one worker at a time: a ggml RPC server serves one client at a time.
-    let max_alive = if plan.rpc.is_empty()
+    // Two models loaded at once only when they fit comfortably in memory, and never with a non-CPU
+    // device: every real load there takes device memory (layers, KV cache, compute buffers), and the
+    // budgets are for one load, so at most one trial worker holds a device at a time (dry runs
+    // allocate nothing). A ggml RPC server also serves one client at a time.
+    let max_alive = if !settings.offload
+        && plan.rpc.is_empty()
         && info.file_size.saturating_mul(4) < probe.machine.ram_available_bytes
     {
         2
