@@ -316,6 +316,7 @@ impl<'a> Engine<'a> {
             context: ContextSettings::for_candidate(c, self.settings.workload.n_ctx),
             workload: self.settings.workload.clone(),
             seed: self.settings.seed ^ (self.round.wrapping_mul(0x100_0000_01B3)),
+            expect: Vec::new(),
         }
     }
 
@@ -442,7 +443,16 @@ impl<'a> Engine<'a> {
     fn measure_once(&mut self, i: usize, axis: &str) {
         let c = self.results[i].candidate.clone();
         let label = c.label();
-        let req = self.request(&c);
+        let mut req = self.request(&c);
+        // The worker checks the prediction against what is free right before it loads.
+        if let Some(p) = &self.results[i].predicted {
+            req.expect = p
+                .per_device
+                .iter()
+                .filter(|d| d.device != "CPU")
+                .cloned()
+                .collect();
+        }
         if self.measurer.crashes_for(&req) >= 2 {
             self.results[i].skipped =
                 Some("skipped: this placement and kernel choice crashed twice".into());

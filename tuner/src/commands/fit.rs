@@ -188,6 +188,7 @@ fn predict(
     budgets: &[(String, u64)],
 ) -> (Vec<DeviceFit>, Option<String>) {
     let dry = MeasureRequest {
+        expect: Vec::new(),
         model: model.to_path_buf(),
         settings,
         context: ContextSettings {

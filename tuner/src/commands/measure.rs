@@ -129,6 +129,7 @@ fn request_of(
         depth: a.depth,
     };
     let request = MeasureRequest {
+        expect: Vec::new(),
         model,
         settings: ModelSettings {
             n_gpu_layers: candidate.n_gpu_layers,

@@ -1,5 +1,8 @@
 //! The worker's own memory, from /proc: what llama.cpp's host buffers took (thread stacks left
-//! out) and the resident set size.
+//! out) and the resident set size; and whether a load fits the device memory free right now.
+
+use super::protocol::DeviceBytes;
+use search_space::size::format_size;
 
 /// Host memory this process holds for llama.cpp's buffers: private data (heap and anonymous
 /// mappings: KV cache, compute buffers, repacked weights — counted when allocated, touched or not,
@@ -19,6 +22,28 @@ pub fn committed_bytes() -> u64 {
     (kib("VmData:") + kib("RssFile:")).saturating_sub(thread_stack_bytes(
         &std::fs::read_to_string("/proc/self/maps").unwrap_or_default(),
     ))
+}
+
+/// Device memory kept free beyond a load's prediction (llama.cpp's accounting is within a few
+/// percent of what it allocates; small allocations outside its buffers remain).
+pub const LOAD_GUARD: u64 = 64 << 20;
+
+/// Why a load predicted to take `expect` would not fit in the device memory `free` now (device →
+/// free bytes), or `None` when it fits with [`LOAD_GUARD`] to spare. Devices not listed in `free`
+/// are not checked.
+pub fn short_of_device_memory(expect: &[DeviceBytes], free: &[(String, u64)]) -> Option<String> {
+    expect.iter().find_map(|e| {
+        let (_, f) = free.iter().find(|(name, _)| *name == e.device)?;
+        (e.bytes.saturating_add(LOAD_GUARD) > *f).then(|| {
+            format!(
+                "not loaded, to avoid running out of memory: needs {} on {}, {} free now \
+                 (other processes, the tuner's own workers included, hold the rest)",
+                format_size(e.bytes),
+                e.device,
+                format_size(*f)
+            )
+        })
+    })
 }
 
 /// Thread stacks in a `/proc/PID/maps` listing: an anonymous read-write mapping directly above its
@@ -73,7 +98,37 @@ pub fn rss_bytes() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::thread_stack_bytes;
+    use super::{short_of_device_memory, thread_stack_bytes, DeviceBytes, LOAD_GUARD};
+
+    #[test]
+    fn a_load_is_refused_when_less_than_its_prediction_is_free_now() {
+        let gib = 1u64 << 30;
+        let expect = vec![
+            DeviceBytes {
+                device: "CUDA0".into(),
+                bytes: 10 * gib,
+            },
+            DeviceBytes {
+                device: "CUDA1".into(),
+                bytes: 4 * gib,
+            },
+        ];
+        let free = |c0: u64, c1: u64| vec![("CUDA0".to_string(), c0), ("CUDA1".to_string(), c1)];
+        assert_eq!(
+            short_of_device_memory(&expect, &free(20 * gib, 20 * gib)),
+            None
+        );
+        // Exactly the prediction plus the guard still fits; one byte less does not.
+        assert_eq!(
+            short_of_device_memory(&expect, &free(20 * gib, 4 * gib + LOAD_GUARD)),
+            None
+        );
+        let why = short_of_device_memory(&expect, &free(20 * gib, 4 * gib + LOAD_GUARD - 1))
+            .expect("refused");
+        assert!(why.contains("CUDA1") && why.contains("4.0 GiB"), "{why}");
+        // A device the worker does not see (an RPC server gone) is the load's problem, not this check's.
+        assert_eq!(short_of_device_memory(&expect, &[]), None);
+    }
 
     #[test]
     fn thread_stacks_are_the_read_write_mappings_right_above_a_guard() {

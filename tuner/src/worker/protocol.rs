@@ -20,6 +20,11 @@ pub struct MeasureRequest {
     pub workload: Workload,
     /// Seed of the random prompt tokens.
     pub seed: u64,
+    /// Device memory (non-CPU devices) the dry run predicted for this configuration: the worker
+    /// refuses a real load when less than this is free right before it (other processes, the
+    /// tuner's own included, may hold memory the budgets did not see). Empty: no check.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expect: Vec<DeviceBytes>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -7,7 +7,7 @@
 //! A worker keeps its model loaded while requests only change context settings.
 
 use super::fault;
-use super::memory::{committed_bytes, rss_bytes};
+use super::memory::{committed_bytes, rss_bytes, short_of_device_memory};
 use super::protocol::{
     BandwidthRequest, DeviceBytes, LoadReport, MeasureRequest, Repetition, Request, Response,
 };
@@ -98,6 +98,14 @@ impl WorkerState {
             self.context = None;
             self.model = None;
             self.before_load = (llama::device_free(), committed_bytes());
+            if !m.settings.no_alloc {
+                if let Some(why) = short_of_device_memory(&m.expect, &self.before_load.0) {
+                    return Err(Response::Failed {
+                        stage: "load".into(),
+                        message: why,
+                    });
+                }
+            }
             let t = Instant::now();
             let model = Model::load(&m.model, &m.settings).map_err(|e| Response::Failed {
                 stage: "load".into(),
