@@ -430,7 +430,7 @@ fn check_completion(
     if room < n_gen {
         eprintln!(
             "autotune: warning: the context ({} tokens) leaves room for {room} generated tokens after the check's \
-             prompt, fewer than the profile's {n_gen}",
+             prompt, fewer than the {n_gen} the check generates",
             p.workload.n_ctx
         );
     }
