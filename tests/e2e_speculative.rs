@@ -2,7 +2,10 @@
 //! model — drafts with another vocabulary are rejected with the reason, a real pair (the demo model
 //! and a Q4_0 made from it) produces the target alone's output with the draft (up to near ties that
 //! batched and one-token kernels round apart), a deliberately broken rollback is reported as a real
-//! divergence, and `tune --draft` records the outcome in the profile.
+//! divergence, and `tune --draft` records the outcome in the profile. Then applied as measured:
+//! `apply --exec --check-only` starts the vendor llama-server with a profile's n-gram and draft-model
+//! speculation and reads the server's own drafted and accepted tokens back, and a server that
+//! refuses the profile's speculation is a one-line error with its own exit code.
 
 mod common;
 use common::*;
@@ -613,4 +616,381 @@ fn a_broken_rollback_under_ngram_speculation_is_caught() {
         assert_eq!(t["same_output"], "differs", "{t:#}");
     }
     assert!(r["winner"].is_null(), "a broken loop never wins: {r:#}");
+}
+
+/// Repeated text only (the days of the week): where n-gram lookup drafts, and the cheapest prompt set
+/// for a draft search.
+fn days_prompts(sb: &Sandbox) -> PathBuf {
+    let prompts = sb.dir.path().join("days.toml");
+    std::fs::write(
+        &prompts,
+        "[[prompt]]\nname = \"days\"\nkind = \"repetitive\"\ntext = \"Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday,\"\n",
+    )
+    .unwrap();
+    prompts
+}
+
+/// A profile of the demo model tuned for the agent workload on text that repeats: the user's path to
+/// n-gram speculation (`tune --workload agent` measures it after tuning and keeps it when it pays).
+/// Tuned once per test binary, in a folder that lives as long as the process.
+fn ngram_profile() -> PathBuf {
+    static PROFILE: OnceLock<(Sandbox, PathBuf)> = OnceLock::new();
+    let (_, path) = PROFILE.get_or_init(|| {
+        let sb = Sandbox::new();
+        let demo = demo_model();
+        let out = sb.dir.path().join("agent.toml");
+        let prompts = days_prompts(&sb);
+        let mut args = vec![
+            "tune",
+            demo.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--no-save",
+            "--workload",
+            "agent",
+            "--depth",
+            "0",
+            // SHORT_WORKLOAD with a larger context: room for the check's prompt and 64 tokens.
+            "--ctx",
+            "512",
+            "--prompt",
+            "32",
+            "--gen",
+            "8",
+            "--min-reps",
+            "2",
+            "--max-reps",
+            "3",
+            "--seed",
+            "7",
+        ];
+        args.extend_from_slice(&[
+            "--threads",
+            "1",
+            "--cache-types",
+            "f16",
+            "--flash-attn",
+            "auto",
+            "--ubatch",
+            "512",
+            "--budget",
+            "30s",
+            "--draft-prompts",
+            prompts.to_str().unwrap(),
+            "--ngram-n",
+            "2",
+            "--ngram-m",
+            "8",
+            "--draft-gen",
+            "32",
+            "--draft-reps",
+            "2",
+        ]);
+        let o = sb.run(&args);
+        assert!(
+            o.status.success(),
+            "autotune tune failed: {}\n{}",
+            stderr(&o),
+            stdout(&o)
+        );
+        (sb, out)
+    });
+    path.clone()
+}
+
+/// `autotune apply PROFILE --exec --check-only --json` with the vendor llama-server (or `server`).
+fn apply_check(sb: &Sandbox, profile: &Path, server: Option<&Path>) -> std::process::Output {
+    let server = server.map_or_else(llama_server, Path::to_path_buf);
+    sb.run(&[
+        "apply",
+        profile.to_str().unwrap(),
+        "--exec",
+        "--check-only",
+        "--json",
+        "--server",
+        server.to_str().unwrap(),
+    ])
+}
+
+/// The server's own figures from `apply --json`, checked for consistency with its `completion`
+/// timings; (drafted, accepted).
+fn servers_speculation(v: &serde_json::Value, spec_type: &str) -> (u64, u64) {
+    let c = &v["completion"];
+    let s = &v["speculation"];
+    assert_eq!(s["spec_type"], spec_type, "{v:#}");
+    let (drafted, accepted) = (
+        c["draft_n"].as_u64().expect("draft_n in the timings"),
+        c["draft_n_accepted"].as_u64().expect("draft_n_accepted"),
+    );
+    assert_eq!(s["drafted"], drafted, "{v:#}");
+    assert_eq!(s["accepted"], accepted, "{v:#}");
+    assert!(accepted <= drafted, "{v:#}");
+    assert!(c["predicted_n"].as_u64().unwrap() >= 32, "{v:#}");
+    if drafted > 0 {
+        let a = s["acceptance"].as_f64().unwrap();
+        assert!((a - accepted as f64 / drafted as f64).abs() < 1e-9, "{v:#}");
+    }
+    eprintln!(
+        "{spec_type}: the server drafted {drafted} tokens and accepted {accepted} on the {} prompt \
+         ({} t/s); the profile measured {:.0}% acceptance",
+        s["prompt"],
+        c["predicted_per_second"],
+        s["profile_acceptance"].as_f64().unwrap() * 100.0
+    );
+    (drafted, accepted)
+}
+
+/// The profile `tune --workload agent` wrote speculates with n-grams, and llama-server started with it
+/// drafts: its own `timings.draft_n` comes back through `apply --json` and the text report.
+#[test]
+fn apply_runs_a_tuned_ngram_profile_and_reads_the_servers_acceptance() {
+    let profile = ngram_profile();
+    let text = std::fs::read_to_string(&profile).unwrap();
+    let (p, _) = profiles::Profile::from_toml(&text).expect("profile parses");
+    let n = p.ngram.as_ref().unwrap_or_else(|| {
+        panic!(
+            "n-gram speculation did not pay on repeated text, so the profile has none: {:?}",
+            p.notes
+        )
+    });
+    assert_eq!((n.size_n, n.size_m), (2, 8), "{n:?}");
+
+    let sb = Sandbox::new();
+    let o = apply_check(&sb, &profile, None);
+    assert!(
+        o.status.success(),
+        "apply --exec failed: {}\n{}",
+        stderr(&o),
+        stdout(&o)
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
+    let command: Vec<&str> = v["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        command
+            .windows(2)
+            .any(|w| w == ["--spec-type", "ngram-simple"]),
+        "{command:?}"
+    );
+    assert!(
+        command
+            .windows(2)
+            .any(|w| w == ["--spec-ngram-simple-size-n", "2"]),
+        "{command:?}"
+    );
+    let (drafted, _) = servers_speculation(&v, "ngram-simple");
+    assert!(drafted > 0, "llama-server drafted nothing: {v:#}");
+    assert_eq!(v["speculation"]["prompt_kind"], "repetitive", "{v:#}");
+    // Compared with the speed the profile measured with the speculation, not the target alone's.
+    assert_eq!(v["profile_tg_tps"].as_f64(), Some(n.tg_tps), "{v:#}");
+
+    // The text report says the same in one line.
+    let o = sb.run(&[
+        "apply",
+        profile.to_str().unwrap(),
+        "--exec",
+        "--check-only",
+        "--server",
+        llama_server().to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("speculation ngram-simple on the "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("drafted tokens accepted"), "{line}");
+    eprintln!("{line}");
+}
+
+/// The `[draft]` table of the fastest measured setting of `autotune draft --json`'s first draft: what
+/// a user who wants a draft that did not pay here writes into a profile.
+fn draft_table(r: &serde_json::Value, draft: &Path) -> String {
+    let median = |xs: &serde_json::Value| {
+        let mut v: Vec<f64> = xs
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let d = &r["drafts"][0];
+    let best = measured_trials(r)
+        .into_iter()
+        .max_by(|a, b| median(&a["tg_tps"]).total_cmp(&median(&b["tg_tps"])))
+        .expect("a measured setting");
+    let id = search_space::identity::ModelIdentity::of_file(draft).unwrap();
+    format!(
+        "\n[draft]\npath = {:?}\nfile_name = {:?}\nfingerprint = {:?}\nsize_bytes = {}\n\
+         n_max = {}\nn_min = {}\np_min = {}\nn_gpu_layers = {}\ntype_k = {}\ntype_v = {}\n\
+         acceptance = {}\ntokens_per_round = {}\ntg_tps = {}\nbaseline_tg_tps = {}\nmem_bytes = {}\n",
+        draft.to_str().unwrap(),
+        id.file_name,
+        id.fingerprint,
+        id.size_bytes,
+        best["params"]["n_max"],
+        best["params"]["n_min"],
+        best["params"]["p_min"],
+        best["placement"]["n_gpu_layers"],
+        best["placement"]["type_k"],
+        best["placement"]["type_v"],
+        best["acceptance"],
+        best["tokens_per_round"],
+        median(&best["tg_tps"]),
+        median(&r["baseline"]["tg_tps"]),
+        d["mem_bytes"],
+    )
+}
+
+/// A draft model does not pay for a 270M target on a CPU, so no tuning run writes one into a profile.
+/// The profile format's own editing rule is the user's way to run one anyway: add a `[draft]` table
+/// (here from `autotune draft`'s measurement of the Q4_0) and delete `server_args`, which autotune
+/// then derives. llama-server started with it drafts with the Q4_0: `-md` is on its command line and
+/// its own `timings.draft_n` comes back.
+#[test]
+fn apply_runs_a_draft_model_profile_and_reads_the_servers_acceptance() {
+    let sb = Sandbox::new();
+    let demo = demo_model();
+    let draft = q4_0_draft(&sb).canonicalize().unwrap();
+    let prompts = days_prompts(&sb);
+    let r = draft_report(
+        &sb,
+        &[
+            "draft",
+            demo.to_str().unwrap(),
+            "--draft",
+            draft.to_str().unwrap(),
+            "--json",
+            "--no-ngram",
+            "-t",
+            "1",
+            "--ctx",
+            "512",
+            "--draft-max",
+            "4",
+            "--draft-p-min",
+            "0",
+            "--draft-min",
+            "0",
+            "--draft-gen",
+            "16",
+            "--draft-reps",
+            "2",
+            "--draft-prompts",
+            prompts.to_str().unwrap(),
+            "--seed",
+            "3",
+        ],
+    );
+    // The tuned agent profile without its n-gram speculation (a profile has one kind) and without
+    // server_args, with the draft added.
+    let tuned = std::fs::read_to_string(ngram_profile()).unwrap();
+    let mut text = String::new();
+    let mut skipping = false;
+    for line in tuned.lines() {
+        if line.starts_with('[') {
+            skipping = line.trim() == "[ngram]";
+        }
+        if !skipping && !line.starts_with("server_args = ") {
+            text.push_str(line);
+            text.push('\n');
+        }
+    }
+    text.push_str(&draft_table(&r, &draft));
+    let profile = sb.dir.path().join("with-draft.toml");
+    std::fs::write(&profile, &text).unwrap();
+
+    let o = apply_check(&sb, &profile, None);
+    assert!(
+        o.status.success(),
+        "apply --exec failed: {}\n{}",
+        stderr(&o),
+        stdout(&o)
+    );
+    assert!(
+        stderr(&o).contains("derived them from [winner]"),
+        "{}",
+        stderr(&o)
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
+    let command: Vec<&str> = v["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        command
+            .windows(2)
+            .any(|w| w == ["-md", draft.to_str().unwrap()]),
+        "{command:?}"
+    );
+    assert!(
+        command
+            .windows(2)
+            .any(|w| w == ["--spec-type", "draft-simple"]),
+        "{command:?}"
+    );
+    assert!(!command.contains(&"ngram-simple"), "{command:?}");
+    let (drafted, accepted) = servers_speculation(&v, "draft-simple");
+    assert!(drafted > 0, "llama-server drafted nothing: {v:#}");
+    // The Q4_0 of the same model agrees with it on a list that repeats.
+    assert!(accepted > 0, "{v:#}");
+    assert_eq!(
+        Path::new(v["speculation"]["draft_model"].as_str().unwrap()),
+        draft
+    );
+}
+
+/// A llama-server that does not know the profile's speculative type (an older build) refuses to
+/// start: `apply --exec` stops with one line naming the refused argument and the profile's
+/// speculation, exit code 6, and nothing on stdout. The stand-in is the real server, told a type it
+/// does not know, so the refusal is llama.cpp's own.
+#[test]
+fn a_server_without_the_profiles_speculation_is_a_one_line_error() {
+    let profile = ngram_profile();
+    let sb = Sandbox::new();
+    let server = sb.dir.path().join("older-llama-server");
+    std::fs::write(
+        &server,
+        format!(
+            "#!/bin/sh\nn=$#\nfor a in \"$@\"; do\n  [ \"$a\" = ngram-simple ] && a=ngram-unknown-here\n  \
+             set -- \"$@\" \"$a\"\ndone\nshift $n\nexec '{}' \"$@\"\n",
+            llama_server().display()
+        ),
+    )
+    .unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&server, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let o = apply_check(&sb, &profile, Some(&server));
+    assert_eq!(o.status.code(), Some(6), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "", "nothing half-written on stdout");
+    let err = stderr(&o);
+    let errors: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("autotune: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    let e = errors[0];
+    assert!(
+        e.contains("refused `--spec-type` (unknown speculative type: ngram-unknown-here)"),
+        "{e}"
+    );
+    assert!(
+        e.contains("does not support the profile's speculative decoding (ngram-simple)"),
+        "{e}"
+    );
+    assert!(
+        !err.contains("usage:"),
+        "the server's usage text stays out: {err}"
+    );
 }

@@ -12,6 +12,9 @@ pub const BAD_MODEL: i32 = 3;
 pub const NOTHING_MEASURED: i32 = 4;
 /// A profile or the profile store is corrupt, stale or invalid.
 pub const BAD_PROFILE: i32 = 5;
+/// llama-server refused the profile's command line (`apply --exec`): a build without an option the
+/// profile uses, e.g. an older one without `--spec-type ngram-simple`.
+pub const SERVER_REFUSED: i32 = 6;
 /// Interrupted by SIGINT or SIGTERM (after keeping what was measured).
 pub const INTERRUPTED: i32 = 130;
 

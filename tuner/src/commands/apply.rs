@@ -1,10 +1,13 @@
 //! `autotune apply`: the llama-server command a profile stands for, and with `--exec` that server
-//! started, asked for a completion and its generation speed compared with the profile's.
+//! started, asked for a completion and its generation speed compared with the profile's (and, when
+//! the profile speculates, the server's own acceptance figures shown beside the profile's).
 //!
 //! Also home of [`resolve`], which finds a profile (by model file or profile path) and refuses one that
 //! is invalid or stale; `export` uses it too.
 
+mod report;
 mod server;
+mod speculation;
 
 use crate::cli::{ApplyArgs, Cli};
 use crate::exit::{self, Exit};
@@ -12,9 +15,10 @@ use crate::probe::{self, Probe};
 use crate::session;
 use anyhow::Context as _;
 use profiles::{Profile, Store, StoredProfile};
+use report::{Check, Timings};
 use search_space::identity::ModelIdentity;
-use serde::{Deserialize, Serialize};
 use server::ServerProcess;
+use speculation::SpeculationCheck;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -182,44 +186,6 @@ fn one_line(text: &str) -> String {
         .join("; ")
 }
 
-/// The result of `apply --exec`: what was started, and how fast it generated compared with the profile.
-#[derive(Debug, Serialize)]
-struct Check {
-    profile: PathBuf,
-    server: PathBuf,
-    /// `llama-server --version`'s version line.
-    server_version: Option<String>,
-    /// The llama.cpp build that measured the profile.
-    profile_llama: String,
-    /// Whether the server's version line names the profile's llama.cpp build.
-    same_llama_build: bool,
-    command: Vec<String>,
-    url: String,
-    /// Seconds from start until `/health` answered 200.
-    ready_s: f64,
-    /// The measured (second) completion; the first only warms the server up.
-    completion: Timings,
-    profile_tg_tps: f64,
-    profile_pp_tps: f64,
-    /// Server generation speed over the profile's.
-    tg_ratio: f64,
-    tolerance: f64,
-    within_tolerance: bool,
-}
-
-/// `timings` of a `/completion` answer (llama-server's names).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct Timings {
-    #[serde(default)]
-    prompt_n: u64,
-    #[serde(default)]
-    prompt_per_second: f64,
-    #[serde(default)]
-    predicted_n: u64,
-    #[serde(default)]
-    predicted_per_second: f64,
-}
-
 pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     if !(args.tolerance.is_finite() && args.tolerance > 0.0) {
         return Err(Exit::new(
@@ -257,10 +223,10 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     }
     let signal = interrupt_counter()?;
 
-    let (mut proc, url, ready_s) = start(&server, &argv, args, port, cli, &signal)?;
+    let (mut proc, url, ready_s) = start(&server, &argv, args, port, cli, &signal, p)?;
 
-    let answer = check_completion(&mut proc, &url, p, &signal)?;
-    let tg_ratio = answer.timings.predicted_per_second / p.figures.tg_tps;
+    let (timings, profile_tg, speculation) = measure(&mut proc, &url, p, &signal)?;
+    let tg_ratio = timings.predicted_per_second / profile_tg;
     let check = Check {
         profile: stored.path.clone(),
         server: server.clone(),
@@ -272,21 +238,15 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
             .collect(),
         url: url.clone(),
         ready_s,
-        completion: answer.timings,
-        profile_tg_tps: p.figures.tg_tps,
+        completion: timings,
+        profile_tg_tps: profile_tg,
         profile_pp_tps: p.figures.pp_tps,
         tg_ratio,
         tolerance: args.tolerance,
         within_tolerance: (tg_ratio - 1.0).abs() <= args.tolerance,
+        speculation,
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&check)?);
-    } else {
-        print!("{}", render(&check));
-    }
-    if !check.within_tolerance {
-        warn_beyond_tolerance(&check);
-    }
+    report::print(&check, args.json)?;
 
     if args.check_only {
         proc.stop(&signal);
@@ -298,6 +258,32 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         proc.child.id()
     );
     server::serve_in_foreground(&mut proc, &signal)
+}
+
+/// The check's completions, on the prompt for the profile (of its speculation's kind when it has
+/// one); the measured completion's timings, the generation speed the profile promises for this
+/// command line (with its speculation when it has one) and the server's speculation beside the
+/// profile's.
+fn measure(
+    proc: &mut ServerProcess,
+    url: &str,
+    p: &Profile,
+    signal: &AtomicUsize,
+) -> anyhow::Result<(Timings, f64, Option<SpeculationCheck>)> {
+    let expected = speculation::expected(p);
+    let prompt = expected
+        .as_ref()
+        .map(|e| speculation::prompt(e, &p.workload.name));
+    let answer = check_completion(proc, url, p, prompt.as_ref(), signal)?;
+    let profile_tg = expected
+        .as_ref()
+        .map(|e| e.tg_tps)
+        .filter(|tg| *tg > 0.0)
+        .unwrap_or(p.figures.tg_tps);
+    let speculation = expected
+        .zip(prompt)
+        .map(|(e, prompt)| SpeculationCheck::new(&e, &prompt, &answer.timings));
+    Ok((answer.timings, profile_tg, speculation))
 }
 
 /// The server's version line, the profile's llama.cpp, and whether they name the same build
@@ -325,6 +311,7 @@ fn start(
     port: u16,
     cli: &Cli,
     signal: &AtomicUsize,
+    p: &Profile,
 ) -> anyhow::Result<(ServerProcess, String, f64)> {
     let started = Instant::now();
     let mut proc = ServerProcess::start(server, argv, cli.verbose)?;
@@ -335,9 +322,39 @@ fn start(
             proc.child.id()
         );
     }
-    server::wait_ready(&mut proc, &url, signal)?;
+    if let Err(e) = server::wait_ready(&mut proc, &url, signal) {
+        return Err(match proc.refusal() {
+            Some(r) => refused(&r, server, p),
+            None => e,
+        });
+    }
     let ready_s = started.elapsed().as_secs_f64();
     Ok((proc, url, ready_s))
+}
+
+/// A server that refused one of the profile's arguments at start-up (a build without an option the
+/// profile uses), as exit code 6 on one line; naming the profile's speculation when the refused flag
+/// is one of it.
+fn refused(r: &server::Refusal, server: &Path, p: &Profile) -> anyhow::Error {
+    let what = match speculation::expected(p) {
+        Some(e) if e.flags.contains(&r.argument.as_str()) => {
+            format!(
+                "it does not support the profile's speculative decoding ({})",
+                e.spec_type
+            )
+        }
+        _ => "it does not support an option of the profile's command line".into(),
+    };
+    Exit::new(
+        exit::SERVER_REFUSED,
+        format!(
+            "llama-server {} refused `{}` ({}): {what}; pass --server PATH to a llama-server of the \
+             llama.cpp build that measured the profile (vendor/build-llama-tools builds one)",
+            server.display(),
+            r.argument,
+            r.reason,
+        ),
+    )
 }
 
 /// llama-server's arguments: the profile's, the address, then the user's extra ones; and the port.
@@ -386,20 +403,26 @@ fn print_command(server: Option<&Path>, argv: Vec<String>) {
     println!("{}", profiles::shell_quote(&line));
 }
 
-/// Two completions: the first warms the server up, the second is the one compared.
+/// Two completions: the first warms the server up, the second is the one compared. `spec_prompt`: a
+/// profile with speculation is checked on a prompt of its kind, for at least
+/// [`speculation::MIN_GEN`] tokens.
 fn check_completion(
     proc: &mut ServerProcess,
     url: &str,
     p: &Profile,
+    spec_prompt: Option<&crate::speculative::prompts::Prompt>,
     signal: &AtomicUsize,
 ) -> anyhow::Result<server::CompletionAnswer> {
     // The first completion warms the server up (page cache, allocations, first-request paths); the
     // second is the one compared. Both leave room for the prompt in the context.
-    let n_gen = p.workload.n_gen.max(1);
+    let (prompt, n_gen) = match spec_prompt {
+        Some(sp) => (sp.text.as_str(), p.workload.n_gen.max(speculation::MIN_GEN)),
+        None => (server::PROMPT, p.workload.n_gen.max(1)),
+    };
     let timeout = Duration::from_secs_f64(
         (60.0 + 10.0 * f64::from(n_gen) / p.figures.tg_tps.max(0.1)).min(3600.0),
     );
-    let warmup = server::complete(proc, url, n_gen.min(16), timeout, signal)?;
+    let warmup = server::complete(proc, url, prompt, n_gen.min(16), timeout, signal)?;
     let room = p
         .workload
         .n_ctx
@@ -407,11 +430,11 @@ fn check_completion(
     if room < n_gen {
         eprintln!(
             "autotune: warning: the context ({} tokens) leaves room for {room} generated tokens after the check's \
-             prompt, fewer than the profile's {n_gen}",
+             prompt, fewer than the {n_gen} the check generates",
             p.workload.n_ctx
         );
     }
-    let answer = server::complete(proc, url, n_gen.min(room).max(1), timeout, signal)?;
+    let answer = server::complete(proc, url, prompt, n_gen.min(room).max(1), timeout, signal)?;
     if answer.timings.predicted_n == 0 || answer.content.is_empty() {
         return Err(Exit::new(
             exit::ERROR,
@@ -420,44 +443,6 @@ fn check_completion(
     }
 
     Ok(answer)
-}
-
-fn warn_beyond_tolerance(check: &Check) {
-    eprintln!(
-            "autotune: warning: llama-server generates at {:.1} t/s, {:.2}× the profile's {:.1} t/s (beyond ±{:.0}%): \
-             the machine may be busy, or the server runs differently from the measurement",
-            check.completion.predicted_per_second,
-            check.tg_ratio,
-            check.profile_tg_tps,
-            check.tolerance * 100.0
-        );
-}
-
-fn render(c: &Check) -> String {
-    let t = &c.completion;
-    let verdict = if c.within_tolerance {
-        "within"
-    } else {
-        "beyond"
-    };
-    format!(
-        "profile     {}\nserver      {} ({})\ncommand     {}\nready       {} after {:.1} s\n\
-         generation  {:.1} t/s from the server, {:.1} t/s in the profile: {:.2}× ({verdict} ±{:.0}%)\n\
-         prompt      {:.1} t/s from the server ({} tokens), {:.1} t/s in the profile (not compared)\n",
-        c.profile.display(),
-        c.server.display(),
-        c.server_version.as_deref().unwrap_or("version unknown"),
-        profiles::shell_quote(&c.command),
-        c.url,
-        c.ready_s,
-        t.predicted_per_second,
-        c.profile_tg_tps,
-        c.tg_ratio,
-        c.tolerance * 100.0,
-        t.prompt_per_second,
-        t.prompt_n,
-        c.profile_pp_tps,
-    )
 }
 
 /// `--server`, else `llama-server` on PATH, else the vendor build in the cache (the one built for the

@@ -22,7 +22,8 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 const LOG_LINES: usize = 40;
 
 /// The prompt of the check: ordinary English (about 100 words), so the server tokenizes and samples real
-/// text through its whole HTTP path. Fixed, so checks are comparable across runs.
+/// text through its whole HTTP path. Fixed, so checks are comparable across runs. (A profile with
+/// speculative decoding is checked on a prompt of its own kind instead: see `speculation::prompt`.)
 pub const PROMPT: &str = "The old lighthouse stood at the edge of the cliff for more than a century, watching \
     ships pass through the narrow channel below. Its keeper, a quiet woman who had inherited the post from \
     her father, climbed the spiral stairs every evening to light the lamp and wind the clockwork that turned \
@@ -30,6 +31,34 @@ pub const PROMPT: &str = "The old lighthouse stood at the edge of the cliff for 
     listening to the wind and counting the seconds between flashes. Travellers who stopped in the village \
     sometimes asked her whether she felt lonely. She always answered that the sea was company enough, and \
     then she told them a story about";
+
+/// An argument llama-server refused at start-up (its argument parser's error line), e.g. a
+/// `--spec-type` an older build does not know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub argument: String,
+    pub reason: String,
+}
+
+impl Refusal {
+    /// `error: invalid argument: X` (an unknown flag) or `error while handling argument "X": R`
+    /// (a value the flag refused), as llama.cpp's `common/arg.cpp` writes them.
+    fn parse(line: &str) -> Option<Refusal> {
+        let line = line.trim();
+        if let Some(arg) = line.strip_prefix("error: invalid argument: ") {
+            return Some(Refusal {
+                argument: arg.trim().to_string(),
+                reason: "unknown argument".into(),
+            });
+        }
+        let rest = line.strip_prefix("error while handling argument \"")?;
+        let (arg, reason) = rest.split_once("\":")?;
+        Some(Refusal {
+            argument: arg.to_string(),
+            reason: reason.trim().to_string(),
+        })
+    }
+}
 
 /// The parts of a `/completion` answer the check uses.
 #[derive(Debug, Deserialize)]
@@ -44,6 +73,9 @@ pub struct ServerProcess {
     pub child: Child,
     /// The last lines it wrote (stdout and stderr), for the error message when it fails.
     log: Arc<Mutex<VecDeque<String>>>,
+    /// The first argument it refused, read from its output as it comes (before the usage text after it
+    /// can push it out of `log`).
+    refusal: Arc<Mutex<Option<Refusal>>>,
     /// Copy its output to our stderr (with `--verbose`, and while it serves in the foreground).
     pub echo: Arc<AtomicBool>,
     exited: Option<ExitStatus>,
@@ -75,16 +107,21 @@ impl ServerProcess {
             .spawn()
             .with_context(|| format!("cannot start {}", server.display()))?;
         let log = Arc::new(Mutex::new(VecDeque::new()));
+        let refusal = Arc::new(Mutex::new(None));
         let echo = Arc::new(AtomicBool::new(verbose));
         let out: Box<dyn Read + Send> = Box::new(child.stdout.take().expect("piped"));
         let err: Box<dyn Read + Send> = Box::new(child.stderr.take().expect("piped"));
         for stream in [out, err] {
-            let (log, echo) = (Arc::clone(&log), Arc::clone(&echo));
+            let (log, echo, refusal) = (Arc::clone(&log), Arc::clone(&echo), Arc::clone(&refusal));
             std::thread::spawn(move || {
                 for line in BufReader::new(stream).split(b'\n').map_while(Result::ok) {
                     let line = String::from_utf8_lossy(&line).trim_end().to_string();
                     if echo.load(Ordering::Relaxed) {
                         eprintln!("{line}");
+                    }
+                    if let Some(r) = Refusal::parse(&line) {
+                        let mut first = refusal.lock().unwrap_or_else(|e| e.into_inner());
+                        first.get_or_insert(r);
                     }
                     let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
                     if log.len() == LOG_LINES {
@@ -97,9 +134,28 @@ impl ServerProcess {
         Ok(ServerProcess {
             child,
             log,
+            refusal,
             echo,
             exited: None,
         })
+    }
+
+    /// The argument it refused, once it has exited because of one. Its output threads may still be
+    /// reading the last lines for a moment after it exits, so this waits for them briefly.
+    pub fn refusal(&mut self) -> Option<Refusal> {
+        self.exited()?;
+        let deadline = Instant::now() + Duration::from_millis(500);
+        loop {
+            let found = self
+                .refusal
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if found.is_some() || Instant::now() > deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Its exit status, once it has exited.
@@ -218,17 +274,18 @@ pub fn wait_ready(proc: &mut ServerProcess, url: &str, signal: &AtomicUsize) -> 
     }
 }
 
-/// One `/completion` of [`PROMPT`], greedy, generating exactly `n_predict` tokens, prompt not cached.
+/// One `/completion` of `prompt`, greedy, generating exactly `n_predict` tokens, prompt not cached.
 /// Runs on a thread so a Ctrl-C or a crashing server ends the wait at once.
 pub fn complete(
     proc: &mut ServerProcess,
     url: &str,
+    prompt: &str,
     n_predict: u32,
     timeout: Duration,
     signal: &AtomicUsize,
 ) -> anyhow::Result<CompletionAnswer> {
     let body = serde_json::json!({
-        "prompt": PROMPT,
+        "prompt": prompt,
         "n_predict": n_predict,
         "temperature": 0,
         "cache_prompt": false,
@@ -302,5 +359,35 @@ pub fn serve_in_foreground(proc: &mut ServerProcess, signal: &AtomicUsize) -> an
             return Ok(exit::INTERRUPTED);
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_arguments_are_read_from_the_servers_error_lines() {
+        assert_eq!(
+            Refusal::parse(
+                "error while handling argument \"--spec-type\": unknown speculative type: ngram-simple"
+            ),
+            Some(Refusal {
+                argument: "--spec-type".into(),
+                reason: "unknown speculative type: ngram-simple".into()
+            })
+        );
+        assert_eq!(
+            Refusal::parse("error: invalid argument: --spec-ngram-simple-size-n"),
+            Some(Refusal {
+                argument: "--spec-ngram-simple-size-n".into(),
+                reason: "unknown argument".into()
+            })
+        );
+        assert_eq!(Refusal::parse("main: loading model"), None);
+        assert_eq!(
+            Refusal::parse("srv  error: invalid argument in request"),
+            None
+        );
     }
 }
