@@ -477,6 +477,19 @@ fn draft_grid(
     best
 }
 
+/// A finalist of the interleaved comparison: (its first-pass speed, draft entry, trial index).
+type Finalist = (f64, usize, usize);
+
+/// One pass's generation speed per prompt kind.
+type KindRates = Vec<(String, f64)>;
+
+/// The final comparison's figures per slot (the baseline, then each finalist): the speed of each
+/// round, and per round its speed per prompt kind.
+struct Rounds {
+    tg: Vec<Vec<f64>>,
+    by_kind: Vec<Vec<KindRates>>,
+}
+
 /// The final, interleaved comparison: each draft's fastest setting against the baseline.
 fn confirm(
     r: &mut Runner,
@@ -484,11 +497,30 @@ fn confirm(
     entries: &mut [DraftEntry],
     outcome: &mut Outcome,
 ) {
-    let s = r.s;
     let baseline_tg = outcome.baseline.median_tg().unwrap_or(0.0);
-    // The finalists: each draft's fastest setting, unless it is so slow that no repetition could
-    // change the verdict (under half the baseline's speed).
-    let mut ranked: Vec<(f64, usize, usize)> = entries
+    let ranked = finalists(entries, baseline_tg);
+    if ranked.is_empty() {
+        return;
+    }
+    let Some(rounds) = final_rounds(r, candidates, entries, &ranked, outcome) else {
+        return;
+    };
+    set_kind_rates(&mut outcome.baseline, &rounds.by_kind[0]);
+    for (slot, &(_, e, i)) in ranked.iter().enumerate() {
+        set_kind_rates(&mut entries[e].trials[i], &rounds.by_kind[slot + 1]);
+    }
+    outcome.confirm_baseline = rounds.tg[0].clone();
+    outcome.baseline.tg_tps.extend(&rounds.tg[0]);
+    for (slot, &(_, e, i)) in ranked.iter().enumerate() {
+        entries[e].trials[i].tg_tps.extend(&rounds.tg[slot + 1]);
+    }
+    outcome.winner = judge(r.s, candidates, entries, &ranked, &rounds.tg);
+}
+
+/// The finalists, fastest first: each draft's fastest setting, unless it is so slow that no
+/// repetition could change the verdict (under half the baseline's speed).
+fn finalists(entries: &[DraftEntry], baseline_tg: f64) -> Vec<Finalist> {
+    let mut ranked: Vec<Finalist> = entries
         .iter()
         .enumerate()
         .filter_map(|(e, entry)| {
@@ -504,73 +536,94 @@ fn confirm(
         .collect();
     ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
     ranked.truncate(MAX_FINALISTS);
-    if ranked.is_empty() {
-        return;
-    }
+    ranked
+}
+
+/// The interleaved, shuffled rounds over the baseline (slot 0) and the finalists. None when the
+/// user stopped them or a pass failed (noted in `outcome`): an unpaired round would bias the
+/// comparison.
+fn final_rounds(
+    r: &mut Runner,
+    candidates: &[Option<Candidate>],
+    entries: &[DraftEntry],
+    ranked: &[Finalist],
+    outcome: &mut Outcome,
+) -> Option<Rounds> {
+    let s = r.s;
     let reps = s.reps.max(2) as usize;
-    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); ranked.len() + 1];
-    let mut by_kind: Vec<Vec<Vec<(String, f64)>>> = vec![Vec::new(); ranked.len() + 1];
+    let mut rounds = Rounds {
+        tg: vec![Vec::new(); ranked.len() + 1],
+        by_kind: vec![Vec::new(); ranked.len() + 1],
+    };
     for round in 0..reps {
         let order = stats::shuffled_order(ranked.len() + 1, s.seed.wrapping_add(round as u64));
         for &slot in &order {
             if (r.stop)() {
                 outcome.interrupted = true;
-                return;
+                return None;
             }
-            let measured = if slot == 0 {
-                (r.progress)(&format!(
-                    "final comparison, round {}/{reps}: the target alone",
+            let finalist = slot.checked_sub(1).map(|f| ranked[f]);
+            let report = r.progress;
+            let progress = |what: &str| {
+                report(&format!(
+                    "final comparison, round {}/{reps}: {what}",
                     round + 1
-                ));
-                r.pass(None)
-            } else if let Some(p) = entries[ranked[slot - 1].1].trials[ranked[slot - 1].2].ngram {
-                (r.progress)(&format!(
-                    "final comparison, round {}/{reps}: {}",
-                    round + 1,
-                    p.label()
-                ));
-                r.pass_ngram(p)
-            } else {
-                let (_, e, i) = ranked[slot - 1];
-                let cand = candidates[e]
-                    .as_ref()
-                    .expect("measured entries have candidates");
-                let trial = &entries[e].trials[i];
-                let params = trial.params.expect("draft trials have params");
-                let model = cand.placed(trial.placement);
-                (r.progress)(&format!(
-                    "final comparison, round {}/{reps}: {} {}",
-                    round + 1,
-                    params.label(),
-                    model.placement().label()
-                ));
-                r.pass(Some((model, params)))
+                ))
             };
-            match measured {
+            match final_pass(r, candidates, entries, finalist, progress) {
                 Ok(runs) => {
-                    rounds[slot].push(rate(&runs));
-                    by_kind[slot].push(kind_rates(&runs, &s.prompts));
+                    rounds.tg[slot].push(rate(&runs));
+                    rounds.by_kind[slot].push(kind_rates(&runs, &s.prompts));
                 }
                 Err(e) => {
-                    // An unpaired round would bias the comparison: stop, no winner.
                     outcome.confirm_error = Some(format!(
                         "the final comparison stopped in round {}: {e}",
                         round + 1
                     ));
-                    return;
+                    return None;
                 }
             }
         }
     }
-    set_kind_rates(&mut outcome.baseline, &by_kind[0]);
-    for (slot, &(_, e, i)) in ranked.iter().enumerate() {
-        set_kind_rates(&mut entries[e].trials[i], &by_kind[slot + 1]);
+    Some(rounds)
+}
+
+/// One pass of the final comparison: the target alone (no finalist), an n-gram setting, or a
+/// draft at its setting and placement.
+fn final_pass(
+    r: &mut Runner,
+    candidates: &[Option<Candidate>],
+    entries: &[DraftEntry],
+    finalist: Option<Finalist>,
+    progress: impl Fn(&str),
+) -> Result<Vec<PromptRun>, String> {
+    let Some((_, e, i)) = finalist else {
+        progress("the target alone");
+        return r.pass(None);
+    };
+    let trial = &entries[e].trials[i];
+    if let Some(p) = trial.ngram {
+        progress(&p.label());
+        return r.pass_ngram(p);
     }
-    outcome.confirm_baseline = rounds[0].clone();
-    outcome.baseline.tg_tps.extend(&rounds[0]);
-    for (slot, &(_, e, i)) in ranked.iter().enumerate() {
-        entries[e].trials[i].tg_tps.extend(&rounds[slot + 1]);
-    }
+    let cand = candidates[e]
+        .as_ref()
+        .expect("measured entries have candidates");
+    let params = trial.params.expect("draft trials have params");
+    let model = cand.placed(trial.placement);
+    progress(&format!("{} {}", params.label(), model.placement().label()));
+    r.pass(Some((model, params)))
+}
+
+/// Each finalist's paired comparison with the baseline (kept on its trial), and the winner: the
+/// best ratio among those faster beyond the noise whose output is the target alone's.
+fn judge(
+    s: &SearchSettings,
+    candidates: &[Option<Candidate>],
+    entries: &mut [DraftEntry],
+    ranked: &[Finalist],
+    rounds: &[Vec<f64>],
+) -> Option<Winner> {
     let mut best: Option<Winner> = None;
     for (slot, &(_, e, i)) in ranked.iter().enumerate() {
         let ours = &rounds[slot + 1];
@@ -604,7 +657,7 @@ fn confirm(
             });
         }
     }
-    outcome.winner = best;
+    best
 }
 
 /// Effective generation speed of a pass: loop tokens over loop time, all prompts together.
