@@ -10,10 +10,11 @@
 
 use super::kld::QualityFigures;
 use super::ladder::{Ladder, Rung};
-use super::serve::{QualityJob, QualityRequest};
+use super::serve::{QualityAnswer, QualityJob, QualityRequest};
 use crate::worker::{Request, Response};
 use crate::worker::{TrialFailure, Worker};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
+use indicatif::ProgressBar;
 use search_space::identity::ModelIdentity;
 use search_space::size::format_size;
 use search_space::CacheType;
@@ -260,20 +261,19 @@ impl<'a> Evaluator<'a> {
             n_gpu_layers: 999,
             progress: Some(progress.clone()),
         });
-        let bar = crate::term::bar(
-            s.quiet,
-            "{spinner} [{elapsed_precise}] quality {prefix} {bar:30} {pos}/{len} chunks",
-        );
-        if let Some(b) = &bar {
-            let names: Vec<String> = batch
-                .iter()
-                .map(|t| match t.kind {
-                    Kind::Weights => t.model.file_type.clone(),
-                    Kind::Kv => format!("KV {}", t.kv),
-                })
-                .collect();
-            b.set_prefix(format!("vs {}: {}", reference.file_type, names.join(", ")));
-        }
+        let bar = batch_bar(s.quiet, batch, reference);
+        let answer = self.ask(&request, &progress, bar)?;
+        Ok(self.answered_rows(batch, reference, answer))
+    }
+
+    /// Sends a quality request to the worker (started if need be) and waits for its answer,
+    /// showing its progress on `bar`. A worker that did not merely refuse is gone afterwards.
+    fn ask(
+        &mut self,
+        request: &Request,
+        progress: &Path,
+        bar: Option<ProgressBar>,
+    ) -> Result<QualityAnswer, TrialFailure> {
         if self.worker.is_none() {
             self.worker = Some(Worker::spawn().map_err(|e| TrialFailure::Exited {
                 code: -1,
@@ -283,8 +283,8 @@ impl<'a> Evaluator<'a> {
         let worker = self.worker.as_mut().expect("spawned above");
         let result = super::call_with_progress(
             worker,
-            &request,
-            &progress,
+            request,
+            progress,
             bar.as_ref(),
             self.stop,
             Duration::from_secs(6 * 3600),
@@ -292,21 +292,28 @@ impl<'a> Evaluator<'a> {
         if let Some(b) = &bar {
             b.finish_and_clear();
         }
-        let answer = match result {
-            Ok(Response::Quality(a)) => a,
-            Ok(_) => {
-                return Err(TrialFailure::Refused {
-                    stage: "protocol".into(),
-                    message: "unexpected answer from the worker".into(),
-                })
-            }
+        match result {
+            Ok(Response::Quality(a)) => Ok(a),
+            Ok(_) => Err(TrialFailure::Refused {
+                stage: "protocol".into(),
+                message: "unexpected answer from the worker".into(),
+            }),
             Err(f) => {
                 if !matches!(f, TrialFailure::Refused { .. }) {
                     self.worker = None; // it is gone
                 }
-                return Err(f);
+                Err(f)
             }
-        };
+        }
+    }
+
+    /// The batch's rows from the worker's answer; successful rows are cached.
+    fn answered_rows(
+        &self,
+        batch: &[&Task],
+        reference: &Subject,
+        answer: QualityAnswer,
+    ) -> Vec<QualityRow> {
         let mut rows = Vec::new();
         for (t, result) in batch.iter().zip(answer.results) {
             let mut row = QualityRow {
@@ -330,7 +337,7 @@ impl<'a> Evaluator<'a> {
             }
             rows.push(row);
         }
-        Ok(rows)
+        rows
     }
 
     /// The whole table for a ladder: the reference against itself first (KLD 0: the check that the
@@ -341,38 +348,8 @@ impl<'a> Evaluator<'a> {
         reference: &Subject,
         kv_types: &[CacheType],
     ) -> Result<QualityTable, TrialFailure> {
-        let ref_canon = std::fs::canonicalize(&reference.path).ok();
-        let mut unreadable = Vec::new();
-        let mut subjects = Vec::new();
-        for rung in &ladder.rungs {
-            if std::fs::canonicalize(&rung.path).ok() == ref_canon {
-                continue;
-            }
-            match Subject::of(rung) {
-                Ok(s) => subjects.push(s),
-                Err(e) => unreadable.push((rung, e)),
-            }
-        }
-        let mut tasks = vec![Task {
-            kind: Kind::Weights,
-            model: reference,
-            kv: CacheType::F16,
-        }];
-        tasks.extend(
-            kv_types
-                .iter()
-                .filter(|&&t| t != CacheType::F16)
-                .map(|&kv| Task {
-                    kind: Kind::Kv,
-                    model: reference,
-                    kv,
-                }),
-        );
-        tasks.extend(subjects.iter().map(|s| Task {
-            kind: Kind::Weights,
-            model: s,
-            kv: CacheType::F16,
-        }));
+        let (subjects, unreadable) = subjects(ladder, reference);
+        let tasks = tasks(reference, kv_types, &subjects);
         let mut rows = self.evaluate(&tasks, reference)?.into_iter();
         let self_row = rows.next().expect("the reference's own row");
         let mut kv = Vec::new();
@@ -388,19 +365,7 @@ impl<'a> Evaluator<'a> {
         }
         let mut others: Vec<QualityRow> = rows.collect();
         for (rung, e) in unreadable {
-            let task = Task {
-                kind: Kind::Weights,
-                model: reference,
-                kv: CacheType::F16,
-            };
-            others.push(QualityRow {
-                file_type: rung.file_type.clone(),
-                model: rung.path.clone(),
-                model_fingerprint: String::new(),
-                size_bytes: rung.size_bytes,
-                error: Some(format!("cannot read: {e}")),
-                ..base_row(&task, reference)
-            });
+            others.push(unreadable_row(rung, &e, reference));
         }
         // Most precise first, as the ladder is ordered; the reference (in the ladder or not) leads.
         let mut weights = vec![self_row.clone()];
@@ -424,6 +389,93 @@ impl<'a> Evaluator<'a> {
         if let Some(w) = self.worker.take() {
             w.quit();
         }
+    }
+}
+
+/// The progress bar of a batch (none when quiet), named after what it evaluates.
+fn batch_bar(quiet: bool, batch: &[&Task], reference: &Subject) -> Option<ProgressBar> {
+    let bar = crate::term::bar(
+        quiet,
+        "{spinner} [{elapsed_precise}] quality {prefix} {bar:30} {pos}/{len} chunks",
+    );
+    if let Some(b) = &bar {
+        let names: Vec<String> = batch
+            .iter()
+            .map(|t| match t.kind {
+                Kind::Weights => t.model.file_type.clone(),
+                Kind::Kv => format!("KV {}", t.kv),
+            })
+            .collect();
+        b.set_prefix(format!("vs {}: {}", reference.file_type, names.join(", ")));
+    }
+    bar
+}
+
+/// The ladder's rungs other than the reference: those whose identity could be read, and those
+/// that could not (with why).
+fn subjects<'l>(
+    ladder: &'l Ladder,
+    reference: &Subject,
+) -> (Vec<Subject>, Vec<(&'l Rung, std::io::Error)>) {
+    let ref_canon = std::fs::canonicalize(&reference.path).ok();
+    let mut unreadable = Vec::new();
+    let mut subjects = Vec::new();
+    for rung in &ladder.rungs {
+        if std::fs::canonicalize(&rung.path).ok() == ref_canon {
+            continue;
+        }
+        match Subject::of(rung) {
+            Ok(s) => subjects.push(s),
+            Err(e) => unreadable.push((rung, e)),
+        }
+    }
+    (subjects, unreadable)
+}
+
+/// The evaluations a table needs, in its order: the reference against itself, the reference with
+/// each KV type other than f16, then each other rung.
+fn tasks<'s>(
+    reference: &'s Subject,
+    kv_types: &[CacheType],
+    subjects: &'s [Subject],
+) -> Vec<Task<'s>> {
+    let mut tasks = vec![Task {
+        kind: Kind::Weights,
+        model: reference,
+        kv: CacheType::F16,
+    }];
+    tasks.extend(
+        kv_types
+            .iter()
+            .filter(|&&t| t != CacheType::F16)
+            .map(|&kv| Task {
+                kind: Kind::Kv,
+                model: reference,
+                kv,
+            }),
+    );
+    tasks.extend(subjects.iter().map(|s| Task {
+        kind: Kind::Weights,
+        model: s,
+        kv: CacheType::F16,
+    }));
+    tasks
+}
+
+/// The row of a rung whose file could not be read.
+fn unreadable_row(rung: &Rung, e: &std::io::Error, reference: &Subject) -> QualityRow {
+    let task = Task {
+        kind: Kind::Weights,
+        model: reference,
+        kv: CacheType::F16,
+    };
+    QualityRow {
+        file_type: rung.file_type.clone(),
+        model: rung.path.clone(),
+        model_fingerprint: String::new(),
+        size_bytes: rung.size_bytes,
+        error: Some(format!("cannot read: {e}")),
+        ..base_row(&task, reference)
     }
 }
 
