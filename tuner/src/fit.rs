@@ -61,8 +61,18 @@ pub fn serve(r: &FitRequest) -> Response {
         .map(|d| (d.name, d.memory_free))
         .collect();
     let devs = model_devices();
-    let fit_devices: Vec<FitDevice> = devs
-        .iter()
+    let fit_devices = fit_devices(r, &devs, &free);
+    Response::Fitted(fit_params(&path, &devs, fit_devices, r.n_ctx))
+}
+
+/// Each model device's free memory (from `free`, by name), autotune's budget on it (the request's,
+/// or free memory less the default margin), and the margin that leaves the fit exactly that budget.
+fn fit_devices(
+    r: &FitRequest,
+    devs: &[(sys::ggml_backend_dev_t, String)],
+    free: &[(String, u64)],
+) -> Vec<FitDevice> {
+    devs.iter()
         .map(|(_, name)| {
             let free = free.iter().find(|(n, _)| n == name).map_or(0, |(_, f)| *f);
             let budget = r
@@ -77,7 +87,17 @@ pub fn serve(r: &FitRequest) -> Response {
                 margin: free.saturating_sub(budget),
             }
         })
-        .collect();
+        .collect()
+}
+
+/// Calls llama.cpp's fit for the model at `path` on `devs` with their margins, and answers with
+/// what it chose.
+fn fit_params(
+    path: &CString,
+    devs: &[(sys::ggml_backend_dev_t, String)],
+    fit_devices: Vec<FitDevice>,
+    n_ctx: u32,
+) -> FitAnswer {
     // SAFETY: plain getters.
     let (max_devices, max_overrides) = unsafe {
         (
@@ -104,7 +124,7 @@ pub fn serve(r: &FitRequest) -> Response {
     if !devs.is_empty() {
         mparams.devices = dev_list.as_mut_ptr();
     }
-    cparams.n_ctx = r.n_ctx;
+    cparams.n_ctx = n_ctx;
     llama::take_log();
     // SAFETY: every buffer has the length llama.cpp documents (llama_max_devices floats and margins,
     // llama_max_tensor_buft_overrides entries) and outlives the call; the override patterns it writes
@@ -117,45 +137,23 @@ pub fn serve(r: &FitRequest) -> Response {
             split.as_mut_ptr(),
             overrides.as_mut_ptr(),
             margins.as_mut_ptr(),
-            r.n_ctx,
+            n_ctx,
             std::ptr::null(),
             sys::GGML_LOG_LEVEL_INFO,
         )
     };
     let log = llama::take_log();
-    let mut chosen = Vec::new();
-    if !mparams.tensor_buft_overrides.is_null() {
-        for o in &overrides {
-            if o.pattern.is_null() {
-                break;
-            }
-            // SAFETY: the fit wrote a NUL-terminated pattern and a registered buffer type.
-            let (pattern, buffer_type, device) = unsafe {
-                let dev = sys::ggml_backend_buft_get_device(o.buft);
-                (
-                    cstr(o.pattern),
-                    cstr(sys::ggml_backend_buft_name(o.buft)),
-                    // The host's buffer type has no device of its own here: it is the CPU.
-                    if dev.is_null() {
-                        "CPU".to_string()
-                    } else {
-                        cstr(sys::ggml_backend_dev_name(dev))
-                    },
-                )
-            };
-            chosen.push(TensorOverride {
-                pattern,
-                buffer_type,
-                device,
-            });
-        }
-    }
+    let chosen = if mparams.tensor_buft_overrides.is_null() {
+        Vec::new()
+    } else {
+        chosen_overrides(&overrides)
+    };
     let tensor_split = if devs.len() > 1 && split[..devs.len()].iter().any(|v| *v != 0.0) {
         split[..devs.len()].to_vec()
     } else {
         Vec::new()
     };
-    Response::Fitted(FitAnswer {
+    FitAnswer {
         status,
         n_gpu_layers: mparams.n_gpu_layers,
         n_ctx: cparams.n_ctx,
@@ -163,7 +161,37 @@ pub fn serve(r: &FitRequest) -> Response {
         overrides: chosen,
         devices: fit_devices,
         log_tail: llama::log_tail(&log),
-    })
+    }
+}
+
+/// The buffer overrides the fit wrote, up to the first empty entry.
+fn chosen_overrides(overrides: &[sys::llama_model_tensor_buft_override]) -> Vec<TensorOverride> {
+    let mut chosen = Vec::new();
+    for o in overrides {
+        if o.pattern.is_null() {
+            break;
+        }
+        // SAFETY: the fit wrote a NUL-terminated pattern and a registered buffer type.
+        let (pattern, buffer_type, device) = unsafe {
+            let dev = sys::ggml_backend_buft_get_device(o.buft);
+            (
+                cstr(o.pattern),
+                cstr(sys::ggml_backend_buft_name(o.buft)),
+                // The host's buffer type has no device of its own here: it is the CPU.
+                if dev.is_null() {
+                    "CPU".to_string()
+                } else {
+                    cstr(sys::ggml_backend_dev_name(dev))
+                },
+            )
+        };
+        chosen.push(TensorOverride {
+            pattern,
+            buffer_type,
+            device,
+        });
+    }
+    chosen
 }
 
 /// The `--n-cpu-moe N` that sets the same overrides, when the fit's overrides are exactly "the

@@ -7,9 +7,13 @@ use crate::cli::{Cli, DraftArgs};
 use crate::exit::{self, Exit};
 use crate::inputs;
 use crate::llama::{ContextSettings, ModelSettings};
+use crate::probe::{self, Probe};
+use crate::speculative::attach::DraftSearch;
 use crate::speculative::evaluate::{self, Setup};
-use crate::{probe, session, term};
+use crate::{session, term};
 use anyhow::Context as _;
+use search_space::gguf::GgufInfo;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
@@ -19,6 +23,45 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
     let search = settings::draft_command_search(&a.search, &a.trial, a.workload)?;
     let stop = term::interrupt_flag()?;
     let d = probe::probe(cli.verbose, &[])?;
+    let setup = setup(a, target, info, search, &d)?;
+    if setup.context.n_ctx < 256 {
+        return Err(Exit::new(exit::USAGE, "--ctx must be at least 256"));
+    }
+    let bar = term::bar(cli.quiet, "{spinner} [{elapsed_precise}] {wide_msg}");
+    let progress = |m: &str| match &bar {
+        Some(b) => b.set_message(m.to_string()),
+        None if cli.verbose => eprintln!("autotune: {m}"),
+        None => {}
+    };
+    let stop_fn = || stop.load(Ordering::Relaxed);
+    let report = evaluate::evaluate(&setup, &stop_fn, &progress);
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    if report.interrupted || stop.load(Ordering::Relaxed) {
+        return Err(Exit::new(
+            exit::INTERRUPTED,
+            "interrupted; nothing is kept (run again)",
+        ));
+    }
+    Ok(exit::OK)
+}
+
+/// What to evaluate: the target on this machine (all layers offloaded when there is a device to
+/// offload to, unless `--n-gpu-layers` says otherwise), a batch that holds the longest draft, and the
+/// search's drafts, grid and prompts.
+fn setup(
+    a: &DraftArgs,
+    target: PathBuf,
+    info: GgufInfo,
+    search: DraftSearch,
+    d: &Probe,
+) -> anyhow::Result<Setup> {
     let offload = !d.machine.offload_devices().is_empty();
     let n_gpu_layers = a.n_gpu_layers.unwrap_or(if offload {
         info.block_count.unwrap_or(0) + 1
@@ -32,7 +75,7 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
     let longest = search.ngram.size_m.iter().max().copied().unwrap_or(0);
     let longest = longest.max(search.grid.n_max.iter().max().copied().unwrap_or(16));
     let n_batch = 2048u32.max(longest + 1);
-    let setup = Setup {
+    Ok(Setup {
         target,
         target_info: info,
         drafts: search.drafts,
@@ -72,31 +115,5 @@ pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
         budget: search.budget,
         budgets: session::budgets_of(&[], a.mem_margin, &d.machine)?,
         llama_version: d.llama_version.clone(),
-    };
-    if setup.context.n_ctx < 256 {
-        return Err(Exit::new(exit::USAGE, "--ctx must be at least 256"));
-    }
-    let bar = term::bar(cli.quiet, "{spinner} [{elapsed_precise}] {wide_msg}");
-    let progress = |m: &str| match &bar {
-        Some(b) => b.set_message(m.to_string()),
-        None if cli.verbose => eprintln!("autotune: {m}"),
-        None => {}
-    };
-    let stop_fn = || stop.load(Ordering::Relaxed);
-    let report = evaluate::evaluate(&setup, &stop_fn, &progress);
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.render());
-    }
-    if report.interrupted || stop.load(Ordering::Relaxed) {
-        return Err(Exit::new(
-            exit::INTERRUPTED,
-            "interrupted; nothing is kept (run again)",
-        ));
-    }
-    Ok(exit::OK)
+    })
 }

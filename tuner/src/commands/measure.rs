@@ -131,26 +131,12 @@ fn request_of(
     let request = MeasureRequest {
         expect: Vec::new(),
         model,
+        // The candidate's settings, with the `-ot` overrides a candidate does not carry.
         settings: ModelSettings {
-            n_gpu_layers: candidate.n_gpu_layers,
-            devices: candidate.devices.clone(),
-            use_extra_bufts: candidate.kernels.use_extra_bufts(),
-            no_alloc: false,
-            rpc: a.rpc.servers.clone(),
-            n_cpu_moe: candidate.n_cpu_moe,
             tensor_overrides: tensor_overrides(&a.override_tensor)?,
-            tensor_split: a.tensor_split.clone(),
-            split_mode: candidate.split_mode,
+            ..ModelSettings::for_candidate(&candidate, &a.rpc.servers)
         },
-        context: ContextSettings {
-            n_ctx: a.ctx,
-            n_batch: candidate.n_batch,
-            n_ubatch: candidate.n_ubatch,
-            threads: candidate.threads,
-            type_k: candidate.type_k,
-            type_v: candidate.type_v,
-            flash_attn: candidate.flash_attn,
-        },
+        context: ContextSettings::for_candidate(&candidate, a.ctx),
         workload: workload.clone(),
         seed: a.seed,
     };

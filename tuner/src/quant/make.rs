@@ -200,17 +200,32 @@ pub fn make_one(
         s.timeout,
     );
     worker.quit();
-    let outcome = match result {
-        Ok(Response::Quantized(a)) => match GgufInfo::inspect(&partial) {
-            Ok(info) if info.file_type == Some(t.ftype) => match std::fs::rename(&partial, &dst) {
-                Ok(()) => Ok(made("made".into(), info.file_size, a.seconds)),
-                Err(e) => Ok(made(
+    let outcome = written(result, &partial, &dst, t)
+        .map(|(status, size_bytes, seconds)| made(status, size_bytes, seconds));
+    let _ = std::fs::remove_file(&partial);
+    outcome
+}
+
+/// What became of a quantization the worker was asked to write to `partial`: (status, size,
+/// seconds). A file of the type asked is renamed to `dst` ("made"); anything else is a failure of
+/// this type, except an interruption.
+fn written(
+    result: Result<Response, TrialFailure>,
+    partial: &Path,
+    dst: &Path,
+    t: &QuantType,
+) -> Result<(String, u64, f64), TrialFailure> {
+    match result {
+        Ok(Response::Quantized(a)) => match GgufInfo::inspect(partial) {
+            Ok(info) if info.file_type == Some(t.ftype) => match std::fs::rename(partial, dst) {
+                Ok(()) => Ok(("made".into(), info.file_size, a.seconds)),
+                Err(e) => Ok((
                     format!("failed: cannot rename {}: {e}", partial.display()),
                     0,
                     a.seconds,
                 )),
             },
-            Ok(info) => Ok(made(
+            Ok(info) => Ok((
                 format!(
                     "failed: llama.cpp wrote file type {:?}, not {}",
                     info.file_type_name, t.name
@@ -218,26 +233,20 @@ pub fn make_one(
                 0,
                 a.seconds,
             )),
-            Err(e) => Ok(made(
+            Err(e) => Ok((
                 format!("failed: the written file does not read back: {e}"),
                 0,
                 a.seconds,
             )),
         },
-        Ok(_) => Ok(made(
-            "failed: unexpected answer from the worker".into(),
-            0,
-            0.0,
-        )),
+        Ok(_) => Ok(("failed: unexpected answer from the worker".into(), 0, 0.0)),
         Err(TrialFailure::Interrupted) => Err(TrialFailure::Interrupted),
-        Err(f) => Ok(made(
+        Err(f) => Ok((
             format!("failed: {}", crate::report::one_line(&f.to_string())),
             0,
             0.0,
         )),
-    };
-    let _ = std::fs::remove_file(&partial);
-    outcome
+    }
 }
 
 #[cfg(test)]

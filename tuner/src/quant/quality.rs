@@ -10,18 +10,20 @@
 
 use super::kld::QualityFigures;
 use super::ladder::{Ladder, Rung};
-use super::serve::{QualityJob, QualityRequest};
+use super::serve::{QualityAnswer, QualityJob, QualityRequest};
 use crate::worker::{Request, Response};
 use crate::worker::{TrialFailure, Worker};
-use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
+use indicatif::ProgressBar;
 use search_space::identity::ModelIdentity;
-use search_space::size::format_size;
 use search_space::CacheType;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
+
+mod table;
+pub use table::fmt_kld;
 
 /// The evaluation text built into autotune.
 pub const EVAL_TEXT: &str = include_str!("../../assets/eval.txt");
@@ -260,20 +262,19 @@ impl<'a> Evaluator<'a> {
             n_gpu_layers: 999,
             progress: Some(progress.clone()),
         });
-        let bar = crate::term::bar(
-            s.quiet,
-            "{spinner} [{elapsed_precise}] quality {prefix} {bar:30} {pos}/{len} chunks",
-        );
-        if let Some(b) = &bar {
-            let names: Vec<String> = batch
-                .iter()
-                .map(|t| match t.kind {
-                    Kind::Weights => t.model.file_type.clone(),
-                    Kind::Kv => format!("KV {}", t.kv),
-                })
-                .collect();
-            b.set_prefix(format!("vs {}: {}", reference.file_type, names.join(", ")));
-        }
+        let bar = batch_bar(s.quiet, batch, reference);
+        let answer = self.ask(&request, &progress, bar)?;
+        Ok(self.answered_rows(batch, reference, answer))
+    }
+
+    /// Sends a quality request to the worker (started if need be) and waits for its answer,
+    /// showing its progress on `bar`. A worker that did not merely refuse is gone afterwards.
+    fn ask(
+        &mut self,
+        request: &Request,
+        progress: &Path,
+        bar: Option<ProgressBar>,
+    ) -> Result<QualityAnswer, TrialFailure> {
         if self.worker.is_none() {
             self.worker = Some(Worker::spawn().map_err(|e| TrialFailure::Exited {
                 code: -1,
@@ -283,8 +284,8 @@ impl<'a> Evaluator<'a> {
         let worker = self.worker.as_mut().expect("spawned above");
         let result = super::call_with_progress(
             worker,
-            &request,
-            &progress,
+            request,
+            progress,
             bar.as_ref(),
             self.stop,
             Duration::from_secs(6 * 3600),
@@ -292,21 +293,28 @@ impl<'a> Evaluator<'a> {
         if let Some(b) = &bar {
             b.finish_and_clear();
         }
-        let answer = match result {
-            Ok(Response::Quality(a)) => a,
-            Ok(_) => {
-                return Err(TrialFailure::Refused {
-                    stage: "protocol".into(),
-                    message: "unexpected answer from the worker".into(),
-                })
-            }
+        match result {
+            Ok(Response::Quality(a)) => Ok(a),
+            Ok(_) => Err(TrialFailure::Refused {
+                stage: "protocol".into(),
+                message: "unexpected answer from the worker".into(),
+            }),
             Err(f) => {
                 if !matches!(f, TrialFailure::Refused { .. }) {
                     self.worker = None; // it is gone
                 }
-                return Err(f);
+                Err(f)
             }
-        };
+        }
+    }
+
+    /// The batch's rows from the worker's answer; successful rows are cached.
+    fn answered_rows(
+        &self,
+        batch: &[&Task],
+        reference: &Subject,
+        answer: QualityAnswer,
+    ) -> Vec<QualityRow> {
         let mut rows = Vec::new();
         for (t, result) in batch.iter().zip(answer.results) {
             let mut row = QualityRow {
@@ -330,7 +338,7 @@ impl<'a> Evaluator<'a> {
             }
             rows.push(row);
         }
-        Ok(rows)
+        rows
     }
 
     /// The whole table for a ladder: the reference against itself first (KLD 0: the check that the
@@ -341,38 +349,8 @@ impl<'a> Evaluator<'a> {
         reference: &Subject,
         kv_types: &[CacheType],
     ) -> Result<QualityTable, TrialFailure> {
-        let ref_canon = std::fs::canonicalize(&reference.path).ok();
-        let mut unreadable = Vec::new();
-        let mut subjects = Vec::new();
-        for rung in &ladder.rungs {
-            if std::fs::canonicalize(&rung.path).ok() == ref_canon {
-                continue;
-            }
-            match Subject::of(rung) {
-                Ok(s) => subjects.push(s),
-                Err(e) => unreadable.push((rung, e)),
-            }
-        }
-        let mut tasks = vec![Task {
-            kind: Kind::Weights,
-            model: reference,
-            kv: CacheType::F16,
-        }];
-        tasks.extend(
-            kv_types
-                .iter()
-                .filter(|&&t| t != CacheType::F16)
-                .map(|&kv| Task {
-                    kind: Kind::Kv,
-                    model: reference,
-                    kv,
-                }),
-        );
-        tasks.extend(subjects.iter().map(|s| Task {
-            kind: Kind::Weights,
-            model: s,
-            kv: CacheType::F16,
-        }));
+        let (subjects, unreadable) = subjects(ladder, reference);
+        let tasks = tasks(reference, kv_types, &subjects);
         let mut rows = self.evaluate(&tasks, reference)?.into_iter();
         let self_row = rows.next().expect("the reference's own row");
         let mut kv = Vec::new();
@@ -388,19 +366,7 @@ impl<'a> Evaluator<'a> {
         }
         let mut others: Vec<QualityRow> = rows.collect();
         for (rung, e) in unreadable {
-            let task = Task {
-                kind: Kind::Weights,
-                model: reference,
-                kv: CacheType::F16,
-            };
-            others.push(QualityRow {
-                file_type: rung.file_type.clone(),
-                model: rung.path.clone(),
-                model_fingerprint: String::new(),
-                size_bytes: rung.size_bytes,
-                error: Some(format!("cannot read: {e}")),
-                ..base_row(&task, reference)
-            });
+            others.push(unreadable_row(rung, &e, reference));
         }
         // Most precise first, as the ladder is ordered; the reference (in the ladder or not) leads.
         let mut weights = vec![self_row.clone()];
@@ -427,6 +393,93 @@ impl<'a> Evaluator<'a> {
     }
 }
 
+/// The progress bar of a batch (none when quiet), named after what it evaluates.
+fn batch_bar(quiet: bool, batch: &[&Task], reference: &Subject) -> Option<ProgressBar> {
+    let bar = crate::term::bar(
+        quiet,
+        "{spinner} [{elapsed_precise}] quality {prefix} {bar:30} {pos}/{len} chunks",
+    );
+    if let Some(b) = &bar {
+        let names: Vec<String> = batch
+            .iter()
+            .map(|t| match t.kind {
+                Kind::Weights => t.model.file_type.clone(),
+                Kind::Kv => format!("KV {}", t.kv),
+            })
+            .collect();
+        b.set_prefix(format!("vs {}: {}", reference.file_type, names.join(", ")));
+    }
+    bar
+}
+
+/// The ladder's rungs other than the reference: those whose identity could be read, and those
+/// that could not (with why).
+fn subjects<'l>(
+    ladder: &'l Ladder,
+    reference: &Subject,
+) -> (Vec<Subject>, Vec<(&'l Rung, std::io::Error)>) {
+    let ref_canon = std::fs::canonicalize(&reference.path).ok();
+    let mut unreadable = Vec::new();
+    let mut subjects = Vec::new();
+    for rung in &ladder.rungs {
+        if std::fs::canonicalize(&rung.path).ok() == ref_canon {
+            continue;
+        }
+        match Subject::of(rung) {
+            Ok(s) => subjects.push(s),
+            Err(e) => unreadable.push((rung, e)),
+        }
+    }
+    (subjects, unreadable)
+}
+
+/// The evaluations a table needs, in its order: the reference against itself, the reference with
+/// each KV type other than f16, then each other rung.
+fn tasks<'s>(
+    reference: &'s Subject,
+    kv_types: &[CacheType],
+    subjects: &'s [Subject],
+) -> Vec<Task<'s>> {
+    let mut tasks = vec![Task {
+        kind: Kind::Weights,
+        model: reference,
+        kv: CacheType::F16,
+    }];
+    tasks.extend(
+        kv_types
+            .iter()
+            .filter(|&&t| t != CacheType::F16)
+            .map(|&kv| Task {
+                kind: Kind::Kv,
+                model: reference,
+                kv,
+            }),
+    );
+    tasks.extend(subjects.iter().map(|s| Task {
+        kind: Kind::Weights,
+        model: s,
+        kv: CacheType::F16,
+    }));
+    tasks
+}
+
+/// The row of a rung whose file could not be read.
+fn unreadable_row(rung: &Rung, e: &std::io::Error, reference: &Subject) -> QualityRow {
+    let task = Task {
+        kind: Kind::Weights,
+        model: reference,
+        kv: CacheType::F16,
+    };
+    QualityRow {
+        file_type: rung.file_type.clone(),
+        model: rung.path.clone(),
+        model_fingerprint: String::new(),
+        size_bytes: rung.size_bytes,
+        error: Some(format!("cannot read: {e}")),
+        ..base_row(&task, reference)
+    }
+}
+
 /// A row with the task's identity and no figures yet.
 fn base_row(t: &Task, reference: &Subject) -> QualityRow {
     QualityRow {
@@ -444,118 +497,6 @@ fn base_row(t: &Task, reference: &Subject) -> QualityRow {
         seconds: 0.0,
         cached: false,
         error: None,
-    }
-}
-
-/// `0.0123` with enough digits for small divergences.
-pub fn fmt_kld(k: f64) -> String {
-    if k == 0.0 {
-        "0".into()
-    } else if k < 0.0001 {
-        format!("{k:.2e}")
-    } else {
-        format!("{k:.4}")
-    }
-}
-
-impl QualityTable {
-    pub fn render(&self, gate: Option<f64>) -> String {
-        let mut s = format!(
-            "reference {} ({}) · {} tokens of evaluation text in chunks of {}\n",
-            self.reference.display(),
-            self.reference_type,
-            self.text_tokens,
-            self.chunk
-        );
-        let gate_cell = |r: &QualityRow| match (gate, r.kld()) {
-            (_, None) => r
-                .error
-                .clone()
-                .map(|e| format!("failed: {e}"))
-                .unwrap_or_else(|| "failed".into()),
-            (Some(g), Some(k)) if k > g => format!("over the gate ({g})"),
-            (Some(_), Some(_)) => "passes".into(),
-            (None, Some(_)) => {
-                if r.cached {
-                    "cached".into()
-                } else {
-                    format!("{:.0} s", r.seconds)
-                }
-            }
-        };
-        let mut t = Table::new();
-        t.load_preset(UTF8_FULL_CONDENSED);
-        t.set_header([
-            "weights",
-            "size",
-            "KLD mean ± se",
-            "KLD p99",
-            "top-1",
-            "PPL (ref)",
-            "status",
-        ]);
-        for r in &self.weights {
-            t.add_row(row(
-                &r.file_type,
-                if r.size_bytes > 0 {
-                    format_size(r.size_bytes)
-                } else {
-                    "-".into()
-                },
-                r,
-                gate_cell(r),
-            ));
-        }
-        s.push_str(&t.to_string());
-        s.push('\n');
-        if !self.kv.is_empty() {
-            let mut t = Table::new();
-            t.load_preset(UTF8_FULL_CONDENSED);
-            t.set_header([
-                "KV cache",
-                "on",
-                "KLD mean ± se",
-                "KLD p99",
-                "top-1",
-                "PPL (ref)",
-                "status",
-            ]);
-            for r in &self.kv {
-                t.add_row(row(
-                    r.kv.as_str(),
-                    self.reference_type.clone(),
-                    r,
-                    gate_cell(r),
-                ));
-            }
-            s.push_str(&t.to_string());
-            s.push('\n');
-        }
-        s
-    }
-}
-
-fn row(name: &str, second: String, r: &QualityRow, status: String) -> Vec<Cell> {
-    let right = |s: String| Cell::new(s).set_alignment(CellAlignment::Right);
-    match &r.figures {
-        Some(f) => vec![
-            Cell::new(name),
-            Cell::new(second),
-            right(format!("{} ± {}", fmt_kld(f.kld_mean), fmt_kld(f.kld_se))),
-            right(fmt_kld(f.kld_p99)),
-            right(format!("{:.1}%", f.top1 * 100.0)),
-            right(format!("{:.2} ({:.2})", f.ppl, f.ref_ppl)),
-            Cell::new(status),
-        ],
-        None => vec![
-            Cell::new(name),
-            Cell::new(second),
-            right("-".into()),
-            right("-".into()),
-            right("-".into()),
-            right("-".into()),
-            Cell::new(status),
-        ],
     }
 }
 

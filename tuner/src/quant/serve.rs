@@ -136,18 +136,73 @@ struct JobState {
     error: Option<String>,
 }
 
+/// Answers a [`QualityRequest`]: loads the reference and each job's model, then compares their
+/// logits chunk by chunk over the text and answers with each job's figures.
 pub fn quality(q: &QualityRequest) -> Response {
     let reference = match reference(&q.reference, q.n_gpu_layers) {
         Ok(m) => m,
         Err(e) => return failed("load", format!("reference {}: {e}", q.reference.display())),
     };
-    let mut jobs: Vec<JobState> = q
-        .jobs
+    let mut jobs = load_jobs(q, &reference);
+    let mut tokens = match reference.tokenize(&q.text) {
+        Ok(t) => t,
+        Err(e) => return failed("tokenize", e),
+    };
+    let text_tokens = tokens.len() as u64;
+    if let Some(max) = q.max_tokens {
+        tokens.truncate(max as usize);
+    }
+    let bos = reference
+        .add_bos()
+        .then(|| reference.bos())
+        .filter(|&b| b >= 0);
+    let n_ctx = q.n_ctx.max(16);
+    let per_chunk = (n_ctx as usize - usize::from(bos.is_some())).max(1);
+    let mut ref_ctx = match chunk_context(&reference, CacheType::F16, n_ctx, q.threads) {
+        Ok(c) => c,
+        Err(e) => return failed("context", e.to_string()),
+    };
+    let chunks: Vec<&[i32]> = tokens.chunks(per_chunk).collect();
+    let total = (chunks.len() * jobs.len()) as u64;
+    let offset = usize::from(bos.is_some());
+    let mut start = 0usize;
+    for (k, chunk) in chunks.iter().enumerate() {
+        let mut input: Vec<i32> = bos.into_iter().collect();
+        input.extend_from_slice(chunk);
+        // Output i predicts input i+1; the chunk's last output predicts the next chunk's first token.
+        let next: Vec<Option<i32>> = (0..input.len())
+            .map(|i| tokens.get(start + i + 1 - offset).copied())
+            .collect();
+        let progress = |j: usize| write_progress(&q.progress, (k * q.jobs.len() + j) as u64, total);
+        if let Err(e) = compare_chunk(q, &mut jobs, &mut ref_ctx, &input, &next, n_ctx, progress) {
+            return failed("decode", format!("reference: {e}"));
+        }
+        start += chunk.len();
+    }
+    write_progress(&q.progress, total, total);
+    Response::Quality(QualityAnswer {
+        results: jobs
+            .into_iter()
+            .map(|j| match j.error {
+                Some(e) => Err(e),
+                None => Ok((j.acc.finish(), j.seconds)),
+            })
+            .collect(),
+        tokens: tokens.len() as u64,
+        text_tokens,
+        chunks: chunks.len() as u32,
+    })
+}
+
+/// Each job's model (the reference itself where the job names it), timed; a model that does not
+/// load is that job's failure.
+fn load_jobs(q: &QualityRequest, reference: &Arc<Model>) -> Vec<JobState> {
+    q.jobs
         .iter()
         .map(|j| {
             let t = Instant::now();
             let model = if j.model == q.reference {
-                Ok(Arc::clone(&reference))
+                Ok(Arc::clone(reference))
             } else {
                 load(&j.model, q.n_gpu_layers)
             };
@@ -167,105 +222,89 @@ pub fn quality(q: &QualityRequest) -> Response {
                 },
             }
         })
-        .collect();
-    let mut tokens = match reference.tokenize(&q.text) {
-        Ok(t) => t,
-        Err(e) => return failed("tokenize", e),
-    };
-    let text_tokens = tokens.len() as u64;
-    if let Some(max) = q.max_tokens {
-        tokens.truncate(max as usize);
-    }
-    let bos = reference
-        .add_bos()
-        .then(|| reference.bos())
-        .filter(|&b| b >= 0);
-    let n_ctx = q.n_ctx.max(16);
-    let per_chunk = (n_ctx as usize - usize::from(bos.is_some())).max(1);
-    let context = |m: &Arc<Model>, kv: CacheType| {
-        Context::new(
-            m,
-            &ContextSettings {
-                n_ctx,
-                n_batch: n_ctx,
-                n_ubatch: n_ctx.min(512),
-                threads: q.threads.max(1),
-                type_k: kv,
-                type_v: kv,
-                flash_attn: FlashAttn::Auto,
-            },
-        )
-    };
-    let mut ref_ctx = match context(&reference, CacheType::F16) {
-        Ok(c) => c,
-        Err(e) => return failed("context", e.to_string()),
-    };
-    let chunks: Vec<&[i32]> = tokens.chunks(per_chunk).collect();
-    let total = (chunks.len() * jobs.len()) as u64;
-    let offset = usize::from(bos.is_some());
-    let mut start = 0usize;
-    for (k, chunk) in chunks.iter().enumerate() {
-        let mut input: Vec<i32> = bos.into_iter().collect();
-        input.extend_from_slice(chunk);
+        .collect()
+}
+
+/// A context that decodes a whole chunk in one batch, with this KV cache type.
+fn chunk_context(
+    m: &Arc<Model>,
+    kv: CacheType,
+    n_ctx: u32,
+    threads: u32,
+) -> Result<Context, llama::LlamaError> {
+    Context::new(
+        m,
+        &ContextSettings {
+            n_ctx,
+            n_batch: n_ctx,
+            n_ubatch: n_ctx.min(512),
+            threads: threads.max(1),
+            type_k: kv,
+            type_v: kv,
+            flash_attn: FlashAttn::Auto,
+        },
+    )
+}
+
+/// One chunk: the reference decodes `input`, then each job still going decodes it and adds its
+/// per-position comparison (`next`: the token each output predicts); a job that fails stops there.
+/// Each job's time includes its share of the reference's. Fails only when the reference does.
+fn compare_chunk(
+    q: &QualityRequest,
+    jobs: &mut [JobState],
+    ref_ctx: &mut Context,
+    input: &[i32],
+    next: &[Option<i32>],
+    n_ctx: u32,
+    progress: impl Fn(usize),
+) -> Result<(), llama::LlamaError> {
+    let t = Instant::now();
+    ref_ctx.decode_with_all_logits(input)?;
+    let ref_share = t.elapsed().as_secs_f64() / jobs.len().max(1) as f64;
+    for (j, (job, spec)) in jobs.iter_mut().zip(&q.jobs).enumerate() {
+        progress(j);
+        let Some(model) = job.model.clone().filter(|_| job.error.is_none()) else {
+            continue;
+        };
         let t = Instant::now();
-        if let Err(e) = ref_ctx.decode_with_all_logits(&input) {
-            return failed("decode", format!("reference: {e}"));
+        // One context at a time: with a large vocabulary each holds hundreds of MB of logits.
+        let outcome = chunk_context(&model, spec.kv, n_ctx, q.threads)
+            .map_err(|e| e.to_string())
+            .and_then(|mut ctx| compare_logits(ref_ctx, &mut ctx, input, next));
+        match outcome {
+            Ok(stats) => stats.into_iter().for_each(|s| job.acc.add(s)),
+            Err(e) => job.error = Some(e),
         }
-        let ref_share = t.elapsed().as_secs_f64() / jobs.len().max(1) as f64;
-        // Output i predicts input i+1; the chunk's last output predicts the next chunk's first token.
-        let next: Vec<Option<i32>> = (0..input.len())
-            .map(|i| tokens.get(start + i + 1 - offset).copied())
-            .collect();
-        for (j, (job, spec)) in jobs.iter_mut().zip(&q.jobs).enumerate() {
-            write_progress(&q.progress, (k * q.jobs.len() + j) as u64, total);
-            let Some(model) = job.model.clone().filter(|_| job.error.is_none()) else {
-                continue;
-            };
-            let t = Instant::now();
-            // One context at a time: with a large vocabulary each holds hundreds of MB of logits.
-            let outcome = context(&model, spec.kv)
-                .map_err(|e| e.to_string())
-                .and_then(|mut ctx| {
-                    ctx.decode_with_all_logits(&input)
-                        .map_err(|e| e.to_string())?;
-                    let pairs: Vec<(&[f32], &[f32], Option<i32>)> = (0..input.len())
-                        .map(|i| {
-                            (
-                                ref_ctx.logits_ith(i as i32),
-                                ctx.logits_ith(i as i32),
-                                next[i],
-                            )
-                        })
-                        .collect();
-                    if pairs.iter().any(|(a, b, _)| a.is_empty() || b.is_empty()) {
-                        return Err("llama.cpp returned no logits for a position".to_string());
-                    }
-                    Ok(pairs
-                        .par_iter()
-                        .map(|(a, b, n)| kld::compare_position(a, b, *n))
-                        .collect::<Vec<_>>())
-                });
-            match outcome {
-                Ok(stats) => stats.into_iter().for_each(|s| job.acc.add(s)),
-                Err(e) => job.error = Some(e),
-            }
-            job.seconds += t.elapsed().as_secs_f64() + ref_share;
-        }
-        start += chunk.len();
+        job.seconds += t.elapsed().as_secs_f64() + ref_share;
     }
-    write_progress(&q.progress, total, total);
-    Response::Quality(QualityAnswer {
-        results: jobs
-            .into_iter()
-            .map(|j| match j.error {
-                Some(e) => Err(e),
-                None => Ok((j.acc.finish(), j.seconds)),
-            })
-            .collect(),
-        tokens: tokens.len() as u64,
-        text_tokens,
-        chunks: chunks.len() as u32,
-    })
+    Ok(())
+}
+
+/// `ctx` decodes `input`, and each position's logits are compared with the reference's.
+fn compare_logits(
+    ref_ctx: &Context,
+    ctx: &mut Context,
+    input: &[i32],
+    next: &[Option<i32>],
+) -> Result<Vec<kld::PositionStats>, String> {
+    ctx.decode_with_all_logits(input)
+        .map_err(|e| e.to_string())?;
+    let pairs: Vec<(&[f32], &[f32], Option<i32>)> = (0..input.len())
+        .map(|i| {
+            (
+                ref_ctx.logits_ith(i as i32),
+                ctx.logits_ith(i as i32),
+                next[i],
+            )
+        })
+        .collect();
+    if pairs.iter().any(|(a, b, _)| a.is_empty() || b.is_empty()) {
+        return Err("llama.cpp returned no logits for a position".to_string());
+    }
+    Ok(pairs
+        .par_iter()
+        .map(|(a, b, n)| kld::compare_position(a, b, *n))
+        .collect::<Vec<_>>())
 }
 
 #[cfg(test)]

@@ -111,47 +111,16 @@ pub fn alternative_placements(default: &DraftModel) -> Vec<DraftPlacement> {
     out
 }
 
+/// Examines the drafts (vocabulary, memory beside the target), measures those that fit and n-gram
+/// speculation ([`search::run`]), and reports.
 pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> SpeculationReport {
     let started = Instant::now();
-    let files = if s.drafts.is_empty() && !s.discover {
-        Vec::new()
-    } else {
-        draft_files(&s.target, &s.target_info, &s.drafts)
-    };
-    let mut entries: Vec<DraftEntry> = Vec::new();
-    let mut candidates: Vec<Option<Candidate>> = Vec::new();
-    if !s.ngram.is_empty() {
-        // First: it loads nothing, so the budget never leaves it unmeasured.
-        entries.push(DraftEntry::ngram());
-        candidates.push(None);
-    }
-    // One worker for the vocabulary checks and the dry runs (each loads and frees what it needs).
-    let mut helper: Option<Worker> = None;
-    progress("the target's memory (dry run)");
-    let target_mem = footprint(&mut helper, s, &s.target, &s.settings, &s.context, 0, stop);
-    for path in files {
-        let (entry, candidate) = examine(&mut helper, s, path, &target_mem, stop, progress);
-        entries.push(entry);
-        candidates.push(candidate);
-    }
-    if let Some(w) = helper {
-        w.quit();
-    }
-    let settings = SearchSettings {
-        target: s.target.clone(),
-        settings: s.settings.clone(),
-        context: s.context.clone(),
-        grid: s.grid.clone(),
-        ngram: s.ngram.clone(),
-        prompts: s.prompts.clone(),
-        n_gen: s.n_gen,
-        reps: s.reps,
-        noise: s.noise,
-        seed: s.seed,
-        trial_timeout: s.trial_timeout,
-        budget: s.budget.saturating_sub(started.elapsed()),
-        fault: Fault::from_env(),
-    };
+    let Examined {
+        mut entries,
+        candidates,
+        target_mem,
+    } = examine_drafts(s, stop, progress);
+    let settings = search_settings(s, s.budget.saturating_sub(started.elapsed()));
     if let Some(f) = settings.fault {
         eprintln!(
             "autotune: warning: AUTOTUNE_SPECULATIVE_FAULT is set: the draft loop runs with the test fault \
@@ -197,15 +166,76 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
     report
 }
 
+/// The drafts examined: an entry per draft (n-gram speculation first, when it is tried), each with
+/// its candidate when it can be measured, and the target's memory (dry run).
+struct Examined {
+    entries: Vec<DraftEntry>,
+    candidates: Vec<Option<Candidate>>,
+    target_mem: Result<Vec<DeviceBytes>, String>,
+}
+
+/// Examines every draft file (given, or found beside the target) in one helper worker.
+fn examine_drafts(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> Examined {
+    let files = if s.drafts.is_empty() && !s.discover {
+        Vec::new()
+    } else {
+        draft_files(&s.target, &s.target_info, &s.drafts)
+    };
+    let mut entries: Vec<DraftEntry> = Vec::new();
+    let mut candidates: Vec<Option<Candidate>> = Vec::new();
+    if !s.ngram.is_empty() {
+        // First: it loads nothing, so the budget never leaves it unmeasured.
+        entries.push(DraftEntry::ngram());
+        candidates.push(None);
+    }
+    // One worker for the vocabulary checks and the dry runs (each loads and frees what it needs).
+    let mut helper = Helper {
+        worker: None,
+        s,
+        stop,
+    };
+    progress("the target's memory (dry run)");
+    let target_mem = helper.footprint(&s.target, &s.settings, &s.context, 0);
+    for path in files {
+        let (entry, candidate) = examine(&mut helper, path, &target_mem, progress);
+        entries.push(entry);
+        candidates.push(candidate);
+    }
+    helper.quit();
+    Examined {
+        entries,
+        candidates,
+        target_mem,
+    }
+}
+
+/// The search's settings: the setup's, with what is left of the time `budget`.
+fn search_settings(s: &Setup, budget: Duration) -> SearchSettings {
+    SearchSettings {
+        target: s.target.clone(),
+        settings: s.settings.clone(),
+        context: s.context.clone(),
+        grid: s.grid.clone(),
+        ngram: s.ngram.clone(),
+        prompts: s.prompts.clone(),
+        n_gen: s.n_gen,
+        reps: s.reps,
+        noise: s.noise,
+        seed: s.seed,
+        trial_timeout: s.trial_timeout,
+        budget,
+        fault: Fault::from_env(),
+    }
+}
+
 /// One draft file: its vocabulary, its memory with the target's, and the placements that fit.
 fn examine(
-    helper: &mut Option<Worker>,
-    s: &Setup,
+    helper: &mut Helper,
     path: PathBuf,
     target_mem: &Result<Vec<DeviceBytes>, String>,
-    stop: &dyn Fn() -> bool,
     progress: &dyn Fn(&str),
 ) -> (DraftEntry, Option<Candidate>) {
+    let s = helper.s;
     let mut entry = DraftEntry {
         path: path.clone(),
         spec_type: "draft-simple".into(),
@@ -225,7 +255,7 @@ fn examine(
             progress(&format!("{}: vocabulary", path.display()));
             entry.status = match compat::precheck(&s.target_info, &info)
                 .map_err(|e| e.to_string())
-                .and_then(|()| vocabulary(helper, s, &path, stop))
+                .and_then(|()| helper.vocabulary(&path))
             {
                 Err(reason) => format!("incompatible: {reason}"),
                 Ok(()) => {
@@ -233,14 +263,11 @@ fn examine(
                     progress(&format!("{}: memory (dry run)", path.display()));
                     match (
                         target_mem,
-                        footprint(
-                            helper,
-                            s,
+                        helper.footprint(
                             &path,
                             &model.settings,
                             &model.context,
                             DraftModel::N_OUTPUTS_MAX,
-                            stop,
                         ),
                     ) {
                         (_, Err(e)) => format!("failed: dry run: {e}"),
@@ -252,30 +279,8 @@ fn examine(
                             match overflow(t, &d, &s.budgets) {
                                 Some(why) => format!("does not fit: {why}"),
                                 None => {
-                                    // The other placements, each with its own dry run: only
-                                    // those that fit beside the target are measured.
-                                    let mut alternatives = Vec::new();
-                                    for p in alternative_placements(&model) {
-                                        let alt = model.placed(p);
-                                        progress(&format!(
-                                            "{}: memory with {} (dry run)",
-                                            path.display(),
-                                            p.label()
-                                        ));
-                                        if let Ok(d) = footprint(
-                                            helper,
-                                            s,
-                                            &path,
-                                            &alt.settings,
-                                            &alt.context,
-                                            DraftModel::N_OUTPUTS_MAX,
-                                            stop,
-                                        ) {
-                                            if overflow(t, &d, &s.budgets).is_none() {
-                                                alternatives.push(alt);
-                                            }
-                                        }
-                                    }
+                                    let alternatives =
+                                        alternatives(helper, &path, &model, t, progress);
                                     candidate = Some(Candidate {
                                         model,
                                         alternatives,
@@ -293,65 +298,98 @@ fn examine(
     (entry, candidate)
 }
 
-/// One request to the helper worker (started on first use, replaced after a crash).
-fn ask(
-    worker: &mut Option<Worker>,
-    s: &Setup,
-    request: &Request,
-    stop: &dyn Fn() -> bool,
-) -> Result<Response, String> {
-    if worker.is_none() {
-        *worker = Some(Worker::spawn().map_err(|e| format!("cannot start a worker: {e}"))?);
-    }
-    let answer = worker
-        .as_mut()
-        .expect("spawned above")
-        .call(request, s.trial_timeout, stop);
-    answer.map_err(|f| {
-        if !matches!(f, crate::worker::TrialFailure::Refused { .. }) {
-            *worker = None;
-        }
-        crate::report::one_line(&f.to_string())
-    })
-}
-
-/// llama.cpp's vocabulary check (vocab-only loads).
-fn vocabulary(
-    worker: &mut Option<Worker>,
-    s: &Setup,
-    draft: &Path,
-    stop: &dyn Fn() -> bool,
-) -> Result<(), String> {
-    let request = Request::DraftCheck(CheckRequest {
-        target: s.target.clone(),
-        draft: draft.to_path_buf(),
-    });
-    match ask(worker, s, &request, stop) {
-        Ok(Response::DraftCheck(a)) => a.incompatible.map_or(Ok(()), |i| Err(i.to_string())),
-        Ok(_) => Err("unexpected answer from the worker".into()),
-        Err(e) => Err(format!("llama.cpp could not read the vocabulary: {e}")),
-    }
-}
-
-/// Memory per device of a model with a context, from llama.cpp's dry run (no_alloc).
-fn footprint(
-    worker: &mut Option<Worker>,
-    s: &Setup,
+/// The draft's other placements, each with its own dry run: only those that fit beside the
+/// target (`target_mem`) are measured.
+fn alternatives(
+    helper: &mut Helper,
     path: &Path,
-    settings: &ModelSettings,
-    context: &ContextSettings,
-    n_outputs_max: u32,
-    stop: &dyn Fn() -> bool,
-) -> Result<Vec<DeviceBytes>, String> {
-    let request = Request::SpecFootprint(FootprintRequest {
-        path: path.to_path_buf(),
-        settings: settings.clone(),
-        context: context.clone(),
-        n_outputs_max,
-    });
-    match ask(worker, s, &request, stop)? {
-        Response::Footprint(r) => Ok(r.per_device),
-        _ => Err("unexpected answer from the worker".into()),
+    model: &DraftModel,
+    target_mem: &[DeviceBytes],
+    progress: &dyn Fn(&str),
+) -> Vec<DraftModel> {
+    let mut alternatives = Vec::new();
+    for p in alternative_placements(model) {
+        let alt = model.placed(p);
+        progress(&format!(
+            "{}: memory with {} (dry run)",
+            path.display(),
+            p.label()
+        ));
+        if let Ok(d) =
+            helper.footprint(path, &alt.settings, &alt.context, DraftModel::N_OUTPUTS_MAX)
+        {
+            if overflow(target_mem, &d, &helper.s.budgets).is_none() {
+                alternatives.push(alt);
+            }
+        }
+    }
+    alternatives
+}
+
+/// The worker that checks vocabularies and runs the dry runs (started on first use, replaced after
+/// a crash), with the setup and the stop flag its requests need.
+struct Helper<'a> {
+    worker: Option<Worker>,
+    s: &'a Setup,
+    stop: &'a dyn Fn() -> bool,
+}
+
+impl Helper<'_> {
+    /// One request to the helper worker.
+    fn ask(&mut self, request: &Request) -> Result<Response, String> {
+        if self.worker.is_none() {
+            self.worker = Some(Worker::spawn().map_err(|e| format!("cannot start a worker: {e}"))?);
+        }
+        let answer = self.worker.as_mut().expect("spawned above").call(
+            request,
+            self.s.trial_timeout,
+            self.stop,
+        );
+        answer.map_err(|f| {
+            if !matches!(f, crate::worker::TrialFailure::Refused { .. }) {
+                self.worker = None;
+            }
+            crate::report::one_line(&f.to_string())
+        })
+    }
+
+    /// llama.cpp's vocabulary check (vocab-only loads).
+    fn vocabulary(&mut self, draft: &Path) -> Result<(), String> {
+        let request = Request::DraftCheck(CheckRequest {
+            target: self.s.target.clone(),
+            draft: draft.to_path_buf(),
+        });
+        match self.ask(&request) {
+            Ok(Response::DraftCheck(a)) => a.incompatible.map_or(Ok(()), |i| Err(i.to_string())),
+            Ok(_) => Err("unexpected answer from the worker".into()),
+            Err(e) => Err(format!("llama.cpp could not read the vocabulary: {e}")),
+        }
+    }
+
+    /// Memory per device of a model with a context, from llama.cpp's dry run (no_alloc).
+    fn footprint(
+        &mut self,
+        path: &Path,
+        settings: &ModelSettings,
+        context: &ContextSettings,
+        n_outputs_max: u32,
+    ) -> Result<Vec<DeviceBytes>, String> {
+        let request = Request::SpecFootprint(FootprintRequest {
+            path: path.to_path_buf(),
+            settings: settings.clone(),
+            context: context.clone(),
+            n_outputs_max,
+        });
+        match self.ask(&request)? {
+            Response::Footprint(r) => Ok(r.per_device),
+            _ => Err("unexpected answer from the worker".into()),
+        }
+    }
+
+    fn quit(self) {
+        if let Some(w) = self.worker {
+            w.quit();
+        }
     }
 }
 

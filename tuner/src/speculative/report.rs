@@ -159,6 +159,7 @@ impl SpeculationReport {
             })
     }
 
+    /// The report's one-sentence conclusion: which draft pays, or why none does.
     fn conclude(&self) -> String {
         if let Some(w) = &self.winner {
             return format!(
@@ -179,81 +180,102 @@ impl SpeculationReport {
             return "no draft model to try: pass --draft FILE (a smaller model of the same family), or put one beside the target".into();
         }
         let Some(base) = self.baseline_tg() else {
-            let reasons: Vec<String> = self
-                .drafts
-                .iter()
-                .map(|d| format!("{}: {}", name(&d.path), d.status))
-                .collect();
-            return format!("no draft could be measured ({})", reasons.join("; "));
+            return format!("no draft could be measured ({})", self.draft_statuses());
         };
         match self.best_trial() {
-            Some((d, t)) => {
-                let tg = t.median_tg().unwrap_or(0.0);
-                let why = match &t.versus_baseline {
-                    Some(c) if c.verdict == crate::stats::Verdict::Faster => format!(
-                        "{:+.1}%, 95% CI [{:+.1}%, {:+.1}%], but its output differed from the target alone's{}",
-                        c.ratio * 100.0,
-                        c.ci_low * 100.0,
-                        c.ci_high * 100.0,
-                        t.output
-                            .divergence
-                            .as_ref()
-                            .map(|d| format!(" ({} token {}: {})", d.prompt, d.token, d.reason))
-                            .unwrap_or_default()
-                    ),
-                    Some(c) if c.ratio > 0.0 => format!(
-                        "not faster beyond the noise threshold ({:+.1}%, 95% CI [{:+.1}%, {:+.1}%])",
-                        c.ratio * 100.0,
-                        c.ci_low * 100.0,
-                        c.ci_high * 100.0
-                    ),
-                    Some(c) => format!(
-                        "{:+.1}%, 95% CI [{:+.1}%, {:+.1}%] in interleaved rounds",
-                        c.ratio * 100.0,
-                        c.ci_low * 100.0,
-                        c.ci_high * 100.0
-                    ),
-                    None => match &self.confirm_error {
-                        Some(e) => format!("{:+.0}% in one pass; {e}", (tg / base - 1.0) * 100.0),
-                        None => format!("{:+.0}% in one pass", (tg / base - 1.0) * 100.0),
-                    },
-                };
-                let best = if t.versus_baseline.is_some() {
-                    "the best in the interleaved comparison"
-                } else {
-                    "the best"
-                };
-                format!(
-                    "no draft pays: {best}, {} ({}{}), generated {:.1} t/s against {:.1} t/s for the target alone ({why}); \
-                     acceptance {:.0}%, {:.2} tokens per target decode",
-                    name(&d.path),
-                    t.label(),
-                    t.placement
-                        .map(|p| format!(", {}", p.label()))
-                        .unwrap_or_default(),
-                    tg,
-                    base,
-                    t.acceptance * 100.0,
-                    t.tokens_per_round
-                )
-            }
-            None => {
-                let reasons: Vec<String> = self
-                    .drafts
-                    .iter()
-                    .map(|d| format!("{}: {}", name(&d.path), d.status))
-                    .collect();
-                format!(
-                    "no draft was measured ({}); the target alone runs {base:.1} t/s",
-                    reasons.join("; ")
-                )
-            }
+            Some((d, t)) => self.why_none_pays(d, t, base),
+            None => format!(
+                "no draft was measured ({}); the target alone runs {base:.1} t/s",
+                self.draft_statuses()
+            ),
         }
     }
 
-    /// The table `autotune draft` prints.
+    /// Each draft's status, "name: status; ...".
+    fn draft_statuses(&self) -> String {
+        let reasons: Vec<String> = self
+            .drafts
+            .iter()
+            .map(|d| format!("{}: {}", name(&d.path), d.status))
+            .collect();
+        reasons.join("; ")
+    }
+
+    /// The conclusion when no draft won: the best trial against the target alone (`base` t/s), and
+    /// why it was not chosen.
+    fn why_none_pays(&self, d: &DraftEntry, t: &Trial, base: f64) -> String {
+        let tg = t.median_tg().unwrap_or(0.0);
+        let why = self.shortfall(t, tg, base);
+        let best = if t.versus_baseline.is_some() {
+            "the best in the interleaved comparison"
+        } else {
+            "the best"
+        };
+        format!(
+            "no draft pays: {best}, {} ({}{}), generated {:.1} t/s against {:.1} t/s for the target alone ({why}); \
+             acceptance {:.0}%, {:.2} tokens per target decode",
+            name(&d.path),
+            t.label(),
+            t.placement
+                .map(|p| format!(", {}", p.label()))
+                .unwrap_or_default(),
+            tg,
+            base,
+            t.acceptance * 100.0,
+            t.tokens_per_round
+        )
+    }
+
+    /// Why the best trial (`tg` t/s against `base`) is not the winner: its output differed, it is
+    /// within the noise, it is slower, or it was measured in one pass only.
+    fn shortfall(&self, t: &Trial, tg: f64, base: f64) -> String {
+        match &t.versus_baseline {
+            Some(c) if c.verdict == crate::stats::Verdict::Faster => format!(
+                "{:+.1}%, 95% CI [{:+.1}%, {:+.1}%], but its output differed from the target alone's{}",
+                c.ratio * 100.0,
+                c.ci_low * 100.0,
+                c.ci_high * 100.0,
+                t.output
+                    .divergence
+                    .as_ref()
+                    .map(|d| format!(" ({} token {}: {})", d.prompt, d.token, d.reason))
+                    .unwrap_or_default()
+            ),
+            Some(c) if c.ratio > 0.0 => format!(
+                "not faster beyond the noise threshold ({:+.1}%, 95% CI [{:+.1}%, {:+.1}%])",
+                c.ratio * 100.0,
+                c.ci_low * 100.0,
+                c.ci_high * 100.0
+            ),
+            Some(c) => format!(
+                "{:+.1}%, 95% CI [{:+.1}%, {:+.1}%] in interleaved rounds",
+                c.ratio * 100.0,
+                c.ci_low * 100.0,
+                c.ci_high * 100.0
+            ),
+            None => match &self.confirm_error {
+                Some(e) => format!("{:+.0}% in one pass; {e}", (tg / base - 1.0) * 100.0),
+                None => format!("{:+.0}% in one pass", (tg / base - 1.0) * 100.0),
+            },
+        }
+    }
+
+    /// The table `autotune draft` prints: what was run, the drafts, one row per trial, what the
+    /// best trial does per prompt kind, notes, and the conclusion.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        self.render_setup(&mut out);
+        self.render_drafts(&mut out);
+        self.render_trials(&mut out);
+        self.render_kinds(&mut out);
+        self.render_output_notes(&mut out);
+        self.render_run_notes(&mut out);
+        out.push_str(&format!("result  {}\n", self.conclusion));
+        out
+    }
+
+    /// The target, the prompts and settings, and the target alone's speed.
+    fn render_setup(&self, out: &mut String) {
         out.push_str(&format!(
             "target  {} ({}){}\n",
             self.target.display(),
@@ -281,6 +303,10 @@ impl SpeculationReport {
                 "alone   {b:.1} t/s generation (the target without a draft, same prompts)\n"
             ));
         }
+    }
+
+    /// One line per draft model (or n-gram drafter) and what became of it.
+    fn render_drafts(&self, out: &mut String) {
         for d in &self.drafts {
             if d.is_ngram() {
                 out.push_str(&format!(
@@ -300,54 +326,68 @@ impl SpeculationReport {
                 d.status
             ));
         }
+    }
+
+    /// The table of trials, when any was run.
+    fn render_trials(&self, out: &mut String) {
         let base = self.baseline_tg();
         let rows: Vec<(&DraftEntry, &Trial)> = self
             .drafts
             .iter()
             .flat_map(|d| d.trials.iter().map(move |t| (d, t)))
             .collect();
-        if !rows.is_empty() {
-            let mut t = Table::new();
-            t.load_preset(UTF8_FULL_CONDENSED);
-            t.set_header([
-                "draft",
-                "n_max",
-                "n_min",
-                "p_min",
-                "placement",
-                "accepted",
-                "tok/decode",
-                "tg t/s",
-                "vs alone",
-                "same output",
-                "status",
-            ]);
-            for (d, trial) in rows {
-                t.add_row(self.trial_row(d, trial, base));
-            }
-            out.push_str(&format!("{t}\n"));
+        if rows.is_empty() {
+            return;
         }
-        if let Some((d, t)) = self.best_trial() {
-            let kinds: Vec<String> = t
-                .per_kind
-                .iter()
-                .map(|k| {
-                    format!("{} {:.0}%", k.kind, k.acceptance * 100.0)
-                        + &self
-                            .kind_speedup(&k.kind, k.tg_tps)
-                            .map(|x| format!(" x{x:.2}"))
-                            .unwrap_or_default()
-                })
-                .collect();
-            if !kinds.is_empty() {
-                out.push_str(&format!(
-                    "acceptance and speed-up against the target alone by kind ({} {}, median of the final rounds where measured there): {}\n",
-                    name(&d.path),
-                    t.label(),
-                    kinds.join(", ")
-                ));
-            }
+        let mut t = Table::new();
+        t.load_preset(UTF8_FULL_CONDENSED);
+        t.set_header([
+            "draft",
+            "n_max",
+            "n_min",
+            "p_min",
+            "placement",
+            "accepted",
+            "tok/decode",
+            "tg t/s",
+            "vs alone",
+            "same output",
+            "status",
+        ]);
+        for (d, trial) in rows {
+            t.add_row(self.trial_row(d, trial, base));
         }
+        out.push_str(&format!("{t}\n"));
+    }
+
+    /// The best trial's acceptance and speed-up per prompt kind.
+    fn render_kinds(&self, out: &mut String) {
+        let Some((d, t)) = self.best_trial() else {
+            return;
+        };
+        let kinds: Vec<String> = t
+            .per_kind
+            .iter()
+            .map(|k| {
+                format!("{} {:.0}%", k.kind, k.acceptance * 100.0)
+                    + &self
+                        .kind_speedup(&k.kind, k.tg_tps)
+                        .map(|x| format!(" x{x:.2}"))
+                        .unwrap_or_default()
+            })
+            .collect();
+        if !kinds.is_empty() {
+            out.push_str(&format!(
+                "acceptance and speed-up against the target alone by kind ({} {}, median of the final rounds where measured there): {}\n",
+                name(&d.path),
+                t.label(),
+                kinds.join(", ")
+            ));
+        }
+    }
+
+    /// What the "same output" column means where it is not a plain "yes".
+    fn render_output_notes(&self, out: &mut String) {
         let checked = || {
             self.drafts
                 .iter()
@@ -396,6 +436,10 @@ impl SpeculationReport {
                  setting is never chosen\n"
             ));
         }
+    }
+
+    /// Notes on the run itself: MTP heads, an injected fault, the budget, a failed confirmation.
+    fn render_run_notes(&self, out: &mut String) {
         if let Some(m) = &self.mtp {
             out.push_str(&format!("mtp     {}\n", m.note));
         }
@@ -411,8 +455,6 @@ impl SpeculationReport {
         if let Some(e) = &self.confirm_error {
             out.push_str(&format!("note    {e}\n"));
         }
-        out.push_str(&format!("result  {}\n", self.conclusion));
-        out
     }
 
     /// One row of the table: a trial's settings and figures against the target alone.

@@ -24,12 +24,14 @@ use super::serve::{DraftModel, Fault, PromptRun, SpeculateRequest};
 use super::verify::OutputCheck;
 use super::{DraftParams, DraftPlacement, Grid};
 use crate::llama::{ContextSettings, ModelSettings};
-use crate::stats::{self, Comparison, Sample, Summary, Verdict};
+use crate::stats::{Comparison, Summary};
 use crate::worker::{Request, Response};
 use crate::worker::{TrialFailure, Worker};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+mod confirm;
 
 pub struct SearchSettings {
     pub target: PathBuf,
@@ -278,9 +280,6 @@ pub struct Outcome {
     pub confirm_error: Option<String>,
 }
 
-/// Most settings in the final comparison (each adds a pass to every round).
-const MAX_FINALISTS: usize = 3;
-
 pub(super) struct Runner<'a> {
     pub(super) s: &'a SearchSettings,
     worker: Option<Worker>,
@@ -381,7 +380,7 @@ fn finish(
         confirm_error: None,
     };
     if !interrupted {
-        confirm(&mut r, candidates, entries, &mut outcome);
+        confirm::confirm(&mut r, candidates, entries, &mut outcome);
     }
     outcome
 }
@@ -477,136 +476,6 @@ fn draft_grid(
     best
 }
 
-/// The final, interleaved comparison: each draft's fastest setting against the baseline.
-fn confirm(
-    r: &mut Runner,
-    candidates: &[Option<Candidate>],
-    entries: &mut [DraftEntry],
-    outcome: &mut Outcome,
-) {
-    let s = r.s;
-    let baseline_tg = outcome.baseline.median_tg().unwrap_or(0.0);
-    // The finalists: each draft's fastest setting, unless it is so slow that no repetition could
-    // change the verdict (under half the baseline's speed).
-    let mut ranked: Vec<(f64, usize, usize)> = entries
-        .iter()
-        .enumerate()
-        .filter_map(|(e, entry)| {
-            entry
-                .trials
-                .iter()
-                .enumerate()
-                .filter(|(_, t)| t.ok())
-                .map(|(i, t)| (t.median_tg().unwrap_or(0.0), e, i))
-                .max_by(|a, b| a.0.total_cmp(&b.0))
-        })
-        .filter(|&(tg, _, _)| tg > baseline_tg * 0.5)
-        .collect();
-    ranked.sort_by(|a, b| b.0.total_cmp(&a.0));
-    ranked.truncate(MAX_FINALISTS);
-    if ranked.is_empty() {
-        return;
-    }
-    let reps = s.reps.max(2) as usize;
-    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); ranked.len() + 1];
-    let mut by_kind: Vec<Vec<Vec<(String, f64)>>> = vec![Vec::new(); ranked.len() + 1];
-    for round in 0..reps {
-        let order = stats::shuffled_order(ranked.len() + 1, s.seed.wrapping_add(round as u64));
-        for &slot in &order {
-            if (r.stop)() {
-                outcome.interrupted = true;
-                return;
-            }
-            let measured = if slot == 0 {
-                (r.progress)(&format!(
-                    "final comparison, round {}/{reps}: the target alone",
-                    round + 1
-                ));
-                r.pass(None)
-            } else if let Some(p) = entries[ranked[slot - 1].1].trials[ranked[slot - 1].2].ngram {
-                (r.progress)(&format!(
-                    "final comparison, round {}/{reps}: {}",
-                    round + 1,
-                    p.label()
-                ));
-                r.pass_ngram(p)
-            } else {
-                let (_, e, i) = ranked[slot - 1];
-                let cand = candidates[e]
-                    .as_ref()
-                    .expect("measured entries have candidates");
-                let trial = &entries[e].trials[i];
-                let params = trial.params.expect("draft trials have params");
-                let model = cand.placed(trial.placement);
-                (r.progress)(&format!(
-                    "final comparison, round {}/{reps}: {} {}",
-                    round + 1,
-                    params.label(),
-                    model.placement().label()
-                ));
-                r.pass(Some((model, params)))
-            };
-            match measured {
-                Ok(runs) => {
-                    rounds[slot].push(rate(&runs));
-                    by_kind[slot].push(kind_rates(&runs, &s.prompts));
-                }
-                Err(e) => {
-                    // An unpaired round would bias the comparison: stop, no winner.
-                    outcome.confirm_error = Some(format!(
-                        "the final comparison stopped in round {}: {e}",
-                        round + 1
-                    ));
-                    return;
-                }
-            }
-        }
-    }
-    set_kind_rates(&mut outcome.baseline, &by_kind[0]);
-    for (slot, &(_, e, i)) in ranked.iter().enumerate() {
-        set_kind_rates(&mut entries[e].trials[i], &by_kind[slot + 1]);
-    }
-    outcome.confirm_baseline = rounds[0].clone();
-    outcome.baseline.tg_tps.extend(&rounds[0]);
-    for (slot, &(_, e, i)) in ranked.iter().enumerate() {
-        entries[e].trials[i].tg_tps.extend(&rounds[slot + 1]);
-    }
-    let mut best: Option<Winner> = None;
-    for (slot, &(_, e, i)) in ranked.iter().enumerate() {
-        let ours = &rounds[slot + 1];
-        let Ok(cmp) =
-            stats::compare_paired(ours, &rounds[0], s.noise, stats::DEFAULT_CONFIDENCE, s.seed)
-        else {
-            continue;
-        };
-        let trial = &mut entries[e].trials[i];
-        trial.versus_baseline = Some(cmp);
-        let (Ok(tg), Ok(base)) = (Sample::new(ours.clone()), Sample::new(rounds[0].clone())) else {
-            continue;
-        };
-        if cmp.verdict != Verdict::Faster || trial.output.differs() {
-            continue;
-        }
-        if best.as_ref().is_none_or(|b| cmp.ratio > b.comparison.ratio) {
-            best = Some(Winner {
-                draft: entries[e].path.clone(),
-                params: trial.params,
-                placement: candidates[e]
-                    .as_ref()
-                    .map(|c| c.placed(trial.placement).placement()),
-                ngram: trial.ngram,
-                tg: tg.summary(),
-                baseline_tg: base.summary(),
-                comparison: cmp,
-                acceptance: trial.acceptance,
-                tokens_per_round: trial.tokens_per_round,
-                mem_bytes: entries[e].mem_bytes.unwrap_or(0),
-            });
-        }
-    }
-    outcome.winner = best;
-}
-
 /// Effective generation speed of a pass: loop tokens over loop time, all prompts together.
 fn rate(runs: &[PromptRun]) -> f64 {
     let tokens: u64 = runs.iter().map(|r| u64::from(r.loop_tokens())).sum();
@@ -634,20 +503,6 @@ fn kind_rates(runs: &[PromptRun], prompts: &[Prompt]) -> Vec<(String, f64)> {
             (k.to_string(), rate(&of_kind))
         })
         .collect()
-}
-
-/// A finalist's (or the baseline's) per-kind speed: the median of the interleaved rounds, which
-/// ran side by side with the others', replacing the first pass's.
-fn set_kind_rates(t: &mut Trial, rounds: &[Vec<(String, f64)>]) {
-    for k in &mut t.per_kind {
-        let v: Vec<f64> = rounds
-            .iter()
-            .filter_map(|r| r.iter().find(|(n, _)| *n == k.kind).map(|x| x.1))
-            .collect();
-        if let Ok(sample) = Sample::new(v) {
-            k.tg_tps = sample.summary().median;
-        }
-    }
 }
 
 /// The last failure of a draft's trials.

@@ -125,57 +125,20 @@ pub fn speculate(r: &SpeculateRequest) -> Response {
     STATE.with(|state| speculate_with(&mut state.borrow_mut(), r))
 }
 
+/// Answers a [`SpeculateRequest`]: checks its settings, loads (or keeps) the models, then generates
+/// over every prompt after a warm-up when anything was loaded afresh.
 fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
-    if let Some(follow) = &r.follow {
-        if r.draft.is_some() {
-            return failed(
-                "settings",
-                "a followed output is decoded by the target alone",
-            );
-        }
-        if follow.len() != r.prompts.len() || follow.iter().any(Vec::is_empty) {
-            return failed(
-                "settings",
-                "a followed output needs one non-empty token list per prompt",
-            );
-        }
-    }
-    if let Some(e) = super::ngram::request_error(r) {
+    if let Some(e) = settings_error(r) {
         return failed("settings", e);
     }
-    if let Some((_, p)) = &r.draft {
-        if p.n_max + 1 > r.context.n_batch {
-            return failed(
-                "settings",
-                format!(
-                    "n_max {} needs n_batch of at least {}",
-                    p.n_max,
-                    p.n_max + 1
-                ),
-            );
-        }
-    }
-    let mut fresh = match ensure(&mut state.target, &r.target, &r.settings, &r.context, 0) {
+    let fresh = match load(state, r) {
         Ok(f) => f,
         Err(e) => return e,
     };
-    match &r.draft {
-        Some((d, _)) => match ensure(
-            &mut state.draft,
-            &d.path,
-            &d.settings,
-            &d.context,
-            DraftModel::N_OUTPUTS_MAX,
-        ) {
-            Ok(f) => fresh |= f,
-            Err(e) => return e,
-        },
-        None => {}
-    }
     let target = state.target.as_mut().expect("ensured");
     let model = Arc::clone(&target.model);
     let tctx = &mut target.context.as_mut().expect("ensured").1;
-    let mut dctx = match &r.draft {
+    let dctx = match &r.draft {
         Some((_, p)) => Some((
             &mut state
                 .draft
@@ -189,6 +152,63 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
         )),
         None => None,
     };
+    let prompts = match prompt_set(&model, r) {
+        Ok(p) => p,
+        Err(e) => return e,
+    };
+    match generate_all(&model, tctx, dctx, &prompts, r, fresh) {
+        Ok(runs) => Response::Speculated(SpeculateAnswer {
+            runs,
+            warmed_up: fresh,
+        }),
+        Err(e) => failed("decode", e.to_string()),
+    }
+}
+
+/// What is wrong with a request's settings, if anything, before any model is loaded.
+fn settings_error(r: &SpeculateRequest) -> Option<String> {
+    if let Some(follow) = &r.follow {
+        if r.draft.is_some() {
+            return Some("a followed output is decoded by the target alone".into());
+        }
+        if follow.len() != r.prompts.len() || follow.iter().any(Vec::is_empty) {
+            return Some("a followed output needs one non-empty token list per prompt".into());
+        }
+    }
+    if let Some(e) = super::ngram::request_error(r) {
+        return Some(e);
+    }
+    if let Some((_, p)) = &r.draft {
+        if p.n_max + 1 > r.context.n_batch {
+            return Some(format!(
+                "n_max {} needs n_batch of at least {}",
+                p.n_max,
+                p.n_max + 1
+            ));
+        }
+    }
+    None
+}
+
+/// Makes sure the target (and the draft, if any) are loaded with the request's settings; true when
+/// anything was (re)created.
+fn load(state: &mut State, r: &SpeculateRequest) -> Result<bool, Response> {
+    let mut fresh = ensure(&mut state.target, &r.target, &r.settings, &r.context, 0)?;
+    if let Some((d, _)) = &r.draft {
+        fresh |= ensure(
+            &mut state.draft,
+            &d.path,
+            &d.settings,
+            &d.context,
+            DraftModel::N_OUTPUTS_MAX,
+        )?;
+    }
+    Ok(fresh)
+}
+
+/// The request's prompts as tokens, each cut so that the generation (and, with a fault, the stale
+/// cells it leaves) still fits the context.
+fn prompt_set(model: &Model, r: &SpeculateRequest) -> Result<Vec<Vec<i32>>, Response> {
     let n_max = r
         .draft
         .as_ref()
@@ -202,14 +222,26 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
     }
     let mut prompts = Vec::with_capacity(r.prompts.len());
     for text in &r.prompts {
-        match prompt_tokens(&model, text, r.context.n_ctx.saturating_sub(reserve)) {
+        match prompt_tokens(model, text, r.context.n_ctx.saturating_sub(reserve)) {
             Ok(t) => prompts.push(t),
-            Err(e) => return failed("tokenize", e),
+            Err(e) => return Err(failed("tokenize", e)),
         }
     }
     if prompts.is_empty() {
-        return failed("settings", "no prompts");
+        return Err(failed("settings", "no prompts"));
     }
+    Ok(prompts)
+}
+
+/// Generates over every prompt, after a discarded warm-up on the first when `fresh`.
+fn generate_all(
+    model: &Model,
+    tctx: &mut Context,
+    mut dctx: Option<(&mut Context, DraftParams)>,
+    prompts: &[Vec<i32>],
+    r: &SpeculateRequest,
+    fresh: bool,
+) -> Result<Vec<PromptRun>, LlamaError> {
     if fresh {
         // Warm-up, discarded: first touches of weights and buffers, thread pool start.
         let d = dctx.as_mut().map(|(c, p)| (&mut **c, *p));
@@ -219,9 +251,7 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
             fault: None,
             ngram: r.ngram,
         };
-        if let Err(e) = generate(&model, tctx, d, &prompts[0], &warm_up) {
-            return failed("decode", e.to_string());
-        }
+        generate(model, tctx, d, &prompts[0], &warm_up)?;
     }
     let mut runs = Vec::with_capacity(prompts.len());
     for (i, p) in prompts.iter().enumerate() {
@@ -233,15 +263,9 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
             fault: r.fault,
             ngram: r.ngram,
         };
-        match generate(&model, tctx, d, p, &g) {
-            Ok(run) => runs.push(run),
-            Err(e) => return failed("decode", e.to_string()),
-        }
+        runs.push(generate(model, tctx, d, p, &g)?);
     }
-    Response::Speculated(SpeculateAnswer {
-        runs,
-        warmed_up: fresh,
-    })
+    Ok(runs)
 }
 
 /// The prompt's tokens with BOS where the vocabulary wants one, cut to its last `max` tokens.
@@ -273,7 +297,32 @@ struct Generation<'a> {
     ngram: Option<super::ngram::NgramParams>,
 }
 
-/// One prompt: prompt processing, then greedy generation with or without a draft.
+impl Generation<'_> {
+    /// The token followed as generated token i, if any.
+    fn followed(&self, i: usize) -> Option<i32> {
+        self.follow.and_then(|f| f.get(i)).copied()
+    }
+
+    /// The target's choice for generated token i, with the logit of the token followed there.
+    fn observe(&self, logits: &[f32], i: usize) -> Choice {
+        let mut c = choice(logits);
+        if let Some(t) = self.followed(i) {
+            c.followed_logit = usize::try_from(t).ok().and_then(|t| logits.get(t)).copied();
+        }
+        c
+    }
+}
+
+/// The error when llama.cpp cannot remove positions from the `what` (target or draft) KV cache.
+fn rollback_failed(what: &str) -> LlamaError {
+    LlamaError::Decode {
+        status: -1,
+        log: format!("llama.cpp could not roll back the {what} KV cache"),
+    }
+}
+
+/// One prompt: prompt processing, then greedy generation with or without a draft, one round (draft,
+/// check in one batch, roll back the rejected positions, take the accepted tokens) at a time.
 fn generate(
     model: &Model,
     target: &mut Context,
@@ -281,40 +330,21 @@ fn generate(
     prompt: &[i32],
     g: &Generation,
 ) -> Result<PromptRun, LlamaError> {
-    let rollback = |what: &str| LlamaError::Decode {
-        status: -1,
-        log: format!("llama.cpp could not roll back the {what} KV cache"),
-    };
     let n_gen = g.n_gen;
-    let followed = |i: usize| g.follow.and_then(|f| f.get(i)).copied();
-    // The target's choice for generated token i, with the logit of the token followed there.
-    let observe = |logits: &[f32], i: usize| {
-        let mut c = choice(logits);
-        if let Some(t) = followed(i) {
-            c.followed_logit = usize::try_from(t).ok().and_then(|t| logits.get(t)).copied();
-        }
-        c
-    };
     let mut run = PromptRun {
         prompt_tokens: prompt.len() as u32,
         ..PromptRun::default()
     };
-    target.clear();
-    let t = Instant::now();
-    target.decode_at(prompt, 0, false)?;
-    target.synchronize();
-    run.prompt_seconds = t.elapsed().as_secs_f64();
-    let first_choice = observe(target.last_logits(), 0);
-    let first = followed(0).unwrap_or(first_choice.token());
-    let mut draft_kv = 0usize;
-    if let Some((d, _)) = draft.as_mut() {
-        d.clear();
-        let t = Instant::now();
-        d.decode_at(prompt, 0, false)?;
-        d.synchronize();
-        run.draft_prompt_seconds = t.elapsed().as_secs_f64();
-        draft_kv = prompt.len();
-    }
+    let first_choice = process_prompt(
+        target,
+        draft.as_mut().map(|(d, _)| &mut **d),
+        prompt,
+        g,
+        &mut run,
+    )?;
+    let first = g.followed(0).unwrap_or(first_choice.token());
+    // How many of `seq`'s tokens the draft's cache holds.
+    let mut draft_kv = if draft.is_some() { prompt.len() } else { 0 };
     let mut seq: Vec<i32> = prompt.to_vec();
     seq.push(first);
     run.tokens.push(first);
@@ -326,103 +356,189 @@ fn generate(
         // The target's cache holds seq[..n_past] (plus `stale` cells); seq[n_past] is the last
         // accepted token.
         let n_past = seq.len() - 1;
+        let wanted = n_gen - run.tokens.len() - 1;
         let mut drafted: Vec<i32> = Vec::new();
         if let Some((d, p)) = draft.as_mut() {
-            // Drafting more than the tokens still wanted is wasted work.
-            let cap = (p.n_max as usize).min(n_gen - run.tokens.len() - 1);
-            if cap > 0 {
-                d.decode_at(&seq[draft_kv..], draft_kv as i32, false)?;
-                draft_kv = seq.len();
-                loop {
-                    let (token, prob) = top_with_probability(d.last_logits());
-                    if prob < p.p_min {
-                        break;
-                    }
-                    drafted.push(token);
-                    if drafted.len() >= cap {
-                        break;
-                    }
-                    d.decode_at(&[token], draft_kv as i32, false)?;
-                    draft_kv += 1;
-                }
-                if drafted.len() < p.n_min as usize {
-                    drafted.clear();
-                }
-            }
+            drafted = propose(d, p, &seq, &mut draft_kv, wanted)?;
         } else if let Some(p) = g.ngram {
             // The server's history: the cached tokens, then the last accepted one.
             drafted = super::ngram::draft(p, &seq[..n_past], seq[n_past]);
-            drafted.truncate(n_gen - run.tokens.len() - 1);
+            drafted.truncate(wanted);
         }
-        let mut batch = Vec::with_capacity(drafted.len() + 1);
-        batch.push(seq[n_past]);
-        batch.extend_from_slice(&drafted);
         let pos0 = n_past + stale;
-        target.decode_at(&batch, pos0 as i32, true)?;
-        // The target's choice after each accepted draft token, then its own next one.
-        let mut choices: Vec<Choice> = Vec::with_capacity(drafted.len() + 1);
-        loop {
-            let accepted = choices.len();
-            let logits = target.logits_ith(accepted as i32);
-            if logits.is_empty() {
-                return Err(LlamaError::Decode {
-                    status: -1,
-                    log: format!("no logits for batch position {accepted}"),
-                });
-            }
-            let choice = observe(logits, run.tokens.len() + accepted);
-            let token = choice.token();
-            choices.push(choice);
-            if accepted >= drafted.len() || drafted[accepted] != token {
-                break;
-            }
-        }
+        let choices = target_choices(target, seq[n_past], &drafted, pos0, g, run.tokens.len())?;
         let accepted = choices.len() - 1;
         run.rounds += 1;
         run.drafted += drafted.len() as u32;
         run.accepted += accepted as u32;
         // Keep the last token and the accepted draft; the rejected positions leave both caches.
-        let keep = pos0 + 1 + accepted;
-        let rejected = drafted.len() - accepted;
-        if rejected > 0 {
-            let kept_stale = match g.fault {
-                None => 0,
-                Some(Fault::KeepOneRejectedCell) => 1,
-                Some(Fault::KeepRejectedCells) => rejected,
-            };
-            if kept_stale < rejected && !target.truncate((keep + kept_stale) as i32) {
-                return Err(rollback("target"));
-            }
-            stale += kept_stale;
-        }
+        stale += roll_back_target(
+            target,
+            pos0 + 1 + accepted,
+            drafted.len() - accepted,
+            g.fault,
+        )?;
         if let Some((d, _)) = draft.as_mut() {
-            let keep = n_past + 1 + accepted;
-            if draft_kv > keep {
-                if !d.truncate(keep as i32) {
-                    return Err(rollback("draft"));
-                }
-                draft_kv = keep;
-            }
+            roll_back_draft(d, n_past + 1 + accepted, &mut draft_kv)?;
         }
-        for (j, choice) in choices.into_iter().enumerate() {
-            if run.tokens.len() >= n_gen || model.is_eog(*run.tokens.last().expect("one token")) {
-                break;
-            }
-            // An accepted draft token is the target's choice; the last is the target's next token
-            // (or the one followed).
-            let token = if j < accepted {
-                drafted[j]
-            } else {
-                followed(run.tokens.len()).unwrap_or(choice.token())
-            };
-            seq.push(token);
-            run.tokens.push(token);
-            run.choices.push(choice);
-        }
+        take(model, &mut run, &mut seq, choices, &drafted[..accepted], g);
     }
     target.synchronize();
     run.gen_seconds = t.elapsed().as_secs_f64();
     Ok(run)
+}
+
+/// Prompt processing: the target decodes the prompt (timed) and makes its first choice; the draft,
+/// if any, decodes the prompt too.
+fn process_prompt(
+    target: &mut Context,
+    draft: Option<&mut Context>,
+    prompt: &[i32],
+    g: &Generation,
+    run: &mut PromptRun,
+) -> Result<Choice, LlamaError> {
+    target.clear();
+    let t = Instant::now();
+    target.decode_at(prompt, 0, false)?;
+    target.synchronize();
+    run.prompt_seconds = t.elapsed().as_secs_f64();
+    let first_choice = g.observe(target.last_logits(), 0);
+    if let Some(d) = draft {
+        d.clear();
+        let t = Instant::now();
+        d.decode_at(prompt, 0, false)?;
+        d.synchronize();
+        run.draft_prompt_seconds = t.elapsed().as_secs_f64();
+    }
+    Ok(first_choice)
+}
+
+/// The draft model's proposal after `seq`: its greedy tokens while its top probability stays at or
+/// above p_min, at most n_max (and at most `wanted`), none when fewer than n_min. `draft_kv` (how
+/// many of `seq`'s tokens its cache holds) follows what it decodes.
+fn propose(
+    d: &mut Context,
+    p: &DraftParams,
+    seq: &[i32],
+    draft_kv: &mut usize,
+    wanted: usize,
+) -> Result<Vec<i32>, LlamaError> {
+    let mut drafted: Vec<i32> = Vec::new();
+    // Drafting more than the tokens still wanted is wasted work.
+    let cap = (p.n_max as usize).min(wanted);
+    if cap == 0 {
+        return Ok(drafted);
+    }
+    d.decode_at(&seq[*draft_kv..], *draft_kv as i32, false)?;
+    *draft_kv = seq.len();
+    loop {
+        let (token, prob) = top_with_probability(d.last_logits());
+        if prob < p.p_min {
+            break;
+        }
+        drafted.push(token);
+        if drafted.len() >= cap {
+            break;
+        }
+        d.decode_at(&[token], *draft_kv as i32, false)?;
+        *draft_kv += 1;
+    }
+    if drafted.len() < p.n_min as usize {
+        drafted.clear();
+    }
+    Ok(drafted)
+}
+
+/// The target decodes the last accepted token and the draft in one batch at `pos0`: its choice
+/// after each accepted draft token, then its own next one (`generated`: the tokens so far).
+fn target_choices(
+    target: &mut Context,
+    last: i32,
+    drafted: &[i32],
+    pos0: usize,
+    g: &Generation,
+    generated: usize,
+) -> Result<Vec<Choice>, LlamaError> {
+    let mut batch = Vec::with_capacity(drafted.len() + 1);
+    batch.push(last);
+    batch.extend_from_slice(drafted);
+    target.decode_at(&batch, pos0 as i32, true)?;
+    let mut choices: Vec<Choice> = Vec::with_capacity(drafted.len() + 1);
+    loop {
+        let accepted = choices.len();
+        let logits = target.logits_ith(accepted as i32);
+        if logits.is_empty() {
+            return Err(LlamaError::Decode {
+                status: -1,
+                log: format!("no logits for batch position {accepted}"),
+            });
+        }
+        let choice = g.observe(logits, generated + accepted);
+        let token = choice.token();
+        choices.push(choice);
+        if accepted >= drafted.len() || drafted[accepted] != token {
+            break;
+        }
+    }
+    Ok(choices)
+}
+
+/// Drops the `rejected` draft positions from the target's cache, keeping `keep` cells, except those
+/// a test fault leaves behind; returns how many stale cells stay.
+fn roll_back_target(
+    target: &mut Context,
+    keep: usize,
+    rejected: usize,
+    fault: Option<Fault>,
+) -> Result<usize, LlamaError> {
+    if rejected == 0 {
+        return Ok(0);
+    }
+    let kept_stale = match fault {
+        None => 0,
+        Some(Fault::KeepOneRejectedCell) => 1,
+        Some(Fault::KeepRejectedCells) => rejected,
+    };
+    if kept_stale < rejected && !target.truncate((keep + kept_stale) as i32) {
+        return Err(rollback_failed("target"));
+    }
+    Ok(kept_stale)
+}
+
+/// Cuts the draft's cache back to `keep` cells when it holds more.
+fn roll_back_draft(d: &mut Context, keep: usize, draft_kv: &mut usize) -> Result<(), LlamaError> {
+    if *draft_kv > keep {
+        if !d.truncate(keep as i32) {
+            return Err(rollback_failed("draft"));
+        }
+        *draft_kv = keep;
+    }
+    Ok(())
+}
+
+/// Takes a round's tokens into the output, up to n_gen or the end of the text: the accepted draft
+/// tokens, which are the target's choices, then the target's next token (or the one followed).
+fn take(
+    model: &Model,
+    run: &mut PromptRun,
+    seq: &mut Vec<i32>,
+    choices: Vec<Choice>,
+    accepted: &[i32],
+    g: &Generation,
+) {
+    for (j, choice) in choices.into_iter().enumerate() {
+        if run.tokens.len() >= g.n_gen || model.is_eog(*run.tokens.last().expect("one token")) {
+            break;
+        }
+        let token = if j < accepted.len() {
+            accepted[j]
+        } else {
+            g.followed(run.tokens.len()).unwrap_or(choice.token())
+        };
+        seq.push(token);
+        run.tokens.push(token);
+        run.choices.push(choice);
+    }
 }
 
 #[cfg(test)]

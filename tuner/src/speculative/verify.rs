@@ -157,14 +157,8 @@ impl OutputCheck {
             match followed {
                 Some(f) => f,
                 None => {
-                    let at = ours
-                        .tokens
-                        .iter()
-                        .zip(&baseline.tokens)
-                        .position(|(a, b)| a != b)
-                        .unwrap_or(ours.tokens.len().min(baseline.tokens.len()));
                     return self.diverged(divergence(
-                        at,
+                        first_difference(ours, baseline),
                         "the target alone did not re-decode this output",
                     ));
                 }
@@ -182,20 +176,15 @@ impl OutputCheck {
                 continue;
             }
             match near_tie(o, a, token) {
-                Ok((ours_margin, alone_margin)) => {
-                    if self.same_output == SameOutput::Identical {
-                        self.same_output = SameOutput::NearTies;
-                    }
-                    self.near_ties.push(NearTie {
-                        prompt: prompt.into(),
-                        token: k,
-                        ours: token,
-                        alone: a.token(),
-                        ours_margin,
-                        alone_margin,
-                        margin: ours_margin + alone_margin,
-                    });
-                }
+                Ok((ours_margin, alone_margin)) => self.add_near_tie(NearTie {
+                    prompt: prompt.into(),
+                    token: k,
+                    ours: token,
+                    alone: a.token(),
+                    ours_margin,
+                    alone_margin,
+                    margin: ours_margin + alone_margin,
+                }),
                 Err((ours_margin, alone_margin, reason)) => {
                     // Past a real divergence nothing more is learnt from this prompt.
                     return self.diverged(Divergence {
@@ -215,6 +204,14 @@ impl OutputCheck {
                 "the output with the draft is shorter",
             ));
         }
+    }
+
+    /// The paths chose different tokens, but nearly tied ones.
+    fn add_near_tie(&mut self, tie: NearTie) {
+        if self.same_output == SameOutput::Identical {
+            self.same_output = SameOutput::NearTies;
+        }
+        self.near_ties.push(tie);
     }
 
     /// Both paths chose the same token: how far the gaps from it to the other top tokens moved.
@@ -262,6 +259,15 @@ pub fn check(
         d.reason = format!("{}: {e}", d.reason);
     }
     check
+}
+
+/// The first token where two runs' outputs differ (or where the shorter one ends).
+fn first_difference(ours: &PromptRun, baseline: &PromptRun) -> usize {
+    ours.tokens
+        .iter()
+        .zip(&baseline.tokens)
+        .position(|(a, b)| a != b)
+        .unwrap_or(ours.tokens.len().min(baseline.tokens.len()))
 }
 
 type Margins = (Option<f32>, Option<f32>, String);
