@@ -85,6 +85,33 @@ struct WorkerState {
 }
 
 impl WorkerState {
+    /// Loads the request's model in place of any other, first checking (for a real load) that the
+    /// device memory the dry run predicted is free right now.
+    fn load_model(
+        &mut self,
+        m: &MeasureRequest,
+        key: (PathBuf, ModelSettings),
+    ) -> Result<(), Response> {
+        self.context = None;
+        self.model = None;
+        self.before_load = (llama::device_free(), committed_bytes());
+        let failed = |message: String| Response::Failed {
+            stage: "load".into(),
+            message,
+        };
+        if !m.settings.no_alloc {
+            if let Some(why) = short_of_device_memory(&m.expect, &self.before_load.0) {
+                return Err(failed(why));
+            }
+        }
+        let t = Instant::now();
+        let model = Model::load(&m.model, &m.settings).map_err(|e| failed(e.to_string()))?;
+        self.load_seconds = t.elapsed().as_secs_f64();
+        self.load_log = llama::take_log();
+        self.model = Some((key, Arc::new(model)));
+        Ok(())
+    }
+
     /// Makes sure the requested model and context are loaded; returns a load report when anything
     /// was (re)created.
     fn ensure(&mut self, m: &MeasureRequest) -> Result<Option<LoadReport>, Response> {
@@ -95,25 +122,7 @@ impl WorkerState {
             message: e.to_string(),
         })?;
         if self.model.as_ref().map(|(k, _)| k) != Some(&key) {
-            self.context = None;
-            self.model = None;
-            self.before_load = (llama::device_free(), committed_bytes());
-            if !m.settings.no_alloc {
-                if let Some(why) = short_of_device_memory(&m.expect, &self.before_load.0) {
-                    return Err(Response::Failed {
-                        stage: "load".into(),
-                        message: why,
-                    });
-                }
-            }
-            let t = Instant::now();
-            let model = Model::load(&m.model, &m.settings).map_err(|e| Response::Failed {
-                stage: "load".into(),
-                message: e.to_string(),
-            })?;
-            self.load_seconds = t.elapsed().as_secs_f64();
-            self.load_log = llama::take_log();
-            self.model = Some((key, Arc::new(model)));
+            self.load_model(m, key)?;
             fresh = true;
         }
         if self.context.as_ref().map(|(c, _)| c) != Some(&m.context) {
