@@ -4,7 +4,7 @@
 //! few hundred thousand entries, and f32 sums of that many terms lose the small divergences of good
 //! quantizations in rounding.
 
-use serde::{Deserialize, Serialize};
+pub use crate::worker::protocol::QualityFigures;
 
 /// What one position contributes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,25 +61,6 @@ pub fn compare_position(reference: &[f32], model: &[f32], next: Option<i32>) -> 
         ref_logprob: at(r, lse_r),
         logprob: at(m, lse_m),
     }
-}
-
-/// The figures of a whole evaluation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct QualityFigures {
-    /// Positions compared (every token of every chunk).
-    pub positions: u64,
-    /// Mean KL divergence from the reference, nats per token (the gated figure).
-    pub kld_mean: f64,
-    /// Standard error of that mean.
-    pub kld_se: f64,
-    pub kld_median: f64,
-    pub kld_p99: f64,
-    pub kld_max: f64,
-    /// Share of positions whose most likely next token is the reference's (0..1).
-    pub top1: f64,
-    /// Perplexity of the reference and of the model on the evaluation text.
-    pub ref_ppl: f64,
-    pub ppl: f64,
 }
 
 /// Accumulates positions into [`QualityFigures`].

@@ -8,54 +8,11 @@
 //! tokenizer and the vocabulary size, so a hopeless file never reaches llama.cpp), and [`check`] runs
 //! the full rules on vocabularies llama.cpp loaded (`vocab_only`, in a worker).
 
+pub use crate::worker::protocol::{Incompatibility, SPEC_VOCAB_MAX_SIZE_DIFFERENCE};
 use search_space::gguf::GgufInfo;
-use serde::{Deserialize, Serialize};
 
-/// llama.cpp's `SPEC_VOCAB_MAX_SIZE_DIFFERENCE`.
-pub const SPEC_VOCAB_MAX_SIZE_DIFFERENCE: u64 = 128;
 /// llama.cpp's `SPEC_VOCAB_CHECK_START_TOKEN_ID`.
 pub const SPEC_VOCAB_CHECK_START_TOKEN_ID: i32 = 5;
-
-/// Why a draft cannot serve a target.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Incompatibility {
-    #[error("the tokenizers differ (target '{target}', draft '{draft}'): pick a draft of the same model family")]
-    Tokenizer { target: String, draft: String },
-    #[error("the vocabulary types differ (target {target}, draft {draft}): pick a draft of the same model family")]
-    VocabType { target: String, draft: String },
-    #[error(
-        "the vocabulary sizes differ by {difference} tokens (target {target}, draft {draft}; llama.cpp allows \
-         {SPEC_VOCAB_MAX_SIZE_DIFFERENCE}): pick a draft of the same model family"
-    )]
-    VocabSize {
-        target: u64,
-        draft: u64,
-        difference: u64,
-    },
-    #[error("BOS handling differs (target: add {target_add}, id {target}; draft: add {draft_add}, id {draft})")]
-    Bos {
-        target_add: bool,
-        target: i32,
-        draft_add: bool,
-        draft: i32,
-    },
-    #[error("EOS handling differs (target: add {target_add}, id {target}; draft: add {draft_add}, id {draft})")]
-    Eos {
-        target_add: bool,
-        target: i32,
-        draft_add: bool,
-        draft: i32,
-    },
-    #[error("token {id} differs (target {target:?}, draft {draft:?}): the vocabularies are not the same")]
-    TokenText {
-        id: i32,
-        target: String,
-        draft: String,
-    },
-    #[error("the draft has no vocabulary (no tokenizer.ggml.tokens in its header)")]
-    NoVocabulary,
-}
 
 /// What the check reads from a vocabulary; implemented by a loaded llama.cpp model (and by test fakes).
 pub trait Vocabulary {

@@ -2,21 +2,10 @@
 //! what the output check compares), and the draft's top token with its probability (what p_min is
 //! compared with).
 
-use serde::{Deserialize, Serialize};
+pub use crate::worker::protocol::Choice;
 
 /// How many of the target's best tokens are kept at each generated token.
 pub const TOP_K: usize = 8;
-
-/// The target's best tokens at one position, with their logits: its greedy choice first. Logits
-/// differ by the log of the probability ratio, so differences between them are in nats.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Choice {
-    /// Up to [`TOP_K`] (token, logit), best first.
-    pub top: Vec<(i32, f32)>,
-    /// When following a given output: the logit of the token followed, which need not be among `top`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub followed_logit: Option<f32>,
-}
 
 impl Choice {
     /// The target's (greedy) choice.

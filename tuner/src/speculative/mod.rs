@@ -14,6 +14,8 @@
 //! near ties of rounding), [`report`] is the report and its table, and [`attach`] adds the result to
 //! a tuning profile.
 
+pub use crate::worker::protocol::DraftParams;
+pub use crate::worker::protocol::DraftPlacement;
 pub mod attach;
 pub mod compat;
 pub mod discover;
@@ -29,20 +31,7 @@ pub mod serve;
 pub mod verify;
 pub mod workload;
 
-use search_space::CacheType;
-use serde::{Deserialize, Serialize};
-
-/// Where the draft runs and how it caches: its own GPU layers (llama-server's `-ngld`) and its
-/// KV-cache types (`-ctkd`/`-ctvd`). Searched after the draft settings: by default the draft follows
-/// the target (all layers offloaded when the target offloads any, the target's KV types), and the
-/// alternatives that fit (the draft on the CPU, a q8_0 draft KV cache) are measured with the best
-/// draft settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DraftPlacement {
-    pub n_gpu_layers: u32,
-    pub type_k: CacheType,
-    pub type_v: CacheType,
-}
+use serde::Serialize;
 
 impl DraftPlacement {
     pub fn label(&self) -> String {
@@ -53,18 +42,6 @@ impl DraftPlacement {
             self.type_v.as_str()
         )
     }
-}
-
-/// How the draft drafts, as llama-server's `--spec-draft-n-max`, `--spec-draft-n-min` and
-/// `--spec-draft-p-min` name it.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct DraftParams {
-    /// Most tokens drafted per round.
-    pub n_max: u32,
-    /// A draft shorter than this is thrown away (the target decodes one token alone instead).
-    pub n_min: u32,
-    /// Drafting stops when the draft's top token is less likely than this (greedy confidence).
-    pub p_min: f32,
 }
 
 impl DraftParams {

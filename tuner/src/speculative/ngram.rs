@@ -10,19 +10,11 @@
 //! matches), and the draft is at most `size_m` tokens that followed the match, dropped when fewer
 //! than `size_n` are available.
 
-use serde::{Deserialize, Serialize};
+pub use crate::worker::protocol::NgramParams;
+use serde::Serialize;
 
 /// The server's limit for both sizes (`common/arg.cpp`).
 pub const MAX_SIZE: u32 = 1024;
-
-/// ngram-simple's settings, as llama-server's `--spec-ngram-simple-size-n/-size-m` name them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NgramParams {
-    /// Length of the n-gram looked up in the history (the server's default: 12).
-    pub size_n: u32,
-    /// Most tokens drafted after a match (the server's default: 48).
-    pub size_m: u32,
-}
 
 impl NgramParams {
     pub fn label(&self) -> String {

@@ -3,10 +3,6 @@
 //! its feature module and depends on this file alone.
 
 use crate::llama::{ContextSettings, ModelSettings};
-use crate::quant::kld::QualityFigures;
-use crate::speculative::compat::Incompatibility;
-use crate::speculative::logits::Choice;
-use crate::speculative::{DraftParams, DraftPlacement};
 pub use profiles::measurements::{DeviceBytes, LoadReport, Repetition, Workload};
 use search_space::CacheType;
 use serde::{Deserialize, Serialize};
@@ -205,7 +201,7 @@ pub struct SpeculateRequest {
     pub draft: Option<(DraftModel, DraftParams)>,
     /// N-gram speculation instead of a draft model ([`crate::speculative::ngram`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ngram: Option<crate::speculative::ngram::NgramParams>,
+    pub ngram: Option<NgramParams>,
     pub prompts: Vec<String>,
     pub n_gen: u32,
     /// The target alone (no draft) decodes these tokens, one list per prompt, one token at a time,
@@ -343,4 +339,114 @@ impl FitAnswer {
             _ => "error",
         }
     }
+}
+
+// Data the features exchange with their workers, defined here so that the protocol depends on no
+// feature (each feature re-exports its own; their methods live with the feature).
+
+/// llama.cpp's `SPEC_VOCAB_MAX_SIZE_DIFFERENCE`.
+pub const SPEC_VOCAB_MAX_SIZE_DIFFERENCE: u64 = 128;
+
+/// The figures of a whole evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QualityFigures {
+    /// Positions compared (every token of every chunk).
+    pub positions: u64,
+    /// Mean KL divergence from the reference, nats per token (the gated figure).
+    pub kld_mean: f64,
+    /// Standard error of that mean.
+    pub kld_se: f64,
+    pub kld_median: f64,
+    pub kld_p99: f64,
+    pub kld_max: f64,
+    /// Share of positions whose most likely next token is the reference's (0..1).
+    pub top1: f64,
+    /// Perplexity of the reference and of the model on the evaluation text.
+    pub ref_ppl: f64,
+    pub ppl: f64,
+}
+
+/// Why a draft cannot serve a target.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Incompatibility {
+    #[error("the tokenizers differ (target '{target}', draft '{draft}'): pick a draft of the same model family")]
+    Tokenizer { target: String, draft: String },
+    #[error("the vocabulary types differ (target {target}, draft {draft}): pick a draft of the same model family")]
+    VocabType { target: String, draft: String },
+    #[error(
+        "the vocabulary sizes differ by {difference} tokens (target {target}, draft {draft}; llama.cpp allows \
+         {SPEC_VOCAB_MAX_SIZE_DIFFERENCE}): pick a draft of the same model family"
+    )]
+    VocabSize {
+        target: u64,
+        draft: u64,
+        difference: u64,
+    },
+    #[error("BOS handling differs (target: add {target_add}, id {target}; draft: add {draft_add}, id {draft})")]
+    Bos {
+        target_add: bool,
+        target: i32,
+        draft_add: bool,
+        draft: i32,
+    },
+    #[error("EOS handling differs (target: add {target_add}, id {target}; draft: add {draft_add}, id {draft})")]
+    Eos {
+        target_add: bool,
+        target: i32,
+        draft_add: bool,
+        draft: i32,
+    },
+    #[error("token {id} differs (target {target:?}, draft {draft:?}): the vocabularies are not the same")]
+    TokenText {
+        id: i32,
+        target: String,
+        draft: String,
+    },
+    #[error("the draft has no vocabulary (no tokenizer.ggml.tokens in its header)")]
+    NoVocabulary,
+}
+
+/// The target's best tokens at one position, with their logits: its greedy choice first. Logits
+/// differ by the log of the probability ratio, so differences between them are in nats.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Choice {
+    /// Up to `speculative::logits::TOP_K` (token, logit), best first.
+    pub top: Vec<(i32, f32)>,
+    /// When following a given output: the logit of the token followed, which need not be among `top`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub followed_logit: Option<f32>,
+}
+
+/// Where the draft runs and how it caches: its own GPU layers (llama-server's `-ngld`) and its
+/// KV-cache types (`-ctkd`/`-ctvd`). Searched after the draft settings: by default the draft follows
+/// the target (all layers offloaded when the target offloads any, the target's KV types), and the
+/// alternatives that fit (the draft on the CPU, a q8_0 draft KV cache) are measured with the best
+/// draft settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DraftPlacement {
+    pub n_gpu_layers: u32,
+    pub type_k: CacheType,
+    pub type_v: CacheType,
+}
+
+/// How the draft drafts, as llama-server's `--spec-draft-n-max`, `--spec-draft-n-min` and
+/// `--spec-draft-p-min` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DraftParams {
+    /// Most tokens drafted per round.
+    pub n_max: u32,
+    /// A draft shorter than this is thrown away (the target decodes one token alone instead).
+    pub n_min: u32,
+    /// Drafting stops when the draft's top token is less likely than this (greedy confidence).
+    pub p_min: f32,
+}
+
+/// ngram-simple's settings, as llama-server's `--spec-ngram-simple-size-n/-size-m` name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NgramParams {
+    /// Length of the n-gram looked up in the history (the server's default: 12).
+    pub size_n: u32,
+    /// Most tokens drafted after a match (the server's default: 48).
+    pub size_m: u32,
 }
