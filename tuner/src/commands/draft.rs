@@ -101,6 +101,7 @@ fn setup(
         },
         grid: search.grid,
         ngram: search.ngram,
+        mtp: crate::speculative::mtp::DEFAULT_N_MAX.to_vec(),
         discover: true,
         prompts: crate::speculative::workload::prompts_for(
             search.workload,

@@ -44,6 +44,16 @@ impl Context {
         s: &ContextSettings,
         n_outputs_max: u32,
     ) -> Result<Context, LlamaError> {
+        Self::with_params(model, s, n_outputs_max, |_| {})
+    }
+
+    /// A context with `edit` applied to its llama.cpp parameters last (an MTP draft context's type).
+    pub(super) fn with_params(
+        model: &Arc<Model>,
+        s: &ContextSettings,
+        n_outputs_max: u32,
+        edit: impl FnOnce(&mut sys::llama_context_params),
+    ) -> Result<Context, LlamaError> {
         // SAFETY: default params are plain data.
         let mut p = unsafe { sys::llama_context_default_params() };
         p.n_outputs_max = n_outputs_max;
@@ -61,6 +71,7 @@ impl Context {
             FlashAttn::Auto => sys::LLAMA_FLASH_ATTN_TYPE_AUTO,
         };
         p.no_perf = true;
+        edit(&mut p);
         take_log();
         // SAFETY: model is valid and outlives the context (borrow).
         let ptr = unsafe { sys::llama_init_from_model(model.ptr.as_ptr(), p) };

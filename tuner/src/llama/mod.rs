@@ -12,6 +12,7 @@ mod breakdown;
 mod context;
 mod log;
 mod model;
+mod mtp;
 mod rpc;
 mod settings;
 
@@ -26,6 +27,7 @@ pub use context::Context;
 pub use log::loaded_modules;
 pub use log::{bytes_per_device, cpu_variant, log_tail, parse_buffer_reports, take_log};
 pub use model::{quantize_model, Model};
+pub use mtp::MtpDrafter;
 pub use rpc::{rpc_add_servers, rpc_start_server};
 pub use settings::{expert_pattern, ContextSettings, ModelSettings};
 

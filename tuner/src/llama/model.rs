@@ -16,6 +16,12 @@ unsafe impl Send for Model {}
 
 impl Model {
     pub fn load(path: &Path, s: &ModelSettings) -> Result<Model, LlamaError> {
+        Self::load_with(path, s, false)
+    }
+
+    /// Loads the model; with `load_mtp` its multi-token-prediction (NextN) layers too, which
+    /// llama.cpp skips by default and an MTP draft context needs.
+    pub fn load_with(path: &Path, s: &ModelSettings, load_mtp: bool) -> Result<Model, LlamaError> {
         let cpath = c_path(path)?;
         let mut devs = device_list(&s.devices)?;
         // The CStrings the overrides point into live in `overrides` until the load returns.
@@ -31,6 +37,7 @@ impl Model {
         p.n_gpu_layers = s.n_gpu_layers.min(i32::MAX as u32) as i32;
         p.use_extra_bufts = s.use_extra_bufts;
         p.no_alloc = s.no_alloc;
+        p.load_mtp = load_mtp;
         if s.no_alloc {
             // As llama.cpp's own fit routine does: no mmap in a dry run, so host buffers are counted.
             p.load_mode = sys::LLAMA_LOAD_MODE_NONE;

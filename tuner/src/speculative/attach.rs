@@ -54,7 +54,9 @@ pub fn attach(
     show: bool,
 ) -> anyhow::Result<Option<String>> {
     let ngram_too = super::workload::text_repeats(search.workload) && !search.ngram.is_empty();
-    if (search.drafts.is_empty() && !ngram_too) || stop.load(Ordering::Relaxed) {
+    // The target's own MTP heads need no draft model: tried whenever it has some.
+    let mtp_too = super::mtp::heads(&tuned.info) > 0;
+    if (search.drafts.is_empty() && !ngram_too && !mtp_too) || stop.load(Ordering::Relaxed) {
         return Ok(None);
     }
     let w = &profile.winner;
@@ -73,6 +75,7 @@ pub fn attach(
         context,
         grid: search.grid.clone(),
         ngram,
+        mtp: super::mtp::DEFAULT_N_MAX.to_vec(),
         discover: false,
         prompts: super::workload::prompts_for(
             search.workload,
@@ -110,6 +113,8 @@ pub fn attach(
     }
     match &report.winner {
         Some(win) if win.ngram.is_some() => profile.ngram = ngram_settings(win, &setup),
+        // The profile has no MTP section yet: the report says what won, the server runs without.
+        Some(win) if win.mtp.is_some() => {}
         Some(win) => profile.draft = Some(draft_settings(win, &setup)?),
         None => {}
     }

@@ -30,6 +30,8 @@ pub struct Setup {
     pub grid: Grid,
     /// N-gram speculation's settings (empty: not tried).
     pub ngram: super::ngram::NgramGrid,
+    /// MTP draft lengths to try when the target has MTP heads (empty: not tried).
+    pub mtp: Vec<u32>,
     /// Look for drafts beside the target when none is given (`autotune draft`; `tune` only with
     /// `--draft auto`).
     pub discover: bool,
@@ -128,21 +130,22 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
             f.name()
         );
     }
-    let outcome = if candidates.iter().any(Option::is_some) || !s.ngram.is_empty() {
-        match search::run(&settings, &candidates, &mut entries, stop, progress) {
-            Ok(o) => Some(o),
-            Err(e) => {
-                for (entry, c) in entries.iter_mut().zip(&candidates) {
-                    if c.is_some() {
-                        entry.status = format!("not measured: {e}");
+    let outcome =
+        if candidates.iter().any(Option::is_some) || !s.ngram.is_empty() || measures_mtp(s) {
+            match search::run(&settings, &candidates, &mut entries, stop, progress) {
+                Ok(o) => Some(o),
+                Err(e) => {
+                    for (entry, c) in entries.iter_mut().zip(&candidates) {
+                        if c.is_some() {
+                            entry.status = format!("not measured: {e}");
+                        }
                     }
+                    None
                 }
-                None
             }
-        }
-    } else {
-        None
-    };
+        } else {
+            None
+        };
     let mut report = SpeculationReport::new(
         &s.target,
         s.target_info.file_type_name.clone(),
@@ -162,8 +165,13 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
         s.llama_version.clone(),
     );
     report.fault = settings.fault;
-    report.mtp = Some(super::mtp::assess(&s.target_info));
+    report.mtp = Some(super::mtp::assess(&s.target_info, measures_mtp(s)));
     report
+}
+
+/// Whether the target's MTP heads are measured: it has some and draft lengths are given.
+fn measures_mtp(s: &Setup) -> bool {
+    !s.mtp.is_empty() && super::mtp::heads(&s.target_info) > 0
 }
 
 /// The drafts examined: an entry per draft (n-gram speculation first, when it is tried), each with
@@ -186,6 +194,11 @@ fn examine_drafts(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -
     if !s.ngram.is_empty() {
         // First: it loads nothing, so the budget never leaves it unmeasured.
         entries.push(DraftEntry::ngram());
+        candidates.push(None);
+    }
+    if measures_mtp(s) {
+        // Next: it needs no second model either.
+        entries.push(DraftEntry::mtp());
         candidates.push(None);
     }
     // One worker for the vocabulary checks and the dry runs (each loads and frees what it needs).
@@ -217,6 +230,11 @@ fn search_settings(s: &Setup, budget: Duration) -> SearchSettings {
         context: s.context.clone(),
         grid: s.grid.clone(),
         ngram: s.ngram.clone(),
+        mtp: if measures_mtp(s) {
+            s.mtp.clone()
+        } else {
+            Vec::new()
+        },
         prompts: s.prompts.clone(),
         n_gen: s.n_gen,
         reps: s.reps,

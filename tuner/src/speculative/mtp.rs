@@ -1,11 +1,66 @@
 //! Multi-token prediction (llama-server's `--spec-type draft-mtp`): a model that carries its own
 //! next-token heads (GGUF tensors `blk.N.nextn.*`, as llama.cpp loads them) can draft without a
-//! second model. Only such a model can be measured; any other is reported as having no MTP heads.
-//! Measuring `draft-mtp` itself (llama-cpp-2's `MtpSpeculative`) is not built yet: a model with heads
-//! is reported as such, not measured.
+//! second model. Only such a model is measured ([`measure`]: the draft lengths in ascending order,
+//! through the worker's [`super::mtp_serve`] loop, against the same baseline and output check as the
+//! other kinds); any other is reported as having no MTP heads.
 
+use super::search::{DraftEntry, Runner, Trial};
+pub use crate::worker::protocol::MtpParams;
 use search_space::gguf::GgufInfo;
 use serde::Serialize;
+
+/// The draft lengths tried by default: llama-server's default (3) and around it.
+pub const DEFAULT_N_MAX: [u32; 4] = [1, 2, 3, 4];
+
+/// Its settings in words.
+pub fn label(p: MtpParams) -> String {
+    format!("draft-mtp n_max {}", p.n_max)
+}
+
+/// Walks the draft lengths, ascending, and stops where a longer draft is slower than the shorter one
+/// by more than the noise.
+pub(super) fn measure(r: &mut Runner, entry: &mut DraftEntry) {
+    let noise = r.s.noise;
+    let mut failures = 0;
+    let mut previous: Option<(f64, u32)> = None;
+    let lengths = r.s.mtp.clone();
+    for (k, &n_max) in lengths.iter().enumerate() {
+        let params = MtpParams { n_max };
+        let mut t = Trial::mtp(params, "grid");
+        if let Some(why) = r.out_of_time() {
+            t.skipped = Some(why);
+            entry.trials.push(t);
+            continue;
+        }
+        (r.progress)(&label(params));
+        match r.pass_mtp(params) {
+            Ok(runs) => r.record(&mut t, &runs),
+            Err(e) => {
+                failures += 1;
+                let fatal = failures >= 2 || e.starts_with("llama.cpp refused");
+                t.failure = Some(e);
+                entry.trials.push(t);
+                if fatal {
+                    entry.status = "failed: see its trials".into();
+                    return;
+                }
+                continue;
+            }
+        }
+        let tg = t.median_tg().unwrap_or(0.0);
+        let slower = previous.filter(|&(p, _)| tg < p * (1.0 - noise));
+        entry.trials.push(t);
+        if let Some((_, m)) = slower {
+            for &rest in &lengths[k + 1..] {
+                let mut skip = Trial::mtp(MtpParams { n_max: rest }, "grid");
+                skip.skipped = Some(format!("longer drafts got slower from n_max {m} on"));
+                entry.trials.push(skip);
+            }
+            break;
+        }
+        previous = Some((tg, n_max));
+    }
+}
 
 /// What the report says about MTP for the target.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -29,14 +84,15 @@ pub fn heads(info: &GgufInfo) -> u32 {
     blocks.len() as u32
 }
 
-pub fn assess(info: &GgufInfo) -> MtpStatus {
+/// What the report says before any measurement: `measured` when the heads' entry is in the search.
+pub fn assess(info: &GgufInfo, measured: bool) -> MtpStatus {
     let n = heads(info);
     let note = if n == 0 {
         "no MTP heads (no blk.N.nextn tensors): draft-mtp not measured".to_string()
+    } else if measured {
+        format!("{n} MTP head(s): draft-mtp measured (see its entry)")
     } else {
-        format!(
-            "{n} MTP head(s): draft-mtp could draft {n} token(s) per round, but autotune does not measure it yet"
-        )
+        format!("{n} MTP head(s): draft-mtp not measured (no draft lengths to try)")
     };
     MtpStatus { heads: n, note }
 }
@@ -54,7 +110,7 @@ mod tests {
     #[test]
     fn a_model_without_nextn_tensors_has_no_mtp_heads() {
         let plain = info(GgufBuilder::tiny_model("llama").build());
-        let s = assess(&plain);
+        let s = assess(&plain, false);
         assert_eq!(s.heads, 0);
         assert!(s.note.starts_with("no MTP heads"), "{}", s.note);
         let mtp = info(
@@ -64,5 +120,7 @@ mod tests {
                 .build(),
         );
         assert_eq!(heads(&mtp), 1);
+        assert!(assess(&mtp, true).note.contains("measured"));
+        assert_eq!(label(MtpParams { n_max: 3 }), "draft-mtp n_max 3");
     }
 }

@@ -25,6 +25,7 @@ use super::verify::OutputCheck;
 use super::{DraftParams, DraftPlacement, Grid};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::stats::{Comparison, Summary};
+use crate::worker::protocol::MtpParams;
 use crate::worker::{Request, Response};
 use crate::worker::{TrialFailure, Worker};
 use serde::Serialize;
@@ -40,6 +41,8 @@ pub struct SearchSettings {
     pub grid: Grid,
     /// N-gram settings to measure (empty: no n-gram speculation).
     pub ngram: NgramGrid,
+    /// MTP draft lengths to measure, ascending (empty: the target has no MTP heads, or not tried).
+    pub mtp: Vec<u32>,
     pub prompts: Vec<Prompt>,
     /// Tokens generated per prompt.
     pub n_gen: u32,
@@ -63,6 +66,9 @@ pub struct Trial {
     /// N-gram speculation's settings (no draft model).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ngram: Option<NgramParams>,
+    /// MTP's settings (the target's own heads draft).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<MtpParams>,
     /// The draft's GPU layers and KV types (None for the target alone).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub placement: Option<DraftPlacement>,
@@ -109,6 +115,7 @@ impl Trial {
         Trial {
             params,
             ngram: None,
+            mtp: None,
             placement,
             stage: stage.into(),
             tg_tps: Vec::new(),
@@ -147,8 +154,19 @@ impl Trial {
         }
     }
 
+    /// An MTP trial.
+    pub fn mtp(params: MtpParams, stage: &str) -> Trial {
+        Trial {
+            mtp: Some(params),
+            ..Trial::new(None, None, stage)
+        }
+    }
+
     /// Its settings in words.
     pub fn label(&self) -> String {
+        if let Some(m) = self.mtp {
+            return super::mtp::label(m);
+        }
         match (self.ngram, self.params) {
             (Some(n), _) => n.label(),
             (None, Some(p)) => p.label(),
@@ -158,7 +176,7 @@ impl Trial {
 
     /// With speculation (a draft model or n-gram), not the target alone.
     pub fn speculates(&self) -> bool {
-        self.params.is_some() || self.ngram.is_some()
+        self.params.is_some() || self.ngram.is_some() || self.mtp.is_some()
     }
 
     pub fn ok(&self) -> bool {
@@ -205,6 +223,8 @@ pub struct DraftEntry {
 
 /// The name n-gram speculation's entry carries (llama-server's `--spec-type`).
 pub const NGRAM_SIMPLE: &str = "ngram-simple";
+/// The name the MTP entry carries (llama-server's `--spec-type`).
+pub const DRAFT_MTP: &str = "draft-mtp";
 
 impl DraftEntry {
     /// The entry of n-gram speculation, measured whenever the grid has settings.
@@ -223,6 +243,24 @@ impl DraftEntry {
     pub fn is_ngram(&self) -> bool {
         self.spec_type == NGRAM_SIMPLE
     }
+
+    /// The entry of the target's own MTP heads, measured when it has some.
+    pub fn mtp() -> DraftEntry {
+        DraftEntry {
+            path: PathBuf::from(DRAFT_MTP),
+            spec_type: DRAFT_MTP.into(),
+            ..DraftEntry::ngram()
+        }
+    }
+
+    pub fn is_mtp(&self) -> bool {
+        self.spec_type == DRAFT_MTP
+    }
+
+    /// Measured without a draft model (n-gram or MTP).
+    pub fn needs_no_draft(&self) -> bool {
+        self.is_ngram() || self.is_mtp()
+    }
 }
 
 /// The chosen setting: a draft model's, or n-gram speculation's (`ngram` set, `params` and
@@ -237,6 +275,8 @@ pub struct Winner {
     pub placement: Option<DraftPlacement>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ngram: Option<NgramParams>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<MtpParams>,
     pub tg: Summary,
     pub baseline_tg: Summary,
     /// Median of the paired ratios, minus 1 (0.25: 25 % faster), with its interval.
@@ -249,6 +289,9 @@ pub struct Winner {
 impl Winner {
     /// Its settings in words: the draft's and its placement's, or n-gram's.
     pub fn label(&self) -> String {
+        if let Some(m) = self.mtp {
+            return super::mtp::label(m);
+        }
         match (self.ngram, self.params, self.placement) {
             (Some(n), _, _) => n.label(),
             (None, Some(p), Some(x)) => format!("{}, {}", p.label(), x.label()),
@@ -262,7 +305,8 @@ impl Winner {
         self.draft == entry.path
             && self.params == t.params
             && self.ngram == t.ngram
-            && (self.ngram.is_some() || self.placement == t.placement)
+            && self.mtp == t.mtp
+            && (self.ngram.is_some() || self.mtp.is_some() || self.placement == t.placement)
     }
 }
 
@@ -320,7 +364,7 @@ pub fn run(
     r.reference = first;
 
     let measured = |e: &DraftEntry, c: &Option<Candidate>| {
-        e.status == "measured" && (c.is_some() || e.is_ngram())
+        e.status == "measured" && (c.is_some() || e.needs_no_draft())
     };
     let turns = entries
         .iter()
@@ -337,6 +381,7 @@ pub fn run(
         r.grid_share = turn as f64 / turns as f64;
         match cand {
             Some(cand) => measure_draft(&mut r, cand, entry),
+            None if entry.is_mtp() => super::mtp::measure(&mut r, entry),
             None => super::ngram_search::measure(&mut r, entry),
         }
         if r.out_of_time().is_none() {
@@ -541,13 +586,19 @@ impl Runner<'_> {
         draft: Option<(&DraftModel, DraftParams)>,
     ) -> Result<Vec<PromptRun>, String> {
         let prompts = self.s.prompts.iter().map(|p| p.text.clone()).collect();
-        self.speculate(draft, None, prompts, None)
+        self.speculate(draft, None, None, prompts, None)
     }
 
     /// One pass over the prompt set with n-gram speculation.
     pub(super) fn pass_ngram(&mut self, p: NgramParams) -> Result<Vec<PromptRun>, String> {
         let prompts = self.s.prompts.iter().map(|p| p.text.clone()).collect();
-        self.speculate(None, Some(p), prompts, None)
+        self.speculate(None, Some(p), None, prompts, None)
+    }
+
+    /// One pass over the prompt set with the target's MTP heads drafting.
+    pub(super) fn pass_mtp(&mut self, p: MtpParams) -> Result<Vec<PromptRun>, String> {
+        let prompts = self.s.prompts.iter().map(|p| p.text.clone()).collect();
+        self.speculate(None, None, Some(p), prompts, None)
     }
 
     /// Measures a trial once (or marks it skipped when the grid's time is up).
@@ -579,6 +630,7 @@ impl Runner<'_> {
         &mut self,
         draft: Option<(&DraftModel, DraftParams)>,
         ngram: Option<NgramParams>,
+        mtp: Option<MtpParams>,
         prompts: Vec<String>,
         follow: Option<Vec<Vec<i32>>>,
     ) -> Result<Vec<PromptRun>, String> {
@@ -592,6 +644,7 @@ impl Runner<'_> {
             context: self.s.context.clone(),
             draft: draft.map(|(m, p)| (m.clone(), p)),
             ngram,
+            mtp,
             prompts,
             n_gen: self.s.n_gen,
             follow,
@@ -682,7 +735,7 @@ impl Runner<'_> {
         let prompts = self.s.prompts.clone();
         let check = super::verify::check(&prompts, runs, &reference, |texts, follow| {
             (self.progress)("the target alone, following the output that differs");
-            self.speculate(None, None, texts, Some(follow))
+            self.speculate(None, None, None, texts, Some(follow))
         });
         self.reference = reference;
         check

@@ -50,7 +50,7 @@ pub fn footprint(r: &FootprintRequest) -> Response {
     })
 }
 
-fn failed(stage: &str, message: impl Into<String>) -> Response {
+pub(super) fn failed(stage: &str, message: impl Into<String>) -> Response {
     Response::Failed {
         stage: stage.into(),
         message: message.into(),
@@ -72,21 +72,25 @@ pub fn check(r: &CheckRequest) -> Response {
 }
 
 /// A model kept loaded, with its context.
-struct Loaded {
+pub(super) struct Loaded {
     key: (PathBuf, ModelSettings),
-    model: Arc<Model>,
+    /// Loaded with its MTP layers (serves requests without MTP too).
+    with_mtp: bool,
+    pub(super) model: Arc<Model>,
     context: Option<(ContextSettings, Context)>,
 }
 
 #[derive(Default)]
-struct State {
-    target: Option<Loaded>,
+pub(super) struct WorkerState {
+    pub(super) target: Option<Loaded>,
     draft: Option<Loaded>,
+    /// The target's MTP drafter (its own target context), with the settings it was made for.
+    pub(super) mtp: Option<super::mtp_serve::Drafter>,
 }
 
 thread_local! {
     // The worker serves requests on one thread; llama.cpp models are not shared between threads.
-    static STATE: std::cell::RefCell<State> = const { std::cell::RefCell::new(State { target: None, draft: None }) };
+    static STATE: std::cell::RefCell<WorkerState> = const { std::cell::RefCell::new(WorkerState { target: None, draft: None, mtp: None }) };
 }
 
 /// Makes sure `slot` holds this model with this context; true when anything was (re)created.
@@ -96,15 +100,20 @@ fn ensure(
     settings: &ModelSettings,
     context: &ContextSettings,
     n_outputs_max: u32,
+    with_mtp: bool,
 ) -> Result<bool, Response> {
     let key = (path.clone(), settings.clone());
     let mut fresh = false;
-    if slot.as_ref().map(|l| &l.key) != Some(&key) {
+    if slot
+        .as_ref()
+        .is_none_or(|l| l.key != key || (with_mtp && !l.with_mtp))
+    {
         *slot = None; // free the old model before loading the next
-        let model = Model::load(path, settings)
+        let model = Model::load_with(path, settings, with_mtp)
             .map_err(|e| failed("load", format!("{}: {e}", path.display())))?;
         *slot = Some(Loaded {
             key,
+            with_mtp,
             model: Arc::new(model),
             context: None,
         });
@@ -127,7 +136,7 @@ pub fn speculate(r: &SpeculateRequest) -> Response {
 
 /// Answers a [`SpeculateRequest`]: checks its settings, loads (or keeps) the models, then generates
 /// over every prompt after a warm-up when anything was loaded afresh.
-fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
+fn speculate_with(state: &mut WorkerState, r: &SpeculateRequest) -> Response {
     if let Some(e) = settings_error(r) {
         return failed("settings", e);
     }
@@ -135,6 +144,9 @@ fn speculate_with(state: &mut State, r: &SpeculateRequest) -> Response {
         Ok(f) => f,
         Err(e) => return e,
     };
+    if let Some(p) = r.mtp {
+        return super::mtp_serve::speculate(state, r, p, fresh);
+    }
     let target = state.target.as_mut().expect("ensured");
     let model = Arc::clone(&target.model);
     let tctx = &mut target.context.as_mut().expect("ensured").1;
@@ -178,6 +190,9 @@ fn settings_error(r: &SpeculateRequest) -> Option<String> {
     if let Some(e) = super::ngram::request_error(r) {
         return Some(e);
     }
+    if let Some(e) = super::mtp_serve::request_error(r) {
+        return Some(e);
+    }
     if let Some((_, p)) = &r.draft {
         if p.n_max + 1 > r.context.n_batch {
             return Some(format!(
@@ -192,8 +207,19 @@ fn settings_error(r: &SpeculateRequest) -> Option<String> {
 
 /// Makes sure the target (and the draft, if any) are loaded with the request's settings; true when
 /// anything was (re)created.
-fn load(state: &mut State, r: &SpeculateRequest) -> Result<bool, Response> {
-    let mut fresh = ensure(&mut state.target, &r.target, &r.settings, &r.context, 0)?;
+fn load(state: &mut WorkerState, r: &SpeculateRequest) -> Result<bool, Response> {
+    let mut fresh = ensure(
+        &mut state.target,
+        &r.target,
+        &r.settings,
+        &r.context,
+        0,
+        r.mtp.is_some(),
+    )?;
+    if fresh {
+        // The drafter's contexts belong to the model just replaced.
+        state.mtp = None;
+    }
     if let Some((d, _)) = &r.draft {
         fresh |= ensure(
             &mut state.draft,
@@ -201,6 +227,7 @@ fn load(state: &mut State, r: &SpeculateRequest) -> Result<bool, Response> {
             &d.settings,
             &d.context,
             DraftModel::N_OUTPUTS_MAX,
+            false,
         )?;
     }
     Ok(fresh)
@@ -208,12 +235,13 @@ fn load(state: &mut State, r: &SpeculateRequest) -> Result<bool, Response> {
 
 /// The request's prompts as tokens, each cut so that the generation (and, with a fault, the stale
 /// cells it leaves) still fits the context.
-fn prompt_set(model: &Model, r: &SpeculateRequest) -> Result<Vec<Vec<i32>>, Response> {
+pub(super) fn prompt_set(model: &Model, r: &SpeculateRequest) -> Result<Vec<Vec<i32>>, Response> {
     let n_max = r
         .draft
         .as_ref()
         .map(|(_, p)| p.n_max)
         .or(r.ngram.map(|p| p.size_m))
+        .or(r.mtp.map(|p| p.n_max))
         .unwrap_or(0);
     let mut reserve = r.n_gen + n_max + 2;
     if r.fault.is_some() {
@@ -287,24 +315,24 @@ fn prompt_tokens(model: &Model, text: &str, max: u32) -> Result<Vec<i32>, String
 }
 
 /// What one prompt's generation does besides choosing greedily.
-struct Generation<'a> {
+pub(super) struct Generation<'a> {
     /// Tokens to generate (fewer when the text ends).
-    n_gen: usize,
+    pub(super) n_gen: usize,
     /// Feed these tokens instead of the target's choices (no draft).
-    follow: Option<&'a [i32]>,
-    fault: Option<Fault>,
+    pub(super) follow: Option<&'a [i32]>,
+    pub(super) fault: Option<Fault>,
     /// Draft by n-gram lookup in the text so far (no draft model).
-    ngram: Option<super::ngram::NgramParams>,
+    pub(super) ngram: Option<super::ngram::NgramParams>,
 }
 
 impl Generation<'_> {
     /// The token followed as generated token i, if any.
-    fn followed(&self, i: usize) -> Option<i32> {
+    pub(super) fn followed(&self, i: usize) -> Option<i32> {
         self.follow.and_then(|f| f.get(i)).copied()
     }
 
     /// The target's choice for generated token i, with the logit of the token followed there.
-    fn observe(&self, logits: &[f32], i: usize) -> Choice {
+    pub(super) fn observe(&self, logits: &[f32], i: usize) -> Choice {
         let mut c = choice(logits);
         if let Some(t) = self.followed(i) {
             c.followed_logit = usize::try_from(t).ok().and_then(|t| logits.get(t)).copied();
@@ -314,7 +342,7 @@ impl Generation<'_> {
 }
 
 /// The error when llama.cpp cannot remove positions from the `what` (target or draft) KV cache.
-fn rollback_failed(what: &str) -> LlamaError {
+pub(super) fn rollback_failed(what: &str) -> LlamaError {
     LlamaError::Decode {
         status: -1,
         log: format!("llama.cpp could not roll back the {what} KV cache"),
@@ -451,7 +479,7 @@ fn propose(
 
 /// The target decodes the last accepted token and the draft in one batch at `pos0`: its choice
 /// after each accepted draft token, then its own next one (`generated`: the tokens so far).
-fn target_choices(
+pub(super) fn target_choices(
     target: &mut Context,
     last: i32,
     drafted: &[i32],
@@ -518,7 +546,7 @@ fn roll_back_draft(d: &mut Context, keep: usize, draft_kv: &mut usize) -> Result
 
 /// Takes a round's tokens into the output, up to n_gen or the end of the text: the accepted draft
 /// tokens, which are the target's choices, then the target's next token (or the one followed).
-fn take(
+pub(super) fn take(
     model: &Model,
     run: &mut PromptRun,
     seq: &mut Vec<i32>,

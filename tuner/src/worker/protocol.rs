@@ -202,6 +202,9 @@ pub struct SpeculateRequest {
     /// N-gram speculation instead of a draft model ([`crate::speculative::ngram`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ngram: Option<NgramParams>,
+    /// The target's own multi-token-prediction heads draft ([`crate::speculative::mtp`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<MtpParams>,
     pub prompts: Vec<String>,
     pub n_gen: u32,
     /// The target alone (no draft) decodes these tokens, one list per prompt, one token at a time,
@@ -449,4 +452,11 @@ pub struct NgramParams {
     pub size_n: u32,
     /// Most tokens drafted after a match (the server's default: 48).
     pub size_m: u32,
+}
+
+/// draft-mtp's settings, as llama-server's `--spec-draft-n-max` names its one knob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MtpParams {
+    /// Most tokens the MTP head drafts per round.
+    pub n_max: u32,
 }

@@ -140,6 +140,10 @@ fn final_pass(
         progress(&p.label());
         return r.pass_ngram(p);
     }
+    if let Some(p) = trial.mtp {
+        progress(&super::super::mtp::label(p));
+        return r.pass_mtp(p);
+    }
     let cand = candidates[e]
         .as_ref()
         .expect("measured entries have candidates");
@@ -182,6 +186,7 @@ fn judge(
                     .as_ref()
                     .map(|c| c.placed(trial.placement).placement()),
                 ngram: trial.ngram,
+                mtp: trial.mtp,
                 tg: tg.summary(),
                 baseline_tg: base.summary(),
                 comparison: cmp,
