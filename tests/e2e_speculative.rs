@@ -994,3 +994,88 @@ fn a_server_without_the_profiles_speculation_is_a_one_line_error() {
         "the server's usage text stays out: {err}"
     );
 }
+
+/// A model with an MTP head (vendor/make-tiny-mtp: a tiny mimo2, random weights shaped so that the
+/// head's drafts are right part of the time): `autotune draft` measures `draft-mtp` with the target's
+/// own head, per prompt kind, and its output is the target alone's (up to near ties). The weights are
+/// random, so the figures are checked for presence and consistency, not for a speed-up.
+#[test]
+fn a_model_with_mtp_heads_is_measured_with_draft_mtp() {
+    let sb = Sandbox::new();
+    let dir = sb.dir.path().join("mtp");
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("tiny-mtp.gguf");
+    let o = std::process::Command::new(repo_root().join("vendor/make-tiny-mtp"))
+        .arg(&model)
+        .output()
+        .expect("vendor/make-tiny-mtp");
+    assert!(o.status.success(), "make-tiny-mtp: {}", stderr(&o));
+    let r = draft_report(
+        &sb,
+        &[
+            "draft",
+            model.to_str().unwrap(),
+            "--no-ngram",
+            "--threads",
+            "1",
+            "--draft-gen",
+            "24",
+            "--draft-reps",
+            "2",
+            "--draft-budget",
+            "120s",
+            "--json",
+        ],
+    );
+    assert_eq!(r["mtp"]["heads"], 1, "{r:#}");
+    let entry = r["drafts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["spec_type"] == "draft-mtp")
+        .unwrap_or_else(|| panic!("no draft-mtp entry: {r:#}"));
+    assert_eq!(entry["status"], "measured", "{entry:#}");
+    let measured: Vec<&serde_json::Value> = entry["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["tg_tps"].as_array().is_some_and(|v| !v.is_empty()))
+        .collect();
+    assert!(!measured.is_empty(), "no MTP setting measured: {entry:#}");
+    for t in &measured {
+        let n_max = t["mtp"]["n_max"].as_u64().expect("an MTP trial has n_max");
+        assert!((1..=4).contains(&n_max), "{t:#}");
+        let acceptance = t["acceptance"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&acceptance), "{t:#}");
+        // Tokens per target decode: the target's own plus the accepted drafts, at most 1 + n_max.
+        let per_round = t["tokens_per_round"].as_f64().unwrap();
+        assert!(
+            per_round >= 1.0 && per_round <= 1.0 + n_max as f64 + 1e-9,
+            "{t:#}"
+        );
+        let kinds = t["per_kind"].as_array().unwrap();
+        assert!(kinds.len() >= 2, "figures per prompt kind: {t:#}");
+        for k in kinds {
+            assert!(
+                k["accepted"].as_u64().unwrap() <= k["drafted"].as_u64().unwrap(),
+                "{k:#}"
+            );
+            assert!(k["tg_tps"].as_f64().unwrap() > 0.0, "{k:#}");
+        }
+        // The output is the target alone's, or differs only where two tokens were near-tied.
+        assert!(
+            t["identical"] == true || t["near_ties"].as_array().is_some_and(|v| !v.is_empty()),
+            "draft-mtp changed the output beyond near ties: {t:#}"
+        );
+        assert!(t["divergence"].is_null(), "{t:#}");
+    }
+    // The tiny model's head is right part of the time (25-60% on this machine): drafts were made
+    // and some accepted over the whole prompt set.
+    let drafted: u64 = measured[0]["per_kind"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["drafted"].as_u64().unwrap())
+        .sum();
+    assert!(drafted > 0, "{:#}", measured[0]);
+}

@@ -315,6 +315,13 @@ impl SpeculationReport {
                 ));
                 continue;
             }
+            if d.is_mtp() {
+                out.push_str(&format!(
+                    "mtp     {} (no draft model: the target's own MTP heads draft): {}\n",
+                    d.spec_type, d.status
+                ));
+                continue;
+            }
             out.push_str(&format!(
                 "draft   {} ({}, {}{}): {}\n",
                 name(&d.path),
@@ -519,8 +526,16 @@ impl SpeculationReport {
 }
 
 /// The settings columns: n_max, n_min, p_min, placement (n-gram: its draft length m in n_max and
-/// its lookup length as the placement).
+/// its lookup length as the placement; MTP: its draft length, drafted by the target's own heads).
 fn settings_cells(t: &Trial) -> Vec<Cell> {
+    if let Some(m) = t.mtp {
+        return vec![
+            Cell::new(m.n_max),
+            Cell::new(0),
+            Cell::new("0.00"),
+            Cell::new("target's heads"),
+        ];
+    }
     match (t.ngram, t.params) {
         (Some(n), _) => vec![
             Cell::new(n.size_m),
