@@ -225,6 +225,13 @@ pub fn export_ollama(p: &Profile) -> String {
             n.spec_type, n.size_n, n.size_m, n.tg_tps, n.baseline_tg_tps
         );
     }
+    if let Some(m) = &p.mtp {
+        let _ = writeln!(
+            out,
+            "# autotune: MTP speculation {} (n_max {}; {:.1} vs {:.1} t/s): Ollama cannot speculate",
+            crate::DRAFT_MTP, m.n_max, m.tg_tps, m.baseline_tg_tps
+        );
+    }
     out
 }
 

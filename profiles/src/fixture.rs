@@ -113,6 +113,7 @@ pub fn example_profile() -> Profile {
         roofline: None,
         draft: None,
         ngram: None,
+        mtp: None,
         leaderboard: vec![
             LeaderboardEntry {
                 rank: 1,

@@ -9,6 +9,7 @@ mod draft;
 mod error;
 mod export;
 pub mod measurements;
+mod mtp;
 mod ngram;
 mod profile;
 mod roofline;
@@ -25,6 +26,7 @@ pub use export::{
     export, export_args, export_json, export_llama_swap, export_ollama, export_presets,
     ExportFormat, UnknownExportFormat,
 };
+pub use mtp::{mtp_options, MtpSettings, DRAFT_MTP};
 pub use ngram::{ngram_options, NgramSettings, MAX_NGRAM_SIZE};
 pub use profile::{
     DeviceRef, Figures, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef, Profile,

@@ -98,11 +98,11 @@ pub(crate) fn check(n: &NgramSettings, has_draft: bool) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::example_profile;
 
-    fn example() -> NgramSettings {
+    pub(crate) fn example() -> NgramSettings {
         NgramSettings {
             spec_type: "ngram-simple".into(),
             size_n: 4,

@@ -58,6 +58,10 @@ pub struct Profile {
     /// workload's prompts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ngram: Option<crate::NgramSettings>,
+    /// Multi-token prediction with the target's own heads (no draft model), when it measured faster
+    /// than the target alone on the workload's prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<crate::MtpSettings>,
 }
 
 /// The GGUF file the profile was measured with.
@@ -272,6 +276,11 @@ impl Profile {
                 .flat_map(crate::server_args::draft_options),
         );
         o.extend(self.ngram.iter().flat_map(crate::ngram_options));
+        o.extend(
+            self.mtp
+                .iter()
+                .flat_map(|m| crate::mtp_options(m, &self.winner)),
+        );
         o
     }
 

@@ -42,6 +42,14 @@ impl Profile {
         if let Some(n) = &self.ngram {
             crate::ngram::check(n, self.draft.is_some())?;
         }
+        if let Some(m) = &self.mtp {
+            let other = match (&self.draft, &self.ngram) {
+                (Some(_), _) => Some("draft"),
+                (None, Some(_)) => Some("ngram"),
+                (None, None) => None,
+            };
+            crate::mtp::check(m, other)?;
+        }
         check_server_args(&self.expected_server_args(), &self.server_args)
     }
 }

@@ -200,6 +200,7 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
         leaderboard: leaderboard(t),
         draft: None,
         ngram: None,
+        mtp: None,
     })
 }
 
