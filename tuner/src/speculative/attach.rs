@@ -2,8 +2,10 @@
 //! winner's settings (threads, KV-cache types, flash attention, placement), and the profile gets the
 //! winning draft — which adds llama-server's speculative flags to its command line — or, when no draft
 //! pays, a note with the measured numbers. N-gram speculation (no draft model) is measured too when
-//! the workload is one where text repeats (agent, long-prompt), even without `--draft`; it is
-//! measured on the workload's prompts, so it is enabled only where it speeds up that workload.
+//! the workload is one where text repeats (agent, long-prompt), even without `--draft`, and MTP
+//! (`draft-mtp`) whenever the target carries MTP heads. Every kind is measured on the workload's
+//! prompts and written (`[draft]`, `[ngram]` or `[mtp]`) only when it wins the paired comparison
+//! there, so speculation that slows the user's workload is never enabled.
 
 use super::evaluate::{self, Setup};
 use super::prompts::Prompt;
@@ -12,7 +14,7 @@ use super::Grid;
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::tuning::Tuned;
 use anyhow::Context as _;
-use profiles::{DraftSettings, NgramSettings, Profile};
+use profiles::{DraftSettings, MtpSettings, NgramSettings, Profile};
 use search_space::gguf::GgufInfo;
 use search_space::identity::ModelIdentity;
 use std::path::PathBuf;
@@ -43,8 +45,8 @@ pub struct DraftSearch {
 }
 
 /// Runs the draft search for a tuned model's winner. Returns the sentence for the report's and the
-/// profile's notes; sets `profile.draft` when a draft pays. `show`: print the search's table on
-/// stderr.
+/// profile's notes; sets `profile.draft`, `profile.ngram` or `profile.mtp` when that speculation
+/// pays. `show`: print the search's table on stderr.
 pub fn attach(
     search: &DraftSearch,
     tuned: &Tuned,
@@ -113,24 +115,42 @@ pub fn attach(
     }
     match &report.winner {
         Some(win) if win.ngram.is_some() => profile.ngram = ngram_settings(win, &setup),
-        // The profile has no MTP section yet: the report says what won, the server runs without.
-        Some(win) if win.mtp.is_some() => {}
+        Some(win) if win.mtp.is_some() => profile.mtp = mtp_settings(win, &setup),
         Some(win) => profile.draft = Some(draft_settings(win, &setup)?),
         None => {}
     }
     Ok(Some(report.conclusion.clone()))
 }
 
+/// The prompt kinds the search measured on, in order, once each.
+fn kinds(s: &Setup) -> Vec<String> {
+    let mut kinds: Vec<String> = s.prompts.iter().map(|p| p.kind.clone()).collect();
+    kinds.dedup();
+    kinds
+}
+
 /// The profile's record of winning n-gram speculation.
 fn ngram_settings(w: &Winner, s: &Setup) -> Option<NgramSettings> {
     let n = w.ngram?;
-    let mut kinds: Vec<String> = s.prompts.iter().map(|p| p.kind.clone()).collect();
-    kinds.dedup();
+    let kinds = kinds(s);
     Some(NgramSettings {
         spec_type: super::search::NGRAM_SIMPLE.into(),
         size_n: n.size_n,
         size_m: n.size_m,
         kinds,
+        acceptance: w.acceptance,
+        tokens_per_round: w.tokens_per_round,
+        tg_tps: w.tg.median,
+        baseline_tg_tps: w.baseline_tg.median,
+    })
+}
+
+/// The profile's record of winning MTP speculation (the target's own heads).
+fn mtp_settings(w: &Winner, s: &Setup) -> Option<MtpSettings> {
+    let m = w.mtp?;
+    Some(MtpSettings {
+        n_max: m.n_max,
+        kinds: kinds(s),
         acceptance: w.acceptance,
         tokens_per_round: w.tokens_per_round,
         tg_tps: w.tg.median,

@@ -12,9 +12,14 @@ use serde::Serialize;
 /// The draft lengths tried by default: llama-server's default (3) and around it.
 pub const DEFAULT_N_MAX: [u32; 4] = [1, 2, 3, 4];
 
-/// Its settings in words.
+/// Its settings in words, for a line that already names the entry (`draft-mtp`), as n-gram's do.
 pub fn label(p: MtpParams) -> String {
-    format!("draft-mtp n_max {}", p.n_max)
+    format!("n_max {}", p.n_max)
+}
+
+/// Its settings with its name, for a progress message that stands alone.
+pub fn progress_label(p: MtpParams) -> String {
+    format!("{} {}", super::search::DRAFT_MTP, label(p))
 }
 
 /// Walks the draft lengths, ascending, and stops where a longer draft is slower than the shorter one
@@ -32,7 +37,7 @@ pub(super) fn measure(r: &mut Runner, entry: &mut DraftEntry) {
             entry.trials.push(t);
             continue;
         }
-        (r.progress)(&label(params));
+        (r.progress)(&progress_label(params));
         match r.pass_mtp(params) {
             Ok(runs) => r.record(&mut t, &runs),
             Err(e) => {
@@ -121,6 +126,7 @@ mod tests {
         );
         assert_eq!(heads(&mtp), 1);
         assert!(assess(&mtp, true).note.contains("measured"));
-        assert_eq!(label(MtpParams { n_max: 3 }), "draft-mtp n_max 3");
+        assert_eq!(label(MtpParams { n_max: 3 }), "n_max 3");
+        assert_eq!(progress_label(MtpParams { n_max: 3 }), "draft-mtp n_max 3");
     }
 }

@@ -22,7 +22,8 @@ const KIND_ORDER: &[&str] = &["repetitive", "code", "summarisation", "chat"];
 /// The speculation a profile's server runs, as the profile measured it.
 #[derive(Debug, Clone)]
 pub struct Expected {
-    /// llama-server's `--spec-type`: `draft-simple` (a draft model) or `ngram-simple`.
+    /// llama-server's `--spec-type`: `draft-simple` (a draft model), `ngram-simple` or `draft-mtp`
+    /// (the target's own MTP heads).
     pub spec_type: String,
     pub draft_model: Option<PathBuf>,
     /// Measured: accepted / drafted tokens.
@@ -47,6 +48,20 @@ pub fn expected(p: &Profile) -> Option<Expected> {
             baseline_tg_tps: d.baseline_tg_tps,
             kinds: Vec::new(),
             flags: profiles::draft_options(d).iter().map(|o| o.short).collect(),
+        });
+    }
+    if let Some(m) = &p.mtp {
+        return Some(Expected {
+            spec_type: profiles::DRAFT_MTP.into(),
+            draft_model: None,
+            acceptance: m.acceptance,
+            tg_tps: m.tg_tps,
+            baseline_tg_tps: m.baseline_tg_tps,
+            kinds: m.kinds.clone(),
+            flags: profiles::mtp_options(m, &p.winner)
+                .iter()
+                .map(|o| o.short)
+                .collect(),
         });
     }
     p.ngram.as_ref().map(|n| Expected {
@@ -237,6 +252,47 @@ mod tests {
         assert!(none.line().contains("drafted NO tokens"), "{}", none.line());
         assert!(none.acceptance.is_none());
         assert!(none.warning().unwrap().contains("drafted no tokens"));
+    }
+
+    #[test]
+    fn an_mtp_profile_is_checked_as_draft_mtp_on_its_kinds() {
+        let mut p = profiles::example_profile();
+        assert!(expected(&p).is_none());
+        p.mtp = Some(profiles::MtpSettings {
+            n_max: 2,
+            kinds: vec!["chat".into(), "code".into()],
+            acceptance: 0.4,
+            tokens_per_round: 1.6,
+            tg_tps: 30.0,
+            baseline_tg_tps: 25.0,
+        });
+        let e = expected(&p).expect("an [mtp] profile speculates");
+        assert_eq!(e.spec_type, "draft-mtp");
+        assert!(e.draft_model.is_none());
+        assert_eq!(e.kinds, ["chat", "code"]);
+        for flag in ["--spec-type", "--spec-draft-n-max", "-ctkd", "-ctvd"] {
+            assert!(e.flags.contains(&flag), "{:?}", e.flags);
+        }
+        // The more repetitive of its kinds.
+        let p = prompt(&e, &p.workload.name);
+        assert_eq!(p.kind, "code");
+        let t = Timings {
+            draft_n: 40,
+            draft_n_accepted: 10,
+            ..Timings::default()
+        };
+        let line = SpeculationCheck::new(&e, &p, &t).line();
+        assert!(
+            line.starts_with(&format!(
+                "speculation draft-mtp on the {} prompt (code): 10 of 40",
+                p.name
+            )),
+            "{line}"
+        );
+        assert!(
+            line.contains("40% in the profile (on its chat, code prompts)"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -141,7 +141,7 @@ fn final_pass(
         return r.pass_ngram(p);
     }
     if let Some(p) = trial.mtp {
-        progress(&super::super::mtp::label(p));
+        progress(&super::super::mtp::progress_label(p));
         return r.pass_mtp(p);
     }
     let cand = candidates[e]
