@@ -3,9 +3,10 @@
 //! and a Q4_0 made from it) produces the target alone's output with the draft (up to near ties that
 //! batched and one-token kernels round apart), a deliberately broken rollback is reported as a real
 //! divergence, and `tune --draft` records the outcome in the profile. Then applied as measured:
-//! `apply --exec --check-only` starts the vendor llama-server with a profile's n-gram and draft-model
-//! speculation and reads the server's own drafted and accepted tokens back, and a server that
-//! refuses the profile's speculation is a one-line error with its own exit code.
+//! `apply --exec --check-only` starts the vendor llama-server with a profile's n-gram, draft-model
+//! and MTP (`draft-mtp`, a tiny model's own head) speculation and reads the server's own drafted and
+//! accepted tokens back, and a server that refuses the profile's speculation is a one-line error
+//! with its own exit code.
 
 mod common;
 use common::*;
@@ -995,13 +996,8 @@ fn a_server_without_the_profiles_speculation_is_a_one_line_error() {
     );
 }
 
-/// A model with an MTP head (vendor/make-tiny-mtp: a tiny mimo2, random weights shaped so that the
-/// head's drafts are right part of the time): `autotune draft` measures `draft-mtp` with the target's
-/// own head, per prompt kind, and its output is the target alone's (up to near ties). The weights are
-/// random, so the figures are checked for presence and consistency, not for a speed-up.
-#[test]
-fn a_model_with_mtp_heads_is_measured_with_draft_mtp() {
-    let sb = Sandbox::new();
+/// vendor/make-tiny-mtp's model (a tiny mimo2 with one MTP head, random weights) in the sandbox.
+fn tiny_mtp(sb: &Sandbox) -> PathBuf {
     let dir = sb.dir.path().join("mtp");
     std::fs::create_dir_all(&dir).unwrap();
     let model = dir.join("tiny-mtp.gguf");
@@ -1010,6 +1006,17 @@ fn a_model_with_mtp_heads_is_measured_with_draft_mtp() {
         .output()
         .expect("vendor/make-tiny-mtp");
     assert!(o.status.success(), "make-tiny-mtp: {}", stderr(&o));
+    model
+}
+
+/// A model with an MTP head (vendor/make-tiny-mtp: a tiny mimo2, random weights shaped so that the
+/// head's drafts are right part of the time): `autotune draft` measures `draft-mtp` with the target's
+/// own head, per prompt kind, and its output is the target alone's (up to near ties). The weights are
+/// random, so the figures are checked for presence and consistency, not for a speed-up.
+#[test]
+fn a_model_with_mtp_heads_is_measured_with_draft_mtp() {
+    let sb = Sandbox::new();
+    let model = tiny_mtp(&sb);
     let r = draft_report(
         &sb,
         &[
@@ -1078,4 +1085,196 @@ fn a_model_with_mtp_heads_is_measured_with_draft_mtp() {
         .map(|k| k["drafted"].as_u64().unwrap())
         .sum();
     assert!(drafted > 0, "{:#}", measured[0]);
+}
+
+/// The `[mtp]` table of the fastest measured draft length of `autotune draft --json`'s `draft-mtp`
+/// entry, with the n_max it sets: what a user who wants MTP that did not pay here writes into a
+/// profile.
+fn mtp_table(r: &serde_json::Value) -> (String, u64) {
+    let median = |xs: &serde_json::Value| {
+        let mut v: Vec<f64> = xs
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let entry = r["drafts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["spec_type"] == "draft-mtp")
+        .unwrap_or_else(|| panic!("no draft-mtp entry: {r:#}"));
+    let best = entry["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["tg_tps"].as_array().is_some_and(|v| !v.is_empty()))
+        .max_by(|a, b| median(&a["tg_tps"]).total_cmp(&median(&b["tg_tps"])))
+        .unwrap_or_else(|| panic!("no MTP setting measured: {entry:#}"));
+    let n_max = best["mtp"]["n_max"].as_u64().unwrap();
+    let kinds: Vec<String> = best["per_kind"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| format!("{}", k["kind"]))
+        .collect();
+    let table = format!(
+        "\n[mtp]\nn_max = {n_max}\nkinds = [{}]\nacceptance = {}\ntokens_per_round = {}\n\
+         tg_tps = {}\nbaseline_tg_tps = {}\n",
+        kinds.join(", "),
+        best["acceptance"],
+        best["tokens_per_round"],
+        median(&best["tg_tps"]),
+        median(&r["baseline"]["tg_tps"]),
+    );
+    (table, n_max)
+}
+
+/// MTP does not pay for the tiny model on a CPU, so no tuning run writes `[mtp]` into its profile;
+/// as with a draft model, the user adds the table (from `autotune draft`'s measurement of the head)
+/// to a tuned profile and deletes `server_args`. llama-server started with it drafts with the
+/// model's own head: `--spec-type draft-mtp` is on its command line and its `timings.draft_n` comes
+/// back, with some drafts accepted (the head is right part of the time).
+#[test]
+fn apply_runs_an_mtp_profile_and_reads_the_servers_acceptance() {
+    let sb = Sandbox::new();
+    let model = tiny_mtp(&sb);
+    let m = model.to_str().unwrap();
+    let tuned = sb.dir.path().join("tiny-mtp.toml");
+    let o = sb.run(&[
+        "tune",
+        m,
+        "--out",
+        tuned.to_str().unwrap(),
+        "--no-save",
+        "--depth",
+        "0",
+        "--ctx",
+        "512",
+        "--prompt",
+        "32",
+        "--gen",
+        "8",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "3",
+        "--seed",
+        "7",
+        "--threads",
+        "1",
+        "--cache-types",
+        "f16",
+        "--flash-attn",
+        "auto",
+        "--ubatch",
+        "512",
+        "--budget",
+        "30s",
+    ]);
+    assert!(
+        o.status.success(),
+        "autotune tune failed: {}\n{}",
+        stderr(&o),
+        stdout(&o)
+    );
+    let r = draft_report(
+        &sb,
+        &[
+            "draft",
+            m,
+            "--no-ngram",
+            "--threads",
+            "1",
+            "--ctx",
+            "512",
+            "--draft-gen",
+            "24",
+            "--draft-reps",
+            "2",
+            "--draft-budget",
+            "60s",
+            "--seed",
+            "3",
+            "--json",
+        ],
+    );
+    let text: String = std::fs::read_to_string(&tuned)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("server_args = "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (table, n_max) = mtp_table(&r);
+    let profile = sb.dir.path().join("with-mtp.toml");
+    std::fs::write(&profile, text + &table).unwrap();
+    let (p, _) = profiles::Profile::from_toml(&std::fs::read_to_string(&profile).unwrap())
+        .expect("the edited profile parses");
+    let mtp = p.mtp.clone().expect("[mtp] read back");
+
+    let o = apply_check(&sb, &profile, None);
+    assert!(
+        o.status.success(),
+        "apply --exec failed: {}\n{}",
+        stderr(&o),
+        stdout(&o)
+    );
+    assert!(
+        stderr(&o).contains("derived them from [winner]"),
+        "{}",
+        stderr(&o)
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
+    let command: Vec<&str> = v["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let n = n_max.to_string();
+    for pair in [["--spec-type", "draft-mtp"], ["--spec-draft-n-max", &n]] {
+        assert!(
+            command.windows(2).any(|w| w == pair),
+            "{pair:?} in {command:?}"
+        );
+    }
+    assert!(!command.contains(&"-md"), "no draft model: {command:?}");
+    let (drafted, accepted) = servers_speculation(&v, "draft-mtp");
+    assert!(
+        drafted > 0,
+        "llama-server drafted nothing with the MTP head: {v:#}"
+    );
+    assert!(accepted > 0, "the head is right part of the time: {v:#}");
+    // At most n_max drafts per target decode, and no more decodes than generated tokens.
+    let generated = v["completion"]["predicted_n"].as_u64().unwrap();
+    assert!(drafted <= n_max * generated, "{v:#}");
+    let kind = v["speculation"]["prompt_kind"].as_str().unwrap();
+    assert!(
+        mtp.kinds.iter().any(|k| k == kind),
+        "{kind} not in {:?}",
+        mtp.kinds
+    );
+    assert!(v["speculation"]["draft_model"].is_null(), "{v:#}");
+    assert_eq!(v["profile_tg_tps"].as_f64(), Some(mtp.tg_tps), "{v:#}");
+
+    // The text report's line names draft-mtp once, with the server's figures.
+    let o = sb.run(&[
+        "apply",
+        profile.to_str().unwrap(),
+        "--exec",
+        "--check-only",
+        "--server",
+        llama_server().to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("speculation draft-mtp on the "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("drafted tokens accepted"), "{line}");
+    eprintln!("{line}");
 }
