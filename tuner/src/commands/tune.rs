@@ -22,10 +22,12 @@ fn check_named_files(args: &TuneArgs) -> anyhow::Result<()> {
 
 /// What becomes of the winner's profile, from the flags.
 fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<After> {
-    // Draft models when given; n-gram speculation (no draft model) when the workload repeats text.
+    // Draft models when given; n-gram speculation (no draft model) when the workload repeats text;
+    // the model's own MTP heads whenever it has some (no second model to load either).
     let workload = args.workload.workload;
     let ngram = crate::speculative::workload::text_repeats(workload) && !args.speculative.no_ngram;
-    let draft = if args.speculative.draft.is_empty() && !ngram {
+    let mtp = crate::speculative::mtp::heads(&session::inspect_model(&args.model)?) > 0;
+    let draft = if args.speculative.draft.is_empty() && !ngram && !mtp {
         None
     } else {
         Some(settings::draft_search(
