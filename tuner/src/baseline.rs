@@ -8,6 +8,7 @@
 
 use crate::engine::Engine;
 use crate::fit::{as_n_cpu_moe, FitAnswer, FitRequest, TensorOverride};
+use search_space::size::format_size;
 use search_space::Candidate;
 use serde::{Deserialize, Serialize};
 
@@ -216,15 +217,93 @@ impl Engine<'_> {
         }
         let (c, note) =
             FitPlacement::of(&answer, n_layers).candidate(defaults, &answer.overrides)?;
-        self.check_fit(&c).map_err(|e| {
-            format!(
-                "llama.cpp's fit placement {} does not fit by autotune's dry run ({e})",
-                c.label()
-            )
-        })?;
-        Ok((c, note))
+        let devices: Vec<String> = answer.devices.iter().map(|d| d.name.clone()).collect();
+        let (fitted, trimmed) = self.within_budgets(c.clone(), &devices)?;
+        let note = match trimmed {
+            Some(why) => Some(match note {
+                Some(n) => format!("{n}; {why}"),
+                None => why,
+            }),
+            None => note,
+        };
+        Ok((fitted, note))
+    }
+
+    /// The fit's placement `c`, with a layer taken off a device autotune's dry run finds over its
+    /// budget, at most [`MAX_TRIM`] times: llama.cpp's fit counts a device's memory its own way and
+    /// can end a few MiB over the target it was given (seen: 15 MiB on an RPC device), and the
+    /// budget is never exceeded. Returns the placement and, when it was trimmed, how and why;
+    /// `Err` when it cannot be brought within the budgets this way.
+    fn within_budgets(
+        &mut self,
+        mut c: Candidate,
+        devices: &[String],
+    ) -> Result<(Candidate, Option<String>), String> {
+        let fit = c.label();
+        let mut first_over = None;
+        let mut trimmed = 0;
+        loop {
+            let over = self.over_budget(&c).map_err(|e| {
+                format!("autotune's dry run of llama.cpp's fit placement {fit} failed: {e}")
+            })?;
+            let Some((device, need, budget)) = over else {
+                let why = first_over.map(|(d, need, budget)| {
+                    format!(
+                        "llama.cpp's fit placement {fit} needs {} on {d} by autotune's dry run, \
+                         over its budget of {}: measured with {trimmed} layer(s) fewer there",
+                        format_size(need),
+                        format_size(budget)
+                    )
+                });
+                return Ok((c, why));
+            };
+            let k = devices.iter().position(|n| *n == device);
+            let fewer = match k {
+                _ if trimmed == MAX_TRIM || c.n_gpu_layers == 0 => false,
+                Some(k) if !c.tensor_split.is_empty() => {
+                    let has = c.tensor_split.get(k).copied().unwrap_or(0) > 0;
+                    if has {
+                        c.tensor_split[k] -= 1;
+                    }
+                    has
+                }
+                Some(_) => true,
+                None => false,
+            };
+            if !fewer {
+                return Err(format!(
+                    "llama.cpp's fit placement {fit} needs {} on {device} by autotune's dry run, \
+                     over its budget of {}",
+                    format_size(need),
+                    format_size(budget)
+                ));
+            }
+            c.n_gpu_layers -= 1;
+            if c.tensor_split.iter().all(|&v| v == 0) {
+                c.tensor_split.clear();
+            }
+            first_over.get_or_insert((device, need, budget));
+            trimmed += 1;
+        }
+    }
+
+    /// The first device whose budget `c` exceeds by a dry run: its name, the bytes needed and the
+    /// budget; `None` when it fits.
+    fn over_budget(&mut self, c: &Candidate) -> Result<Option<(String, u64, u64)>, String> {
+        if self.settings.budgets.is_empty() {
+            return Ok(None);
+        }
+        let report = self.footprint(c)?;
+        Ok(report.per_device.iter().find_map(|d| {
+            let (_, budget) = self.settings.budgets.iter().find(|(n, _)| *n == d.device)?;
+            (d.bytes > *budget).then(|| (d.device.clone(), d.bytes, *budget))
+        }))
     }
 }
+
+/// At most this many layers are taken off llama.cpp's fit placement to bring it within the budgets
+/// by autotune's dry run; beyond that the baseline falls back to the dry runs' own most layers.
+const MAX_TRIM: u32 = 2;
 
 #[cfg(test)]
 mod tests {

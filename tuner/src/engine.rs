@@ -386,8 +386,9 @@ impl<'a> Engine<'a> {
                 break;
             }
             self.round += 1;
-            let order =
+            let mut order =
                 stats::shuffled_order(pending.len(), self.settings.seed.wrapping_add(self.round));
+            self.baseline_first(&mut order, &pending, &idx);
             for o in order {
                 if self.out_of_time() {
                     break;
@@ -433,6 +434,23 @@ impl<'a> Engine<'a> {
                     self.results[i].skipped = Some(why.to_string());
                 }
             }
+        }
+    }
+
+    /// Moves the baseline's first visit to the front of a round: the headline compares the winner
+    /// with it, so a budget that ends in the first round still leaves it measured. Later rounds stay
+    /// shuffled.
+    fn baseline_first(&self, order: &mut Vec<usize>, pending: &[usize], idx: &[usize]) {
+        let Some((base, _)) = &self.defaults else {
+            return;
+        };
+        let first_visit = |o: &usize| {
+            let r = &self.results[idx[pending[*o]]];
+            &r.candidate == base && r.reps.is_empty()
+        };
+        if let Some(k) = order.iter().position(first_visit) {
+            let o = order.remove(k);
+            order.insert(0, o);
         }
     }
 

@@ -149,3 +149,53 @@ fn without_a_device_or_with_pinned_layers_the_baseline_is_llama_cpps_plain_defau
     assert_eq!(run.baseline_placement.source, BaselineSource::Defaults);
     assert_eq!(run.trace.borrow().llama_fits, 0);
 }
+
+/// The baseline's first visit comes first in its group: a budget that ends during the first
+/// repetition still leaves it measured, so the headline has its reference.
+#[test]
+fn a_budget_that_ends_in_the_first_round_still_measures_the_baseline() {
+    let land = gpus(2, 16 * GIB);
+    let mut s = settings(&land, 13);
+    let full = tune(land.clone(), s.clone(), None, Mode::Search);
+    let (first, _, end) = full.trace.borrow().calls[0].clone();
+    assert_eq!(
+        first, full.baseline,
+        "the first repetition is the baseline's"
+    );
+    s.budget = std::time::Duration::from_secs_f64(end - 1.0);
+    let run = tune(land, s, None, Mode::Search);
+    assert!(run.budget_spent);
+    assert!(measured(&run, &run.baseline), "{}", run.baseline.label());
+    assert_eq!(run.winner.as_ref(), Some(&run.baseline));
+}
+
+/// llama.cpp's fit counts memory its own way and can end over the target it was given: its
+/// placement is measured with a layer or two fewer on the device over budget (never over a
+/// budget), and the note says so; further off, the baseline falls back to the dry runs' most layers.
+#[test]
+fn a_fit_placement_over_a_budget_by_the_dry_run_loses_a_layer_there() {
+    let mut land = gpus(2, 24 * GIB);
+    land.fit_undercount = 450 * MIB;
+    let mut s = settings(&land, 5);
+    s.budgets[1].1 = 8 * GIB;
+    let fit = harness::llama_fit(&land, &s);
+    assert!(!fits(&land, &s, &fit), "over a budget: {}", fit.label());
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let base = &run.baseline;
+    assert_eq!(run.baseline_placement.source, BaselineSource::LlamaFit);
+    assert!(fits(&land, &s, base), "{}", base.label());
+    assert!(
+        base.n_gpu_layers < fit.n_gpu_layers && base.n_gpu_layers + 2 >= fit.n_gpu_layers,
+        "{} from {}",
+        base.label(),
+        fit.label()
+    );
+    let note = run.baseline_placement.note.clone().unwrap_or_default();
+    assert!(note.contains("fewer there"), "{note}");
+    assert!(measured(&run, base), "the baseline was measured");
+
+    land.fit_undercount = 3 * GIB;
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    assert_eq!(run.baseline_placement.source, BaselineSource::DryRunFit);
+    assert!(fits(&land, &s, &run.baseline), "{}", run.baseline.label());
+}

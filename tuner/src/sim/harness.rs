@@ -48,6 +48,7 @@ pub fn gpus(n: usize, mem: u64) -> Landscape {
         noise: 0.01,
         load_spread: 0.0,
         crash_rate: 0.0,
+        fit_undercount: 0,
     }
 }
 

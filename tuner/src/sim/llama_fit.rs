@@ -91,17 +91,18 @@ impl Fitting<'_> {
         }
     }
 
-    /// Bytes per device (the landscape's order) of a candidate: one dry run.
+    /// Bytes per device (the landscape's order) of a candidate as the fit counts them: one dry run.
     fn bytes(&mut self, c: &Candidate) -> Vec<u64> {
         self.dry_runs += 1;
         let shares = self.land.shares(c, self.n_ctx);
         (0..self.land.devices.len())
             .map(|d| {
-                shares
+                let bytes: u64 = shares
                     .iter()
                     .filter(|s| s.device == Some(d))
                     .map(|s| s.bytes())
-                    .sum()
+                    .sum();
+                bytes.saturating_sub(self.land.fit_undercount)
             })
             .collect()
     }
