@@ -283,7 +283,7 @@ impl<'a> Engine<'a> {
     /// llama.cpp's split by free memory with every expert on its layer's device. The layer walk finds
     /// its own counts; llama.cpp's fit placement (its `-ts` of whole layers, its experts on the host)
     /// is measured beside them as the baseline.
-    fn placement_start(&self, base: &Candidate) -> Candidate {
+    pub(crate) fn placement_start(&self, base: &Candidate) -> Candidate {
         Candidate {
             tensor_split: Vec::new(),
             n_cpu_moe: 0,

@@ -169,8 +169,9 @@ pub fn tune_with(m: SimMeasurer, s: TuneSettings, mode: Mode) -> SimRun {
 /// one group with the same protocol, then the same decision rule.
 fn full_grid(e: &mut Engine) -> Option<Candidate> {
     let base = e.baseline();
-    let mut placements = e.placement_group(&base);
-    if placements.is_empty() {
+    let start = e.placement_start(&base);
+    let mut placements = e.placement_group(&start);
+    if !placements.contains(&base) {
         placements.push(base.clone());
     }
     let mut all: Vec<Candidate> = Vec::new();
