@@ -110,13 +110,16 @@ impl FitPlacement {
         }
     }
 
-    /// `defaults` placed this way; with a note when the overrides had to be approximated (a
-    /// candidate carries `--n-cpu-moe`, not `-ot`), or why the placement cannot be carried at all.
+    /// `defaults` placed this way by `answer`'s fit; with a note when the overrides had to be
+    /// approximated (a candidate carries `--n-cpu-moe`, not `-ot`), or why the placement cannot be
+    /// carried at all. A split the same as llama.cpp's default split by free memory is left empty:
+    /// the same placement, so not one more candidate to measure beside the search's own.
     pub fn candidate(
         &self,
         defaults: &Candidate,
-        overrides: &[TensorOverride],
+        answer: &FitAnswer,
     ) -> Result<(Candidate, Option<String>), String> {
+        let overrides = &answer.overrides;
         let (n_cpu_moe, note) = match self.n_cpu_moe {
             Some(n) => (n, None),
             None if overrides.is_empty() => (0, None),
@@ -139,15 +142,47 @@ impl FitPlacement {
                 (n, Some(note))
             }
         };
+        let free: Vec<u64> = answer.devices.iter().map(|d| d.free).collect();
+        let by_free_memory = split_by_free_memory(&free, self.n_gpu_layers);
         let c = Candidate {
             n_gpu_layers: self.n_gpu_layers,
-            tensor_split: self.tensor_split.clone(),
+            tensor_split: if self.tensor_split == by_free_memory {
+                Vec::new()
+            } else {
+                self.tensor_split.clone()
+            },
             n_cpu_moe,
             ..defaults.clone()
         };
         c.validate().map_err(|e| e.to_string())?;
         Ok((c, note))
     }
+}
+
+/// Whole layers per device that llama.cpp's default split (by free memory; `free` in the model's
+/// device order) gives `n` offloaded layers, by `llama_model::load_tensors`' rule in its `f32`
+/// arithmetic: offloaded layer `j` goes to the first device whose cumulative share exceeds `j / n`.
+fn split_by_free_memory(free: &[u64], n: u32) -> Vec<u32> {
+    let sum: f32 = free.iter().map(|&f| f as f32).sum();
+    if free.len() < 2 || sum <= 0.0 {
+        return Vec::new();
+    }
+    let mut cumulative = Vec::with_capacity(free.len());
+    let mut acc = 0f32;
+    for &f in free {
+        acc += f as f32;
+        cumulative.push(acc / sum);
+    }
+    let mut out = vec![0u32; free.len()];
+    for j in 0..n {
+        let x = j as f32 / n as f32;
+        let d = cumulative
+            .iter()
+            .position(|&c| c > x)
+            .unwrap_or(free.len() - 1);
+        out[d] += 1;
+    }
+    out
 }
 
 /// How many layers the overrides send (some of) to the host, when every override sends one
@@ -215,8 +250,7 @@ impl Engine<'_> {
                 crate::term::one_line(&answer.log_tail)
             ));
         }
-        let (c, note) =
-            FitPlacement::of(&answer, n_layers).candidate(defaults, &answer.overrides)?;
+        let (c, note) = FitPlacement::of(&answer, n_layers).candidate(defaults, &answer)?;
         let devices: Vec<String> = answer.devices.iter().map(|d| d.name.clone()).collect();
         let (fitted, trimmed) = self.within_budgets(c.clone(), &devices)?;
         let note = match trimmed {
@@ -341,18 +375,25 @@ mod tests {
     fn every_layer_and_a_split_of_whole_layers_become_the_candidate() {
         let d = Candidate::llama_default(4, 0);
         let a = answer(-1, &[], &[]);
-        let (c, note) = FitPlacement::of(&a, 32)
-            .candidate(&d, &a.overrides)
-            .unwrap();
+        let (c, note) = FitPlacement::of(&a, 32).candidate(&d, &a).unwrap();
         assert_eq!(
             (c.n_gpu_layers, c.tensor_split.clone(), note),
             (33, vec![], None)
         );
         let a = answer(20, &[7.0, 13.0], &[]);
-        let (c, _) = FitPlacement::of(&a, 32)
-            .candidate(&d, &a.overrides)
-            .unwrap();
+        let (c, _) = FitPlacement::of(&a, 32).candidate(&d, &a).unwrap();
         assert_eq!((c.n_gpu_layers, c.tensor_split), (20, vec![7, 13]));
+        // The split llama.cpp makes by free memory anyway (equal here): no split of its own.
+        let a = answer(20, &[10.0, 10.0], &[]);
+        let (c, _) = FitPlacement::of(&a, 32).candidate(&d, &a).unwrap();
+        assert_eq!((c.n_gpu_layers, c.tensor_split), (20, vec![]));
+    }
+
+    #[test]
+    fn llama_cpps_split_by_free_memory_in_whole_layers() {
+        assert_eq!(split_by_free_memory(&[3 << 30, 1 << 30], 8), vec![6, 2]);
+        assert_eq!(split_by_free_memory(&[1 << 30, 1 << 30], 81), vec![41, 40]);
+        assert_eq!(split_by_free_memory(&[1 << 30], 8), Vec::<u32>::new());
     }
 
     #[test]
@@ -362,9 +403,7 @@ mod tests {
         let first = [format!("blk\\.0{tail}"), format!("blk\\.1{tail}")];
         let first: Vec<&str> = first.iter().map(|s| s.as_str()).collect();
         let a = answer(33, &[], &first);
-        let (c, note) = FitPlacement::of(&a, 32)
-            .candidate(&d, &a.overrides)
-            .unwrap();
+        let (c, note) = FitPlacement::of(&a, 32).candidate(&d, &a).unwrap();
         assert_eq!((c.n_cpu_moe, note), (2, None));
         let last = [
             format!("blk\\.30{tail}"),
@@ -372,15 +411,11 @@ mod tests {
         ];
         let last: Vec<&str> = last.iter().map(|s| s.as_str()).collect();
         let a = answer(33, &[], &last);
-        let (c, note) = FitPlacement::of(&a, 32)
-            .candidate(&d, &a.overrides)
-            .unwrap();
+        let (c, note) = FitPlacement::of(&a, 32).candidate(&d, &a).unwrap();
         assert_eq!(c.n_cpu_moe, 2);
         assert!(note.unwrap().contains("--n-cpu-moe 2"));
         let mut a = answer(33, &[], &last);
         a.overrides[0].device = "RPC1".into();
-        assert!(FitPlacement::of(&a, 32)
-            .candidate(&d, &a.overrides)
-            .is_err());
+        assert!(FitPlacement::of(&a, 32).candidate(&d, &a).is_err());
     }
 }

@@ -226,7 +226,7 @@ pub fn llama_fit(land: &Landscape, s: &TuneSettings) -> Candidate {
     let (answer, _) = land.llama_fit(&req);
     let defaults = Candidate::llama_default(s.default_threads, s.n_gpu_layers);
     FitPlacement::of(&answer, land.model.n_layers)
-        .candidate(&defaults, &answer.overrides)
+        .candidate(&defaults, &answer)
         .expect("the simulated fit's placement is a candidate")
         .0
 }
