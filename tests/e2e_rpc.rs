@@ -95,3 +95,83 @@ fn apply_names_the_rpc_server_that_is_down() {
     assert!(err.contains(&rpc), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+/// With devices to offload to, "llama.cpp's defaults" are what llama-server does unasked: its own
+/// fit's placement under the same budgets, at the same context. With RPC1's budget too small for
+/// the output layer, the fit puts every layer on RPC0 (`-ts 19,0`), which the split by free memory
+/// (even here) cannot hold; `tune --json` measures that placement as its baseline and says so, and
+/// the profile names it.
+#[test]
+fn the_baseline_with_two_rpc_devices_is_llama_cpps_fit_placement() {
+    let base = 50420 + (std::process::id() % 40) as u16 * 2;
+    let _servers = (rpc_server(base), rpc_server(base + 1));
+    let rpc = format!("127.0.0.1:{base},127.0.0.1:{}", base + 1);
+    let budgets = "RPC0=600M,RPC1=300M";
+    let model = demo_model();
+    let m = model.to_str().unwrap();
+    let sb = Sandbox::new();
+    let o = sb.run(&[
+        "fit",
+        m,
+        "--json",
+        "--rpc",
+        &rpc,
+        "--mem-budget",
+        budgets,
+        "--ctx",
+        "256",
+    ]);
+    assert!(o.status.success(), "fit: {}", stderr(&o));
+    let fit: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(fit["status"], "success", "{fit:#}");
+    let split: Vec<u64> = fit["fit"]["tensor_split"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap().round() as u64)
+        .collect();
+
+    let profile = sb.dir.path().join("fit.toml");
+    let mut args = vec![
+        "tune",
+        m,
+        "--json",
+        "--no-save",
+        "--out",
+        profile.to_str().unwrap(),
+        "--rpc",
+        &rpc,
+        "--mem-budget",
+        budgets,
+        "--kernels",
+        "plain",
+        "--budget",
+        "40s",
+    ];
+    args.extend_from_slice(SHORT_WORKLOAD);
+    args.extend_from_slice(SHORT_KNOBS);
+    let o = sb.run(&args);
+    assert!(o.status.success(), "tune: {}\n{}", stderr(&o), stdout(&o));
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let b = &r["baseline"];
+    assert_eq!(b["n_gpu_layers"], fit["n_gpu_layers"], "{b} vs {fit:#}");
+    let baseline_split: Vec<u64> = b["tensor_split"]
+        .as_array()
+        .map(|a| a.iter().map(|v| v.as_u64().unwrap()).collect())
+        .unwrap_or_default();
+    assert_eq!(baseline_split, split, "{b} vs {fit:#}");
+    assert_eq!(r["baseline_placement"]["source"], "llama_fit", "{r:#}");
+    assert_eq!(
+        r["baseline_placement"]["label"],
+        "llama.cpp's --fit placement"
+    );
+    assert!(
+        !r["baseline_figures"].is_null(),
+        "measured in the same run: {r:#}"
+    );
+    let text = std::fs::read_to_string(&profile).unwrap();
+    assert!(
+        text.contains("baseline_placement = \"llama.cpp's --fit placement\""),
+        "{text}"
+    );
+}

@@ -110,6 +110,7 @@ pub fn example_profile() -> Profile {
         winner: winner.clone(),
         figures: figures.clone(),
         baseline: Some(baseline.clone()),
+        baseline_placement: None,
         roofline: None,
         draft: None,
         ngram: None,

@@ -45,6 +45,10 @@ pub struct Profile {
     /// llama.cpp's defaults measured in the same run, for the speed-up a user gets from this profile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline: Option<Figures>,
+    /// What the baseline was, when not llama.cpp's plain defaults: with a device to offload to,
+    /// "llama.cpp's --fit placement" (llama-server's own placement under the same budgets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_placement: Option<String>,
     /// What a generated token of the winner reads and how fast this machine reads memory, for
     /// `autotune explain`; absent in profiles written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -8,6 +8,8 @@
 //! Every candidate is measured in rounds: each round runs every unfinished candidate once, in a
 //! shuffled order (seeded, recorded), so slow drift of the machine hits all candidates alike.
 
+use crate::baseline::{BaselinePlacement, BaselineSource};
+use crate::fit::{FitAnswer, FitRequest};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::stats::{self, RoundRate, Sample, Verdict};
 use crate::worker::TrialFailure;
@@ -179,6 +181,10 @@ pub trait Measurer {
         req: &MeasureRequest,
         stop: &dyn Fn() -> bool,
     ) -> Result<LoadReport, String>;
+    /// llama.cpp's own fit (`common_fit_params`, llama-server's default `--fit`) asked for its
+    /// placement under the request's budgets and context; `Err` with the reason when it gave none.
+    fn llama_fit(&mut self, req: &FitRequest, stop: &dyn Fn() -> bool)
+        -> Result<FitAnswer, String>;
     /// How often the placement of this request has crashed its worker.
     fn crashes_for(&self, req: &MeasureRequest) -> u32;
     /// Lets go of every loaded model, so the next repetition runs on a fresh load.
@@ -201,8 +207,9 @@ pub struct Engine<'a> {
     progress: &'a dyn Progress,
     pub interrupted: bool,
     pub budget_spent: bool,
-    /// llama.cpp's defaults as this run measures them (the layers that fit found by dry runs).
-    defaults: Option<Candidate>,
+    /// The baseline as this run measures it (llama.cpp's fit placement with an offload device), and
+    /// where its placement came from.
+    defaults: Option<(Candidate, BaselinePlacement)>,
 }
 
 impl<'a> Engine<'a> {
@@ -245,11 +252,16 @@ impl<'a> Engine<'a> {
 
     /// llama.cpp's defaults, except for a kernel choice the user excluded with --kernels (a user who
     /// knows the extra kernels crash here must not see them loaded, even as the baseline). With a
-    /// non-CPU device llama.cpp offloads what fits (its --fit), so the defaults carry the most layers
-    /// that fit this run's budgets (dry runs), unless the user pinned the layers.
+    /// non-CPU device llama-server places what fits by its own fit (`--fit`), so the defaults carry
+    /// that placement under this run's budgets (`baseline`), unless the user pinned the layers.
     pub fn baseline(&mut self) -> Candidate {
-        if let Some(c) = &self.defaults {
-            return c.clone();
+        self.baseline_and_placement().0
+    }
+
+    /// The baseline and where its placement came from.
+    pub fn baseline_and_placement(&mut self) -> (Candidate, BaselinePlacement) {
+        if let Some(d) = &self.defaults {
+            return d.clone();
         }
         let mut c =
             Candidate::llama_default(self.settings.default_threads, self.settings.n_gpu_layers);
@@ -258,13 +270,25 @@ impl<'a> Engine<'a> {
                 c.kernels = k;
             }
         }
-        if self.settings.offload && !self.settings.n_gpu_layers_pinned {
-            if let Some(n) = self.max_fitting_layers(&c) {
-                c.n_gpu_layers = n;
-            }
+        let d = if self.settings.offload && !self.settings.n_gpu_layers_pinned {
+            self.fit_defaults(c)
+        } else {
+            (c, BaselinePlacement::new(BaselineSource::Defaults, None))
+        };
+        self.defaults = Some(d.clone());
+        d
+    }
+
+    /// Where the placement search starts: the defaults' settings inside the user's space at
+    /// llama.cpp's split by free memory with every expert on its layer's device. The layer walk finds
+    /// its own counts; llama.cpp's fit placement (its `-ts` of whole layers, its experts on the host)
+    /// is measured beside them as the baseline.
+    pub(crate) fn placement_start(&self, base: &Candidate) -> Candidate {
+        Candidate {
+            tensor_split: Vec::new(),
+            n_cpu_moe: 0,
+            ..in_space(&self.settings, base)
         }
-        self.defaults = Some(c.clone());
-        c
     }
 
     /// The first group measured: the defaults, and with a non-CPU device the GPU-layer placements
@@ -274,7 +298,7 @@ impl<'a> Engine<'a> {
         if !self.settings.offload || self.settings.n_gpu_layers_pinned {
             return (vec![base.clone()], "defaults");
         }
-        let start = in_space(&self.settings, base);
+        let start = self.placement_start(base);
         let mut group = self.placement_group(&start);
         if self.settings.moe {
             group.extend(self.expert_group(&start));
@@ -363,8 +387,9 @@ impl<'a> Engine<'a> {
                 break;
             }
             self.round += 1;
-            let order =
+            let mut order =
                 stats::shuffled_order(pending.len(), self.settings.seed.wrapping_add(self.round));
+            self.baseline_first(&mut order, &pending, &idx);
             for o in order {
                 if self.out_of_time() {
                     break;
@@ -410,6 +435,23 @@ impl<'a> Engine<'a> {
                     self.results[i].skipped = Some(why.to_string());
                 }
             }
+        }
+    }
+
+    /// Moves the baseline's first visit to the front of a round: the headline compares the winner
+    /// with it, so a budget that ends in the first round still leaves it measured. Later rounds stay
+    /// shuffled.
+    fn baseline_first(&self, order: &mut Vec<usize>, pending: &[usize], idx: &[usize]) {
+        let Some((base, _)) = &self.defaults else {
+            return;
+        };
+        let first_visit = |o: &usize| {
+            let r = &self.results[idx[pending[*o]]];
+            &r.candidate == base && r.reps.is_empty()
+        };
+        if let Some(k) = order.iter().position(first_visit) {
+            let o = order.remove(k);
+            order.insert(0, o);
         }
     }
 
@@ -515,7 +557,8 @@ impl<'a> Engine<'a> {
         self.measure_group(&group, axis);
         let mut best = self.choose(&group);
         if axis == "gpu layers" {
-            best = self.below_the_top(&in_space(&self.settings, &base), best);
+            let start = self.placement_start(&base);
+            best = self.below_the_top(&start, best);
         }
         if let Some(b) = best.take() {
             best = Some(self.search_split(b));
@@ -678,8 +721,9 @@ pub struct Run {
     pub settings: TuneSettings,
     pub results: Vec<CandidateResult>,
     pub winner: Option<Candidate>,
-    /// llama.cpp's defaults as this run measured them.
+    /// llama.cpp's defaults as this run measured them (with an offload device, its fit's placement).
     pub baseline: Candidate,
+    pub baseline_placement: BaselinePlacement,
     /// Relative drift of the winner and the runner-up over the confirmation rounds, by label.
     pub confirm_drift: Vec<(String, f64)>,
     /// The candidates the confirmation rounds re-measured (winner first).
@@ -697,7 +741,7 @@ impl Engine<'_> {
         } else {
             self.run()
         };
-        let baseline = self.baseline();
+        let (baseline, baseline_placement) = self.baseline_and_placement();
         let (mut confirm_drift, mut confirmed) = (Vec::new(), Vec::new());
         if let Some(w) = winner.clone().filter(|_| !self.interrupted) {
             let s = &self.settings;
@@ -727,6 +771,7 @@ impl Engine<'_> {
             results: std::mem::take(&mut self.results),
             winner,
             baseline,
+            baseline_placement,
             confirm_drift,
             confirmed,
             interrupted: self.interrupted,

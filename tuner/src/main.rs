@@ -1,5 +1,6 @@
 //! `autotune`: finds the fastest way to run a GGUF model with llama.cpp on this machine.
 
+mod baseline;
 mod cli;
 mod commands;
 mod engine;

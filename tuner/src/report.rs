@@ -1,6 +1,7 @@
 //! The run's report: one `Serialize` value rendered either as a table (stdout) or as JSON (`--json`),
 //! and the leaderboard that goes into the profile.
 
+use crate::baseline::BaselinePlacement;
 use crate::engine::{score_seconds, CandidateResult};
 use crate::stats::{Comparison, Sample, Verdict};
 use crate::worker::Workload;
@@ -36,6 +37,9 @@ pub struct Report {
     pub winner_figures: Option<Figures>,
     pub baseline: Option<Candidate>,
     pub baseline_figures: Option<Figures>,
+    /// Where the baseline's placement came from: llama.cpp's defaults, or with a device to offload to
+    /// llama.cpp's --fit placement (what llama-server does unasked), or the dry runs' fallback and why.
+    pub baseline_placement: BaselinePlacement,
     /// The winner against llama.cpp's defaults by the tuner's decision rule.
     pub versus_defaults: Option<VersusDefaults>,
     /// The winner and runner-up re-measured at the end: relative change of their medians.
@@ -114,31 +118,37 @@ pub fn versus_defaults(
     })
 }
 
-/// The headline's first line: what the decision rule says of the winner against the defaults.
-fn versus_line(v: &VersusDefaults, noise: f64) -> String {
+/// The headline's first line: what the decision rule says of the winner against the baseline
+/// (`against`: "llama.cpp's defaults", "llama.cpp's --fit placement").
+fn versus_line(v: &VersusDefaults, noise: f64, against: &str) -> String {
     let pct = |x: f64| format!("{:+.1}%", 100.0 * x);
+    // "llama.cpp's defaults are", "llama.cpp's --fit placement is".
+    let plural = against.contains("defaults");
     let Some(c) = &v.comparison else {
         return format!(
-            "llama.cpp's defaults are the best measured: nothing beat them beyond ±{:.0}%",
+            "{against} {} the best measured: nothing beat {} beyond ±{:.0}%",
+            if plural { "are" } else { "is" },
+            if plural { "them" } else { "it" },
             100.0 * noise
         );
     };
     let interval = format!("95% CI [{}, {}]", pct(c.ci_low), pct(c.ci_high));
     match c.verdict {
         Verdict::Tie => format!(
-            "ties with llama.cpp's defaults within ±{:.0}% (requests/s {}, {interval}); {}",
+            "ties with {against} within ±{:.0}% (requests/s {}, {interval}); {}",
             100.0 * noise,
             pct(c.ratio),
             v.chosen_for.as_deref().unwrap_or("chosen by the tie-break")
         ),
         Verdict::Faster => format!(
-            "{} requests/s over llama.cpp's defaults ({interval}, beyond the ±{:.0}% noise threshold)",
+            "{} requests/s over {against} ({interval}, beyond the ±{:.0}% noise threshold)",
             pct(c.ratio),
             100.0 * noise
         ),
         Verdict::Slower => format!(
-            "{} requests/s against llama.cpp's defaults ({interval}): slower, chosen among configurations the defaults were not compared with",
-            pct(c.ratio)
+            "{} requests/s against {against} ({interval}): slower, chosen among configurations {against} {} not compared with",
+            pct(c.ratio),
+            if plural { "were" } else { "was" },
         ),
     }
 }
@@ -360,7 +370,7 @@ impl Report {
         };
         let mut label = e.candidate.label();
         if Some(&e.candidate) == baseline {
-            label.push_str("  (llama.cpp defaults)");
+            label.push_str(&format!("  ({})", self.baseline_placement.tag()));
         }
         let mut row = vec![Cell::new(rank), Cell::new(label)];
         match &e.figures {
@@ -406,7 +416,11 @@ impl Report {
         if let (Some(w), Some(wf)) = (&self.winner, &self.winner_figures) {
             s.push_str(&format!("\nwinner  {}\n", w.label()));
             if let Some(v) = &self.versus_defaults {
-                s.push_str(&format!("        {}\n", versus_line(v, self.noise)));
+                let against = &self.baseline_placement.label;
+                s.push_str(&format!(
+                    "        {}\n",
+                    versus_line(v, self.noise, against)
+                ));
             }
             match &self.baseline_figures {
                 Some(bf)
@@ -416,8 +430,9 @@ impl Report {
                         .is_some_and(|v| v.same_configuration) =>
                 {
                     s.push_str(&format!(
-                        "        tg {:.1} vs {:.1} t/s, pp {:.1} vs {:.1} t/s, {:.3} vs {:.3} s per request (winner vs defaults, medians)\n",
-                        wf.tg_tps, bf.tg_tps, wf.pp_tps, bf.pp_tps, wf.score_s, bf.score_s
+                        "        tg {:.1} vs {:.1} t/s, pp {:.1} vs {:.1} t/s, {:.3} vs {:.3} s per request (winner vs {}, medians)\n",
+                        wf.tg_tps, bf.tg_tps, wf.pp_tps, bf.pp_tps, wf.score_s, bf.score_s,
+                        self.baseline_placement.short()
                     ));
                 }
                 _ => s.push_str(&format!(
@@ -507,7 +522,7 @@ mod tests {
         ];
         let v = versus_defaults(&results, &q8, &defaults, &W, 0.02, 7).unwrap();
         assert_eq!(v.comparison.unwrap().verdict, Verdict::Tie);
-        let line = versus_line(&v, 0.02);
+        let line = versus_line(&v, 0.02, "llama.cpp's defaults");
         assert!(
             line.starts_with("ties with llama.cpp's defaults within ±2%"),
             "{line}"
@@ -527,9 +542,15 @@ mod tests {
         let c = v.comparison.unwrap();
         assert_eq!(c.verdict, Verdict::Faster, "{c:?}");
         assert!(v.chosen_for.is_none());
-        let line = versus_line(&v, 0.02);
+        let line = versus_line(&v, 0.02, "llama.cpp's defaults");
         assert!(
             line.starts_with("+10.0% requests/s over llama.cpp's defaults (95% CI ["),
+            "{line}"
+        );
+        // With a device to offload to the baseline is llama.cpp's fit placement, and says so.
+        let line = versus_line(&v, 0.02, "llama.cpp's --fit placement");
+        assert!(
+            line.starts_with("+10.0% requests/s over llama.cpp's --fit placement (95% CI ["),
             "{line}"
         );
     }
@@ -540,7 +561,8 @@ mod tests {
         let results = vec![measured(defaults.clone(), 40.0, &DRIFT, 1)];
         let v = versus_defaults(&results, &defaults, &defaults, &W, 0.02, 7).unwrap();
         assert!(v.same_configuration);
-        assert!(versus_line(&v, 0.02).starts_with("llama.cpp's defaults are the best measured"));
+        assert!(versus_line(&v, 0.02, "llama.cpp's defaults")
+            .starts_with("llama.cpp's defaults are the best measured"));
     }
 
     #[test]

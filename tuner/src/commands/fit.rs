@@ -3,13 +3,13 @@
 //! choice, and autotune's dry-run prediction of its bytes per device against the budgets — so the two
 //! placements can be compared for memory safety and, with `autotune measure`, for speed.
 
+use crate::baseline::FitPlacement;
 use crate::cli::{Cli, DeviceArgs};
 use crate::exit::{self, Exit};
-use crate::fit::{as_n_cpu_moe, FitAnswer, FitRequest};
+use crate::fit::{FitAnswer, FitRequest};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::probe;
 use crate::session;
-use crate::worker::Worker;
 use crate::worker::WorkerPool;
 use crate::worker::{MeasureRequest, Request, Response, Workload};
 use clap::Args;
@@ -92,30 +92,16 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
         budgets: budgets.clone(),
         default_margin,
     })?;
-    let n_layer = info.block_count.unwrap_or(0);
-    let n_cpu_moe = as_n_cpu_moe(&answer.overrides, n_layer);
-    // -1 is llama.cpp's default, "every layer": the fit left it alone because everything fits.
-    // Without a non-CPU device there is nothing to offload (llama.cpp ignores -ngl then).
-    let n_gpu_layers = if answer.devices.is_empty() {
-        0
-    } else {
-        u32::try_from(answer.n_gpu_layers).unwrap_or(n_layer + 1)
-    };
+    let placement = FitPlacement::of(&answer, info.block_count.unwrap_or(0));
+    let n_gpu_layers = placement.n_gpu_layers;
+    let n_cpu_moe = placement.n_cpu_moe;
     let settings = ModelSettings {
         n_gpu_layers,
         no_alloc: true,
         rpc: rpc.clone(),
         n_cpu_moe: n_cpu_moe.unwrap_or(0),
-        tensor_overrides: if n_cpu_moe.is_some() {
-            Vec::new()
-        } else {
-            answer
-                .overrides
-                .iter()
-                .map(|o| (o.pattern.clone(), o.buffer_type.clone()))
-                .collect()
-        },
-        tensor_split: answer.tensor_split.iter().map(|v| *v as u32).collect(),
+        tensor_overrides: placement.tensor_overrides,
+        tensor_split: placement.tensor_split,
         ..Default::default()
     };
     let server_args = server_args(&answer, &settings, rpc);
@@ -153,22 +139,13 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
 /// llama.cpp's fit, in a worker of its own (it aborts like any llama.cpp call, and a ggml RPC
 /// server serves one client at a time: the worker lets go before the dry run connects).
 fn llama_fit(request: FitRequest) -> anyhow::Result<FitAnswer> {
-    let mut worker = Worker::spawn()?;
-    let answer = match worker.call(
-        &Request::LlamaFit(request),
-        Duration::from_secs(600),
-        &|| false,
-    ) {
-        Ok(Response::Fitted(f)) => f,
-        Ok(_) => anyhow::bail!("unexpected answer from the worker"),
-        Err(f) => {
-            return Err(Exit::new(
+    let answer = crate::worker::pool::llama_fit(&request, Duration::from_secs(600), &|| false)
+        .map_err(|f| {
+            Exit::new(
                 exit::NOTHING_MEASURED,
                 format!("llama.cpp's fit failed: {f}"),
-            ))
-        }
-    };
-    worker.quit();
+            )
+        })?;
     if answer.status == 2 {
         return Err(Exit::new(
             exit::NOTHING_MEASURED,

@@ -166,15 +166,15 @@ fn leaderboard_title(profile: &Profile) -> String {
 }
 
 /// A bar's label: its rank (`=N` for a tie) and configuration.
-fn bar_label(entry: &profiles::LeaderboardEntry, is_defaults: bool) -> String {
+fn bar_label(entry: &profiles::LeaderboardEntry, defaults: Option<&str>) -> String {
     let rank = if entry.tie_with_previous {
         format!("={}", entry.rank)
     } else {
         entry.rank.to_string()
     };
     let mut label = format!("{rank:>3}  {}", entry.candidate.label());
-    if is_defaults {
-        label.push_str(" (defaults)");
+    if let Some(d) = defaults {
+        label.push_str(&format!(" ({d})"));
     }
     label
 }
@@ -295,7 +295,11 @@ fn leaderboard(profile: &Profile, path: &Path) -> anyhow::Result<()> {
         let (end, y) = chart.backend_coord(&(f.score_s, top - 0.5));
         root.draw(&Text::new(figures, (end + 6, y), label_style.clone()))
             .map_err(err)?;
-        let label = bar_label(entry, is_defaults);
+        let tag = match &profile.baseline_placement {
+            Some(p) if p.contains("--fit") => "llama.cpp --fit",
+            _ => "defaults",
+        };
+        let label = bar_label(entry, is_defaults.then_some(tag));
         root.draw(&Text::new(label, (10, y), label_style.clone()))
             .map_err(err)?;
     }

@@ -65,7 +65,11 @@ fn winner(profile: &Profile) -> String {
         .filter(|b| b.tg_tps > 0.0 && b.score_s > 0.0)
     {
         s.push_str(&format!(
-            " (llama.cpp's defaults: tg {:.1} t/s, {:.3} s per request; {:+.1}% tg)",
+            " ({}: tg {:.1} t/s, {:.3} s per request; {:+.1}% tg)",
+            profile
+                .baseline_placement
+                .as_deref()
+                .unwrap_or("llama.cpp's defaults"),
             b.tg_tps,
             b.score_s,
             (f.tg_tps / b.tg_tps - 1.0) * 100.0
@@ -131,7 +135,13 @@ fn leaderboard_row(profile: &Profile, e: &profiles::LeaderboardEntry, depth: boo
     if e.candidate == profile.winner {
         label.push_str(" **winner**");
     } else if e.figures.is_some() && e.figures.as_ref() == profile.baseline.as_ref() {
-        label.push_str(" (llama.cpp defaults)");
+        label.push_str(&format!(
+            " ({})",
+            profile
+                .baseline_placement
+                .as_deref()
+                .unwrap_or("llama.cpp defaults")
+        ));
     }
     match &e.figures {
         Some(f) => {

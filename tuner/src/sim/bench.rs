@@ -48,6 +48,7 @@ fn landscape(seed: u64) -> Landscape {
         noise: *[0.005, 0.01, 0.02].choose(&mut r).unwrap(),
         load_spread: *[0.0, 0.02, 0.05].choose(&mut r).unwrap(),
         crash_rate: 0.005,
+        fit_undercount: 0,
     }
 }
 

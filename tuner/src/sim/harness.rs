@@ -2,7 +2,9 @@
 //! the winner and runner-up, the final choice), for the engine's tests and `bench/search-sim`.
 
 use super::{Device, Host, Landscape, SimMeasurer, SimModel, Trace, GIB, MIB};
+use crate::baseline::{BaselinePlacement, FitPlacement};
 use crate::engine::{self, CandidateResult, Engine, Progress, TuneSettings};
+use crate::fit::FitRequest;
 use crate::report;
 use crate::worker::{Repetition, Workload};
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
@@ -46,6 +48,7 @@ pub fn gpus(n: usize, mem: u64) -> Landscape {
         noise: 0.01,
         load_spread: 0.0,
         crash_rate: 0.0,
+        fit_undercount: 0,
     }
 }
 
@@ -96,6 +99,7 @@ pub struct SimRun {
     pub searched: Option<Candidate>,
     pub runner_up: Option<Candidate>,
     pub baseline: Candidate,
+    pub baseline_placement: BaselinePlacement,
     pub drift: Vec<(Candidate, f64)>,
     pub trace: Rc<RefCell<Trace>>,
     pub budget_spent: bool,
@@ -116,9 +120,15 @@ pub fn tune(
     crashing: Option<fn(&Candidate) -> bool>,
     mode: Mode,
 ) -> SimRun {
-    let (w, noise, seed) = (s.workload.clone(), s.noise, s.seed);
+    let seed = s.seed;
     let mut m = SimMeasurer::new(land, seed);
     m.crashing = crashing;
+    tune_with(m, s, mode)
+}
+
+/// [`tune`] through a measurer set up by the caller (a failing llama.cpp fit, say).
+pub fn tune_with(m: SimMeasurer, s: TuneSettings, mode: Mode) -> SimRun {
+    let (w, noise, seed) = (s.workload.clone(), s.noise, s.seed);
     let trace = Rc::clone(&m.trace);
     let stop = || false;
     let mut e = Engine::with_measurer(s, Box::new(m), None, &stop, &Quiet);
@@ -140,8 +150,10 @@ pub fn tune(
         drift = e.confirm(&win, runner_up.as_ref());
         winner = e.choose(&measured).or(winner);
     }
+    let (baseline, baseline_placement) = e.baseline_and_placement();
     SimRun {
-        baseline: e.baseline(),
+        baseline,
+        baseline_placement,
         budget_spent: e.budget_spent,
         seconds: e.measurer.elapsed().as_secs_f64(),
         results: std::mem::take(&mut e.results),
@@ -157,8 +169,9 @@ pub fn tune(
 /// one group with the same protocol, then the same decision rule.
 fn full_grid(e: &mut Engine) -> Option<Candidate> {
     let base = e.baseline();
-    let mut placements = e.placement_group(&base);
-    if placements.is_empty() {
+    let start = e.placement_start(&base);
+    let mut placements = e.placement_group(&start);
+    if !placements.contains(&base) {
         placements.push(base.clone());
     }
     let mut all: Vec<Candidate> = Vec::new();
@@ -198,6 +211,24 @@ pub fn max_fit(land: &Landscape, s: &TuneSettings, c: &Candidate) -> Option<u32>
             },
         )
     })
+}
+
+/// llama.cpp's fit placement on the landscape under the run's budgets and context, as a candidate of
+/// llama.cpp's defaults: the baseline a run must measure when a device exists.
+pub fn llama_fit(land: &Landscape, s: &TuneSettings) -> Candidate {
+    let req = FitRequest {
+        model: s.model.clone(),
+        rpc: Vec::new(),
+        n_ctx: s.workload.n_ctx,
+        budgets: s.budgets.clone(),
+        default_margin: u64::MAX,
+    };
+    let (answer, _) = land.llama_fit(&req);
+    let defaults = Candidate::llama_default(s.default_threads, s.n_gpu_layers);
+    FitPlacement::of(&answer, land.model.n_layers)
+        .candidate(&defaults, &answer)
+        .expect("the simulated fit's placement is a candidate")
+        .0
 }
 
 /// Bytes of `GIB` as a float, for messages.

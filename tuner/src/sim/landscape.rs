@@ -99,6 +99,9 @@ pub struct Landscape {
     pub load_spread: f64,
     /// Probability that one repetition crashes its worker.
     pub crash_rate: f64,
+    /// Bytes per device llama.cpp's fit does not count that the dry run does: its placement can
+    /// end this much over the target it was given (seen: 15 MiB on an RPC device).
+    pub fit_undercount: u64,
 }
 
 /// One place a configuration puts weights: a device, or the host (`device == None`).

@@ -7,16 +7,20 @@
 //! each repetition has seeded multiplicative noise, a seeded share of repetitions crash their worker,
 //! a configuration that exceeds a device's memory fails to load like llama.cpp's out-of-memory, and
 //! the clock is simulated: every dry run, load, warm-up and repetition advances it by the seconds it
-//! would take, so the budget logic runs in microseconds. Deterministic for a seed.
+//! would take, so the budget logic runs in microseconds. llama.cpp's own fit, asked for the baseline,
+//! is emulated on the landscape (`llama_fit.rs`). Deterministic for a seed.
 
+mod baseline_tests;
 mod bench;
 pub mod harness;
 pub mod landscape;
+mod llama_fit;
 mod tests;
 
 pub use landscape::{candidate_of, Device, Host, Landscape, Moe, SimModel, GIB, MIB};
 
 use crate::engine::Measurer;
+use crate::fit::{FitAnswer, FitRequest};
 use crate::worker::TrialFailure;
 use crate::worker::{LoadReport, MeasureRequest, Repetition};
 use rand::rngs::StdRng;
@@ -42,6 +46,8 @@ pub struct Trace {
     pub calls: Vec<(Candidate, Outcome, f64)>,
     pub loads: u32,
     pub dry_runs: u32,
+    /// Times llama.cpp's fit was asked (each costs its dry runs in simulated time).
+    pub llama_fits: u32,
 }
 
 impl Trace {
@@ -68,6 +74,8 @@ pub struct SimMeasurer {
     crashes: HashMap<String, u32>,
     /// Configurations that always crash (a kernel that aborts, say), besides the random crashes.
     pub crashing: Option<fn(&Candidate) -> bool>,
+    /// llama.cpp's fit failing with this message (a worker that aborts, say) instead of answering.
+    pub llama_fit_error: Option<String>,
     pub trace: Rc<RefCell<Trace>>,
 }
 
@@ -87,6 +95,7 @@ impl SimMeasurer {
             loaded: Vec::new(),
             crashes: HashMap::new(),
             crashing: None,
+            llama_fit_error: None,
             trace: Rc::default(),
         }
     }
@@ -202,6 +211,21 @@ impl Measurer for SimMeasurer {
         self.trace.borrow_mut().dry_runs += 1;
         self.clock += 0.3;
         Ok(self.land.footprint(&candidate_of(req), req.context.n_ctx))
+    }
+
+    fn llama_fit(
+        &mut self,
+        req: &FitRequest,
+        _stop: &dyn Fn() -> bool,
+    ) -> Result<FitAnswer, String> {
+        self.trace.borrow_mut().llama_fits += 1;
+        if let Some(e) = &self.llama_fit_error {
+            self.clock += 1.0;
+            return Err(e.clone());
+        }
+        let (answer, dry_runs) = self.land.llama_fit(req);
+        self.clock += 0.3 * dry_runs as f64;
+        Ok(answer)
     }
 
     fn crashes_for(&self, req: &MeasureRequest) -> u32 {

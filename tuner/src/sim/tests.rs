@@ -52,11 +52,19 @@ fn the_search_starts_at_the_most_layers_that_fit_and_never_loads_what_does_not()
         let max = max_fit(&land, &s, &base).unwrap();
         let trace = run.trace.borrow();
         assert_eq!(trace.count(Outcome::OutOfMemory), 0, "{n} GPUs");
-        assert_eq!(run.baseline.n_gpu_layers, max, "{n} GPUs: the defaults");
+        assert_eq!(
+            run.baseline,
+            harness::llama_fit(&land, &s),
+            "{n} GPUs: the defaults are llama.cpp's fit placement"
+        );
+        // The most layers that fit at llama.cpp's split by free memory (the fit's own split, in
+        // whole layers per device, is the baseline's).
         let top = trace
             .calls
             .iter()
-            .filter(|(c, _, _)| c.n_ubatch == 512 && !c.type_k.is_quantized())
+            .filter(|(c, _, _)| {
+                c.n_ubatch == 512 && !c.type_k.is_quantized() && c.tensor_split.is_empty()
+            })
             .map(|(c, _, _)| c.n_gpu_layers)
             .max();
         assert_eq!(top, Some(max), "{n} GPUs: the highest placement measured");
@@ -367,25 +375,40 @@ fn the_split_moves_toward_the_faster_device_by_measurement() {
     assert!(got < llama * 0.97, "{got} vs {llama}");
 }
 
+/// A budget smaller than free memory: llama.cpp's own fit is told the margin and fills each device
+/// to its budget, the last first, in whole layers (its split becomes those counts), so the baseline
+/// holds the layers the budgets hold — far more than llama.cpp's split by free memory lets fit.
+/// The search's winner fits too and is no slower.
 #[test]
-fn a_budget_smaller_than_free_memory_is_split_for_and_fits_more_layers() {
+fn a_budget_smaller_than_free_memory_is_filled_by_llama_cpps_fit_and_the_winner_is_no_slower() {
     let land = gpus(2, 24 * GIB);
     let mut s = settings(&land, 5);
-    // Another tenant holds two thirds of CUDA1: llama.cpp's split (by free memory, even here) fills
-    // CUDA1's budget at half the layers the budgets hold together.
+    // Another tenant holds two thirds of CUDA1.
     s.budgets[1].1 = 8 * GIB;
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let base = &run.baseline;
+    assert_eq!(*base, harness::llama_fit(&land, &s));
+    assert!(fits(&land, &s, base), "{}", base.label());
+    assert!(
+        base.tensor_split.len() == 2 && base.tensor_split[0] > base.tensor_split[1],
+        "{}",
+        base.label()
+    );
+    let by_free_memory = max_fit(&land, &s, &Candidate::llama_default(16, 81)).unwrap();
+    assert!(
+        base.n_gpu_layers > by_free_memory + 5,
+        "{} vs {by_free_memory} layers at the split by free memory",
+        base.label()
+    );
     let win = run.winner.clone().expect("a winner");
     assert!(fits(&land, &s, &win), "{}", win.label());
-    assert!(
-        win.n_gpu_layers > run.baseline.n_gpu_layers + 5,
-        "{} vs the defaults' {}",
-        win.label(),
-        run.baseline.label()
+    let (got, fit) = (
+        land.true_seconds(&win, &s.workload),
+        land.true_seconds(base, &s.workload),
     );
     assert!(
-        win.tensor_split.first() > win.tensor_split.get(1),
-        "{}",
+        got <= fit * (1.0 + s.noise),
+        "{}: {got} vs {fit}",
         win.label()
     );
     assert_eq!(run.trace.borrow().count(Outcome::OutOfMemory), 0);

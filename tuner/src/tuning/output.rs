@@ -3,6 +3,7 @@
 //! same file whoever asked for it (`tune`, or the quantization ladder).
 
 use super::Tuned;
+use crate::baseline::BaselineSource;
 use crate::exit::{self, Exit};
 use crate::explain::outputs::{roofline_for_run, Asked};
 use crate::report::{self, ModelSummary, Report};
@@ -18,6 +19,10 @@ use std::sync::atomic::AtomicBool;
 fn notes(t: &Tuned) -> Vec<String> {
     let results = &t.run.results;
     let mut notes = t.probe.gpu_warnings.clone();
+    // Why the baseline is not llama.cpp's fit placement, or how that placement was measured.
+    if let Some(n) = &t.run.baseline_placement.note {
+        notes.push(report::one_line(n));
+    }
     for r in results.iter().filter(|r| r.failure.is_some()) {
         if let Some(TrialFailure::Crashed { name, .. }) = &r.failure {
             notes.push(report::one_line(&format!(
@@ -91,6 +96,7 @@ pub fn report_of(t: &Tuned) -> Report {
         winner_figures: run.winner.as_ref().and_then(|w| figures_of(t, w)),
         baseline: Some(run.baseline.clone()),
         baseline_figures: figures_of(t, &run.baseline),
+        baseline_placement: run.baseline_placement.clone(),
         versus_defaults: run.winner.as_ref().and_then(|w| {
             report::versus_defaults(&run.results, w, &run.baseline, &s.workload, s.noise, s.seed)
         }),
@@ -196,6 +202,9 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
         winner,
         figures,
         baseline: figures_of(t, &t.run.baseline),
+        // Named only when it is not llama.cpp's plain defaults (a CPU-only profile reads as before).
+        baseline_placement: (t.run.baseline_placement.source != BaselineSource::Defaults)
+            .then(|| t.run.baseline_placement.label.clone()),
         roofline: None,
         leaderboard: leaderboard(t),
         draft: None,

@@ -4,6 +4,7 @@
 use super::client::{TrialFailure, Worker};
 use super::protocol::{LoadReport, MeasureRequest, Repetition, Request, Response};
 use crate::engine::Measurer;
+use crate::fit::{FitAnswer, FitRequest};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -169,6 +170,19 @@ impl Measurer for Workers {
         result
     }
 
+    fn llama_fit(
+        &mut self,
+        req: &FitRequest,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<FitAnswer, String> {
+        if !req.rpc.is_empty() {
+            // A ggml RPC server serves one client at a time (as for a dry run).
+            self.pool.shutdown();
+            self.dry.shutdown();
+        }
+        llama_fit(req, self.pool.timeout, stop).map_err(|f| format!("llama.cpp's fit failed: {f}"))
+    }
+
     fn crashes_for(&self, req: &MeasureRequest) -> u32 {
         self.pool.crashes_for(req)
     }
@@ -185,4 +199,27 @@ impl Measurer for Workers {
     fn elapsed(&self) -> Duration {
         self.started.elapsed()
     }
+}
+
+/// llama.cpp's fit (`common_fit_params`) in a worker of its own: it loads the model several times
+/// with `no_alloc` and aborts like any llama.cpp call; the worker is gone when this returns, so a
+/// ggml RPC server it talked to is free for the next client.
+pub fn llama_fit(
+    request: &FitRequest,
+    timeout: Duration,
+    stop: &dyn Fn() -> bool,
+) -> Result<FitAnswer, TrialFailure> {
+    let mut worker = Worker::spawn().map_err(|e| TrialFailure::Exited {
+        code: -1,
+        stderr_tail: format!("cannot start worker: {e}"),
+    })?;
+    let answer = match worker.call(&Request::LlamaFit(request.clone()), timeout, stop)? {
+        Response::Fitted(f) => Ok(f),
+        _ => Err(TrialFailure::Refused {
+            stage: "fit".into(),
+            message: "unexpected answer from the worker".into(),
+        }),
+    };
+    worker.quit();
+    answer
 }
