@@ -21,7 +21,19 @@ pub fn run(cli: &Cli, a: &RpcServeArgs) -> anyhow::Result<i32> {
         eprintln!("autotune: warning: the RPC protocol has no authentication; {endpoint} is reachable from the network");
     }
     eprintln!("autotune: serving the CPU as an RPC device on {endpoint} ({threads} threads); Ctrl-C stops");
-    llama::rpc_start_server(&endpoint, threads)
-        .map_err(|e| Exit::new(exit::ERROR, e.to_string()))?;
-    Ok(exit::OK)
+    // ggml's server returns when it cannot listen, and also when accepting one client fails (a
+    // client that connects and resets at once ends it): the first is an error, the second a reason
+    // to listen again. A return within two seconds of starting is taken as the first.
+    loop {
+        let started = std::time::Instant::now();
+        llama::rpc_start_server(&endpoint, threads)
+            .map_err(|e| Exit::new(exit::ERROR, e.to_string()))?;
+        if started.elapsed() < std::time::Duration::from_secs(2) {
+            return Err(Exit::new(
+                exit::ERROR,
+                format!("cannot serve on {endpoint} (address in use, or not an IPv4 address?)"),
+            ));
+        }
+        eprintln!("autotune: a client connection failed and ended the RPC server; listening again on {endpoint}");
+    }
 }
