@@ -741,6 +741,27 @@ fn servers_speculation(v: &serde_json::Value, spec_type: &str) -> (u64, u64) {
     (drafted, accepted)
 }
 
+/// `apply --exec --check-only` (text) of `profile` prints one speculation line for `spec_type`
+/// with the server's drafted and accepted tokens.
+fn text_report_says(sb: &Sandbox, profile: &Path, spec_type: &str) {
+    let o = sb.run(&[
+        "apply",
+        profile.to_str().unwrap(),
+        "--exec",
+        "--check-only",
+        "--server",
+        llama_server().to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("speculation {spec_type} on the ")))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("drafted tokens accepted"), "{line}");
+    eprintln!("{line}");
+}
+
 /// Whether a figure `apply --json` printed is the profile's `expected`. serde_json's default float
 /// parser may land one unit in the last place off the printed value (exact parsing is its
 /// `float_roundtrip` feature), so equal means equal to 12 significant digits.
@@ -799,22 +820,7 @@ fn apply_runs_a_tuned_ngram_profile_and_reads_the_servers_acceptance() {
     assert!(same_figure(&v["profile_tg_tps"], n.tg_tps), "{v:#}");
 
     // The text report says the same in one line.
-    let o = sb.run(&[
-        "apply",
-        profile.to_str().unwrap(),
-        "--exec",
-        "--check-only",
-        "--server",
-        llama_server().to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("speculation ngram-simple on the "))
-        .unwrap_or_else(|| panic!("{out}"));
-    assert!(line.contains("drafted tokens accepted"), "{line}");
-    eprintln!("{line}");
+    text_report_says(&sb, &profile, "ngram-simple");
 }
 
 /// The `[draft]` table of the fastest measured setting of `autotune draft --json`'s first draft: what
@@ -1270,20 +1276,5 @@ fn apply_runs_an_mtp_profile_and_reads_the_servers_acceptance() {
     assert!(same_figure(&v["profile_tg_tps"], mtp.tg_tps), "{v:#}");
 
     // The text report's line names draft-mtp once, with the server's figures.
-    let o = sb.run(&[
-        "apply",
-        profile.to_str().unwrap(),
-        "--exec",
-        "--check-only",
-        "--server",
-        llama_server().to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let out = stdout(&o);
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("speculation draft-mtp on the "))
-        .unwrap_or_else(|| panic!("{out}"));
-    assert!(line.contains("drafted tokens accepted"), "{line}");
-    eprintln!("{line}");
+    text_report_says(&sb, &profile, "draft-mtp");
 }

@@ -175,9 +175,11 @@ impl Measurer for Workers {
         req: &FitRequest,
         stop: &dyn Fn() -> bool,
     ) -> Result<FitAnswer, String> {
+        // The fit's worker holds the devices while it runs: no trial worker may hold them too (at
+        // most one worker with a device at a time), and a ggml RPC server serves one client at a
+        // time, so with RPC the dry-run worker lets go as well.
+        self.pool.shutdown();
         if !req.rpc.is_empty() {
-            // A ggml RPC server serves one client at a time (as for a dry run).
-            self.pool.shutdown();
             self.dry.shutdown();
         }
         llama_fit(req, self.pool.timeout, stop).map_err(|f| format!("llama.cpp's fit failed: {f}"))
