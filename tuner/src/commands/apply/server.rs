@@ -214,8 +214,8 @@ impl ServerProcess {
         let hint = match std::os::unix::process::ExitStatusExt::signal(&status) {
             Some(libc::SIGILL) => {
                 "\nSIGILL: this llama-server runs CPU instructions this machine (or its OS or VM) does not \
-                 allow, e.g. AMX: build it for a lower CPU level (AUTOTUNE_CPU_VARIANT=... \
-                 vendor/build-llama-tools), or tune without weight repacking (--kernels plain)"
+                 allow, e.g. AMX: use one built with every CPU variant, which picks what this CPU runs \
+                 (vendor/build-llama-tools), or tune without weight repacking (--kernels plain)"
             }
             _ => "",
         };

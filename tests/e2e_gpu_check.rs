@@ -1,0 +1,112 @@
+//! bench/gpu-check on this CPU machine: the script a GPU machine runs, with a loopback RPC device in
+//! place of CUDA0 and the tiny test model, so every step but the GPU itself is tested before device
+//! time is spent — and its resumption: the same command run again prints what is done and measures
+//! nothing; a deadline leaves steps for the next run.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::Command;
+
+/// Runs bench/gpu-check with the sandbox's cache (test model, state, profiles) and OUT dir.
+fn gpu_check(sb: &Sandbox, args: &[&str]) -> (bool, String) {
+    let tools = llama_server()
+        .parent()
+        .expect("the tools' bin dir")
+        .to_path_buf();
+    let out = Command::new(repo_root().join("bench/gpu-check"))
+        .args(["--budget", "15s", "--out"])
+        .arg(sb.dir.path().join("out"))
+        .args(args)
+        .env("AUTOTUNE_BIN", bin())
+        .env("AUTOTUNE_CACHE_DIR", sb.cache())
+        .env("AUTOTUNE_LLAMA_TOOLS", tools)
+        .env("PYTHONUNBUFFERED", "1")
+        .env_remove("OUT")
+        .env_remove("LLAMA_BENCH")
+        .output()
+        .expect("run bench/gpu-check");
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    (out.status.success(), text)
+}
+
+fn has(text: &str, wanted: &[&str]) {
+    for w in wanted {
+        assert!(text.contains(w), "`{w}` missing in:\n{text}");
+    }
+}
+
+#[test]
+fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
+    let sb = Sandbox::new();
+    let (ok, text) = gpu_check(&sb, &[]);
+    assert!(ok, "bench/gpu-check failed:\n{text}");
+    has(
+        &text,
+        &[
+            "no NVIDIA GPU: loopback RPC device in its place",
+            "## autotune doctor",
+            "## tune-full",
+            "winner: ",
+            "the cliff (best tg per GPU-layer count):",
+            "llama-bench: ",
+            "autotune/llama-bench: pp ",
+            "tg within ±5%: ",
+            "llama.cpp's fit: ",
+        ],
+    );
+    assert!(!text.contains("FAILED"), "a step failed:\n{text}");
+    // The cliff lists more than one GPU-layer count, RPC0 holding layers in some of them.
+    let cliff: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("the cliff"))
+        .skip(1)
+        .take_while(|l| l.trim_start().starts_with("ngl="))
+        .collect();
+    assert!(cliff.len() >= 2, "one placement in the cliff:\n{text}");
+    let out = sb.dir.path().join("out");
+    let file = std::fs::read_to_string(out.join("gpu-check.txt")).expect("OUT/gpu-check.txt");
+    has(&file, &["the cliff (best tg per GPU-layer count):"]);
+    for chart in ["budget-gpu-layers.svg", "budget-leaderboard.svg"] {
+        assert!(Path::new(&out.join(chart)).is_file(), "{chart} not in OUT");
+    }
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("gpu-check.json")).expect("OUT/gpu-check.json"),
+    )
+    .expect("gpu-check.json is JSON");
+    assert!(json["fidelity"]["tg"].as_f64().is_some_and(|r| r > 0.0), "{json}");
+
+    // The same command again: every step comes from the state, the cliff lines with it.
+    let started = std::time::Instant::now();
+    let (ok, again) = gpu_check(&sb, &[]);
+    assert!(ok, "the second run failed:\n{again}");
+    has(
+        &again,
+        &[
+            "## tune-full (done in an earlier run)",
+            "## fidelity (done in an earlier run)",
+            "## tune-budget (done in an earlier run)",
+            "## fit (done in an earlier run)",
+        ],
+    );
+    for line in &cliff {
+        assert!(again.contains(line), "`{line}` not repeated:\n{again}");
+    }
+    assert!(
+        started.elapsed().as_secs() < 60,
+        "the resumed run measured again: {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_deadline_leaves_the_steps_for_the_next_run() {
+    let sb = Sandbox::new();
+    let (ok, text) = gpu_check(&sb, &["--deadline", "1"]);
+    assert!(ok, "bench/gpu-check failed:\n{text}");
+    has(
+        &text,
+        &["## model: SKIPPED", "run the same command again to continue"],
+    );
+    assert!(!text.contains("## tune-full"), "{text}");
+}
