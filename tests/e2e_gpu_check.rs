@@ -74,7 +74,10 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
         &std::fs::read_to_string(out.join("gpu-check.json")).expect("OUT/gpu-check.json"),
     )
     .expect("gpu-check.json is JSON");
-    assert!(json["fidelity"]["tg"].as_f64().is_some_and(|r| r > 0.0), "{json}");
+    assert!(
+        json["fidelity"]["tg"].as_f64().is_some_and(|r| r > 0.0),
+        "{json}"
+    );
 
     // The same command again: every step comes from the state, the cliff lines with it.
     let started = std::time::Instant::now();
@@ -106,7 +109,10 @@ fn a_deadline_leaves_the_steps_for_the_next_run() {
     assert!(ok, "bench/gpu-check failed:\n{text}");
     has(
         &text,
-        &["## model: SKIPPED", "run the same command again to continue"],
+        &[
+            "## model: SKIPPED",
+            "run the same command again to continue",
+        ],
     );
     assert!(!text.contains("## tune-full"), "{text}");
 }
