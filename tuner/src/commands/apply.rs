@@ -199,7 +199,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     let stored = resolve(&args.target, args.force, cli.verbose)?;
     let p = &stored.profile;
 
-    let server = find_server(args.server.as_deref(), p.llama.cpu_variant.as_deref())?;
+    let server = find_server(args.server.as_deref())?;
     let (version, profile_llama, same_build) = build_of(server.as_deref(), p);
     let (argv, port) = server_argv(p, args)?;
 
@@ -445,12 +445,9 @@ fn check_completion(
     Ok(answer)
 }
 
-/// `--server`, else `llama-server` on PATH, else the vendor build in the cache (the one built for the
-/// profile's CPU variant if there are several).
-fn find_server(
-    explicit: Option<&Path>,
-    cpu_variant: Option<&str>,
-) -> anyhow::Result<Option<PathBuf>> {
+/// `--server`, else `llama-server` on PATH, else the vendor build in the cache (with several, the
+/// newest of those with backend modules).
+fn find_server(explicit: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
     if let Some(path) = explicit {
         return which::which(path)
             .map(Some)
@@ -472,9 +469,10 @@ fn find_server(
                 .filter(|m| m.is_file())?
                 .modified()
                 .ok()?;
-            let name = d.file_name().to_string_lossy().into_owned();
-            let matches = cpu_variant.is_some_and(|v| name.ends_with(&format!("-{v}")));
-            Some((matches, modified, bin))
+            // A build with backend modules beside it (vendor/build-llama-tools since recipe 2) loads
+            // the CPU variant and GPU modules autotune loads; an older static one does not.
+            let modules = d.path().join("bin").join("libggml-base.so").exists();
+            Some((modules, modified, bin))
         })
         .collect();
     builds.sort();
