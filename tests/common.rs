@@ -136,12 +136,23 @@ pub fn stdout(o: &Output) -> String {
 }
 
 /// An `autotune rpc-serve` on loopback (one thread), killed when dropped: a real non-CPU device.
-pub struct RpcServer(std::process::Child);
+pub struct RpcServer {
+    child: std::process::Child,
+    /// The port it listens on, chosen by [`rpc_server`].
+    pub port: u16,
+}
+
+impl RpcServer {
+    /// `127.0.0.1:PORT`, as `--rpc` takes it.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
 
 impl Drop for RpcServer {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -157,27 +168,61 @@ fn listening(port: u16) -> bool {
     })
 }
 
-/// Starts `autotune rpc-serve` on `port` and waits until it listens (up to a minute: on a busy
-/// 2-core machine the server's start-up, which loads the ggml backends, can take several seconds).
-pub fn rpc_server(port: u16) -> RpcServer {
+/// Ports tried by [`rpc_server`]: below Linux's ephemeral range (32768–60999), where an outgoing
+/// connection of any process may hold a port as its local end (CI once saw a server on 50312 fail
+/// to bind), and spread by the process id so two test binaries rarely start on the same one.
+fn candidate_ports() -> impl Iterator<Item = u16> {
+    static TRIED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let first = std::process::id() % 500 * 20;
+    (0..40).map(move |_| {
+        let n = TRIED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        20000 + ((first + n) % 12000) as u16
+    })
+}
+
+/// Starts `autotune rpc-serve` on a free loopback port and waits until it listens (up to a minute:
+/// on a busy 2-core machine the server's start-up, which loads the ggml backends, can take several
+/// seconds). A server that cannot bind exits at once; the next candidate port is tried. Panics
+/// with the server's own stderr when every candidate fails.
+pub fn rpc_server() -> RpcServer {
+    let mut last_error = String::new();
+    for port in candidate_ports() {
+        // A port something else holds is skipped before a server is started on it; the listener
+        // is closed again at once (std sets SO_REUSEADDR, as ggml's server does).
+        if listening(port) || std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        match start_rpc_server(port) {
+            Ok(server) => return server,
+            Err(e) => last_error = e,
+        }
+    }
+    panic!("no autotune rpc-serve could listen on a loopback port; the last said: {last_error}");
+}
+
+/// One try of [`rpc_server`] on `port`: the server, or what it printed when it exited.
+fn start_rpc_server(port: u16) -> Result<RpcServer, String> {
+    let log = tempfile::NamedTempFile::new().expect("temporary file for rpc-serve's stderr");
     let mut child = Command::new(bin())
         .args(["rpc-serve", "--port", &port.to_string(), "-t", "1"])
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(log.reopen().expect("reopen the temporary file"))
         .spawn()
         .expect("autotune rpc-serve");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !listening(port) {
         if let Ok(Some(status)) = child.try_wait() {
-            panic!("autotune rpc-serve on port {port} exited: {status}");
+            let said = std::fs::read_to_string(log.path()).unwrap_or_default();
+            return Err(format!("port {port}, {status}: {}", said.trim()));
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "autotune rpc-serve on port {port} did not listen within a minute"
-        );
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("autotune rpc-serve on port {port} did not listen within a minute");
+        }
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    RpcServer(child)
+    Ok(RpcServer { child, port })
 }
 
 /// The llama-server built by vendor/build-llama-tools (in the real cache, not the sandbox's: the sandbox's

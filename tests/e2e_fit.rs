@@ -134,12 +134,11 @@ fn moe_experts_go_to_the_host_when_the_device_is_small() {
         String::from_utf8_lossy(&out.stderr)
     );
     let moe = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    let port = 50190 + (std::process::id() % 50) as u16;
-    let _server = rpc_server(port);
+    let server = rpc_server();
     let sb = Sandbox::new();
     // At -ub 128, every layer with every expert does not fit 22 MiB on the device (at most 4 of
     // the 5 do); with the experts of two or more layers on the host all 5 do.
-    let rpc = format!("127.0.0.1:{port}");
+    let rpc = server.endpoint();
     let o = sb.run(&[
         "tune",
         &moe,

@@ -3,31 +3,13 @@
 
 mod common;
 use common::*;
-use std::process::{Command, Stdio};
-
-struct RpcServer(std::process::Child);
-impl Drop for RpcServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn llama_fit_places_part_of_the_demo_model_on_a_small_rpc_device() {
     let model = demo_model();
-    let port = 50250 + (std::process::id() % 50) as u16;
-    let _server = RpcServer(
-        Command::new(bin())
-            .args(["rpc-serve", "--port", &port.to_string(), "-t", "1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let server = rpc_server();
     let sb = Sandbox::new();
-    let rpc = format!("127.0.0.1:{port}");
+    let rpc = server.endpoint();
     // At ctx 1024 the whole model on RPC0 needs ~780 MiB (its compute buffer alone ~520 MiB): a
     // 750 MiB budget holds only some of its 19 layers.
     let budget: u64 = 750 * 1024 * 1024;

@@ -39,16 +39,15 @@ fn tune_offloaded(sb: &Sandbox, out: &Path, rpc: &str, budget: &str) {
 
 #[test]
 fn a_profile_offloading_to_two_rpc_devices_applies_with_both_servers() {
-    let base = 50240 + (std::process::id() % 40) as u16 * 2;
-    let (p0, p1) = (base, base + 1);
-    let _servers = (rpc_server(p0), rpc_server(p1));
-    let rpc = format!("127.0.0.1:{p0},127.0.0.1:{p1}");
+    let servers = (rpc_server(), rpc_server());
+    let (e0, e1) = (servers.0.endpoint(), servers.1.endpoint());
+    let rpc = format!("{e0},{e1}");
     let sb = Sandbox::new();
     let profile = sb.dir.path().join("rpc.toml");
     tune_offloaded(&sb, &profile, &rpc, "90s");
     let text = std::fs::read_to_string(&profile).unwrap();
     assert!(
-        text.contains(&format!("127.0.0.1:{p0}")) && text.contains(&format!("127.0.0.1:{p1}")),
+        text.contains(&e0) && text.contains(&e1),
         "the profile keeps both RPC servers: {text}"
     );
 
@@ -80,12 +79,12 @@ fn a_profile_offloading_to_two_rpc_devices_applies_with_both_servers() {
 
 #[test]
 fn apply_names_the_rpc_server_that_is_down() {
-    let base = 50330 + (std::process::id() % 40) as u16 * 2;
     let sb = Sandbox::new();
     let profile = sb.dir.path().join("rpc.toml");
-    let rpc = format!("127.0.0.1:{base}");
+    let rpc;
     {
-        let _server = rpc_server(base);
+        let server = rpc_server();
+        rpc = server.endpoint();
         tune_offloaded(&sb, &profile, &rpc, "40s");
     }
     // The server is gone: apply fails in one line naming it, with the documented exit code.
@@ -103,9 +102,8 @@ fn apply_names_the_rpc_server_that_is_down() {
 /// the profile names it.
 #[test]
 fn the_baseline_with_two_rpc_devices_is_llama_cpps_fit_placement() {
-    let base = 50420 + (std::process::id() % 40) as u16 * 2;
-    let _servers = (rpc_server(base), rpc_server(base + 1));
-    let rpc = format!("127.0.0.1:{base},127.0.0.1:{}", base + 1);
+    let servers = (rpc_server(), rpc_server());
+    let rpc = format!("{},{}", servers.0.endpoint(), servers.1.endpoint());
     let budgets = "RPC0=600M,RPC1=300M";
     let model = demo_model();
     let m = model.to_str().unwrap();
