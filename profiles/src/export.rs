@@ -7,7 +7,7 @@
 use crate::error::{ProfileError, Result};
 use crate::profile::Profile;
 use crate::server_args::shell_quote;
-use search_space::{CacheType, FlashAttn, KernelChoice};
+use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 use std::fmt;
 use std::fmt::Write as _;
 use std::str::FromStr;
@@ -156,6 +156,14 @@ pub fn export_ollama(p: &Profile) -> String {
     let _ = writeln!(out, "PARAMETER num_batch {}", c.n_batch);
     let _ = writeln!(out, "PARAMETER num_gpu {}", c.n_gpu_layers);
 
+    ollama_server_notes(c, &mut out);
+    ollama_speculation_notes(p, &mut out);
+    out
+}
+
+/// The `# autotune:` lines for what Ollama sets server-wide or not at all: KV cache type, flash
+/// attention, ubatch, kernels, devices and tensor split.
+fn ollama_server_notes(c: &Candidate, out: &mut String) {
     let ollama_kv = [CacheType::F16, CacheType::Q8_0, CacheType::Q4_0];
     if c.type_k == c.type_v && ollama_kv.contains(&c.type_k) {
         let _ = writeln!(
@@ -211,6 +219,10 @@ pub fn export_ollama(p: &Profile) -> String {
             parts.join(",")
         );
     }
+}
+
+/// The `# autotune:` lines for a measured draft model, n-gram or MTP speculation: Ollama runs none.
+fn ollama_speculation_notes(p: &Profile, out: &mut String) {
     if let Some(d) = &p.draft {
         let _ = writeln!(
             out,
@@ -232,7 +244,6 @@ pub fn export_ollama(p: &Profile) -> String {
             crate::DRAFT_MTP, m.n_max, m.tg_tps, m.baseline_tg_tps
         );
     }
-    out
 }
 
 /// The whole profile as pretty JSON.
