@@ -48,7 +48,7 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
     let (dir, found_modules) = llama::backend_modules(&log);
     let modules = Modules {
         dir: dir.map(|d| d.display().to_string()),
-        modules: module_statuses(&found_modules, &log, nvidia_driver_present()),
+        modules: module_statuses(&found_modules, &log, Drivers::this_machine()),
     };
     let devices = llama::devices();
     let backends = llama::backends();
@@ -66,6 +66,25 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
     })
 }
 
+/// The drivers a GPU module's missing device is explained by.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Drivers {
+    /// An NVIDIA driver is installed.
+    pub nvidia: bool,
+    /// A Vulkan driver that runs on the CPU (Mesa's llvmpipe, SwiftShader) is installed; ggml-vulkan
+    /// skips such devices unless GGML_VK_VISIBLE_DEVICES names them.
+    pub cpu_vulkan: bool,
+}
+
+impl Drivers {
+    pub fn this_machine() -> Self {
+        Drivers {
+            nvidia: nvidia_driver_present(),
+            cpu_vulkan: cpu_vulkan_driver_present(),
+        }
+    }
+}
+
 /// Whether an NVIDIA driver is installed: its kernel module's version file, or its user-space
 /// library (libcuda, which the CUDA runtime loads; PyPI's toolkit does not have it).
 fn nvidia_driver_present() -> bool {
@@ -78,6 +97,21 @@ fn nvidia_driver_present() -> bool {
     ]
     .iter()
     .any(|p| std::path::Path::new(p).exists())
+}
+
+/// Whether the Vulkan loader's driver manifests name a CPU driver: Mesa's lavapipe (`lvp_icd.*`)
+/// or SwiftShader (`vk_swiftshader_icd.json`).
+fn cpu_vulkan_driver_present() -> bool {
+    ["/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flatten()
+        .flatten()
+        .any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("lvp_icd") || name.contains("swiftshader")
+        })
 }
 
 /// `cuda` for `libggml-cuda.so`, `cpu` for every `libggml-cpu-<variant>.so`.
@@ -116,7 +150,7 @@ fn devices_text(n: usize) -> String {
 pub fn module_statuses(
     modules: &[llama::BackendModule],
     log: &[String],
-    nvidia_driver: bool,
+    drivers: Drivers,
 ) -> Vec<ModuleStatus> {
     let cpu_variants = modules
         .iter()
@@ -138,8 +172,14 @@ pub fn module_statuses(
                 (Some(b), _) if m.devices > 0 => {
                     format!("{b} module loaded ({file}): {}", devices_text(m.devices))
                 }
-                (Some(b), "cuda") if !nvidia_driver => {
+                (Some(b), "cuda") if !drivers.nvidia => {
                     format!("{b} module present ({file}), no NVIDIA driver: not used")
+                }
+                (Some(b), "vulkan") if drivers.cpu_vulkan && start_failure(log, b).is_none() => {
+                    format!(
+                        "{b} module present ({file}), no Vulkan GPU: not used (ggml skips CPU \
+                         drivers such as Mesa's llvmpipe; GGML_VK_VISIBLE_DEVICES=0 selects one)"
+                    )
                 }
                 (Some(b), _) => match start_failure(log, b) {
                     Some(why) => format!(
@@ -201,7 +241,11 @@ mod tests {
 
     fn lines(modules: &[BackendModule], log: &[&str], driver: bool) -> Vec<String> {
         let log: Vec<String> = log.iter().map(|l| l.to_string()).collect();
-        module_lines(&module_statuses(modules, &log, driver))
+        let drivers = Drivers {
+            nvidia: driver,
+            cpu_vulkan: false,
+        };
+        module_lines(&module_statuses(modules, &log, drivers))
     }
 
     #[test]
@@ -260,13 +304,34 @@ mod tests {
     }
 
     #[test]
+    fn a_vulkan_module_with_only_a_cpu_driver_says_how_to_use_it() {
+        let modules = [module("libggml-vulkan.so", Some("Vulkan"), 0)];
+        let with = |cpu_vulkan| {
+            let drivers = Drivers {
+                nvidia: false,
+                cpu_vulkan,
+            };
+            module_lines(&module_statuses(&modules, &[], drivers))
+        };
+        assert_eq!(
+            with(true),
+            ["Vulkan module present (libggml-vulkan.so), no Vulkan GPU: not used (ggml skips CPU \
+              drivers such as Mesa's llvmpipe; GGML_VK_VISIBLE_DEVICES=0 selects one)"]
+        );
+        assert_eq!(
+            with(false),
+            ["Vulkan module present (libggml-vulkan.so), no Vulkan device: not used"]
+        );
+    }
+
+    #[test]
     fn a_module_ggml_could_not_open_is_named_and_cpu_variants_stay_in_the_json() {
         let modules = [
             module("libggml-cpu-haswell.so", Some("CPU"), 1),
             module("libggml-cpu-x64.so", None, 0),
             module("libggml-vulkan.so", None, 0),
         ];
-        let all = module_statuses(&modules, &[], false);
+        let all = module_statuses(&modules, &[], Drivers::default());
         assert_eq!(all.len(), 3);
         assert!(!all[1].loaded);
         assert_eq!(
