@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 /// The matrix a device's probe reads, and how many timed passes.
 const DEVICE_MATRIX: u64 = 512 << 20;
 const DEVICE_PASSES: u32 = 5;
+/// Passes after the first stop once the probe has taken this long (warm-up included).
+const DEVICE_TIME: Duration = Duration::from_secs(3);
 
 /// Measures each device's memory read bandwidth (connecting the run's RPC servers first), one
 /// worker for all; a device whose probe fails is left out with a warning on stderr.
@@ -39,20 +41,24 @@ pub fn measure_devices(devices: &[String], rpc: &[String]) -> Vec<profiles::Devi
             rpc: rpc.to_vec(),
             bytes: DEVICE_MATRIX,
             passes: DEVICE_PASSES,
+            time_limit_ms: DEVICE_TIME.as_millis() as u64,
         });
         match worker.call(&request, Duration::from_secs(120), &|| false) {
-            Ok(Response::Bandwidth { bytes_per_s, bytes }) => out.push(profiles::DeviceBandwidth {
+            Ok(Response::Bandwidth {
+                bytes_per_s,
+                bytes,
+                passes,
+            }) => out.push(profiles::DeviceBandwidth {
                 device: device.clone(),
                 bytes_per_s,
-                method: format!(
-                    "matrix-vector product over a {} f32 matrix by {device}'s own kernels, best of {DEVICE_PASSES} passes",
-                    search_space::size::format_size(bytes)
-                ),
+                method: device_method(device, bytes, passes),
             }),
             Ok(Response::Failed { message, .. }) => {
                 eprintln!("autotune: warning: bandwidth of {device} not measured: {message}")
             }
-            Ok(_) => eprintln!("autotune: warning: bandwidth of {device} not measured: unexpected answer"),
+            Ok(_) => eprintln!(
+                "autotune: warning: bandwidth of {device} not measured: unexpected answer"
+            ),
             Err(f) => {
                 eprintln!("autotune: warning: bandwidth of {device} not measured: {f}");
                 // The worker is gone; the next device gets a fresh one.
@@ -65,6 +71,19 @@ pub fn measure_devices(devices: &[String], rpc: &[String]) -> Vec<profiles::Devi
     }
     worker.quit();
     out
+}
+
+/// The method line of a device's probe.
+fn device_method(device: &str, bytes: u64, passes: u32) -> String {
+    let passes = match passes {
+        1 => "one pass (a slow device: the probe's time limit)".to_string(),
+        n if n < DEVICE_PASSES => format!("best of {n} passes (the probe's time limit)"),
+        n => format!("best of {n} passes"),
+    };
+    format!(
+        "matrix-vector product over a {} f32 matrix by {device}'s own kernels, {passes}",
+        search_space::size::format_size(bytes)
+    )
 }
 
 /// The smallest and largest buffer the probe reads.
@@ -194,6 +213,25 @@ fn meminfo_bytes(meminfo: &str, key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_method_says_when_the_time_limit_cut_the_passes() {
+        let m = |passes| device_method("Vulkan0", 512 << 20, passes);
+        assert_eq!(
+            m(5),
+            "matrix-vector product over a 512.0 MiB f32 matrix by Vulkan0's own kernels, best of 5 passes"
+        );
+        assert!(
+            m(3).ends_with("best of 3 passes (the probe's time limit)"),
+            "{}",
+            m(3)
+        );
+        assert!(
+            m(1).ends_with("one pass (a slow device: the probe's time limit)"),
+            "{}",
+            m(1)
+        );
+    }
 
     #[test]
     fn the_buffer_outgrows_the_cache_within_bounds() {

@@ -4,15 +4,27 @@ use super::LlamaError;
 use llama_cpp_sys_2 as sys;
 use std::ffi::CString;
 
+/// What [`device_read_bandwidth`] measured.
+#[derive(Debug, Clone, Copy)]
+pub struct ProbeResult {
+    /// The best pass's bytes per second.
+    pub bytes_per_s: f64,
+    /// The matrix's bytes (what each pass read).
+    pub bytes: u64,
+    /// The passes timed.
+    pub passes: u32,
+}
+
 /// The read bandwidth of a device's memory, measured by that device's own kernels: a matrix-vector
 /// product (what generating a token does with every weight matrix) over an f32 matrix of about
 /// `bytes` in the device's memory, timed around a synchronised compute, best of `passes` after a
-/// warm-up. Returns (bytes per second, the matrix's bytes).
+/// warm-up, with no pass after the first started once `time_limit` has gone by.
 pub fn device_read_bandwidth(
     device: &str,
     bytes: u64,
     passes: u32,
-) -> Result<(f64, u64), LlamaError> {
+    time_limit: std::time::Duration,
+) -> Result<ProbeResult, LlamaError> {
     const K: i64 = 4096;
     let name = CString::new(device).map_err(|_| LlamaError::UnknownDevice(device.into()))?;
     // SAFETY: ggml's backend registry is initialised (init()); the name is NUL-terminated.
@@ -61,11 +73,15 @@ pub fn device_read_bandwidth(
                 status
             };
             let mut best = 0.0f64;
+            let started = std::time::Instant::now();
             let mut status = pass(); // warm-up
-            for _ in 0..passes.max(1) {
+            let mut timed = 0;
+            // A slow device (a CPU Vulkan driver reads a few MB/s) stops at the time limit.
+            while timed < passes.max(1) && (timed == 0 || started.elapsed() < time_limit) {
                 if status != sys::GGML_STATUS_SUCCESS {
                     break;
                 }
+                timed += 1;
                 let t = std::time::Instant::now();
                 status = pass();
                 let secs = t.elapsed().as_secs_f64();
@@ -75,7 +91,11 @@ pub fn device_read_bandwidth(
             }
             sys::ggml_backend_buffer_free(buffer);
             if status == sys::GGML_STATUS_SUCCESS {
-                Ok((best, matrix_bytes))
+                Ok(ProbeResult {
+                    bytes_per_s: best,
+                    bytes: matrix_bytes,
+                    passes: timed,
+                })
             } else {
                 Err(failed(&format!("compute failed with status {status}")))
             }

@@ -54,7 +54,9 @@ pub struct BandwidthRequest {
     pub rpc: Vec<String>,
     /// Size of the matrix read.
     pub bytes: u64,
+    /// Timed passes at most; fewer once `time_limit_ms` has gone by (always at least one).
     pub passes: u32,
+    pub time_limit_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -71,10 +73,11 @@ pub enum Response {
     DraftCheck(CheckAnswer),
     Speculated(SpeculateAnswer),
     Fitted(FitAnswer),
-    /// Bytes per second, and the bytes each pass read.
+    /// Bytes per second (the best pass), the bytes each pass read, and the passes timed.
     Bandwidth {
         bytes_per_s: f64,
         bytes: u64,
+        passes: u32,
     },
 }
 

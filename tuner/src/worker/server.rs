@@ -67,8 +67,13 @@ fn bandwidth(r: &BandwidthRequest) -> Response {
     if let Err(e) = llama::rpc_add_servers(&r.rpc) {
         return failed("rpc", e);
     }
-    match llama::device_read_bandwidth(&r.device, r.bytes, r.passes) {
-        Ok((bytes_per_s, bytes)) => Response::Bandwidth { bytes_per_s, bytes },
+    let limit = std::time::Duration::from_millis(r.time_limit_ms);
+    match llama::device_read_bandwidth(&r.device, r.bytes, r.passes, limit) {
+        Ok(p) => Response::Bandwidth {
+            bytes_per_s: p.bytes_per_s,
+            bytes: p.bytes,
+            passes: p.passes,
+        },
         Err(e) => failed("bandwidth", e),
     }
 }
