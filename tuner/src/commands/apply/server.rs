@@ -311,8 +311,14 @@ pub fn complete(
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Ok(answer)) => return Ok(answer),
             Ok(Err(message)) => {
-                if let Some(status) = proc.exited() {
-                    return Err(proc.died(status, "during the completion"));
+                // A server that crashed mid-answer closes the connection a moment before it is
+                // reaped: give it that moment, so the error is its death and last lines.
+                let until = std::time::Instant::now() + Duration::from_secs(2);
+                while std::time::Instant::now() < until {
+                    if let Some(status) = proc.exited() {
+                        return Err(proc.died(status, "during the completion"));
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
                 }
                 return Err(Exit::new(exit::ERROR, message));
             }
