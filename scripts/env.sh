@@ -20,6 +20,22 @@ have_libclang() {
   return 1
 }
 
+# apt-get install of the packages given (with sudo when not root); fails with a one-line error
+# naming them when that cannot be done.
+apt_install() {
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then sudo=sudo; else
+      echo "error: missing $*; install them with your package manager (apt-get install $*)" >&2
+      return 1
+    fi
+  fi
+  command -v apt-get >/dev/null 2>&1 ||
+    { echo "error: missing $*; install them with your package manager" >&2; return 1; }
+  $sudo apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >&2
+}
+
 # Installs what building llama.cpp needs (cmake, a C++ compiler, libclang for bindgen) when missing.
 ensure_prerequisites() {
   local missing=()
@@ -29,15 +45,7 @@ ensure_prerequisites() {
   command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "installing system prerequisites: ${missing[*]}" >&2
-    local sudo=""
-    if [ "$(id -u)" != 0 ]; then
-      if command -v sudo >/dev/null 2>&1; then sudo=sudo; else
-        echo "error: missing ${missing[*]}; install them with your package manager (apt-get install ${missing[*]})" >&2
-        exit 1
-      fi
-    fi
-    $sudo apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >&2
+    apt_install "${missing[@]}" || exit 1
   fi
   command -v cargo >/dev/null 2>&1 || { echo "error: cargo not found: install Rust (rustup) first" >&2; exit 1; }
 }
