@@ -72,23 +72,7 @@ pub fn device_read_bandwidth(
                 sys::ggml_backend_tensor_get(y, (&mut first as *mut f32).cast(), 0, 4);
                 status
             };
-            let mut best = 0.0f64;
-            let started = std::time::Instant::now();
-            let mut status = pass(); // warm-up
-            let mut timed = 0;
-            // A slow device (a CPU Vulkan driver reads a few MB/s) stops at the time limit.
-            while timed < passes.max(1) && (timed == 0 || started.elapsed() < time_limit) {
-                if status != sys::GGML_STATUS_SUCCESS {
-                    break;
-                }
-                timed += 1;
-                let t = std::time::Instant::now();
-                status = pass();
-                let secs = t.elapsed().as_secs_f64();
-                if secs > 0.0 {
-                    best = best.max(matrix_bytes as f64 / secs);
-                }
-            }
+            let (status, best, timed) = timed_passes(pass, matrix_bytes, passes, time_limit);
             sys::ggml_backend_buffer_free(buffer);
             if status == sys::GGML_STATUS_SUCCESS {
                 Ok(ProbeResult {
@@ -104,4 +88,32 @@ pub fn device_read_bandwidth(
         sys::ggml_backend_free(backend);
         result
     }
+}
+
+/// A warm-up pass, then up to `passes` timed ones (at least one; none started after `time_limit`
+/// from the warm-up's start: a slow device, a CPU Vulkan driver reading a few MB/s, stops there).
+/// The last status, the best pass's bytes per second, and the passes timed.
+fn timed_passes(
+    mut pass: impl FnMut() -> sys::ggml_status,
+    bytes: u64,
+    passes: u32,
+    time_limit: std::time::Duration,
+) -> (sys::ggml_status, f64, u32) {
+    let mut best = 0.0f64;
+    let started = std::time::Instant::now();
+    let mut status = pass(); // warm-up
+    let mut timed = 0;
+    while timed < passes.max(1) && (timed == 0 || started.elapsed() < time_limit) {
+        if status != sys::GGML_STATUS_SUCCESS {
+            break;
+        }
+        timed += 1;
+        let t = std::time::Instant::now();
+        status = pass();
+        let secs = t.elapsed().as_secs_f64();
+        if secs > 0.0 {
+            best = best.max(bytes as f64 / secs);
+        }
+    }
+    (status, best, timed)
 }
