@@ -135,6 +135,16 @@ pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// `apply --json`'s `command`: the llama-server command line it ran, as strings.
+pub fn command_of(v: &serde_json::Value) -> Vec<&str> {
+    v["command"]
+        .as_array()
+        .expect("apply --json has a command")
+        .iter()
+        .map(|a| a.as_str().expect("command arguments are strings"))
+        .collect()
+}
+
 /// An `autotune rpc-serve` on loopback (one thread), killed when dropped: a real non-CPU device.
 pub struct RpcServer {
     child: std::process::Child,

@@ -63,12 +63,7 @@ fn a_profile_offloading_to_two_rpc_devices_applies_with_both_servers() {
     ]);
     assert!(o.status.success(), "apply: {}\n{}", stderr(&o), stdout(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
-    let command: Vec<&str> = v["command"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let command = command_of(&v);
     let at = command
         .iter()
         .position(|a| *a == "--rpc")

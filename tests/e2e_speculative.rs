@@ -795,12 +795,7 @@ fn apply_runs_a_tuned_ngram_profile_and_reads_the_servers_acceptance() {
         stdout(&o)
     );
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
-    let command: Vec<&str> = v["command"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let command = command_of(&v);
     assert!(
         command
             .windows(2)
@@ -935,12 +930,7 @@ fn apply_runs_a_draft_model_profile_and_reads_the_servers_acceptance() {
         stderr(&o)
     );
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
-    let command: Vec<&str> = v["command"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let command = command_of(&v);
     assert!(
         command
             .windows(2)
@@ -1243,12 +1233,7 @@ fn apply_runs_an_mtp_profile_and_reads_the_servers_acceptance() {
         stderr(&o)
     );
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
-    let command: Vec<&str> = v["command"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let command = command_of(&v);
     let n = n_max.to_string();
     for pair in [["--spec-type", "draft-mtp"], ["--spec-draft-n-max", &n]] {
         assert!(

@@ -92,9 +92,23 @@ fn json(o: &Output) -> serde_json::Value {
     serde_json::from_str(&stdout(o)).expect("--json prints JSON")
 }
 
-/// The workload of these tests: short, at a context the 8 MiB budget below splits.
+/// The workload of these tests (short, at a context the 8 MiB budget below splits) and the knobs
+/// they hold fixed.
 const WORKLOAD: &[&str] = &[
-    "--ctx", "1024", "--prompt", "64", "--gen", "16", "--seed", "3",
+    "--ctx",
+    "1024",
+    "--prompt",
+    "64",
+    "--gen",
+    "16",
+    "--seed",
+    "3",
+    "--threads",
+    "2",
+    "--cache-types",
+    "f16",
+    "--flash-attn",
+    "auto",
 ];
 
 /// Every layer on Vulkan0 under an 8 MiB budget: at a 512-token ubatch the dry runs predict
@@ -124,12 +138,6 @@ fn a_vulkan_budget_prunes_what_does_not_fit_and_measures_what_does() {
         "2",
         "--max-reps",
         "3",
-        "--threads",
-        "2",
-        "--cache-types",
-        "f16",
-        "--flash-attn",
-        "auto",
     ];
     args.extend_from_slice(WORKLOAD);
     // A fresh store and cache for each try: a crash recorded in the measurement log would be reused.
@@ -193,12 +201,6 @@ fn a_profile_offloading_to_vulkan_applies_with_llama_server() {
         "30s",
         "--n-gpu-layers",
         "2",
-        "--threads",
-        "2",
-        "--cache-types",
-        "f16",
-        "--flash-attn",
-        "auto",
         "--ubatch",
         "512",
     ];
@@ -227,12 +229,7 @@ fn a_profile_offloading_to_vulkan_applies_with_llama_server() {
         )
     });
     let v = json(&o);
-    let command: Vec<&str> = v["command"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let command = command_of(&v);
     let at = command
         .iter()
         .position(|a| *a == "-ngl" || *a == "--n-gpu-layers")
