@@ -113,6 +113,14 @@ pub struct DeviceRef {
     pub memory_total: u64,
 }
 
+impl DeviceRef {
+    /// A device llama.cpp places layers on (a GPU, integrated or not, or an RPC server); CPU and
+    /// accelerator devices only serve the CPU's tensors.
+    pub fn takes_layers(&self) -> bool {
+        matches!(self.kind.as_str(), "gpu" | "igpu")
+    }
+}
+
 /// The llama.cpp build that was measured: a profile from another build may no longer be the fastest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LlamaBuild {

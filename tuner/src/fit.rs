@@ -14,31 +14,19 @@ pub use crate::worker::protocol::{FitAnswer, FitDevice, FitRequest, TensorOverri
 use llama_cpp_sys_2 as sys;
 use std::ffi::CString;
 
-/// Non-CPU devices in the order llama.cpp gives them to a model: RPC servers first, then the others.
+/// The devices llama.cpp gives a model, in its order (`llama::devices`: RPC servers first, each GPU
+/// once), with their registry handles.
 fn model_devices() -> Vec<(sys::ggml_backend_dev_t, String)> {
-    let mut rpc = Vec::new();
-    let mut other = Vec::new();
-    // SAFETY: registry getters; names are static strings.
-    unsafe {
-        for i in 0..sys::ggml_backend_dev_count() {
-            let dev = sys::ggml_backend_dev_get(i);
-            let t = sys::ggml_backend_dev_type(dev);
-            if t != sys::GGML_BACKEND_DEVICE_TYPE_GPU && t != sys::GGML_BACKEND_DEVICE_TYPE_IGPU {
-                continue;
-            }
-            let name = cstr(sys::ggml_backend_dev_name(dev));
-            let reg = cstr(sys::ggml_backend_reg_name(
-                sys::ggml_backend_dev_backend_reg(dev),
-            ));
-            if reg == "RPC" {
-                rpc.push((dev, name));
-            } else {
-                other.push((dev, name));
-            }
-        }
-    }
-    rpc.extend(other);
-    rpc
+    llama::devices()
+        .into_iter()
+        .filter(|d| d.takes_layers())
+        .filter_map(|d| {
+            let name = CString::new(d.name.as_str()).ok()?;
+            // SAFETY: looks a registered device's name up in ggml's registry.
+            let dev = unsafe { sys::ggml_backend_dev_by_name(name.as_ptr()) };
+            (!dev.is_null()).then_some((dev, d.name))
+        })
+        .collect()
 }
 
 /// Runs `common_fit_params` (worker side).

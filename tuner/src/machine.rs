@@ -80,7 +80,7 @@ impl Machine {
 
     /// Devices other than the CPU that layers can be offloaded to.
     pub fn offload_devices(&self) -> Vec<&DeviceInfo> {
-        self.devices.iter().filter(|d| d.kind != "cpu").collect()
+        self.devices.iter().filter(|d| d.takes_layers()).collect()
     }
 }
 

@@ -8,6 +8,8 @@ use serde::Serialize;
 #[derive(Debug, Serialize)]
 pub struct Probe {
     pub machine: Machine,
+    /// Devices ggml registered that llama.cpp does not give a model (one GPU seen by two modules).
+    pub skipped_devices: Vec<llama::SkippedDevice>,
     pub backends: Vec<String>,
     pub cpu_variant: Option<String>,
     pub system_info: String,
@@ -56,6 +58,7 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
     let gpu_warnings = gpus::unused(&found, &backends, &devices);
     Ok(Probe {
         machine: Machine::probe(devices),
+        skipped_devices: llama::skipped_devices(),
         backends,
         gpus: found,
         gpu_warnings,

@@ -47,6 +47,12 @@ pub fn run(cli: &Cli, args: &DoctorArgs) -> anyhow::Result<i32> {
             dev.description
         );
     }
+    for s in &d.skipped_devices {
+        println!(
+            "  {:<12} {:<6} {:<5} not used: {}",
+            s.device.name, s.device.backend, s.device.kind, s.reason
+        );
+    }
     if !d.gpus.is_empty() {
         println!("gpus (seen by the OS)");
         for g in &d.gpus {

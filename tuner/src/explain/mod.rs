@@ -250,7 +250,7 @@ pub fn offload_devices(profile: &Profile) -> Vec<String> {
         .machine
         .devices
         .iter()
-        .filter(|d| d.kind != "cpu")
+        .filter(|d| d.takes_layers())
         .map(|d| d.name.clone())
         .collect()
 }

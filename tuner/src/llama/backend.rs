@@ -1,5 +1,5 @@
-//! Starting llama.cpp (log routing, backend modules) and what it reports about itself: devices,
-//! backends, module files, build and system information.
+//! Starting llama.cpp (log routing, backend modules) and what it reports about itself: backends,
+//! module files, build and system information (its devices: `devices.rs`).
 
 use super::{cstr, log};
 use llama_cpp_sys_2 as sys;
@@ -28,6 +28,12 @@ impl DeviceInfo {
     /// A device served by a ggml RPC server (`RPC0`, …).
     pub fn is_rpc(&self) -> bool {
         self.backend.eq_ignore_ascii_case("RPC")
+    }
+
+    /// A device llama.cpp places layers on (a GPU, integrated or not, or an RPC server); CPU and
+    /// accelerator devices (BLAS, AMX) only serve the CPU's tensors.
+    pub fn takes_layers(&self) -> bool {
+        matches!(self.kind.as_str(), "gpu" | "igpu")
     }
 }
 
@@ -87,36 +93,6 @@ fn load_backend_modules() {
     }
     // SAFETY: plain call; searches ggml's default locations.
     unsafe { sys::ggml_backend_load_all() };
-}
-
-pub fn devices() -> Vec<DeviceInfo> {
-    llama_cpp_2::list_llama_ggml_backend_devices()
-        .into_iter()
-        .map(|d| DeviceInfo {
-            name: d.name,
-            description: d.description,
-            backend: d.backend,
-            kind: match d.device_type {
-                llama_cpp_2::LlamaBackendDeviceType::Cpu => "cpu",
-                llama_cpp_2::LlamaBackendDeviceType::Gpu => "gpu",
-                llama_cpp_2::LlamaBackendDeviceType::IntegratedGpu => "igpu",
-                llama_cpp_2::LlamaBackendDeviceType::Accelerator => "accel",
-                _ => "unknown",
-            }
-            .to_string(),
-            memory_free: d.memory_free as u64,
-            memory_total: d.memory_total as u64,
-        })
-        .collect()
-}
-
-/// Free memory per non-CPU device right now (device name → free bytes).
-pub fn device_free() -> Vec<(String, u64)> {
-    devices()
-        .into_iter()
-        .filter(|d| d.kind != "cpu")
-        .map(|d| (d.name, d.memory_free))
-        .collect()
 }
 
 /// Names of the registered backends (`CPU`, `RPC`, `CUDA`, ...).

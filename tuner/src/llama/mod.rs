@@ -10,6 +10,7 @@ mod backend;
 mod bandwidth;
 mod breakdown;
 mod context;
+mod devices;
 mod log;
 mod model;
 mod mtp;
@@ -17,12 +18,13 @@ mod rpc;
 mod settings;
 
 pub use backend::{
-    backend_modules, backends, buffer_type_by_name, build_info, device_free, devices, init,
-    startup_log, system_info, BackendModule, DeviceInfo,
+    backend_modules, backends, buffer_type_by_name, build_info, init, startup_log, system_info,
+    BackendModule, DeviceInfo,
 };
 pub use bandwidth::device_read_bandwidth;
 pub use breakdown::{breakdown_per_device, memory_breakdown};
 pub use context::Context;
+pub use devices::{device_free, devices, skipped_devices, SkippedDevice};
 #[cfg(test)]
 pub use log::loaded_modules;
 pub use log::{bytes_per_device, cpu_variant, log_tail, parse_buffer_reports, take_log};

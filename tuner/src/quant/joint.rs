@@ -254,7 +254,7 @@ fn fill_from_run(row: &mut QuantRow, t: &Tuned) {
         .machine
         .devices
         .iter()
-        .filter(|d| d.kind != "cpu")
+        .filter(|d| d.takes_layers())
         .map(|d| d.name.clone())
         .collect();
     row.placement = row
