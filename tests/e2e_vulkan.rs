@@ -158,6 +158,16 @@ fn a_vulkan_budget_prunes_what_does_not_fit_and_measures_what_does() {
             .any(|e| ubatch(e) == 128 && status(e) == "ok" && !e["figures"].is_null()),
         "ubatch 128 is measured: {r:#}"
     );
+    // A candidate pruned on the memory budget is not one the time budget left unmeasured.
+    let unmeasured = board
+        .iter()
+        .any(|e| status(e).contains("time budget spent"));
+    assert_eq!(
+        r["notes"].to_string().contains("time budget"),
+        unmeasured,
+        "the time-budget note only when the time budget left a candidate unmeasured: {}",
+        r["notes"]
+    );
     let devices: Vec<&str> = r["winner_devices"]
         .as_array()
         .unwrap()
@@ -236,4 +246,26 @@ fn a_profile_offloading_to_vulkan_applies_with_llama_server() {
         .unwrap_or_else(|| panic!("-ngl in {command:?}"));
     assert_eq!(command[at + 1], "2", "{command:?}");
     assert!(v["completion"]["predicted_n"].as_u64().unwrap() > 0, "{v}");
+}
+
+/// The devices are listed in the order llama.cpp gives them to a model, RPC servers first, though
+/// ggml registers them after the modules' devices: every budget and tensor split autotune writes is
+/// read by llama.cpp (and llama-server's `--tensor-split`) in that order.
+#[test]
+fn devices_are_listed_in_llama_cpps_model_order() {
+    let sb = Sandbox::new();
+    if !vulkan_device(&sb) {
+        return;
+    }
+    let rpc = rpc_server();
+    let o = vulkan(&sb, &["doctor", "--json", "--rpc", &rpc.endpoint()]);
+    let v = json(&o);
+    let names: Vec<&str> = v["machine"]["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["CPU", "RPC0", "Vulkan0"], "{v:#}");
+    assert_eq!(v["skipped_devices"], serde_json::json!([]), "{v:#}");
 }

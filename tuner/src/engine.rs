@@ -66,6 +66,9 @@ pub struct TuneSettings {
     pub quick: bool,
 }
 
+/// [`CandidateResult::skipped`] of a candidate the time budget left unmeasured.
+pub const BUDGET_SPENT: &str = "not measured: time budget spent";
+
 /// One candidate's outcome in the run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CandidateResult {
@@ -425,7 +428,7 @@ impl<'a> Engine<'a> {
             let why = if self.interrupted {
                 "not measured: interrupted"
             } else {
-                "not measured: time budget spent"
+                BUDGET_SPENT
             };
             for &i in &idx {
                 if self.results[i].reps.len() < 2

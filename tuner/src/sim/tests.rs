@@ -238,7 +238,7 @@ fn a_tiny_budget_still_measures_the_first_visited_candidate() {
         .results
         .iter()
         .filter(|r| !r.ok())
-        .all(|r| r.skipped.as_deref() == Some("not measured: time budget spent")));
+        .all(|r| r.skipped.as_deref() == Some(crate::engine::BUDGET_SPENT)));
 }
 
 /// The confirmation re-measures the search's winner and runner-up, twice each, interleaved, each

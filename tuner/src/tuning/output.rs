@@ -31,9 +31,11 @@ fn notes(t: &Tuned) -> Vec<String> {
             )));
         }
     }
+    // Only the time budget's own skips: a candidate pruned on a memory budget ("needs 10.0 MiB on
+    // Vulkan0, budget 8.0 MiB") would not be measured with more time either.
     if results
         .iter()
-        .any(|r| r.skipped.as_deref().is_some_and(|s| s.contains("budget")))
+        .any(|r| r.skipped.as_deref() == Some(crate::engine::BUDGET_SPENT))
     {
         notes.push(format!(
             "the time budget ({} s) ran out before every candidate was measured; raise --budget",
