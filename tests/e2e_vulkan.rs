@@ -269,3 +269,74 @@ fn devices_are_listed_in_llama_cpps_model_order() {
     assert_eq!(names, ["CPU", "RPC0", "Vulkan0"], "{v:#}");
     assert_eq!(v["skipped_devices"], serde_json::json!([]), "{v:#}");
 }
+
+/// Op offload measured for real: with every layer on the CPU and Vulkan0 present, ggml copies the
+/// host's weights to the device for each prompt batch of 32 tokens or more and multiplies there; on
+/// llvmpipe that is hundreds of times slower than the CPU's own kernels. The tune turns it off, the
+/// profile says `--no-op-offload`, and a real llama-server takes the flag.
+#[test]
+fn op_offload_off_wins_over_a_slow_device_and_applies() {
+    let sb = Sandbox::new();
+    if !vulkan_device(&sb) {
+        return;
+    }
+    let model = tiny_model();
+    let profile = sb.dir.path().join("no-op-offload.toml");
+    let mut args = vec![
+        "tune",
+        model.to_str().unwrap(),
+        "-o",
+        profile.to_str().unwrap(),
+        "--json",
+        "--budget",
+        "40s",
+        "--n-gpu-layers",
+        "0",
+        "--ubatch",
+        "512",
+        "--kernels",
+        "repack",
+    ];
+    args.extend_from_slice(WORKLOAD);
+    let r = json(&retrying_crashes("tune", || vulkan(&Sandbox::new(), &args)));
+    let board = r["leaderboard"].as_array().expect("leaderboard");
+    let pp = |off: bool| {
+        board
+            .iter()
+            .find(|e| (e["candidate"]["op_offload"] == "off") == off && e["status"] == "ok")
+            .and_then(|e| e["figures"]["pp_tps"].as_f64())
+            .unwrap_or_else(|| {
+                panic!(
+                    "op offload {} measured: {r:#}",
+                    if off { "off" } else { "on" }
+                )
+            })
+    };
+    let (on, off) = (pp(false), pp(true));
+    assert!(
+        off > 2.0 * on,
+        "pp {off} t/s without op offload vs {on} with it"
+    );
+    assert_eq!(r["winner"]["op_offload"], "off", "{:#}", r["winner"]);
+    let text = std::fs::read_to_string(&profile).unwrap();
+    assert!(text.contains("--no-op-offload"), "{text}");
+
+    let server = llama_server();
+    let o = retrying_crashes("apply", || {
+        vulkan(
+            &sb,
+            &[
+                "apply",
+                profile.to_str().unwrap(),
+                "--exec",
+                "--check-only",
+                "--json",
+                "--server",
+                server.to_str().unwrap(),
+            ],
+        )
+    });
+    let v = json(&o);
+    assert!(command_of(&v).contains(&"--no-op-offload"), "{v}");
+    assert!(v["completion"]["predicted_n"].as_u64().unwrap() > 0, "{v}");
+}

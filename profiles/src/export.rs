@@ -204,6 +204,12 @@ fn ollama_server_notes(c: &Candidate, out: &mut String) {
             "# autotune: --no-repack (plain CPU kernels): Ollama cannot set this"
         );
     }
+    if !c.op_offload.is_on() {
+        let _ = writeln!(
+            out,
+            "# autotune: --no-op-offload (host layers' prompt batches stay on the CPU): Ollama cannot set this"
+        );
+    }
     if !c.devices.is_empty() {
         let _ = writeln!(
             out,

@@ -22,6 +22,7 @@ pub fn example_profile() -> Profile {
         type_k: CacheType::Q8_0,
         type_v: CacheType::Q8_0,
         flash_attn: FlashAttn::On,
+        op_offload: Default::default(),
     };
     let baseline_candidate = Candidate::llama_default(8, 99);
     let figures = Figures {

@@ -50,6 +50,13 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
             value: None,
         });
     }
+    if !c.op_offload.is_on() {
+        opts.push(ServerOption {
+            short: "--no-op-offload",
+            long: "no-op-offload",
+            value: None,
+        });
+    }
     if !c.devices.is_empty() {
         opts.push(ServerOption {
             short: "--device",
@@ -69,7 +76,7 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
 
 /// llama-server's arguments (without the program name) for `c` on `model` with the workload's context:
 /// `-m PATH -c N_CTX -t T -tb T -b B -ub UB -ctk K -ctv V -fa on|off|auto -ngl N [--no-repack]
-/// [--device A,B] [-ts A,B] [-sm row]`.
+/// [--no-op-offload] [--device A,B] [-ts A,B] [-sm row]`.
 pub fn server_args(c: &Candidate, model: &Path, w: &Workload) -> Vec<String> {
     words(server_options(c, model, w))
 }
@@ -177,6 +184,20 @@ mod tests {
         );
         assert!(args.windows(2).any(|w| w == ["-fa", "on"]));
         assert!(args.windows(2).any(|w| w == ["-ctv", "q8_0"]));
+    }
+
+    #[test]
+    fn op_offload_off_adds_its_flag() {
+        let mut c = Candidate::llama_default(4, 10);
+        c.op_offload = search_space::OpOffload::Off;
+        let args = server_args(&c, Path::new("m.gguf"), &workload());
+        assert_eq!(args.last().map(String::as_str), Some("--no-op-offload"));
+        let on = server_args(
+            &Candidate::llama_default(4, 10),
+            Path::new("m.gguf"),
+            &workload(),
+        );
+        assert!(!on.iter().any(|a| a.contains("op-offload")), "{on:?}");
     }
 
     #[test]

@@ -300,7 +300,7 @@ mod tests {
     use super::*;
     use crate::example_profile;
     use proptest::prelude::*;
-    use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
+    use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, OpOffload};
 
     fn invalid(p: &Profile) -> String {
         let err = p.validate(false).unwrap_err();
@@ -493,10 +493,18 @@ mod tests {
             1..=MAX_THREADS,
             1..=MAX_BATCH,
             any::<u32>(),
-            (cache.clone(), cache, flash),
+            (cache.clone(), cache, flash, any::<bool>()),
         )
             .prop_map(
-                |(ngl, devices, kernels, threads, n_batch, ub, (type_k, type_v, flash_attn))| {
+                |(
+                    ngl,
+                    devices,
+                    kernels,
+                    threads,
+                    n_batch,
+                    ub,
+                    (type_k, type_v, flash_attn, op),
+                )| {
                     let flash_attn = if type_v.is_quantized() && flash_attn == FlashAttn::Off {
                         FlashAttn::On
                     } else {
@@ -515,6 +523,7 @@ mod tests {
                         type_k,
                         type_v,
                         flash_attn,
+                        op_offload: if op { OpOffload::On } else { OpOffload::Off },
                     }
                 },
             )

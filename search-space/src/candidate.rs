@@ -231,6 +231,55 @@ impl FromStr for KernelChoice {
     }
 }
 
+/// Whether llama.cpp may run a host tensor's operations on a device (`op_offload`, llama-server's
+/// `--no-op-offload` turns it off). With weights left in host memory (partial offload, experts on the
+/// CPU), ggml's scheduler copies them to the GPU for every batch of 32 tokens or more and multiplies
+/// there: on a fast GPU behind a fast bus that speeds prompt processing up; on a slow device, or a
+/// slow link, it is the slowest part of the prompt (120x slower on a CPU-emulated Vulkan device).
+/// Generation (one token per batch) never offloads, and RPC devices never take such operations.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum OpOffload {
+    #[default]
+    On,
+    Off,
+}
+
+impl OpOffload {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpOffload::On => "on",
+            OpOffload::Off => "off",
+        }
+    }
+    pub fn is_on(&self) -> bool {
+        *self == OpOffload::On
+    }
+}
+
+impl fmt::Display for OpOffload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for OpOffload {
+    type Err = ParseKnobError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "on" | "1" | "true" => Ok(OpOffload::On),
+            "off" | "0" | "false" => Ok(OpOffload::Off),
+            _ => Err(ParseKnobError {
+                what: "op offload",
+                value: s.to_string(),
+                expected: "on, off".into(),
+            }),
+        }
+    }
+}
+
 /// One configuration of llama.cpp to measure: model-side settings (which need a model load) and
 /// context-side settings (which only need a new context on an already loaded model).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -265,6 +314,9 @@ pub struct Candidate {
     pub type_v: CacheType,
     /// Flash attention (`-fa`).
     pub flash_attn: FlashAttn,
+    /// Host operations offloaded to a device for large batches (`--no-op-offload` when off).
+    #[serde(default, skip_serializing_if = "OpOffload::is_on")]
+    pub op_offload: OpOffload,
 }
 
 /// Why a candidate cannot be run at all (independent of the machine).
@@ -303,6 +355,7 @@ impl Candidate {
             type_k: CacheType::F16,
             type_v: CacheType::F16,
             flash_attn: FlashAttn::Auto,
+            op_offload: OpOffload::On,
         }
     }
 
@@ -370,8 +423,13 @@ impl Candidate {
         } else {
             String::new()
         };
+        let op = if self.op_offload.is_on() {
+            ""
+        } else {
+            " no-op-offload"
+        };
         format!(
-            "ngl={}{moe}{} t={} b={}/{} kv={}/{} fa={} {}",
+            "ngl={}{moe}{} t={} b={}/{} kv={}/{} fa={} {}{op}",
             self.n_gpu_layers,
             dev,
             self.threads,
@@ -399,6 +457,7 @@ impl Candidate {
             !self.tensor_split.is_empty(),
             !self.split_mode.is_layer(),
             self.n_cpu_moe > 0,
+            !self.op_offload.is_on(),
         ]
         .iter()
         .filter(|b| **b)

@@ -10,4 +10,4 @@ pub mod identity;
 pub mod size;
 pub mod testfiles;
 
-pub use candidate::{CacheType, Candidate, FlashAttn, KernelChoice, SplitMode};
+pub use candidate::{CacheType, Candidate, FlashAttn, KernelChoice, OpOffload, SplitMode};

@@ -3,7 +3,7 @@
 
 use crate::session::DeviceBudget;
 use clap::{Args, Parser, Subcommand};
-use search_space::{CacheType, FlashAttn, KernelChoice};
+use search_space::{CacheType, FlashAttn, KernelChoice, OpOffload};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -100,6 +100,12 @@ pub struct TuneArgs {
     /// plain (llama-server's --no-repack)
     #[arg(long, value_delimiter = ',', default_value = "repack,plain")]
     pub kernels: Vec<KernelChoice>,
+
+    /// Op offload settings to try where weights stay in host memory: on (llama.cpp's default: large
+    /// batches of the host's layers run on the GPU) and off (llama-server's --no-op-offload); only
+    /// on a machine with a GPU (RPC devices never take them)
+    #[arg(long = "op-offload", value_delimiter = ',', default_value = "on,off")]
+    pub op_offload: Vec<OpOffload>,
 
     /// Physical batch sizes (-ub) to try
     #[arg(long, value_delimiter = ',', default_value = "512,256,128")]
@@ -435,6 +441,10 @@ pub struct MeasureArgs {
     /// CPU kernels: repack (llama.cpp's default) or plain (--no-repack)
     #[arg(long, default_value = "repack")]
     pub kernels: KernelChoice,
+    /// Host tensors' operations on a device for large batches: on (llama.cpp's default) or off
+    /// (--no-op-offload)
+    #[arg(long = "op-offload", default_value = "on")]
+    pub op_offload: OpOffload,
     /// Layers offloaded to non-CPU devices (-ngl)
     #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
     pub n_gpu_layers: u32,

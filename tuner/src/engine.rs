@@ -16,7 +16,7 @@ use crate::worker::TrialFailure;
 use crate::worker::{LoadReport, MeasureRequest, Repetition, Workload};
 use crate::worker::{WorkerPool, Workers};
 use profiles::measurements::{MeasurementLog, Record};
-use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
+use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, OpOffload};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -48,6 +48,9 @@ pub struct TuneSettings {
     pub n_gpu_layers: u32,
     pub n_gpu_layers_pinned: bool,
     pub kernels: Vec<KernelChoice>,
+    /// Op offload settings to try; only candidates that leave weights in host memory are varied
+    /// (with every weight on a device nothing is left to offload).
+    pub op_offload: Vec<OpOffload>,
     pub cache_types: Vec<CacheType>,
     pub flash_attn: Vec<FlashAttn>,
     pub ubatch_options: Vec<u32>,
@@ -566,7 +569,8 @@ impl<'a> Engine<'a> {
         if let Some(b) = best.take() {
             best = Some(self.search_split(b));
         }
-        let axes: [(&str, fn(&TuneSettings, &Candidate) -> Vec<Candidate>); 5] = [
+        let axes: [(&str, fn(&TuneSettings, &Candidate) -> Vec<Candidate>); 6] = [
+            ("op offload", vary_op_offload),
             ("threads", vary_threads),
             ("kernels", vary_kernels),
             ("flash attention", vary_flash_attn),
@@ -798,6 +802,7 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
     let mut out = Candidate {
         threads: pick(&s.threads_options, c.threads),
         kernels: pick(&s.kernels, c.kernels),
+        op_offload: pick(&s.op_offload, c.op_offload),
         flash_attn: pick(&s.flash_attn, c.flash_attn),
         n_ubatch: pick(&s.ubatch_options, c.n_ubatch),
         type_k: kv,
@@ -836,6 +841,23 @@ fn vary_kernels(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
         .iter()
         .map(|&k| Candidate {
             kernels: k,
+            ..from.clone()
+        })
+        .collect()
+}
+/// Whether `c` leaves weights in host memory that ggml could offload a batch's operations for:
+/// fewer layers than the model's on the devices, or experts kept on the CPU.
+fn host_weights(s: &TuneSettings, c: &Candidate) -> bool {
+    s.offload && (c.n_gpu_layers <= s.n_layers || c.n_cpu_moe > 0)
+}
+fn vary_op_offload(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+    if !host_weights(s, from) {
+        return Vec::new();
+    }
+    s.op_offload
+        .iter()
+        .map(|&op_offload| Candidate {
+            op_offload,
             ..from.clone()
         })
         .collect()
@@ -909,7 +931,19 @@ pub fn grid(s: &TuneSettings, base: &Candidate) -> Vec<Candidate> {
             }
         }
     }
-    out
+    // Op offload only where weights stay on the host: elsewhere both settings are the same run.
+    let ops = match vary_op_offload(s, base) {
+        v if v.is_empty() => vec![base.op_offload],
+        v => v.into_iter().map(|c| c.op_offload).collect(),
+    };
+    ops.iter()
+        .flat_map(|&op_offload| {
+            out.iter().map(move |c| Candidate {
+                op_offload,
+                ..c.clone()
+            })
+        })
+        .collect()
 }
 
 /// Among tied candidates: less memory first, then fewer changed knobs, then the label (stable).

@@ -98,6 +98,7 @@ fn setup(
             type_k: a.cache_type_k,
             type_v: a.cache_type_v,
             flash_attn: a.flash_attn,
+            op_offload: Default::default(),
         },
         grid: search.grid,
         ngram: search.ngram,

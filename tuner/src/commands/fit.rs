@@ -176,6 +176,7 @@ fn predict(
             type_k: CacheType::F16,
             type_v: CacheType::F16,
             flash_attn: FlashAttn::Auto,
+            op_offload: Default::default(),
         },
         workload: Workload {
             n_ctx: n_ctx,

@@ -112,6 +112,7 @@ fn request_of(
         type_k: a.cache_type_k,
         type_v: a.cache_type_v,
         flash_attn: a.flash_attn,
+        op_offload: a.op_offload,
     };
     candidate
         .validate()

@@ -84,17 +84,19 @@ enum Knob {
     Devices,
     Threads,
     Kernels,
+    OpOffload,
     FlashAttn,
     KvCache,
     Ubatch,
     Batch,
 }
 
-const KNOBS: [Knob; 8] = [
+const KNOBS: [Knob; 9] = [
     Knob::GpuLayers,
     Knob::Devices,
     Knob::Threads,
     Knob::Kernels,
+    Knob::OpOffload,
     Knob::FlashAttn,
     Knob::KvCache,
     Knob::Ubatch,
@@ -108,6 +110,7 @@ impl Knob {
             Knob::Devices => "devices",
             Knob::Threads => "threads",
             Knob::Kernels => "kernels",
+            Knob::OpOffload => "op offload",
             Knob::FlashAttn => "flash attention",
             Knob::KvCache => "KV cache",
             Knob::Ubatch => "micro-batch",
@@ -122,6 +125,7 @@ impl Knob {
             Knob::Devices => format!("dev={}", c.devices.join(",")),
             Knob::Threads => format!("t={}", c.threads),
             Knob::Kernels => c.kernels.to_string(),
+            Knob::OpOffload => format!("op-offload={}", c.op_offload),
             Knob::FlashAttn => format!("fa={}", c.flash_attn),
             Knob::KvCache => format!("kv={}/{}", c.type_k, c.type_v),
             Knob::Ubatch => format!("ub={}", c.n_ubatch),
@@ -137,6 +141,7 @@ impl Knob {
             Knob::Devices => c.devices.clear(),
             Knob::Threads => c.threads = 0,
             Knob::Kernels => c.kernels = search_space::KernelChoice::Repack,
+            Knob::OpOffload => c.op_offload = search_space::OpOffload::On,
             Knob::FlashAttn => c.flash_attn = search_space::FlashAttn::Auto,
             Knob::KvCache => {
                 c.type_k = search_space::CacheType::F16;

@@ -70,6 +70,7 @@ impl Context {
             FlashAttn::On => sys::LLAMA_FLASH_ATTN_TYPE_ENABLED,
             FlashAttn::Auto => sys::LLAMA_FLASH_ATTN_TYPE_AUTO,
         };
+        p.op_offload = s.op_offload.is_on();
         p.no_perf = true;
         edit(&mut p);
         take_log();

@@ -1,7 +1,7 @@
 //! The settings a model is loaded with and a context is created with (they travel in the worker
 //! protocol), and how a search-space candidate becomes them.
 
-use search_space::{CacheType, Candidate, FlashAttn};
+use search_space::{CacheType, Candidate, FlashAttn, OpOffload};
 use serde::{Deserialize, Serialize};
 
 /// Model-side settings: a change here needs a new model load.
@@ -65,6 +65,9 @@ pub struct ContextSettings {
     pub type_k: CacheType,
     pub type_v: CacheType,
     pub flash_attn: FlashAttn,
+    /// Whether ggml may run host tensors' operations on a device for large batches.
+    #[serde(default, skip_serializing_if = "OpOffload::is_on")]
+    pub op_offload: OpOffload,
 }
 
 impl ModelSettings {
@@ -96,6 +99,7 @@ impl ContextSettings {
             type_k: c.type_k,
             type_v: c.type_v,
             flash_attn: c.flash_attn,
+            op_offload: c.op_offload,
         }
     }
 }

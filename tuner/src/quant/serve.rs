@@ -242,6 +242,7 @@ fn chunk_context(
             type_k: kv,
             type_v: kv,
             flash_attn: FlashAttn::Auto,
+            op_offload: Default::default(),
         },
     )
 }

@@ -143,6 +143,7 @@ pub fn candidate_of(req: &MeasureRequest) -> Candidate {
         type_k: req.context.type_k,
         type_v: req.context.type_v,
         flash_attn: req.context.flash_attn,
+        op_offload: req.context.op_offload,
     }
 }
 
@@ -318,7 +319,8 @@ impl Landscape {
 
     /// Seconds to process an `n`-token prompt: matrix products at each device's compute; the
     /// host's weights are either computed on the host or, with a device present and micro-batches
-    /// of 32 or more, copied over the link once per micro-batch (llama.cpp's op offload).
+    /// of 32 or more and op offload on, copied over the link once per micro-batch (llama.cpp's op
+    /// offload).
     pub fn prompt_seconds(&self, c: &Candidate, n_ctx: u32, n: u32) -> f64 {
         let ub = c.n_ubatch.max(1) as f64;
         let eff = ub / (ub + 96.0);
@@ -337,7 +339,7 @@ impl Landscape {
                     };
                     flops / (self.devices[d].flops * eff) * fa
                 }
-                None if !used.is_empty() && c.n_ubatch >= 32 => {
+                None if !used.is_empty() && c.n_ubatch >= 32 && c.op_offload.is_on() => {
                     let d = &self.devices[used[0]];
                     batches * s.weights as f64 / d.link + flops / (d.flops * eff)
                 }

@@ -7,7 +7,7 @@ use super::{Landscape, Outcome, SimMeasurer, SimModel, GIB, MIB};
 use crate::engine::{CandidateResult, Engine, TuneSettings};
 use crate::report;
 use crate::stats::Verdict;
-use search_space::{CacheType, Candidate, KernelChoice};
+use search_space::{CacheType, Candidate, KernelChoice, OpOffload};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -503,5 +503,50 @@ fn moe_experts_are_placed_one_layer_at_a_time_around_the_fit_boundary() {
         "{} ({got}) vs the quarter grid's {} ({grid})",
         win.label(),
         quarter.label()
+    );
+}
+
+/// Op offload on partial offload: over a fast link (25 GB/s, PCIe 4) copying the host's layers to
+/// the GPU for each micro-batch beats computing them on 16 cores, so llama.cpp's default stays; over
+/// a slow one (0.1 GB/s) it is the slowest part of the prompt and the search turns it off. With
+/// every layer on the GPUs nothing is left to offload and the knob is never measured.
+#[test]
+fn op_offload_is_measured_where_weights_stay_on_the_host_and_follows_the_link() {
+    let winner = |link: f64| {
+        let mut land = gpus(1, 24 * GIB);
+        land.devices[0].link = link;
+        let s = settings(&land, 5);
+        let run = tune(land, s.clone(), None, Mode::Search);
+        let off = run
+            .results
+            .iter()
+            .filter(|r| r.candidate.op_offload == OpOffload::Off && r.ok())
+            .count();
+        let win = run.winner.expect("a winner");
+        assert!(
+            win.n_gpu_layers <= s.n_layers,
+            "partial offload: {}",
+            win.label()
+        );
+        (win, off)
+    };
+    let (fast, measured) = winner(25e9);
+    assert!(
+        measured > 0,
+        "op offload off was measured on a partial offload"
+    );
+    assert_eq!(fast.op_offload, OpOffload::On, "{}", fast.label());
+    let (slow, _) = winner(0.1e9);
+    assert_eq!(slow.op_offload, OpOffload::Off, "{}", slow.label());
+
+    let land = gpus(2, 80 * GIB);
+    let s = settings(&land, 5);
+    let run = tune(land, s.clone(), None, Mode::Search);
+    assert_eq!(run.winner.as_ref().unwrap().n_gpu_layers, s.n_layers + 1);
+    assert!(
+        run.results
+            .iter()
+            .all(|r| r.candidate.op_offload == OpOffload::On),
+        "nothing on the host: op offload is not varied"
     );
 }

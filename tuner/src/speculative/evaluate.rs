@@ -467,6 +467,7 @@ mod tests {
             type_k: CacheType::F16,
             type_v: CacheType::F16,
             flash_attn: search_space::FlashAttn::Auto,
+            op_offload: Default::default(),
         };
         let target = ModelSettings::default();
         let path = Path::new("d.gguf");

@@ -18,7 +18,7 @@ use anyhow::Context as _;
 use profiles::measurements::{self, MeasurementLog};
 use search_space::gguf::GgufInfo;
 use search_space::identity::ModelIdentity;
-use search_space::{CacheType, FlashAttn, KernelChoice};
+use search_space::{CacheType, FlashAttn, KernelChoice, OpOffload};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -45,6 +45,8 @@ pub struct Plan {
     /// Pinned GPU layers; `None`: all when a non-CPU device exists, else 0.
     pub n_gpu_layers: Option<u32>,
     pub kernels: Vec<KernelChoice>,
+    /// Op offload settings to try (only `on` is measured without a GPU: see [`op_offload_options`]).
+    pub op_offload: Vec<OpOffload>,
     pub cache_types: Vec<CacheType>,
     pub flash_attn: Vec<FlashAttn>,
     pub ubatch_options: Vec<u32>,
@@ -117,6 +119,7 @@ impl Plan {
                 .unwrap_or(if offload { n_layers + 1 } else { 0 }),
             n_gpu_layers_pinned: self.n_gpu_layers.is_some(),
             kernels: self.kernels.clone(),
+            op_offload: op_offload_options(&self.op_offload, machine),
             cache_types: self.cache_types.clone(),
             flash_attn: self.flash_attn.clone(),
             ubatch_options: self.ubatch_options.clone(),
@@ -127,6 +130,18 @@ impl Plan {
             moe: info.is_moe(),
             quick: self.quick,
         })
+    }
+}
+
+/// The op offload settings worth measuring on `machine`: those asked for where a device other than an
+/// RPC server takes layers (RPC devices take no host operations, and without a device there is
+/// nothing to offload to), else llama.cpp's default alone (when it was asked for).
+fn op_offload_options(asked: &[OpOffload], machine: &Machine) -> Vec<OpOffload> {
+    let takes_ops = machine.offload_devices().iter().any(|d| !d.is_rpc());
+    if takes_ops || !asked.contains(&OpOffload::On) {
+        asked.to_vec()
+    } else {
+        vec![OpOffload::On]
     }
 }
 
@@ -253,4 +268,42 @@ fn open_log(
         );
     }
     Ok(log)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llama::DeviceInfo;
+
+    fn machine(devices: &[(&str, &str, &str)]) -> Machine {
+        Machine::probe(
+            devices
+                .iter()
+                .map(|(name, backend, kind)| DeviceInfo {
+                    name: name.to_string(),
+                    description: String::new(),
+                    backend: backend.to_string(),
+                    kind: kind.to_string(),
+                    memory_free: 1 << 30,
+                    memory_total: 1 << 30,
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn op_offload_is_varied_only_where_a_gpu_takes_host_operations() {
+        let both = [OpOffload::On, OpOffload::Off];
+        let cpu = machine(&[("CPU", "CPU", "cpu")]);
+        let rpc = machine(&[("CPU", "CPU", "cpu"), ("RPC0", "RPC", "gpu")]);
+        let gpu = machine(&[("CPU", "CPU", "cpu"), ("Vulkan0", "Vulkan", "gpu")]);
+        assert_eq!(op_offload_options(&both, &cpu), [OpOffload::On]);
+        assert_eq!(op_offload_options(&both, &rpc), [OpOffload::On]);
+        assert_eq!(op_offload_options(&both, &gpu), both);
+        // What the user pinned is kept.
+        assert_eq!(
+            op_offload_options(&[OpOffload::Off], &cpu),
+            [OpOffload::Off]
+        );
+    }
 }
