@@ -141,8 +141,11 @@ impl FromStr for FlashAttn {
 }
 
 /// How llama.cpp spreads the offloaded layers over several devices (`-sm`): whole layers per device
-/// (`layer`, its default, one device works at a time), or every layer's matrices split by rows across
-/// the devices (`row`, CUDA only: all devices work on every layer, at the cost of a sync per layer).
+/// (`layer`, its default, one device works at a time), every layer's matrices split by rows across
+/// the devices (`row`, CUDA only: all devices work on every layer, at the cost of a sync per layer),
+/// or tensor parallelism (`tensor`, llama.cpp's experimental mode: weights and KV cache split across
+/// the devices, which compute every layer together; it needs flash attention, and llama.cpp's own
+/// fit does not support it).
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
 )]
@@ -151,6 +154,7 @@ pub enum SplitMode {
     #[default]
     Layer,
     Row,
+    Tensor,
 }
 
 impl SplitMode {
@@ -158,6 +162,7 @@ impl SplitMode {
         match self {
             SplitMode::Layer => "layer",
             SplitMode::Row => "row",
+            SplitMode::Tensor => "tensor",
         }
     }
     pub fn is_layer(&self) -> bool {
@@ -177,10 +182,11 @@ impl FromStr for SplitMode {
         match s.trim().to_ascii_lowercase().as_str() {
             "layer" => Ok(SplitMode::Layer),
             "row" => Ok(SplitMode::Row),
+            "tensor" => Ok(SplitMode::Tensor),
             _ => Err(ParseKnobError {
                 what: "split mode",
                 value: s.to_string(),
-                expected: "layer, row".into(),
+                expected: "layer, row, tensor".into(),
             }),
         }
     }
@@ -332,6 +338,8 @@ pub enum InvalidCandidate {
     QuantizedVWithoutFlashAttn { type_v: CacheType },
     #[error("a tensor split needs a share above 0 for at least one device")]
     EmptyTensorSplit,
+    #[error("split mode tensor needs flash attention; use -fa on or auto")]
+    TensorParallelWithoutFlashAttn,
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -382,6 +390,9 @@ impl Candidate {
         }
         if !self.tensor_split.is_empty() && self.tensor_split.iter().all(|&v| v == 0) {
             return Err(InvalidCandidate::EmptyTensorSplit);
+        }
+        if self.split_mode == SplitMode::Tensor && self.flash_attn == FlashAttn::Off {
+            return Err(InvalidCandidate::TensorParallelWithoutFlashAttn);
         }
         Ok(())
     }
@@ -510,5 +521,29 @@ mod tests {
         let mut c = Candidate::llama_default(2, 0);
         c.n_ubatch = 4096;
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn tensor_parallelism_needs_flash_attention() {
+        let mut c = Candidate::llama_default(2, 99);
+        c.split_mode = "tensor".parse().unwrap();
+        c.flash_attn = FlashAttn::Off;
+        assert_eq!(
+            c.validate(),
+            Err(InvalidCandidate::TensorParallelWithoutFlashAttn)
+        );
+        c.flash_attn = FlashAttn::Auto;
+        assert!(c.validate().is_ok());
+        assert!(c.label().contains("sm=tensor"), "{}", c.label());
+    }
+
+    #[test]
+    fn op_offload_off_is_labelled_and_one_more_changed_knob() {
+        let mut c = Candidate::llama_default(2, 10);
+        assert_eq!("off".parse::<OpOffload>().unwrap(), OpOffload::Off);
+        assert!("sometimes".parse::<OpOffload>().is_err());
+        c.op_offload = OpOffload::Off;
+        assert!(c.label().ends_with(" no-op-offload"), "{}", c.label());
+        assert_eq!(c.complexity(), 1);
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::session::DeviceBudget;
 use clap::{Args, Parser, Subcommand};
-use search_space::{CacheType, FlashAttn, KernelChoice, OpOffload};
+use search_space::{CacheType, FlashAttn, KernelChoice, OpOffload, SplitMode};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -461,6 +461,10 @@ pub struct MeasureArgs {
     /// Share of the offloaded layers per non-CPU device, comma separated (-ts), e.g. 3,1
     #[arg(long = "tensor-split", visible_alias = "ts", value_delimiter = ',')]
     pub tensor_split: Vec<u32>,
+    /// How the offloaded layers spread over several devices: layer, row (CUDA) or tensor
+    /// (tensor parallelism; needs flash attention) (-sm)
+    #[arg(long = "split-mode", visible_alias = "sm", default_value = "layer")]
+    pub split_mode: SplitMode,
     #[command(flatten)]
     pub rpc: RpcArgs,
     /// Also predict the memory with a dry-run load (no_alloc) and print prediction vs actual

@@ -124,6 +124,8 @@ impl Engine<'_> {
         if backends == ["CUDA"] {
             shapes.push(with(Vec::new(), Vec::new(), SplitMode::Row));
         }
+        // Not tensor parallelism (`-sm tensor`): llama.cpp reports its buffers as one "Meta()"
+        // device's, not per device, so the dry run cannot hold each GPU to its budget.
         let mut out = self.fitted(shapes);
         out.retain(|c| c != from);
         out.sort();

@@ -98,7 +98,7 @@ fn request_of(
         n_cpu_moe: a.n_cpu_moe,
         devices: a.devices.clone(),
         tensor_split: a.tensor_split.clone(),
-        split_mode: Default::default(),
+        split_mode: a.split_mode,
         kernels: a.kernels,
         threads: match a.threads {
             Some(t) => {

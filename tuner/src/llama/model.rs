@@ -51,9 +51,11 @@ impl Model {
         if !s.tensor_split.is_empty() {
             p.tensor_split = split.as_ptr();
         }
-        if s.split_mode == search_space::SplitMode::Row {
-            p.split_mode = sys::LLAMA_SPLIT_MODE_ROW;
-        }
+        p.split_mode = match s.split_mode {
+            search_space::SplitMode::Layer => sys::LLAMA_SPLIT_MODE_LAYER,
+            search_space::SplitMode::Row => sys::LLAMA_SPLIT_MODE_ROW,
+            search_space::SplitMode::Tensor => sys::LLAMA_SPLIT_MODE_TENSOR,
+        };
         take_log();
         // SAFETY: path, device list and overrides outlive the call; llama.cpp copies what it keeps.
         let ptr = unsafe { sys::llama_model_load_from_file(cpath.as_ptr(), p) };
