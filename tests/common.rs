@@ -256,3 +256,13 @@ pub fn llama_server() -> PathBuf {
         })
         .clone()
 }
+
+/// The tiny random-weight llama (4 layers, 1.6 MiB) from `vendor/make-test-model --preset tiny`.
+pub fn tiny_model() -> PathBuf {
+    let out = Command::new(repo_root().join("vendor/make-test-model"))
+        .args(["--preset", "tiny"])
+        .output()
+        .expect("vendor/make-test-model");
+    assert!(out.status.success(), "{}", stderr(&out));
+    PathBuf::from(stdout(&out).trim())
+}

@@ -168,3 +168,53 @@ fn the_baseline_with_two_rpc_devices_is_llama_cpps_fit_placement() {
         "{text}"
     );
 }
+
+/// llama.cpp's experimental tensor parallelism runs on two RPC devices when measured by hand
+/// (`measure --split-mode tensor`), and without flash attention it is refused before loading.
+#[test]
+fn tensor_parallelism_is_measured_by_hand_and_needs_flash_attention() {
+    let servers = (rpc_server(), rpc_server());
+    let rpc = format!("{},{}", servers.0.endpoint(), servers.1.endpoint());
+    let sb = Sandbox::new();
+    let model = tiny_model();
+    let model = model.to_str().unwrap();
+    let args = [
+        "measure",
+        model,
+        "--rpc",
+        &rpc,
+        "-ngl",
+        "5",
+        "--split-mode",
+        "tensor",
+        "-r",
+        "2",
+        "-t",
+        "1",
+        "--ctx",
+        "1024",
+        "--prompt",
+        "64",
+        "--gen",
+        "16",
+        "--json",
+    ];
+    let o = sb.run(&args);
+    assert!(
+        o.status.success(),
+        "measure: {}\n{}",
+        stderr(&o),
+        stdout(&o)
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
+    assert_eq!(v["candidate"]["split_mode"], "tensor", "{v:#}");
+    assert!(v["tg"]["median"].as_f64().unwrap() > 0.0, "{v:#}");
+
+    let o = sb.run(&["measure", model, "--split-mode", "tensor", "-fa", "off"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("split mode tensor needs flash attention"),
+        "{}",
+        stderr(&o)
+    );
+}

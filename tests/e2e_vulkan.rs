@@ -14,18 +14,7 @@
 
 mod common;
 use common::*;
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
-/// The tiny random-weight llama (4 layers, 1.6 MiB): llvmpipe runs it at tens of tokens per second.
-fn tiny_model() -> PathBuf {
-    let out = Command::new(repo_root().join("vendor/make-test-model"))
-        .args(["--preset", "tiny"])
-        .output()
-        .expect("vendor/make-test-model");
-    assert!(out.status.success(), "{}", stderr(&out));
-    PathBuf::from(stdout(&out).trim())
-}
+use std::process::Output;
 
 fn vulkan(sb: &Sandbox, args: &[&str]) -> Output {
     sb.cmd()
