@@ -53,12 +53,20 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
         modules: module_statuses(&found_modules, &log, Drivers::this_machine()),
     };
     let devices = llama::devices();
+    let skipped_devices = llama::skipped_devices();
     let backends = llama::backends();
     let found = gpus::this_machine();
-    let gpu_warnings = gpus::unused(&found, &backends, &devices);
+    // A GPU llama.cpp skips on purpose (an integrated one beside a discrete GPU, one GPU seen by two
+    // modules) is driven all the same: doctor says why it is not used, not that a driver is missing.
+    let registered: Vec<llama::DeviceInfo> = devices
+        .iter()
+        .cloned()
+        .chain(skipped_devices.iter().map(|s| s.device.clone()))
+        .collect();
+    let gpu_warnings = gpus::unused(&found, &backends, &registered);
     Ok(Probe {
         machine: Machine::probe(devices),
-        skipped_devices: llama::skipped_devices(),
+        skipped_devices,
         backends,
         gpus: found,
         gpu_warnings,
