@@ -62,7 +62,7 @@ pub fn budgets_of(
         return Err(Exit::new(
             exit::USAGE,
             format!(
-                "--mem-budget: unknown device '{}' (devices: {})",
+                "--mem-budget: unknown device '{}' (devices: {}; `autotune doctor` says which others llama.cpp skips, and why)",
                 b.device,
                 names.join(", ")
             ),
