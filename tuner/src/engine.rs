@@ -569,7 +569,7 @@ impl<'a> Engine<'a> {
         if let Some(b) = best.take() {
             best = Some(self.search_split(b));
         }
-        let axes: [(&str, fn(&TuneSettings, &Candidate) -> Vec<Candidate>); 6] = [
+        let axes: [(&str, Vary); 6] = [
             ("op offload", vary_op_offload),
             ("threads", vary_threads),
             ("kernels", vary_kernels),
@@ -845,6 +845,9 @@ fn vary_kernels(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
         })
         .collect()
 }
+/// One axis of the coordinate descent: the candidates that differ from `from` in its knob.
+type Vary = fn(&TuneSettings, &Candidate) -> Vec<Candidate>;
+
 /// Whether `c` leaves weights in host memory that ggml could offload a batch's operations for:
 /// fewer layers than the model's on the devices, or experts kept on the CPU.
 fn host_weights(s: &TuneSettings, c: &Candidate) -> bool {
