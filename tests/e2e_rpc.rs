@@ -218,3 +218,70 @@ fn tensor_parallelism_is_measured_by_hand_and_needs_flash_attention() {
         stderr(&o)
     );
 }
+
+/// The KV cache in host memory (-nkvo) as a fit lever, on a real RPC device: at a 32k context the
+/// demo model's f16 KV cache and weights (1.4 GiB) do not fit a 900 MiB budget, a few layers do;
+/// with the KV cache on the host all 19 fit (752 MiB), and that placement is measured beside the
+/// others, within the budget by what llama.cpp allocated.
+#[test]
+fn the_kv_cache_on_the_host_lets_every_layer_fit_and_is_measured() {
+    let server = rpc_server();
+    let rpc = server.endpoint();
+    let sb = Sandbox::new();
+    let model = demo_model();
+    let o = sb.run(&[
+        "tune",
+        model.to_str().unwrap(),
+        "--json",
+        "--no-save",
+        "--rpc",
+        &rpc,
+        "--mem-budget",
+        "RPC0=900M",
+        "--ctx",
+        "32768",
+        "--prompt",
+        "64",
+        "--gen",
+        "16",
+        "--cache-types",
+        "f16",
+        "--ubatch",
+        "512",
+        "--kernels",
+        "plain",
+        "--threads",
+        "2",
+        "--flash-attn",
+        "auto",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "3",
+        "--budget",
+        "120s",
+    ]);
+    assert!(o.status.success(), "tune: {}\n{}", stderr(&o), stdout(&o));
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
+    let board = r["leaderboard"].as_array().unwrap();
+    let measured = |host_kv: bool| -> Vec<u64> {
+        board
+            .iter()
+            .filter(|e| (e["candidate"]["kv_offload"] == "off") == host_kv && e["status"] == "ok")
+            .map(|e| e["candidate"]["n_gpu_layers"].as_u64().unwrap())
+            .collect()
+    };
+    let (on_device, on_host) = (measured(false), measured(true));
+    assert_eq!(on_host, [19], "the -nkvo placement, every layer: {r:#}");
+    assert!(
+        on_device.iter().all(|&n| n < 19),
+        "with the KV cache on RPC0 not every layer fits: {on_device:?}"
+    );
+    for row in r["memory"].as_array().unwrap() {
+        for d in row["reported"].as_array().into_iter().flatten() {
+            if d["device"] == "RPC0" {
+                assert!(d["bytes"].as_u64().unwrap() <= 900 << 20, "{row}");
+            }
+        }
+    }
+}

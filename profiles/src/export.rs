@@ -204,6 +204,12 @@ fn ollama_server_notes(c: &Candidate, out: &mut String) {
             "# autotune: --no-repack (plain CPU kernels): Ollama cannot set this"
         );
     }
+    if !c.kv_offload.is_on() {
+        let _ = writeln!(
+            out,
+            "# autotune: -nkvo (the KV cache in host memory): Ollama cannot set this"
+        );
+    }
     if !c.op_offload.is_on() {
         let _ = writeln!(
             out,

@@ -23,6 +23,7 @@ pub fn example_profile() -> Profile {
         type_v: CacheType::Q8_0,
         flash_attn: FlashAttn::On,
         op_offload: Default::default(),
+        kv_offload: Default::default(),
     };
     let baseline_candidate = Candidate::llama_default(8, 99);
     let figures = Figures {

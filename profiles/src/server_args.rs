@@ -50,6 +50,13 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
             value: None,
         });
     }
+    if !c.kv_offload.is_on() {
+        opts.push(ServerOption {
+            short: "-nkvo",
+            long: "no-kv-offload",
+            value: None,
+        });
+    }
     if !c.op_offload.is_on() {
         opts.push(ServerOption {
             short: "--no-op-offload",
@@ -76,7 +83,7 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
 
 /// llama-server's arguments (without the program name) for `c` on `model` with the workload's context:
 /// `-m PATH -c N_CTX -t T -tb T -b B -ub UB -ctk K -ctv V -fa on|off|auto -ngl N [--no-repack]
-/// [--no-op-offload] [--device A,B] [-ts A,B] [-sm row]`.
+/// [-nkvo] [--no-op-offload] [--device A,B] [-ts A,B] [-sm row]`.
 pub fn server_args(c: &Candidate, model: &Path, w: &Workload) -> Vec<String> {
     words(server_options(c, model, w))
 }
@@ -187,7 +194,7 @@ mod tests {
     }
 
     #[test]
-    fn op_offload_off_adds_its_flag() {
+    fn op_and_kv_offload_off_add_their_flags() {
         let mut c = Candidate::llama_default(4, 10);
         c.op_offload = search_space::OpOffload::Off;
         let args = server_args(&c, Path::new("m.gguf"), &workload());
@@ -198,6 +205,10 @@ mod tests {
             &workload(),
         );
         assert!(!on.iter().any(|a| a.contains("op-offload")), "{on:?}");
+        assert!(!on.iter().any(|a| a == "-nkvo"), "{on:?}");
+        c.kv_offload = search_space::KvOffload::Off;
+        let args = server_args(&c, Path::new("m.gguf"), &workload());
+        assert_eq!(&args[args.len() - 2..], ["-nkvo", "--no-op-offload"]);
     }
 
     #[test]

@@ -300,7 +300,7 @@ mod tests {
     use super::*;
     use crate::example_profile;
     use proptest::prelude::*;
-    use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, OpOffload};
+    use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, OpOffload};
 
     fn invalid(p: &Profile) -> String {
         let err = p.validate(false).unwrap_err();
@@ -493,7 +493,7 @@ mod tests {
             1..=MAX_THREADS,
             1..=MAX_BATCH,
             any::<u32>(),
-            (cache.clone(), cache, flash, any::<bool>()),
+            (cache.clone(), cache, flash, any::<bool>(), any::<bool>()),
         )
             .prop_map(
                 |(
@@ -503,7 +503,7 @@ mod tests {
                     threads,
                     n_batch,
                     ub,
-                    (type_k, type_v, flash_attn, op),
+                    (type_k, type_v, flash_attn, op, kv),
                 )| {
                     let flash_attn = if type_v.is_quantized() && flash_attn == FlashAttn::Off {
                         FlashAttn::On
@@ -524,6 +524,7 @@ mod tests {
                         type_v,
                         flash_attn,
                         op_offload: if op { OpOffload::On } else { OpOffload::Off },
+                        kv_offload: if kv { KvOffload::On } else { KvOffload::Off },
                     }
                 },
             )

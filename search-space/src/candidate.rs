@@ -286,6 +286,54 @@ impl FromStr for OpOffload {
     }
 }
 
+/// Where the KV cache lives when layers are offloaded (llama.cpp's `offload_kqv`; llama-server's
+/// `-nkvo` keeps it in host memory). On the device by default; in host memory the attention of every
+/// layer runs on the CPU, which frees the device's KV bytes for more layers: a fit lever, measured,
+/// since it costs a round trip per layer for every token (half the generation speed on a loopback
+/// RPC device).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum KvOffload {
+    #[default]
+    On,
+    Off,
+}
+
+impl KvOffload {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvOffload::On => "on",
+            KvOffload::Off => "off",
+        }
+    }
+    pub fn is_on(&self) -> bool {
+        *self == KvOffload::On
+    }
+}
+
+impl fmt::Display for KvOffload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for KvOffload {
+    type Err = ParseKnobError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "on" | "1" | "true" => Ok(KvOffload::On),
+            "off" | "0" | "false" => Ok(KvOffload::Off),
+            _ => Err(ParseKnobError {
+                what: "KV offload",
+                value: s.to_string(),
+                expected: "on, off".into(),
+            }),
+        }
+    }
+}
+
 /// One configuration of llama.cpp to measure: model-side settings (which need a model load) and
 /// context-side settings (which only need a new context on an already loaded model).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -323,6 +371,9 @@ pub struct Candidate {
     /// Host operations offloaded to a device for large batches (`--no-op-offload` when off).
     #[serde(default, skip_serializing_if = "OpOffload::is_on")]
     pub op_offload: OpOffload,
+    /// The KV cache on the offload devices (default) or in host memory (`-nkvo`).
+    #[serde(default, skip_serializing_if = "KvOffload::is_on")]
+    pub kv_offload: KvOffload,
 }
 
 /// Why a candidate cannot be run at all (independent of the machine).
@@ -364,6 +415,7 @@ impl Candidate {
             type_v: CacheType::F16,
             flash_attn: FlashAttn::Auto,
             op_offload: OpOffload::On,
+            kv_offload: KvOffload::On,
         }
     }
 
@@ -434,10 +486,11 @@ impl Candidate {
         } else {
             String::new()
         };
-        let op = if self.op_offload.is_on() {
-            ""
-        } else {
-            " no-op-offload"
+        let op = match (self.op_offload.is_on(), self.kv_offload.is_on()) {
+            (true, true) => "",
+            (false, true) => " no-op-offload",
+            (true, false) => " nkvo",
+            (false, false) => " nkvo no-op-offload",
         };
         format!(
             "ngl={}{moe}{} t={} b={}/{} kv={}/{} fa={} {}{op}",
@@ -469,6 +522,7 @@ impl Candidate {
             !self.split_mode.is_layer(),
             self.n_cpu_moe > 0,
             !self.op_offload.is_on(),
+            !self.kv_offload.is_on(),
         ]
         .iter()
         .filter(|b| **b)
@@ -538,12 +592,15 @@ mod tests {
     }
 
     #[test]
-    fn op_offload_off_is_labelled_and_one_more_changed_knob() {
+    fn op_and_kv_offload_off_are_labelled_and_changed_knobs() {
         let mut c = Candidate::llama_default(2, 10);
         assert_eq!("off".parse::<OpOffload>().unwrap(), OpOffload::Off);
         assert!("sometimes".parse::<OpOffload>().is_err());
         c.op_offload = OpOffload::Off;
         assert!(c.label().ends_with(" no-op-offload"), "{}", c.label());
         assert_eq!(c.complexity(), 1);
+        c.kv_offload = "off".parse().unwrap();
+        assert!(c.label().ends_with(" nkvo no-op-offload"), "{}", c.label());
+        assert_eq!(c.complexity(), 2);
     }
 }

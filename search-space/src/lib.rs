@@ -10,4 +10,6 @@ pub mod identity;
 pub mod size;
 pub mod testfiles;
 
-pub use candidate::{CacheType, Candidate, FlashAttn, KernelChoice, OpOffload, SplitMode};
+pub use candidate::{
+    CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, OpOffload, SplitMode,
+};

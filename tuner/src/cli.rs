@@ -3,7 +3,7 @@
 
 use crate::session::DeviceBudget;
 use clap::{Args, Parser, Subcommand};
-use search_space::{CacheType, FlashAttn, KernelChoice, OpOffload, SplitMode};
+use search_space::{CacheType, FlashAttn, KernelChoice, KvOffload, OpOffload, SplitMode};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -106,6 +106,11 @@ pub struct TuneArgs {
     /// on a machine with a GPU (RPC devices never take them)
     #[arg(long = "op-offload", value_delimiter = ',', default_value = "on,off")]
     pub op_offload: Vec<OpOffload>,
+
+    /// KV offload settings allowed: on (the KV cache on the GPUs, llama.cpp's default) and off (in
+    /// host memory, -nkvo: a fit lever, measured when not every layer fits and it lets more fit)
+    #[arg(long = "kv-offload", value_delimiter = ',', default_value = "on,off")]
+    pub kv_offload: Vec<KvOffload>,
 
     /// Physical batch sizes (-ub) to try
     #[arg(long, value_delimiter = ',', default_value = "512,256,128")]
@@ -445,6 +450,9 @@ pub struct MeasureArgs {
     /// (--no-op-offload)
     #[arg(long = "op-offload", default_value = "on")]
     pub op_offload: OpOffload,
+    /// The KV cache on the offload devices (on, llama.cpp's default) or in host memory (off, -nkvo)
+    #[arg(long = "kv-offload", default_value = "on")]
+    pub kv_offload: KvOffload,
     /// Layers offloaded to non-CPU devices (-ngl)
     #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
     pub n_gpu_layers: u32,

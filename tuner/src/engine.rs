@@ -16,7 +16,7 @@ use crate::worker::TrialFailure;
 use crate::worker::{LoadReport, MeasureRequest, Repetition, Workload};
 use crate::worker::{WorkerPool, Workers};
 use profiles::measurements::{MeasurementLog, Record};
-use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, OpOffload};
+use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, OpOffload};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -51,6 +51,9 @@ pub struct TuneSettings {
     /// Op offload settings to try; only candidates that leave weights in host memory are varied
     /// (with every weight on a device nothing is left to offload).
     pub op_offload: Vec<OpOffload>,
+    /// KV offload settings allowed: with `off` among them, the KV cache in host memory is a fit lever
+    /// (measured when it lets more layers fit than the device's KV cache does).
+    pub kv_offload: Vec<KvOffload>,
     pub cache_types: Vec<CacheType>,
     pub flash_attn: Vec<FlashAttn>,
     pub ubatch_options: Vec<u32>,
@@ -803,6 +806,7 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
         threads: pick(&s.threads_options, c.threads),
         kernels: pick(&s.kernels, c.kernels),
         op_offload: pick(&s.op_offload, c.op_offload),
+        kv_offload: pick(&s.kv_offload, c.kv_offload),
         flash_attn: pick(&s.flash_attn, c.flash_attn),
         n_ubatch: pick(&s.ubatch_options, c.n_ubatch),
         type_k: kv,

@@ -6,7 +6,7 @@
 use crate::engine::Engine;
 use crate::worker::LoadReport;
 use search_space::size::format_size;
-use search_space::Candidate;
+use search_space::{Candidate, KvOffload};
 
 impl Engine<'_> {
     /// Dry-run footprint of a candidate (cached); `Err` with the reason when llama.cpp refuses.
@@ -214,6 +214,17 @@ impl Engine<'_> {
             if let Some(u) = small_ub {
                 levers.push(with_ub(&with_kv(from, t), u));
             }
+        }
+        // Last, as it costs a round trip per layer for every token: the KV cache in host memory
+        // (-nkvo), alone and with the smallest micro-batch.
+        if self.settings.kv_offload.contains(&KvOffload::Off) {
+            let host_kv = Candidate {
+                kv_offload: KvOffload::Off,
+                ..from.clone()
+            };
+            let with_small_ub = small_ub.map(|u| with_ub(&host_kv, u));
+            levers.push(host_kv);
+            levers.extend(with_small_ub);
         }
         let all = self.settings.n_layers + 1;
         let mut out = Vec::new();

@@ -99,6 +99,7 @@ fn setup(
             type_v: a.cache_type_v,
             flash_attn: a.flash_attn,
             op_offload: Default::default(),
+            kv_offload: Default::default(),
         },
         grid: search.grid,
         ngram: search.ngram,

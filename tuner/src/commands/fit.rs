@@ -177,6 +177,7 @@ fn predict(
             type_v: CacheType::F16,
             flash_attn: FlashAttn::Auto,
             op_offload: Default::default(),
+            kv_offload: Default::default(),
         },
         workload: Workload {
             n_ctx: n_ctx,

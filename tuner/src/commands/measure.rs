@@ -113,6 +113,7 @@ fn request_of(
         type_v: a.cache_type_v,
         flash_attn: a.flash_attn,
         op_offload: a.op_offload,
+        kv_offload: a.kv_offload,
     };
     candidate
         .validate()

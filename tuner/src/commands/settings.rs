@@ -117,6 +117,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         n_gpu_layers: a.n_gpu_layers,
         kernels: a.kernels.clone(),
         op_offload: a.op_offload.clone(),
+        kv_offload: a.kv_offload.clone(),
         cache_types: a.cache_types.clone(),
         flash_attn: a.flash_attn.clone(),
         ubatch_options: a.ubatch.clone(),

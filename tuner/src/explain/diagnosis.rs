@@ -85,18 +85,20 @@ enum Knob {
     Threads,
     Kernels,
     OpOffload,
+    KvOffload,
     FlashAttn,
     KvCache,
     Ubatch,
     Batch,
 }
 
-const KNOBS: [Knob; 9] = [
+const KNOBS: [Knob; 10] = [
     Knob::GpuLayers,
     Knob::Devices,
     Knob::Threads,
     Knob::Kernels,
     Knob::OpOffload,
+    Knob::KvOffload,
     Knob::FlashAttn,
     Knob::KvCache,
     Knob::Ubatch,
@@ -111,6 +113,7 @@ impl Knob {
             Knob::Threads => "threads",
             Knob::Kernels => "kernels",
             Knob::OpOffload => "op offload",
+            Knob::KvOffload => "KV offload",
             Knob::FlashAttn => "flash attention",
             Knob::KvCache => "KV cache",
             Knob::Ubatch => "micro-batch",
@@ -126,6 +129,7 @@ impl Knob {
             Knob::Threads => format!("t={}", c.threads),
             Knob::Kernels => c.kernels.to_string(),
             Knob::OpOffload => format!("op-offload={}", c.op_offload),
+            Knob::KvOffload => format!("kv-offload={}", c.kv_offload),
             Knob::FlashAttn => format!("fa={}", c.flash_attn),
             Knob::KvCache => format!("kv={}/{}", c.type_k, c.type_v),
             Knob::Ubatch => format!("ub={}", c.n_ubatch),
@@ -142,6 +146,7 @@ impl Knob {
             Knob::Threads => c.threads = 0,
             Knob::Kernels => c.kernels = search_space::KernelChoice::Repack,
             Knob::OpOffload => c.op_offload = search_space::OpOffload::On,
+            Knob::KvOffload => c.kv_offload = search_space::KvOffload::On,
             Knob::FlashAttn => c.flash_attn = search_space::FlashAttn::Auto,
             Knob::KvCache => {
                 c.type_k = search_space::CacheType::F16;

@@ -71,6 +71,7 @@ impl Context {
             FlashAttn::Auto => sys::LLAMA_FLASH_ATTN_TYPE_AUTO,
         };
         p.op_offload = s.op_offload.is_on();
+        p.offload_kqv = s.kv_offload.is_on();
         p.no_perf = true;
         edit(&mut p);
         take_log();

@@ -1,7 +1,7 @@
 //! The settings a model is loaded with and a context is created with (they travel in the worker
 //! protocol), and how a search-space candidate becomes them.
 
-use search_space::{CacheType, Candidate, FlashAttn, OpOffload};
+use search_space::{CacheType, Candidate, FlashAttn, KvOffload, OpOffload};
 use serde::{Deserialize, Serialize};
 
 /// Model-side settings: a change here needs a new model load.
@@ -68,6 +68,9 @@ pub struct ContextSettings {
     /// Whether ggml may run host tensors' operations on a device for large batches.
     #[serde(default, skip_serializing_if = "OpOffload::is_on")]
     pub op_offload: OpOffload,
+    /// The KV cache (and attention) on the offload devices, or in host memory.
+    #[serde(default, skip_serializing_if = "KvOffload::is_on")]
+    pub kv_offload: KvOffload,
 }
 
 impl ModelSettings {
@@ -100,6 +103,7 @@ impl ContextSettings {
             type_v: c.type_v,
             flash_attn: c.flash_attn,
             op_offload: c.op_offload,
+            kv_offload: c.kv_offload,
         }
     }
 }

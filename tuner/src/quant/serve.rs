@@ -243,6 +243,7 @@ fn chunk_context(
             type_v: kv,
             flash_attn: FlashAttn::Auto,
             op_offload: Default::default(),
+            kv_offload: Default::default(),
         },
     )
 }

@@ -7,7 +7,7 @@ use crate::engine::{self, CandidateResult, Engine, Progress, TuneSettings};
 use crate::fit::FitRequest;
 use crate::report;
 use crate::worker::{Repetition, Workload};
-use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, OpOffload};
+use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, OpOffload};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
@@ -75,6 +75,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         n_gpu_layers: if offload { land.model.n_layers + 1 } else { 0 },
         n_gpu_layers_pinned: false,
         kernels: vec![KernelChoice::Repack, KernelChoice::Plain],
+        kv_offload: vec![KvOffload::On, KvOffload::Off],
         op_offload: if offload {
             vec![OpOffload::On, OpOffload::Off]
         } else {

@@ -144,6 +144,7 @@ pub fn candidate_of(req: &MeasureRequest) -> Candidate {
         type_v: req.context.type_v,
         flash_attn: req.context.flash_attn,
         op_offload: req.context.op_offload,
+        kv_offload: req.context.kv_offload,
     }
 }
 
@@ -192,6 +193,12 @@ impl Landscape {
         let bytes = (kept as f64 * m.layer_bytes as f64 * exp) as u64;
         host.weights += bytes + m.embd_bytes;
         host.read_per_token += bytes as f64 * active;
+        // -nkvo: every layer's KV cache in host memory.
+        if !c.kv_offload.is_on() {
+            for s in &mut out {
+                host.kv += std::mem::take(&mut s.kv);
+            }
+        }
         out.push(host);
         out
     }
@@ -287,9 +294,17 @@ impl Landscape {
         let shares = self.shares(c, n_ctx);
         let kv_token = m.kv_bytes_per_token_layer as f64 * c.kv_bytes_factor() * depth as f64;
         let quant_kv = if c.type_k.is_quantized() { 1.01 } else { 1.0 };
+        let kv_home = c.kv_offload.is_on();
         let mut t = 0.0;
+        let mut layers_kv_on_host = 0u32;
         for s in &shares {
-            let bytes = s.read_per_token + s.layers as f64 * kv_token;
+            let kv_here = if s.device.is_some() && !kv_home {
+                layers_kv_on_host += s.layers;
+                0.0
+            } else {
+                s.layers as f64 * kv_token
+            };
+            let bytes = s.read_per_token + kv_here;
             t += match s.device {
                 Some(d) => {
                     let fa = if c.flash_attn == FlashAttn::Off {
@@ -309,6 +324,10 @@ impl Landscape {
                 }
             };
         }
+        // -nkvo: the device layers' attention reads their KV cache from host memory, with a round
+        // trip (there and back) per layer.
+        let n = layers_kv_on_host as f64;
+        t += n * kv_token / self.host_bandwidth(c.threads) + n * 2.0 * 20e-6;
         let hops = shares
             .iter()
             .filter(|s| s.layers > 0)

@@ -7,7 +7,7 @@ use super::{Landscape, Outcome, SimMeasurer, SimModel, GIB, MIB};
 use crate::engine::{CandidateResult, Engine, TuneSettings};
 use crate::report;
 use crate::stats::Verdict;
-use search_space::{CacheType, Candidate, KernelChoice, OpOffload};
+use search_space::{CacheType, Candidate, KernelChoice, KvOffload, OpOffload};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -549,4 +549,60 @@ fn op_offload_is_measured_where_weights_stay_on_the_host_and_follows_the_link() 
             .all(|r| r.candidate.op_offload == OpOffload::On),
         "nothing on the host: op offload is not varied"
     );
+}
+
+/// The KV cache in host memory (-nkvo) as a fit lever: at a 32k context a 70B's f16 KV cache takes
+/// gigabytes of a 24 GiB GPU, so moving it to the host lets more layers fit; that placement is
+/// measured beside the f16 ones (with more layers than they carry) and wins or loses by its speed.
+/// Not allowed (`--kv-offload on`), it is never tried.
+#[test]
+fn the_kv_cache_on_the_host_is_a_fit_lever_measured_beside_the_placements() {
+    let run_with = |kv: Vec<KvOffload>| {
+        let land = gpus(1, 24 * GIB);
+        let mut s = settings(&land, 11);
+        s.workload.n_ctx = 32768;
+        s.cache_types = vec![CacheType::F16];
+        s.kv_offload = kv;
+        (tune(land.clone(), s.clone(), None, Mode::Search), land, s)
+    };
+    let (run, land, s) = run_with(vec![KvOffload::On, KvOffload::Off]);
+    let best_on_device = run
+        .results
+        .iter()
+        .filter(|r| r.ok() && r.candidate.kv_offload == KvOffload::On)
+        .map(|r| r.candidate.n_gpu_layers)
+        .max()
+        .unwrap();
+    let host_kv: Vec<_> = run
+        .results
+        .iter()
+        .filter(|r| r.ok() && r.candidate.kv_offload == KvOffload::Off)
+        .collect();
+    assert!(!host_kv.is_empty(), "the -nkvo placement was measured");
+    assert!(
+        host_kv
+            .iter()
+            .all(|r| r.candidate.n_gpu_layers > best_on_device),
+        "it carries more layers than {best_on_device}"
+    );
+    // The winner is the truly faster of the two kinds.
+    let fastest = |kv: KvOffload| {
+        run.results
+            .iter()
+            .filter(|r| r.ok() && r.candidate.kv_offload == kv)
+            .map(|r| land.true_seconds(&r.candidate, &s.workload))
+            .fold(f64::INFINITY, f64::min)
+    };
+    let want = if fastest(KvOffload::Off) < fastest(KvOffload::On) {
+        KvOffload::Off
+    } else {
+        KvOffload::On
+    };
+    assert_eq!(run.winner.unwrap().kv_offload, want);
+
+    let (run, _, _) = run_with(vec![KvOffload::On]);
+    assert!(run
+        .results
+        .iter()
+        .all(|r| r.candidate.kv_offload == KvOffload::On));
 }

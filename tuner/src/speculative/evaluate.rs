@@ -468,6 +468,7 @@ mod tests {
             type_v: CacheType::F16,
             flash_attn: search_space::FlashAttn::Auto,
             op_offload: Default::default(),
+            kv_offload: Default::default(),
         };
         let target = ModelSettings::default();
         let path = Path::new("d.gguf");

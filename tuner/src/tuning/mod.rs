@@ -18,7 +18,7 @@ use anyhow::Context as _;
 use profiles::measurements::{self, MeasurementLog};
 use search_space::gguf::GgufInfo;
 use search_space::identity::ModelIdentity;
-use search_space::{CacheType, FlashAttn, KernelChoice, OpOffload};
+use search_space::{CacheType, FlashAttn, KernelChoice, KvOffload, OpOffload};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -47,6 +47,8 @@ pub struct Plan {
     pub kernels: Vec<KernelChoice>,
     /// Op offload settings to try (only `on` is measured without a GPU: see [`op_offload_options`]).
     pub op_offload: Vec<OpOffload>,
+    /// KV offload settings allowed (`off`: the KV cache in host memory, a fit lever).
+    pub kv_offload: Vec<KvOffload>,
     pub cache_types: Vec<CacheType>,
     pub flash_attn: Vec<FlashAttn>,
     pub ubatch_options: Vec<u32>,
@@ -120,6 +122,7 @@ impl Plan {
             n_gpu_layers_pinned: self.n_gpu_layers.is_some(),
             kernels: self.kernels.clone(),
             op_offload: op_offload_options(&self.op_offload, machine),
+            kv_offload: self.kv_offload.clone(),
             cache_types: self.cache_types.clone(),
             flash_attn: self.flash_attn.clone(),
             ubatch_options: self.ubatch_options.clone(),
