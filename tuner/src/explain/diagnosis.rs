@@ -336,9 +336,22 @@ fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
     if devs.is_empty() || ok.iter().all(|p| p.n_gpu_layers == 0) {
         return finding(Topic::Fit, cpu_only_fit(profile, &devs, &failed));
     }
-    let devs = devs.join(", ");
-    let full = profile.roofline.as_ref().map(|r| r.layers + 1);
     let max_ok = ok.iter().map(|p| p.n_gpu_layers).max().unwrap_or(0);
+    // The most layers were measured only with the KV cache in host memory (the -nkvo lever).
+    let at_max: Vec<_> = measured(profile)
+        .filter(|(e, _)| e.candidate.n_gpu_layers == max_ok)
+        .collect();
+    let kv_on_host =
+        !at_max.is_empty() && at_max.iter().all(|(e, _)| !e.candidate.kv_offload.is_on());
+    let devs = if kv_on_host {
+        format!(
+            "{} with the KV cache in host memory (-nkvo)",
+            devs.join(", ")
+        )
+    } else {
+        devs.join(", ")
+    };
+    let full = profile.roofline.as_ref().map(|r| r.layers + 1);
     let winner = profile.winner.n_gpu_layers;
     let mut text = match full {
         Some(full) if max_ok >= full => format!("yes: all {full} layers fit on {devs}"),

@@ -445,3 +445,28 @@ fn a_winner_chosen_by_a_tie_is_named_in_its_knob_line() {
         settings.details
     );
 }
+
+#[test]
+fn the_fit_line_says_when_the_most_layers_fit_only_with_the_kv_cache_on_the_host() {
+    let fit_line = |p: &profiles::Profile| {
+        text(p)
+            .lines()
+            .find(|l| l.trim_start().starts_with("fit "))
+            .unwrap()
+            .to_string()
+    };
+    let mut p = rpc_profile();
+    assert!(!fit_line(&p).contains("-nkvo"), "{}", fit_line(&p));
+    for e in p.leaderboard.iter_mut() {
+        if e.candidate.n_gpu_layers == 12 {
+            e.candidate.kv_offload = search_space::KvOffload::Off;
+        }
+    }
+    let line = fit_line(&p);
+    assert!(
+        line.contains(
+            "at most 12 of 19 layers fit on RPC0 with the KV cache in host memory (-nkvo)"
+        ),
+        "{line}"
+    );
+}
