@@ -266,3 +266,24 @@ pub fn tiny_model() -> PathBuf {
     assert!(out.status.success(), "{}", stderr(&out));
     PathBuf::from(stdout(&out).trim())
 }
+
+/// `apply PROFILE --exec --check-only --json --server SERVER`: the profile applied to a real
+/// llama-server that answers one completion and stops.
+pub fn apply_check_args(profile: &Path, server: &Path) -> Vec<String> {
+    [
+        "apply",
+        profile.to_str().unwrap(),
+        "--exec",
+        "--check-only",
+        "--json",
+        "--server",
+        server.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Words as `&str`, for `Sandbox::run` and `Command::args`.
+pub fn strs(words: &[String]) -> Vec<&str> {
+    words.iter().map(String::as_str).collect()
+}

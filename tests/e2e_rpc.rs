@@ -51,16 +51,7 @@ fn a_profile_offloading_to_two_rpc_devices_applies_with_both_servers() {
         "the profile keeps both RPC servers: {text}"
     );
 
-    let server = llama_server();
-    let o = sb.run(&[
-        "apply",
-        profile.to_str().unwrap(),
-        "--exec",
-        "--check-only",
-        "--json",
-        "--server",
-        server.to_str().unwrap(),
-    ]);
+    let o = sb.run(&strs(&apply_check_args(&profile, &llama_server())));
     assert!(o.status.success(), "apply: {}\n{}", stderr(&o), stdout(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
     let command = command_of(&v);

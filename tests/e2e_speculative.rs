@@ -702,15 +702,7 @@ fn ngram_profile() -> PathBuf {
 /// `autotune apply PROFILE --exec --check-only --json` with the vendor llama-server (or `server`).
 fn apply_check(sb: &Sandbox, profile: &Path, server: Option<&Path>) -> std::process::Output {
     let server = server.map_or_else(llama_server, Path::to_path_buf);
-    sb.run(&[
-        "apply",
-        profile.to_str().unwrap(),
-        "--exec",
-        "--check-only",
-        "--json",
-        "--server",
-        server.to_str().unwrap(),
-    ])
+    sb.run(&strs(&apply_check_args(profile, &server)))
 }
 
 /// The server's own figures from `apply --json`, checked for consistency with its `completion`

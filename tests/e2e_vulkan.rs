@@ -81,6 +81,13 @@ fn json(o: &Output) -> serde_json::Value {
     serde_json::from_str(&stdout(o)).expect("--json prints JSON")
 }
 
+/// `apply PROFILE --exec --check-only --json` with the tools' llama-server (which loads the same
+/// Vulkan module), run again after a driver crash; its JSON.
+fn apply_checked(sb: &Sandbox, profile: &std::path::Path) -> serde_json::Value {
+    let args = apply_check_args(profile, &llama_server());
+    json(&retrying_crashes("apply", || vulkan(sb, &strs(&args))))
+}
+
 /// The workload of these tests (short, at a context the 8 MiB budget below splits) and the knobs
 /// they hold fixed.
 const WORKLOAD: &[&str] = &[
@@ -212,22 +219,7 @@ fn a_profile_offloading_to_vulkan_applies_with_llama_server() {
         "the profile names Vulkan0: {text}"
     );
 
-    let server = llama_server();
-    let o = retrying_crashes("apply", || {
-        vulkan(
-            &sb,
-            &[
-                "apply",
-                profile.to_str().unwrap(),
-                "--exec",
-                "--check-only",
-                "--json",
-                "--server",
-                server.to_str().unwrap(),
-            ],
-        )
-    });
-    let v = json(&o);
+    let v = apply_checked(&sb, &profile);
     let command = command_of(&v);
     let at = command
         .iter()
@@ -310,22 +302,7 @@ fn op_offload_off_wins_over_a_slow_device_and_applies() {
     let text = std::fs::read_to_string(&profile).unwrap();
     assert!(text.contains("--no-op-offload"), "{text}");
 
-    let server = llama_server();
-    let o = retrying_crashes("apply", || {
-        vulkan(
-            &sb,
-            &[
-                "apply",
-                profile.to_str().unwrap(),
-                "--exec",
-                "--check-only",
-                "--json",
-                "--server",
-                server.to_str().unwrap(),
-            ],
-        )
-    });
-    let v = json(&o);
+    let v = apply_checked(&sb, &profile);
     assert!(command_of(&v).contains(&"--no-op-offload"), "{v}");
     assert!(v["completion"]["predicted_n"].as_u64().unwrap() > 0, "{v}");
 }

@@ -237,102 +237,77 @@ impl FromStr for KernelChoice {
     }
 }
 
-/// Whether llama.cpp may run a host tensor's operations on a device (`op_offload`, llama-server's
-/// `--no-op-offload` turns it off). With weights left in host memory (partial offload, experts on the
-/// CPU), ggml's scheduler copies them to the GPU for every batch of 32 tokens or more and multiplies
-/// there: on a fast GPU behind a fast bus that speeds prompt processing up; on a slow device, or a
-/// slow link, it is the slowest part of the prompt (120x slower on a CPU-emulated Vulkan device).
-/// Generation (one token per batch) never offloads, and RPC devices never take such operations.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum OpOffload {
-    #[default]
-    On,
-    Off,
-}
-
-impl OpOffload {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OpOffload::On => "on",
-            OpOffload::Off => "off",
+/// An on/off llama.cpp setting that is on by default: the enum, its names (`on`/`off`, also
+/// `1`/`0` and `true`/`false` when parsed) and `is_on` (for `skip_serializing_if`).
+macro_rules! on_off_knob {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+        $(#[$doc])*
+        #[derive(
+            Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+        )]
+        #[serde(rename_all = "lowercase")]
+        pub enum $name {
+            #[default]
+            On,
+            Off,
         }
-    }
-    pub fn is_on(&self) -> bool {
-        *self == OpOffload::On
-    }
-}
 
-impl fmt::Display for OpOffload {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for OpOffload {
-    type Err = ParseKnobError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "on" | "1" | "true" => Ok(OpOffload::On),
-            "off" | "0" | "false" => Ok(OpOffload::Off),
-            _ => Err(ParseKnobError {
-                what: "op offload",
-                value: s.to_string(),
-                expected: "on, off".into(),
-            }),
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $name::On => "on",
+                    $name::Off => "off",
+                }
+            }
+            pub fn is_on(&self) -> bool {
+                *self == $name::On
+            }
         }
-    }
-}
 
-/// Where the KV cache lives when layers are offloaded (llama.cpp's `offload_kqv`; llama-server's
-/// `-nkvo` keeps it in host memory). On the device by default; in host memory the attention of every
-/// layer runs on the CPU, which frees the device's KV bytes for more layers: a fit lever, measured,
-/// since it costs a round trip per layer for every token (half the generation speed on a loopback
-/// RPC device).
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum KvOffload {
-    #[default]
-    On,
-    Off,
-}
-
-impl KvOffload {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KvOffload::On => "on",
-            KvOffload::Off => "off",
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
         }
-    }
-    pub fn is_on(&self) -> bool {
-        *self == KvOffload::On
-    }
-}
 
-impl fmt::Display for KvOffload {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for KvOffload {
-    type Err = ParseKnobError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "on" | "1" | "true" => Ok(KvOffload::On),
-            "off" | "0" | "false" => Ok(KvOffload::Off),
-            _ => Err(ParseKnobError {
-                what: "KV offload",
-                value: s.to_string(),
-                expected: "on, off".into(),
-            }),
+        impl FromStr for $name {
+            type Err = ParseKnobError;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s.trim().to_ascii_lowercase().as_str() {
+                    "on" | "1" | "true" => Ok($name::On),
+                    "off" | "0" | "false" => Ok($name::Off),
+                    _ => Err(ParseKnobError {
+                        what: $what,
+                        value: s.to_string(),
+                        expected: "on, off".into(),
+                    }),
+                }
+            }
         }
-    }
+    };
 }
+
+on_off_knob!(
+    /// Whether llama.cpp may run a host tensor's operations on a device (`op_offload`,
+    /// llama-server's `--no-op-offload` turns it off). With weights left in host memory (partial
+    /// offload, experts on the CPU), ggml's scheduler copies them to the GPU for every batch of 32
+    /// tokens or more and multiplies there: on a fast GPU behind a fast bus that speeds prompt
+    /// processing up; on a slow device, or a slow link, it is the slowest part of the prompt (300x
+    /// slower on a CPU-emulated Vulkan device). Generation (one token per batch) never offloads, and
+    /// RPC devices never take such operations.
+    OpOffload,
+    "op offload"
+);
+
+on_off_knob!(
+    /// Where the KV cache lives when layers are offloaded (llama.cpp's `offload_kqv`;
+    /// llama-server's `-nkvo` keeps it in host memory). On the device by default; in host memory
+    /// the attention of every layer runs on the CPU, which frees the device's KV bytes for more
+    /// layers: a fit lever, measured, since it costs a round trip per layer for every token (half
+    /// the generation speed on a loopback RPC device).
+    KvOffload,
+    "KV offload"
+);
 
 /// One configuration of llama.cpp to measure: model-side settings (which need a model load) and
 /// context-side settings (which only need a new context on an already loaded model).

@@ -939,9 +939,10 @@ pub fn grid(s: &TuneSettings, base: &Candidate) -> Vec<Candidate> {
         }
     }
     // Op offload only where weights stay on the host: elsewhere both settings are the same run.
-    let ops = match vary_op_offload(s, base) {
-        v if v.is_empty() => vec![base.op_offload],
-        v => v.into_iter().map(|c| c.op_offload).collect(),
+    let ops = if host_weights(s, base) {
+        s.op_offload.clone()
+    } else {
+        vec![base.op_offload]
     };
     ops.iter()
         .flat_map(|&op_offload| {

@@ -52,8 +52,7 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
         dir: dir.map(|d| d.display().to_string()),
         modules: module_statuses(&found_modules, &log, Drivers::this_machine()),
     };
-    let devices = llama::devices();
-    let skipped_devices = llama::skipped_devices();
+    let (devices, skipped_devices) = llama::device_view();
     let backends = llama::backends();
     let found = gpus::this_machine();
     // A GPU llama.cpp skips on purpose (an integrated one beside a discrete GPU, one GPU seen by two

@@ -31,9 +31,10 @@ pub fn devices() -> Vec<DeviceInfo> {
     model_view(registered()).0
 }
 
-/// The registered devices llama.cpp does not give a model, each with its reason.
-pub fn skipped_devices() -> Vec<SkippedDevice> {
-    model_view(registered()).1
+/// [`devices`] and the registered devices llama.cpp does not give a model, each with its reason,
+/// from one reading of the registry.
+pub fn device_view() -> (Vec<DeviceInfo>, Vec<SkippedDevice>) {
+    model_view(registered())
 }
 
 /// Free memory per non-CPU device right now (device name → free bytes).

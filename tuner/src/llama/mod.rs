@@ -24,7 +24,7 @@ pub use backend::{
 pub use bandwidth::device_read_bandwidth;
 pub use breakdown::{breakdown_per_device, memory_breakdown};
 pub use context::Context;
-pub use devices::{device_free, devices, skipped_devices, SkippedDevice};
+pub use devices::{device_free, device_view, devices, SkippedDevice};
 #[cfg(test)]
 pub use log::loaded_modules;
 pub use log::{bytes_per_device, cpu_variant, log_tail, parse_buffer_reports, take_log};
