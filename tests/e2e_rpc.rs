@@ -276,3 +276,57 @@ fn the_kv_cache_on_the_host_lets_every_layer_fit_and_is_measured() {
         }
     }
 }
+
+/// A prompt longer than 512 tokens with a device to offload to: micro-batches above 512 are tried
+/// unasked (here 1024, the first that holds the whole 1024-token prompt; 2048 would hold no more)
+/// and measured beside llama.cpp's 512, and the profile carries the winner's.
+#[test]
+fn a_long_prompt_with_a_device_measures_micro_batches_above_512() {
+    let server = rpc_server();
+    let rpc = server.endpoint();
+    let sb = Sandbox::new();
+    let model = tiny_model();
+    let profile = sb.dir.path().join("ub.toml");
+    let o = sb.run(&[
+        "tune",
+        model.to_str().unwrap(),
+        "--json",
+        "-o",
+        profile.to_str().unwrap(),
+        "--rpc",
+        &rpc,
+        "--n-gpu-layers",
+        "99",
+        "--ctx",
+        "2048",
+        "--prompt",
+        "1024",
+        "--gen",
+        "16",
+        "--cache-types",
+        "f16",
+        "--kernels",
+        "plain",
+        "--threads",
+        "2",
+        "--flash-attn",
+        "auto",
+        "--budget",
+        "60s",
+    ]);
+    assert!(o.status.success(), "tune: {}\n{}", stderr(&o), stdout(&o));
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
+    let mut measured: Vec<u64> = r["leaderboard"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["status"] == "ok")
+        .map(|e| e["candidate"]["n_ubatch"].as_u64().unwrap())
+        .collect();
+    measured.sort_unstable();
+    measured.dedup();
+    assert_eq!(measured, [128, 256, 512, 1024], "{r:#}");
+    let ub = r["winner"]["n_ubatch"].as_u64().unwrap();
+    let text = std::fs::read_to_string(&profile).unwrap();
+    assert!(text.contains(&format!("\"-ub\", \"{ub}\"")), "{text}");
+}

@@ -112,8 +112,9 @@ pub struct TuneArgs {
     #[arg(long = "kv-offload", value_delimiter = ',', default_value = "on,off")]
     pub kv_offload: Vec<KvOffload>,
 
-    /// Physical batch sizes (-ub) to try
-    #[arg(long, value_delimiter = ',', default_value = "512,256,128")]
+    /// Physical batch sizes (-ub) to try [default: 512,256,128; with a non-CPU device and a prompt
+    /// longer than 512 tokens also 1024, 2048, 4096 up to the prompt's length]
+    #[arg(long, value_delimiter = ',')]
     pub ubatch: Vec<u32>,
 
     /// Layers to offload to non-CPU devices (-ngl); default: all when such a device exists, else 0

@@ -56,14 +56,16 @@ pub fn gpus(n: usize, mem: u64) -> Landscape {
 /// device's memory less the default margin.
 pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
     let offload = !land.devices.is_empty();
+    let workload = Workload {
+        n_ctx: 4096,
+        n_prompt: 512,
+        n_gen: 128,
+        depth: 0,
+    };
     TuneSettings {
         model: "simulated.gguf".into(),
-        workload: Workload {
-            n_ctx: 4096,
-            n_prompt: 512,
-            n_gen: 128,
-            depth: 0,
-        },
+        ubatch_options: crate::tuning::ubatch_options(&[], &workload, offload),
+        workload,
         noise: 0.02,
         min_reps: 3,
         max_reps: 10,
@@ -83,7 +85,6 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         },
         cache_types: vec![CacheType::F16, CacheType::Q8_0, CacheType::Q4_0],
         flash_attn: vec![FlashAttn::Auto, FlashAttn::On, FlashAttn::Off],
-        ubatch_options: vec![512, 256, 128],
         rpc: Vec::new(),
         budgets: land
             .devices

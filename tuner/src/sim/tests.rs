@@ -606,3 +606,48 @@ fn the_kv_cache_on_the_host_is_a_fit_lever_measured_beside_the_placements() {
         .iter()
         .all(|r| r.candidate.kv_offload == KvOffload::On));
 }
+
+/// A 3000-token prompt with a GPU: the micro-batches above 512 are offered (1024, 2048 and 4096, the
+/// first that holds the whole prompt) and one of them wins (a GPU's efficiency grows with the
+/// tokens of a batch, and with the host's layers copied over for each batch, fewer batches copy
+/// less), within the noise of the landscape's best micro-batch that fits. On the host alone they do not pay
+/// and are never measured.
+#[test]
+fn long_prompts_with_a_gpu_try_micro_batches_above_512() {
+    for (n, mem) in [(2, 80 * GIB), (1, 24 * GIB)] {
+        let land = gpus(n, mem);
+        let mut s = settings(&land, 9);
+        s.workload.n_prompt = 3000;
+        s.ubatch_options = crate::tuning::ubatch_options(&[], &s.workload, s.offload);
+        assert_eq!(s.ubatch_options, [512, 256, 128, 1024, 2048, 4096]);
+        let run = tune(land.clone(), s.clone(), None, Mode::Search);
+        let win = run.winner.expect("a winner");
+        let at = |ub: u32| Candidate {
+            n_ubatch: ub,
+            n_batch: win.n_batch.max(ub),
+            ..win.clone()
+        };
+        let best = s
+            .ubatch_options
+            .iter()
+            .filter(|&&ub| fits(&land, &s, &at(ub)))
+            .map(|&ub| land.true_seconds(&at(ub), &s.workload))
+            .fold(f64::INFINITY, f64::min);
+        let got = land.true_seconds(&win, &s.workload);
+        assert!(win.n_ubatch > 512, "{n} GPUs: {}", win.label());
+        // Within twice the noise threshold: a smaller micro-batch that ties goes first (less memory).
+        assert!(
+            got <= best * 1.04,
+            "{n} GPUs: {} {got} vs {best}",
+            win.label()
+        );
+    }
+    let mut land = gpus(0, 0);
+    land.devices.clear();
+    let mut s = settings(&land, 9);
+    s.workload.n_prompt = 3000;
+    s.ubatch_options = crate::tuning::ubatch_options(&[], &s.workload, s.offload);
+    let run = tune(land, s, None, Mode::Search);
+    assert!(run.results.iter().all(|r| r.candidate.n_ubatch <= 512));
+    assert_eq!(run.winner.expect("a winner").n_ubatch, 512);
+}
