@@ -144,6 +144,56 @@ fn two_identical_configurations_are_a_tie() {
     }
 }
 
+/// `-tb` reaches llama.cpp: with one generation thread, prompt processing with two threads is
+/// faster than with one (it is compute-bound), while generation stays one thread's.
+#[test]
+fn prompt_threads_are_set_apart_from_generation_threads() {
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipped: one CPU, nothing to split");
+        return;
+    }
+    let sb = Sandbox::new();
+    let model = demo_model();
+    let measure = |tb: &str| -> serde_json::Value {
+        let o = sb.run(&[
+            "measure",
+            model.to_str().unwrap(),
+            "-c",
+            "512",
+            "-p",
+            "256",
+            "-n",
+            "16",
+            "-t",
+            "1",
+            "-tb",
+            tb,
+            "--reps",
+            "3",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let (one, two) = (measure("1"), measure("2"));
+    let median = |v: &serde_json::Value, k: &str| v[k]["median"].as_f64().unwrap();
+    assert_eq!(two["candidate"]["threads_batch"], 2, "{two}");
+    assert!(
+        one["candidate"]["threads_batch"].is_null(),
+        "-tb 1 = -t 1: {one}"
+    );
+    let (pp1, pp2) = (median(&one, "pp"), median(&two, "pp"));
+    assert!(
+        pp2 > 1.3 * pp1,
+        "pp {pp2} t/s with -tb 2 vs {pp1} with -tb 1"
+    );
+    let (tg1, tg2) = (median(&one, "tg"), median(&two, "tg"));
+    assert!(
+        tg2 < 1.25 * tg1,
+        "tg {tg2} t/s with -tb 2 vs {tg1} with -tb 1 (both -t 1)"
+    );
+}
+
 /// Records per candidate in a measurement log (JSON Lines).
 fn records_per_candidate(log: &std::path::Path) -> std::collections::HashMap<String, usize> {
     let mut m = std::collections::HashMap::new();

@@ -162,7 +162,7 @@ pub fn export_ollama(p: &Profile) -> String {
 }
 
 /// The `# autotune:` lines for what Ollama sets server-wide or not at all: KV cache type, flash
-/// attention, ubatch, kernels, devices and tensor split.
+/// attention, ubatch, prompt threads, kernels, devices and tensor split.
 fn ollama_server_notes(c: &Candidate, out: &mut String) {
     let ollama_kv = [CacheType::F16, CacheType::Q8_0, CacheType::Q4_0];
     if c.type_k == c.type_v && ollama_kv.contains(&c.type_k) {
@@ -198,6 +198,12 @@ fn ollama_server_notes(c: &Candidate, out: &mut String) {
         "# autotune: ubatch {} (llama.cpp -ub): Ollama cannot set this",
         c.n_ubatch
     );
+    if let Some(tb) = c.threads_batch {
+        let _ = writeln!(
+            out,
+            "# autotune: {tb} prompt-processing threads (llama.cpp -tb): Ollama uses num_thread for both"
+        );
+    }
     if c.kernels == KernelChoice::Plain {
         let _ = writeln!(
             out,

@@ -17,6 +17,7 @@ pub fn example_profile() -> Profile {
         split_mode: Default::default(),
         kernels: KernelChoice::Plain,
         threads: 8,
+        threads_batch: None,
         n_batch: 2048,
         n_ubatch: 1024,
         type_k: CacheType::Q8_0,

@@ -32,7 +32,7 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
         opt("-m", "model", model.to_string_lossy().into_owned()),
         opt("-c", "ctx-size", w.n_ctx.to_string()),
         opt("-t", "threads", c.threads.to_string()),
-        opt("-tb", "threads-batch", c.threads.to_string()),
+        opt("-tb", "threads-batch", c.batch_threads().to_string()),
         opt("-b", "batch-size", c.n_batch.to_string()),
         opt("-ub", "ubatch-size", c.n_ubatch.to_string()),
         opt("-ctk", "cache-type-k", c.type_k.as_str().into()),

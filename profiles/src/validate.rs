@@ -166,6 +166,9 @@ fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<()> {
 fn check_winner(p: &Profile) -> Result<()> {
     let c = &p.winner;
     in_range("winner.threads", c.threads, 1, MAX_THREADS)?;
+    if let Some(tb) = c.threads_batch {
+        in_range("winner.threads_batch", tb, 1, MAX_THREADS)?;
+    }
     in_range("winner.n_batch", c.n_batch, 1, MAX_BATCH)?;
     in_range("winner.n_ubatch", c.n_ubatch, 1, MAX_BATCH)?;
     if c.n_ubatch > c.n_batch {
@@ -396,10 +399,14 @@ mod tests {
     #[test]
     fn numbers_out_of_range_are_refused() {
         type Edit = fn(&mut Profile);
-        let cases: [(Edit, &str); 8] = [
+        let cases: [(Edit, &str); 9] = [
             (
                 |p| p.winner.threads = 0,
                 "winner.threads must be between 1 and 1024 (found 0)",
+            ),
+            (
+                |p| p.winner.threads_batch = Some(0),
+                "winner.threads_batch must be between 1 and 1024 (found 0)",
             ),
             (
                 |p| p.winner.threads = 5000,
@@ -518,6 +525,7 @@ mod tests {
                         split_mode: Default::default(),
                         kernels,
                         threads,
+                        threads_batch: None,
                         n_batch,
                         n_ubatch: 1 + ub % n_batch,
                         type_k,

@@ -331,8 +331,13 @@ pub struct Candidate {
     pub split_mode: SplitMode,
     /// Extra CPU buffer types (weight repack / AMX) or plain kernels (`--no-repack`).
     pub kernels: KernelChoice,
-    /// Generation threads (`-t`); prompt processing uses the same count (`-tb`).
+    /// Generation threads (`-t`).
     pub threads: u32,
+    /// Prompt-processing threads (`-tb`) where they differ from `threads`; `None`: the same count
+    /// (llama.cpp's default). Generation streams weights and saturates the memory bus with fewer
+    /// threads than the compute-bound prompt needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads_batch: Option<u32>,
     /// Logical batch size (`-b`).
     pub n_batch: u32,
     /// Physical batch size (`-ub`).
@@ -384,6 +389,7 @@ impl Candidate {
             split_mode: SplitMode::Layer,
             kernels: KernelChoice::Repack,
             threads,
+            threads_batch: None,
             n_batch: 2048,
             n_ubatch: 512,
             type_k: CacheType::F16,
@@ -395,7 +401,7 @@ impl Candidate {
     }
 
     pub fn validate(&self) -> Result<(), InvalidCandidate> {
-        if self.threads == 0 {
+        if self.threads == 0 || self.threads_batch == Some(0) {
             return Err(InvalidCandidate::ZeroThreads);
         }
         if self.n_batch == 0 || self.n_ubatch == 0 {
@@ -461,6 +467,10 @@ impl Candidate {
         } else {
             String::new()
         };
+        let tb = match self.threads_batch {
+            Some(tb) => format!(" tb={tb}"),
+            None => String::new(),
+        };
         let op = match (self.op_offload.is_on(), self.kv_offload.is_on()) {
             (true, true) => "",
             (false, true) => " no-op-offload",
@@ -468,7 +478,7 @@ impl Candidate {
             (false, false) => " nkvo no-op-offload",
         };
         format!(
-            "ngl={}{moe}{} t={} b={}/{} kv={}/{} fa={} {}{op}",
+            "ngl={}{moe}{} t={}{tb} b={}/{} kv={}/{} fa={} {}{op}",
             self.n_gpu_layers,
             dev,
             self.threads,
@@ -498,10 +508,26 @@ impl Candidate {
             self.n_cpu_moe > 0,
             !self.op_offload.is_on(),
             !self.kv_offload.is_on(),
+            self.threads_batch.is_some(),
         ]
         .iter()
         .filter(|b| **b)
         .count() as u32
+    }
+
+    /// The threads that process prompts (`-tb`): [`Candidate::threads_batch`], else `threads`.
+    pub fn batch_threads(&self) -> u32 {
+        self.threads_batch.unwrap_or(self.threads)
+    }
+
+    /// The same candidate with `threads` generation and `batch` prompt threads, `threads_batch`
+    /// left `None` when they are the same count (one spelling per configuration).
+    pub fn with_threads(&self, threads: u32, batch: u32) -> Candidate {
+        Candidate {
+            threads,
+            threads_batch: (batch != threads).then_some(batch),
+            ..self.clone()
+        }
     }
 
     /// Relative KV-cache memory (f16/f16 = 1.0), for breaking ties toward less memory.
@@ -543,6 +569,22 @@ mod tests {
         let mut c = d.clone();
         c.type_k = CacheType::Q8_0;
         assert_eq!(c.complexity(), 1);
+    }
+
+    #[test]
+    fn prompt_threads_are_spelled_only_when_they_differ() {
+        let d = Candidate::llama_default(8, 0);
+        assert_eq!(d.with_threads(4, 8).threads_batch, Some(8));
+        assert_eq!(d.with_threads(4, 8).batch_threads(), 8);
+        assert_eq!(d.with_threads(4, 4), Candidate::llama_default(4, 0));
+        assert_eq!(
+            d.with_threads(4, 8).label(),
+            "ngl=0 t=4 tb=8 b=2048/512 kv=f16/f16 fa=auto repack"
+        );
+        assert_eq!(d.with_threads(4, 8).complexity(), 1);
+        let mut z = d.clone();
+        z.threads_batch = Some(0);
+        assert_eq!(z.validate(), Err(InvalidCandidate::ZeroThreads));
     }
 
     #[test]

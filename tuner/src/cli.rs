@@ -76,7 +76,8 @@ pub struct TuneArgs {
     #[command(flatten)]
     pub workload: WorkloadArgs,
 
-    /// Thread counts to try, comma separated (default: 1, half the cores, the cores, all CPUs)
+    /// Thread counts to try, comma separated (default: 1, half the cores, the cores, all CPUs), for
+    /// generation (-t) and then for the prompt (-tb)
     #[arg(short = 't', long, value_delimiter = ',')]
     pub threads: Option<Vec<u32>>,
 
@@ -429,6 +430,9 @@ pub struct MeasureArgs {
     /// Threads (-t)
     #[arg(short = 't', long)]
     pub threads: Option<u32>,
+    /// Prompt-processing threads (-tb; default: the same as -t)
+    #[arg(long = "threads-batch", visible_alias = "tb")]
+    pub threads_batch: Option<u32>,
     /// Logical batch size (-b)
     #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
     pub batch: u32,
@@ -690,7 +694,7 @@ pub const SUBCOMMANDS: &[&str] = &[
 ];
 
 /// llama.cpp's multi-letter single-dash flags, which clap cannot express as short flags.
-const LLAMA_STYLE_FLAGS: &[&str] = &["-ngl", "-ctk", "-ctv", "-fa", "-ub", "-ot", "-ts"];
+const LLAMA_STYLE_FLAGS: &[&str] = &["-ngl", "-ctk", "-ctv", "-fa", "-ub", "-tb", "-ot", "-ts"];
 
 /// `autotune model.gguf …` → `autotune tune model.gguf …`, and `-ngl 8` → `--ngl 8`.
 pub fn with_default_subcommand(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {

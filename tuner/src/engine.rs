@@ -572,9 +572,10 @@ impl<'a> Engine<'a> {
         if let Some(b) = best.take() {
             best = Some(self.search_split(b));
         }
-        let axes: [(&str, Vary); 6] = [
+        let axes: [(&str, Vary); 7] = [
             ("op offload", vary_op_offload),
             ("threads", vary_threads),
+            ("prompt threads", vary_threads_batch),
             ("kernels", vary_kernels),
             ("flash attention", vary_flash_attn),
             ("kv cache", vary_cache),
@@ -803,7 +804,6 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
     }
     let kv = pick(&s.cache_types, c.type_k);
     let mut out = Candidate {
-        threads: pick(&s.threads_options, c.threads),
         kernels: pick(&s.kernels, c.kernels),
         op_offload: pick(&s.op_offload, c.op_offload),
         kv_offload: pick(&s.kv_offload, c.kv_offload),
@@ -818,6 +818,10 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
         ..c.clone()
     };
     out.n_batch = out.n_batch.max(out.n_ubatch);
+    let mut out = out.with_threads(
+        pick(&s.threads_options, c.threads),
+        pick(&s.threads_options, c.batch_threads()),
+    );
     if out.type_v.is_quantized() && out.flash_attn == FlashAttn::Off {
         out.flash_attn = pick(
             &s.flash_attn
@@ -831,13 +835,19 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
     out
 }
 
+/// Generation threads, the prompt's held where they are (generation is bandwidth-bound and often
+/// fastest with fewer threads than the compute-bound prompt wants; the next axis varies those).
 fn vary_threads(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
     s.threads_options
         .iter()
-        .map(|&t| Candidate {
-            threads: t,
-            ..from.clone()
-        })
+        .map(|&t| from.with_threads(t, from.batch_threads()))
+        .collect()
+}
+/// Prompt-processing threads (`-tb`), the generation threads held.
+fn vary_threads_batch(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+    s.threads_options
+        .iter()
+        .map(|&tb| from.with_threads(from.threads, tb))
         .collect()
 }
 fn vary_kernels(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {

@@ -95,6 +95,7 @@ fn setup(
             n_batch,
             n_ubatch: 512,
             threads,
+            threads_batch: None,
             type_k: a.cache_type_k,
             type_v: a.cache_type_v,
             flash_attn: a.flash_attn,

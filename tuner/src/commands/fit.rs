@@ -173,6 +173,7 @@ fn predict(
             n_batch: 2048,
             n_ubatch: 512,
             threads,
+            threads_batch: None,
             type_k: CacheType::F16,
             type_v: CacheType::F16,
             flash_attn: FlashAttn::Auto,

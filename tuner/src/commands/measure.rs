@@ -107,6 +107,13 @@ fn request_of(
             }
             None => d.machine.physical_cores,
         },
+        threads_batch: match a.threads_batch {
+            Some(t) => {
+                inputs::threads("-tb", &[t], inputs::logical_cpus())?;
+                Some(t)
+            }
+            None => None,
+        },
         n_batch: a.batch,
         n_ubatch: a.ubatch,
         type_k: a.cache_type_k,
@@ -115,6 +122,7 @@ fn request_of(
         op_offload: a.op_offload,
         kv_offload: a.kv_offload,
     };
+    let candidate = candidate.with_threads(candidate.threads, candidate.batch_threads());
     candidate
         .validate()
         .map_err(|e| Exit::new(exit::USAGE, e.to_string()))?;

@@ -83,6 +83,7 @@ enum Knob {
     GpuLayers,
     Devices,
     Threads,
+    ThreadsBatch,
     Kernels,
     OpOffload,
     KvOffload,
@@ -92,10 +93,11 @@ enum Knob {
     Batch,
 }
 
-const KNOBS: [Knob; 10] = [
+const KNOBS: [Knob; 11] = [
     Knob::GpuLayers,
     Knob::Devices,
     Knob::Threads,
+    Knob::ThreadsBatch,
     Knob::Kernels,
     Knob::OpOffload,
     Knob::KvOffload,
@@ -111,6 +113,7 @@ impl Knob {
             Knob::GpuLayers => "GPU layers",
             Knob::Devices => "devices",
             Knob::Threads => "threads",
+            Knob::ThreadsBatch => "prompt threads",
             Knob::Kernels => "kernels",
             Knob::OpOffload => "op offload",
             Knob::KvOffload => "KV offload",
@@ -126,7 +129,11 @@ impl Knob {
             Knob::GpuLayers => format!("ngl={}", c.n_gpu_layers),
             Knob::Devices if c.devices.is_empty() => "dev=default".into(),
             Knob::Devices => format!("dev={}", c.devices.join(",")),
-            Knob::Threads => format!("t={}", c.threads),
+            Knob::Threads => match c.threads_batch {
+                Some(tb) => format!("t={} tb={tb}", c.threads),
+                None => format!("t={}", c.threads),
+            },
+            Knob::ThreadsBatch => format!("tb={}", c.batch_threads()),
             Knob::Kernels => c.kernels.to_string(),
             Knob::OpOffload => format!("op-offload={}", c.op_offload),
             Knob::KvOffload => format!("kv-offload={}", c.kv_offload),
@@ -143,7 +150,12 @@ impl Knob {
         match self {
             Knob::GpuLayers => c.n_gpu_layers = 0,
             Knob::Devices => c.devices.clear(),
-            Knob::Threads => c.threads = 0,
+            // Both thread counts: a grid (or an earlier profile) varies them together.
+            Knob::Threads => {
+                c.threads = 0;
+                c.threads_batch = None;
+            }
+            Knob::ThreadsBatch => c.threads_batch = None,
             Knob::Kernels => c.kernels = search_space::KernelChoice::Repack,
             Knob::OpOffload => c.op_offload = search_space::OpOffload::On,
             Knob::KvOffload => c.kv_offload = search_space::KvOffload::On,

@@ -62,7 +62,7 @@ impl Context {
         p.n_ubatch = s.n_ubatch;
         p.n_seq_max = 1;
         p.n_threads = s.threads as i32;
-        p.n_threads_batch = s.threads as i32;
+        p.n_threads_batch = s.threads_batch.unwrap_or(s.threads) as i32;
         p.type_k = ggml_type(s.type_k);
         p.type_v = ggml_type(s.type_v);
         p.flash_attn_type = match s.flash_attn {

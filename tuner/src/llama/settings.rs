@@ -62,6 +62,9 @@ pub struct ContextSettings {
     pub n_batch: u32,
     pub n_ubatch: u32,
     pub threads: u32,
+    /// Prompt-processing threads when they differ from `threads` (`None`: the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads_batch: Option<u32>,
     pub type_k: CacheType,
     pub type_v: CacheType,
     pub flash_attn: FlashAttn,
@@ -99,6 +102,7 @@ impl ContextSettings {
             n_batch: c.n_batch,
             n_ubatch: c.n_ubatch,
             threads: c.threads,
+            threads_batch: c.threads_batch,
             type_k: c.type_k,
             type_v: c.type_v,
             flash_attn: c.flash_attn,

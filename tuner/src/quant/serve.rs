@@ -239,6 +239,7 @@ fn chunk_context(
             n_batch: n_ctx,
             n_ubatch: n_ctx.min(512),
             threads: threads.max(1),
+            threads_batch: None,
             type_k: kv,
             type_v: kv,
             flash_attn: FlashAttn::Auto,

@@ -138,6 +138,7 @@ pub fn candidate_of(req: &MeasureRequest) -> Candidate {
             KernelChoice::Plain
         },
         threads: req.context.threads,
+        threads_batch: req.context.threads_batch,
         n_batch: req.context.n_batch,
         n_ubatch: req.context.n_ubatch,
         type_k: req.context.type_k,
@@ -280,12 +281,16 @@ impl Landscape {
         })
     }
 
-    /// The host's read bandwidth with `t` threads: saturating at half the physical cores, a little
-    /// worse past them (hyper-threads contend).
+    /// The host's read bandwidth with `t` threads: saturating at half the physical cores, then 8%
+    /// lower by all of them (more threads contend for the same bus), worse again past them
+    /// (hyper-threads). Prompt processing is compute-bound and wants every core: so a split thread
+    /// count (`-t` half the cores, `-tb` all) beats any single one.
     fn host_bandwidth(&self, t: u32) -> f64 {
         let phys = self.host.physical_cores.max(1);
-        let reach = (t as f64 / (phys as f64 / 2.0).max(1.0)).min(1.0);
-        self.host.bandwidth * reach * if t > phys { 0.85 } else { 1.0 }
+        let half = (phys as f64 / 2.0).max(1.0);
+        let reach = (t as f64 / half).min(1.0);
+        let contention = 1.0 - 0.08 * ((t as f64 - half) / half).clamp(0.0, 1.0);
+        self.host.bandwidth * reach * contention * if t > phys { 0.85 } else { 1.0 }
     }
 
     /// Seconds to generate one token with `depth` tokens in the KV cache.
@@ -371,7 +376,7 @@ impl Landscape {
                     batches * s.weights as f64 / d.link + flops / (d.flops * eff)
                 }
                 None => {
-                    let cores = c.threads.min(self.host.physical_cores).max(1) as f64;
+                    let cores = c.batch_threads().min(self.host.physical_cores).max(1) as f64;
                     let repack = if c.kernels == KernelChoice::Repack {
                         1.3
                     } else {

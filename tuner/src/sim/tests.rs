@@ -651,3 +651,33 @@ fn long_prompts_with_a_gpu_try_micro_batches_above_512() {
     assert!(run.results.iter().all(|r| r.candidate.n_ubatch <= 512));
     assert_eq!(run.winner.expect("a winner").n_ubatch, 512);
 }
+
+/// On the host, generation saturates the memory bus at half the cores and slows past them, while
+/// the prompt wants every core: the threads axis (prompt threads held) finds the generation's
+/// count, the prompt-threads axis the prompt's, and the winner splits them (`-t 8 -tb 16`), faster
+/// than either count for both.
+#[test]
+fn generation_and_prompt_threads_are_chosen_apart_on_the_host() {
+    let mut land = gpus(0, 0);
+    land.devices.clear();
+    let s = settings(&land, 11);
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let win = run.winner.expect("a winner");
+    assert_eq!(
+        (win.threads, win.batch_threads()),
+        (8, 16),
+        "{}",
+        win.label()
+    );
+    let got = land.true_seconds(&win, &s.workload);
+    for t in [8, 16] {
+        let same = win.with_threads(t, t);
+        let theirs = land.true_seconds(&same, &s.workload);
+        assert!(
+            got < theirs * 0.99,
+            "{} {got} vs {} {theirs}",
+            win.label(),
+            same.label()
+        );
+    }
+}

@@ -464,6 +464,7 @@ mod tests {
             n_batch: 512,
             n_ubatch: 512,
             threads: 1,
+            threads_batch: None,
             type_k: CacheType::F16,
             type_v: CacheType::F16,
             flash_attn: search_space::FlashAttn::Auto,
