@@ -60,6 +60,17 @@ impl Sandbox {
     pub fn run(&self, args: &[&str]) -> Output {
         self.cmd().args(args).output().expect("run autotune")
     }
+    /// The JSON a successful run (`… --json`) printed; a failed run fails the test with its output.
+    pub fn run_json(&self, args: &[&str]) -> serde_json::Value {
+        let o = self.run(args);
+        assert!(
+            o.status.success(),
+            "{args:?}: {}\n{}",
+            stderr(&o),
+            stdout(&o)
+        );
+        serde_json::from_str(&stdout(&o)).expect("--json prints JSON")
+    }
     /// Files in the profile store (none may appear after a failed run).
     pub fn stored_profiles(&self) -> Vec<PathBuf> {
         std::fs::read_dir(self.profiles())

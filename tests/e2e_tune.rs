@@ -154,8 +154,8 @@ fn prompt_threads_are_set_apart_from_generation_threads() {
     }
     let sb = Sandbox::new();
     let model = demo_model();
-    let measure = |tb: &str| -> serde_json::Value {
-        let o = sb.run(&[
+    let measure = |tb: &str| {
+        sb.run_json(&[
             "measure",
             model.to_str().unwrap(),
             "-c",
@@ -171,9 +171,7 @@ fn prompt_threads_are_set_apart_from_generation_threads() {
             "--reps",
             "3",
             "--json",
-        ]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        serde_json::from_str(&stdout(&o)).unwrap()
+        ])
     };
     let (one, two) = (measure("1"), measure("2"));
     let median = |v: &serde_json::Value, k: &str| v[k]["median"].as_f64().unwrap();
