@@ -129,10 +129,7 @@ impl Knob {
             Knob::GpuLayers => format!("ngl={}", c.n_gpu_layers),
             Knob::Devices if c.devices.is_empty() => "dev=default".into(),
             Knob::Devices => format!("dev={}", c.devices.join(",")),
-            Knob::Threads => match c.threads_batch {
-                Some(tb) => format!("t={} tb={tb}", c.threads),
-                None => format!("t={}", c.threads),
-            },
+            Knob::Threads => format!("t={}", c.threads),
             Knob::ThreadsBatch => format!("tb={}", c.batch_threads()),
             Knob::Kernels => c.kernels.to_string(),
             Knob::OpOffload => format!("op-offload={}", c.op_offload),
@@ -150,10 +147,10 @@ impl Knob {
         match self {
             Knob::GpuLayers => c.n_gpu_layers = 0,
             Knob::Devices => c.devices.clear(),
-            // Both thread counts: a grid (or an earlier profile) varies them together.
+            // The prompt's threads held, as the search's threads axis holds them.
             Knob::Threads => {
+                c.threads_batch = Some(c.batch_threads());
                 c.threads = 0;
-                c.threads_batch = None;
             }
             Knob::ThreadsBatch => c.threads_batch = None,
             Knob::Kernels => c.kernels = search_space::KernelChoice::Repack,
@@ -183,59 +180,76 @@ fn measured(profile: &Profile) -> impl Iterator<Item = (&LeaderboardEntry, &prof
 /// values measured (coordinate descent varies each knob from the best found so far, so a knob tried
 /// before a later change has neighbours of an earlier best, not of the winner). Most effect first.
 pub fn knob_effects(profile: &Profile) -> Vec<KnobEffect> {
-    let mut out = Vec::new();
-    for knob in KNOBS {
-        let mut groups: Vec<(Candidate, Vec<(String, f64)>)> = Vec::new();
-        for (e, f) in measured(profile) {
-            let key = knob.cleared(&e.candidate);
-            let value = (knob.value(&e.candidate), f.score_s);
-            match groups.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, v)) => v.push(value),
-                None => groups.push((key, vec![value])),
-            }
-        }
-        let winner_key = knob.cleared(&profile.winner);
-        let chosen = groups
-            .iter()
-            .find(|(k, v)| *k == winner_key && v.len() > 1)
-            .map(|g| (g, true))
-            .or_else(|| {
-                groups
-                    .iter()
-                    .filter(|(_, v)| v.len() > 1)
-                    .max_by(|a, b| {
-                        a.1.len()
-                            .cmp(&b.1.len())
-                            .then(best_of(&b.1).total_cmp(&best_of(&a.1)))
-                    })
-                    .map(|g| (g, false))
-            });
-        let Some(((_, values), around_winner)) = chosen else {
-            continue;
-        };
-        let best = values
-            .iter()
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-            .expect("two values");
-        let worst = values
-            .iter()
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .expect("two values");
-        let winner_value = knob.value(&profile.winner);
-        out.push(KnobEffect {
-            knob: knob.name(),
-            best: best.0.clone(),
-            best_s: best.1,
-            worst: worst.0.clone(),
-            worst_s: worst.1,
-            slower: worst.1 / best.1.max(1e-12) - 1.0,
-            values: values.len(),
-            around_winner,
-            winner_value: (around_winner && winner_value != best.0).then_some(winner_value),
-        });
-    }
+    let mut out: Vec<KnobEffect> = KNOBS
+        .into_iter()
+        .filter_map(|knob| {
+            knob_effect(profile, knob, |c| knob.cleared(c)).or_else(|| match knob {
+                // A grid (or an earlier profile) varies both thread counts together.
+                Knob::Threads => knob_effect(profile, knob, |c| Candidate {
+                    threads: 0,
+                    threads_batch: None,
+                    ..c.clone()
+                }),
+                _ => None,
+            })
+        })
+        .collect();
     out.sort_by(|a, b| b.slower.total_cmp(&a.slower));
     out
+}
+
+/// `knob`'s effect among candidates equal under `key` (which clears the knob).
+fn knob_effect(
+    profile: &Profile,
+    knob: Knob,
+    key: impl Fn(&Candidate) -> Candidate,
+) -> Option<KnobEffect> {
+    let mut groups: Vec<(Candidate, Vec<(String, f64)>)> = Vec::new();
+    for (e, f) in measured(profile) {
+        let key = key(&e.candidate);
+        let value = (knob.value(&e.candidate), f.score_s);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(value),
+            None => groups.push((key, vec![value])),
+        }
+    }
+    let winner_key = key(&profile.winner);
+    let chosen = groups
+        .iter()
+        .find(|(k, v)| *k == winner_key && v.len() > 1)
+        .map(|g| (g, true))
+        .or_else(|| {
+            groups
+                .iter()
+                .filter(|(_, v)| v.len() > 1)
+                .max_by(|a, b| {
+                    a.1.len()
+                        .cmp(&b.1.len())
+                        .then(best_of(&b.1).total_cmp(&best_of(&a.1)))
+                })
+                .map(|g| (g, false))
+        });
+    let ((_, values), around_winner) = chosen?;
+    let best = values
+        .iter()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .expect("two values");
+    let worst = values
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .expect("two values");
+    let winner_value = knob.value(&profile.winner);
+    Some(KnobEffect {
+        knob: knob.name(),
+        best: best.0.clone(),
+        best_s: best.1,
+        worst: worst.0.clone(),
+        worst_s: worst.1,
+        slower: worst.1 / best.1.max(1e-12) - 1.0,
+        values: values.len(),
+        around_winner,
+        winner_value: (around_winner && winner_value != best.0).then_some(winner_value),
+    })
 }
 
 fn best_of(values: &[(String, f64)]) -> f64 {

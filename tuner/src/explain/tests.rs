@@ -332,6 +332,32 @@ fn knob_effects_compare_the_winners_neighbours_first() {
     assert!(effects.windows(2).all(|w| w[0].slower >= w[1].slower));
 }
 
+/// The threads axis holds the prompt's threads and the prompt-threads axis the generation's: each
+/// line compares only its own change.
+#[test]
+fn generation_and_prompt_threads_are_told_apart() {
+    let mut p = cpu_profile();
+    let w = p.workload.clone();
+    let defaults = Candidate::llama_default(2, 0);
+    for e in p
+        .leaderboard
+        .iter_mut()
+        .filter(|e| e.candidate.threads == 1)
+    {
+        e.candidate = defaults.with_threads(1, 2);
+    }
+    let fewer = figures(300.0, 41.0, &w, 310 << 20);
+    p.leaderboard
+        .push(entry(0, defaults.with_threads(2, 1), Some(fewer), "ok"));
+    let effects = Explanation::of(&p).knob_effects;
+    let of = |name| {
+        let k = effects.iter().find(|k| k.knob == name).unwrap();
+        (k.best.as_str(), k.worst.as_str(), k.values)
+    };
+    assert_eq!(of("threads"), ("t=2", "t=1", 2));
+    assert_eq!(of("prompt threads"), ("tb=2", "tb=1", 2));
+}
+
 #[test]
 fn placements_give_the_best_figures_per_layer_count() {
     let p = rpc_profile();
