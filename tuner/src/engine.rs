@@ -911,15 +911,29 @@ fn vary_cache(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
         })
         .collect()
 }
+/// Micro-batch sizes; where weights stay on the host, those above the current one also with the
+/// other op offload setting: op offload copies the host's weights once per micro-batch, so over a
+/// slow link it can lose at 512 (where the op offload axis chose) and win at 2048, with a quarter
+/// of the copies.
 fn vary_batch(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
-    s.ubatch_options
+    let at = |ub: u32, op_offload: OpOffload| Candidate {
+        n_ubatch: ub,
+        n_batch: from.n_batch.max(ub),
+        op_offload,
+        ..from.clone()
+    };
+    let mut out: Vec<Candidate> = s
+        .ubatch_options
         .iter()
-        .map(|&ub| Candidate {
-            n_ubatch: ub,
-            n_batch: from.n_batch.max(ub),
-            ..from.clone()
-        })
-        .collect()
+        .map(|&ub| at(ub, from.op_offload))
+        .collect();
+    if host_weights(s, from) {
+        for &ub in s.ubatch_options.iter().filter(|&&ub| ub > from.n_ubatch) {
+            let other = s.op_offload.iter().filter(|&&o| o != from.op_offload);
+            out.extend(other.map(|&o| at(ub, o)));
+        }
+    }
+    out
 }
 
 /// The Cartesian product of the declared knob values (invalid combinations left out).

@@ -681,3 +681,48 @@ fn generation_and_prompt_threads_are_chosen_apart_on_the_host() {
         );
     }
 }
+
+/// Op offload and the micro-batch interact: it copies the host's layers over the link once per
+/// micro-batch. Over a slow link (0.25 GB/s) with a 3000-token prompt, off wins at 512 tokens (the
+/// op offload axis turns it off) but on wins at 2048 (two copies instead of six; 4096 does not fit
+/// beside 49 layers): the batch axis measures the larger micro-batches with op offload on too, and
+/// the search finds the best that fits.
+#[test]
+fn op_offload_is_measured_again_at_the_largest_micro_batch() {
+    let mut land = gpus(1, 24 * GIB);
+    land.devices[0].link = 0.25e9;
+    let mut s = settings(&land, 5);
+    s.workload.n_prompt = 3000;
+    // Minutes per request: simulated days of budget.
+    s.budget = Duration::from_secs(72 * 3600);
+    s.ubatch_options = crate::tuning::ubatch_options(&[], &s.workload, s.offload);
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let win = run.winner.expect("a winner");
+    let at = |ub: u32, op| Candidate {
+        n_ubatch: ub,
+        n_batch: win.n_batch.max(ub),
+        op_offload: op,
+        ..win.clone()
+    };
+    let w = &s.workload;
+    assert!(
+        land.true_seconds(&at(512, OpOffload::Off), w)
+            < land.true_seconds(&at(512, OpOffload::On), w)
+    );
+    assert!(
+        win.n_ubatch > 512 && win.op_offload == OpOffload::On,
+        "{}",
+        win.label()
+    );
+    let best = [512, 1024, 2048, 4096]
+        .into_iter()
+        .flat_map(|ub| [at(ub, OpOffload::On), at(ub, OpOffload::Off)])
+        .filter(|c| fits(&land, &s, c))
+        .map(|c| land.true_seconds(&c, w))
+        .fold(f64::INFINITY, f64::min);
+    let got = land.true_seconds(&win, w);
+    assert!(got <= best * 1.04, "{} {got} vs {best}", win.label());
+    assert!(run.results.iter().any(|r| r.ok()
+        && r.candidate.op_offload == OpOffload::Off
+        && r.candidate.n_ubatch == 512));
+}
