@@ -843,14 +843,22 @@ fn vary_threads(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
         .map(|&t| from.with_threads(t, from.batch_threads()))
         .collect()
 }
-/// Prompt-processing threads (`-tb`), the generation threads held.
+/// Prompt-processing threads (`-tb`), the generation threads held, where the host multiplies
+/// weights.
 fn vary_threads_batch(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+    if !host_computes(s, from) {
+        return Vec::new();
+    }
     s.threads_options
         .iter()
         .map(|&tb| from.with_threads(from.threads, tb))
         .collect()
 }
+/// CPU kernels (weight repack or plain), where the host multiplies weights.
 fn vary_kernels(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+    if !host_computes(s, from) {
+        return Vec::new();
+    }
     s.kernels
         .iter()
         .map(|&k| Candidate {
@@ -866,6 +874,14 @@ type Vary = fn(&TuneSettings, &Candidate) -> Vec<Candidate>;
 /// fewer layers than the model's on the devices, or experts kept on the CPU.
 fn host_weights(s: &TuneSettings, c: &Candidate) -> bool {
     s.offload && (c.n_gpu_layers <= s.n_layers || c.n_cpu_moe > 0)
+}
+
+/// Whether the host multiplies any of `c`'s weights: always without a device to offload to, else
+/// where weights stay in host memory. With every layer on the devices the CPU kernels and the
+/// prompt's thread count change nothing (the token embeddings the host keeps are looked up, not
+/// multiplied), and measuring such ties costs the most repetitions of all.
+fn host_computes(s: &TuneSettings, c: &Candidate) -> bool {
+    !s.offload || host_weights(s, c)
 }
 fn vary_op_offload(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
     if !host_weights(s, from) {

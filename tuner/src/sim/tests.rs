@@ -7,7 +7,7 @@ use super::{Landscape, Outcome, SimMeasurer, SimModel, GIB, MIB};
 use crate::engine::{CandidateResult, Engine, TuneSettings};
 use crate::report;
 use crate::stats::Verdict;
-use search_space::{CacheType, Candidate, KernelChoice, KvOffload, OpOffload};
+use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, OpOffload};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -287,16 +287,16 @@ fn a_crash_is_recorded_and_the_run_goes_on() {
     let run = tune(
         land.clone(),
         s.clone(),
-        Some(|c| c.kernels == KernelChoice::Plain),
+        Some(|c| c.flash_attn == FlashAttn::Off),
         Mode::Search,
     );
     let crashed: Vec<_> = run.results.iter().filter(|r| r.failure.is_some()).collect();
     assert!(!crashed.is_empty());
     assert!(crashed
         .iter()
-        .all(|r| r.candidate.kernels == KernelChoice::Plain));
+        .all(|r| r.candidate.flash_attn == FlashAttn::Off));
     let win = run.winner.expect("a winner");
-    assert_eq!(win.kernels, KernelChoice::Repack);
+    assert_ne!(win.flash_attn, FlashAttn::Off);
     assert!(run
         .results
         .iter()
@@ -725,4 +725,33 @@ fn op_offload_is_measured_again_at_the_largest_micro_batch() {
     assert!(run.results.iter().any(|r| r.ok()
         && r.candidate.op_offload == OpOffload::Off
         && r.candidate.n_ubatch == 512));
+}
+
+/// With every layer on the GPUs the host multiplies no weights: the CPU kernels and the prompt's
+/// thread count are not varied (their candidates would tie at full cost); on the host alone both
+/// are.
+#[test]
+fn host_only_axes_are_skipped_when_every_layer_is_offloaded() {
+    let land = gpus(2, 80 * GIB);
+    let s = settings(&land, 3);
+    let run = tune(land, s.clone(), None, Mode::Search);
+    assert_eq!(run.winner.as_ref().unwrap().n_gpu_layers, s.n_layers + 1);
+    assert!(run
+        .results
+        .iter()
+        .all(|r| r.candidate.kernels == KernelChoice::Repack
+            && r.candidate.batch_threads() == s.default_threads));
+
+    let mut land = gpus(0, 0);
+    land.devices.clear();
+    let s = settings(&land, 3);
+    let run = tune(land, s.clone(), None, Mode::Search);
+    assert!(run
+        .results
+        .iter()
+        .any(|r| r.candidate.kernels == KernelChoice::Plain));
+    assert!(run
+        .results
+        .iter()
+        .any(|r| r.candidate.batch_threads() != s.default_threads));
 }
