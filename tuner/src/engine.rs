@@ -617,6 +617,7 @@ impl<'a> Engine<'a> {
             // The split again once the KV cache and micro-batch are chosen: with room to spare,
             // moving layers to the faster device pays where at f16 every byte was needed.
             Some(b) if !self.out_of_time() => {
+                let b = self.trade_layers_for_batch(b);
                 let b = self.refit_layers(b);
                 Some(self.search_split(b))
             }

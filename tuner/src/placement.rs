@@ -8,6 +8,9 @@ use crate::worker::LoadReport;
 use search_space::size::format_size;
 use search_space::{Candidate, KvOffload};
 
+/// The most GPU layers [`Engine::trade_layers_for_batch`] gives up for a larger micro-batch.
+const BATCH_FOR_LAYERS: u32 = 2;
+
 impl Engine<'_> {
     /// Dry-run footprint of a candidate (cached); `Err` with the reason when llama.cpp refuses.
     pub fn footprint(&mut self, c: &Candidate) -> Result<LoadReport, String> {
@@ -16,6 +19,7 @@ impl Engine<'_> {
         // Thread counts do not change what a load allocates: one dry run serves them all.
         let mut context = req.context.clone();
         context.threads = 0;
+        context.threads_batch = None;
         let key = serde_json::to_string(&(&req.settings, &context)).expect("serialises");
         if let Some(r) = self.footprints.get(&key) {
             return r.clone();
@@ -293,5 +297,44 @@ impl Engine<'_> {
             }
         }
         Some(hi)
+    }
+
+    /// After the micro-batch axis: each larger micro-batch that did not fit beside the best's layers
+    /// (the compute buffer grows with it), at the most layers it lets fit when that is at most
+    /// [`BATCH_FOR_LAYERS`] fewer, measured against the best. With a long prompt and the host's
+    /// weights copied to the GPU once per micro-batch, a layer given up can cost generation less
+    /// than the prompt gains.
+    pub(crate) fn trade_layers_for_batch(&mut self, best: Candidate) -> Candidate {
+        if !self.settings.offload || self.settings.n_gpu_layers_pinned {
+            return best;
+        }
+        let larger: Vec<u32> = (self.settings.ubatch_options.iter().copied())
+            .filter(|&ub| ub > best.n_ubatch)
+            .collect();
+        let mut group = vec![best.clone()];
+        for ub in larger {
+            let c = Candidate {
+                n_ubatch: ub,
+                n_batch: best.n_batch.max(ub),
+                ..best.clone()
+            };
+            if self.check_fit(&c).is_ok() {
+                continue; // measured on the micro-batch axis
+            }
+            match self.max_fitting_layers(&c) {
+                Some(n) if n > 0 && n + BATCH_FOR_LAYERS >= best.n_gpu_layers => {
+                    group.push(Candidate {
+                        n_gpu_layers: n,
+                        ..c
+                    })
+                }
+                _ => {}
+            }
+        }
+        if group.len() < 2 {
+            return best;
+        }
+        self.measure_group(&group, "batch");
+        self.choose(&group).unwrap_or(best)
     }
 }

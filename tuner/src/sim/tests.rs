@@ -755,3 +755,44 @@ fn host_only_axes_are_skipped_when_every_layer_is_offloaded() {
         .iter()
         .any(|r| r.candidate.batch_threads() != s.default_threads));
 }
+
+/// A micro-batch that does not fit beside the most layers is measured at the most it lets fit:
+/// over a slow link with a 3000-token prompt, -ub 4096 (one copy of the host's weights per prompt
+/// instead of two) does not fit beside 49 layers of a 24 GiB GPU but does beside 48, and giving up
+/// that layer costs generation less than the prompt gains.
+#[test]
+fn a_layer_is_given_up_for_a_larger_micro_batch_when_that_pays() {
+    let mut land = gpus(1, 24 * GIB);
+    land.devices[0].link = 0.25e9;
+    let mut s = settings(&land, 5);
+    s.workload.n_prompt = 3000;
+    s.budget = Duration::from_secs(72 * 3600);
+    s.ubatch_options = crate::tuning::ubatch_options(&[], &s.workload, s.offload);
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let win = run.winner.expect("a winner");
+    let w = &s.workload;
+    let at = |ngl: u32, ub: u32| Candidate {
+        n_gpu_layers: ngl,
+        n_ubatch: ub,
+        n_batch: win.n_batch.max(ub),
+        op_offload: OpOffload::On,
+        ..win.clone()
+    };
+    let most = max_fit(&land, &s, &at(81, 2048)).unwrap();
+    assert!(
+        !fits(&land, &s, &at(most, 4096)),
+        "4096 fits beside {most} layers"
+    );
+    assert_eq!(
+        (win.n_ubatch, win.n_gpu_layers),
+        (4096, most - 1),
+        "{}",
+        win.label()
+    );
+    let kept = land.true_seconds(&at(most, 2048), w);
+    assert!(
+        land.true_seconds(&win, w) < kept * 0.9,
+        "{} vs {kept}",
+        win.label()
+    );
+}
