@@ -46,6 +46,8 @@ fn out_of_range_flags_are_usage_errors() {
     let m = model.to_str().unwrap();
     for (args, needle) in [
         (vec![m, "--threads", "0"], "threads"),
+        (vec![m, "-tb", "0"], "--threads-batch must be at least 1"),
+        (vec![m, "--threads-batch", "100000"], "logical CPUs"),
         (vec![m, "--ctx", "0"], "ctx"),
         (vec![m, "--budget", "-5m"], "budget"),
         (vec![m, "--cache-types", "q3_x"], "cache type"),

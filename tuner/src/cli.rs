@@ -81,6 +81,11 @@ pub struct TuneArgs {
     #[arg(short = 't', long, value_delimiter = ',')]
     pub threads: Option<Vec<u32>>,
 
+    /// Prompt-processing thread counts to try (-tb; default: those of --threads); measured only
+    /// where the host multiplies weights
+    #[arg(long = "threads-batch", visible_alias = "tb", value_delimiter = ',')]
+    pub threads_batch: Option<Vec<u32>>,
+
     /// KV cache types to try (applied to K and V together), e.g. f16,q8_0,q4_0
     #[arg(
         long = "cache-types",

@@ -42,6 +42,8 @@ pub struct TuneSettings {
     pub budget: Duration,
     pub seed: u64,
     pub threads_options: Vec<u32>,
+    /// Prompt-processing thread counts (`-tb`) for the prompt-threads axis.
+    pub threads_batch_options: Vec<u32>,
     pub default_threads: u32,
     /// GPU layers: all that fit by default (searched downward from there when a non-CPU device
     /// exists); one count the user pinned with --n-gpu-layers is measured as given, never searched.
@@ -821,7 +823,7 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
     out.n_batch = out.n_batch.max(out.n_ubatch);
     let mut out = out.with_threads(
         pick(&s.threads_options, c.threads),
-        pick(&s.threads_options, c.batch_threads()),
+        pick(&s.threads_batch_options, c.batch_threads()),
     );
     if out.type_v.is_quantized() && out.flash_attn == FlashAttn::Off {
         out.flash_attn = pick(
@@ -850,7 +852,7 @@ fn vary_threads_batch(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
     if !host_computes(s, from) {
         return Vec::new();
     }
-    s.threads_options
+    s.threads_batch_options
         .iter()
         .map(|&tb| from.with_threads(from.threads, tb))
         .collect()

@@ -114,6 +114,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         budget: a.budget,
         seed: a.trial.seed.unwrap_or_else(time_seed),
         threads: a.threads.clone(),
+        threads_batch: a.threads_batch.clone(),
         n_gpu_layers: a.n_gpu_layers,
         kernels: a.kernels.clone(),
         op_offload: a.op_offload.clone(),

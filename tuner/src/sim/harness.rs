@@ -73,6 +73,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         budget: Duration::from_secs(4 * 3600),
         seed,
         threads_options: vec![1, 8, 16, 32],
+        threads_batch_options: vec![1, 8, 16, 32],
         default_threads: 16,
         n_gpu_layers: if offload { land.model.n_layers + 1 } else { 0 },
         n_gpu_layers_pinned: false,

@@ -796,3 +796,19 @@ fn a_layer_is_given_up_for_a_larger_micro_batch_when_that_pays() {
         win.label()
     );
 }
+
+/// `--threads-batch 16`: the prompt's thread count stays among those given, while generation's
+/// is still searched.
+#[test]
+fn the_prompt_thread_counts_given_are_the_only_ones_measured() {
+    let mut land = gpus(0, 0);
+    land.devices.clear();
+    let mut s = settings(&land, 3);
+    s.threads_batch_options = vec![16];
+    let run = tune(land, s, None, Mode::Search);
+    assert!(run
+        .results
+        .iter()
+        .all(|r| r.candidate.batch_threads() == 16));
+    assert!(run.results.iter().any(|r| r.candidate.threads != 16));
+}

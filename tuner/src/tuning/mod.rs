@@ -42,6 +42,8 @@ pub struct Plan {
     pub seed: u64,
     /// Thread counts to try; `None`: 1, half the cores, the cores, all CPUs.
     pub threads: Option<Vec<u32>>,
+    /// Prompt-processing thread counts to try; `None`: those of `threads`.
+    pub threads_batch: Option<Vec<u32>>,
     /// Pinned GPU layers; `None`: all when a non-CPU device exists, else 0.
     pub n_gpu_layers: Option<u32>,
     pub kernels: Vec<KernelChoice>,
@@ -76,13 +78,10 @@ impl Plan {
     ) -> anyhow::Result<TuneSettings> {
         let logical = machine.logical_cpus.max(1);
         let physical = machine.physical_cores.max(1);
+        let cpus = crate::inputs::logical_cpus().max(logical as u32);
         let threads_options = match &self.threads {
             Some(t) => {
-                crate::inputs::threads(
-                    "--threads",
-                    t,
-                    crate::inputs::logical_cpus().max(logical as u32),
-                )?;
+                crate::inputs::threads("--threads", t, cpus)?;
                 t.clone()
             }
             None => {
@@ -97,6 +96,13 @@ impl Plan {
             physical
         } else {
             threads_options[0]
+        };
+        let threads_batch_options = match &self.threads_batch {
+            Some(t) => {
+                crate::inputs::threads("--threads-batch", t, cpus)?;
+                t.clone()
+            }
+            None => threads_options.clone(),
         };
         let offload = !machine.offload_devices().is_empty();
         let n_layers = info.block_count.unwrap_or(0);
@@ -116,6 +122,7 @@ impl Plan {
             },
             seed: self.seed,
             threads_options,
+            threads_batch_options,
             default_threads,
             n_gpu_layers: self
                 .n_gpu_layers
