@@ -682,6 +682,18 @@ fn generation_and_prompt_threads_are_chosen_apart_on_the_host() {
     }
 }
 
+/// One 24 GiB GPU behind a slow link (0.25 GB/s), a 3000-token prompt, and the micro-batches
+/// `tune` offers for it; minutes per request, so simulated days of budget.
+fn slow_link_long_prompt() -> (Landscape, TuneSettings) {
+    let mut land = gpus(1, 24 * GIB);
+    land.devices[0].link = 0.25e9;
+    let mut s = settings(&land, 5);
+    s.workload.n_prompt = 3000;
+    s.budget = Duration::from_secs(72 * 3600);
+    s.ubatch_options = crate::tuning::ubatch_options(&[], &s.workload, s.offload);
+    (land, s)
+}
+
 /// Op offload and the micro-batch interact: it copies the host's layers over the link once per
 /// micro-batch. Over a slow link (0.25 GB/s) with a 3000-token prompt, off wins at 512 tokens (the
 /// op offload axis turns it off) but on wins at 2048 (two copies instead of six; 4096 does not fit
@@ -689,13 +701,7 @@ fn generation_and_prompt_threads_are_chosen_apart_on_the_host() {
 /// the search finds the best that fits.
 #[test]
 fn op_offload_is_measured_again_at_the_largest_micro_batch() {
-    let mut land = gpus(1, 24 * GIB);
-    land.devices[0].link = 0.25e9;
-    let mut s = settings(&land, 5);
-    s.workload.n_prompt = 3000;
-    // Minutes per request: simulated days of budget.
-    s.budget = Duration::from_secs(72 * 3600);
-    s.ubatch_options = crate::tuning::ubatch_options(&[], &s.workload, s.offload);
+    let (land, s) = slow_link_long_prompt();
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let win = run.winner.expect("a winner");
     let at = |ub: u32, op| Candidate {
@@ -762,12 +768,7 @@ fn host_only_axes_are_skipped_when_every_layer_is_offloaded() {
 /// that layer costs generation less than the prompt gains.
 #[test]
 fn a_layer_is_given_up_for_a_larger_micro_batch_when_that_pays() {
-    let mut land = gpus(1, 24 * GIB);
-    land.devices[0].link = 0.25e9;
-    let mut s = settings(&land, 5);
-    s.workload.n_prompt = 3000;
-    s.budget = Duration::from_secs(72 * 3600);
-    s.ubatch_options = crate::tuning::ubatch_options(&[], &s.workload, s.offload);
+    let (land, s) = slow_link_long_prompt();
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let win = run.winner.expect("a winner");
     let w = &s.workload;
