@@ -530,6 +530,15 @@ impl Candidate {
         }
     }
 
+    /// The same candidate with micro-batches of `ub` tokens, the logical batch raised to hold one.
+    pub fn with_ubatch(&self, ub: u32) -> Candidate {
+        Candidate {
+            n_ubatch: ub,
+            n_batch: self.n_batch.max(ub),
+            ..self.clone()
+        }
+    }
+
     /// Relative KV-cache memory (f16/f16 = 1.0), for breaking ties toward less memory.
     pub fn kv_bytes_factor(&self) -> f64 {
         (self.type_k.bits_per_element() + self.type_v.bits_per_element()) / 32.0

@@ -936,10 +936,8 @@ fn vary_cache(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
 /// of the copies.
 fn vary_batch(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
     let at = |ub: u32, op_offload: OpOffload| Candidate {
-        n_ubatch: ub,
-        n_batch: from.n_batch.max(ub),
         op_offload,
-        ..from.clone()
+        ..from.with_ubatch(ub)
     };
     let mut out: Vec<Candidate> = s
         .ubatch_options
@@ -969,9 +967,7 @@ pub fn grid(s: &TuneSettings, base: &Candidate) -> Vec<Candidate> {
                             flash_attn,
                             type_k: t,
                             type_v: t,
-                            n_ubatch: ub,
-                            n_batch: base.n_batch.max(ub),
-                            ..base.clone()
+                            ..base.with_ubatch(ub)
                         };
                         if c.validate().is_ok() {
                             out.push(c);

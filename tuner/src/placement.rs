@@ -308,16 +308,12 @@ impl Engine<'_> {
         if !self.settings.offload || self.settings.n_gpu_layers_pinned {
             return best;
         }
-        let larger: Vec<u32> = (self.settings.ubatch_options.iter().copied())
-            .filter(|&ub| ub > best.n_ubatch)
+        let larger: Vec<Candidate> = (self.settings.ubatch_options.iter())
+            .filter(|&&ub| ub > best.n_ubatch)
+            .map(|&ub| best.with_ubatch(ub))
             .collect();
         let mut group = vec![best.clone()];
-        for ub in larger {
-            let c = Candidate {
-                n_ubatch: ub,
-                n_batch: best.n_batch.max(ub),
-                ..best.clone()
-            };
+        for c in larger {
             if self.check_fit(&c).is_ok() {
                 continue; // measured on the micro-batch axis
             }

@@ -107,13 +107,7 @@ fn request_of(
             }
             None => d.machine.physical_cores,
         },
-        threads_batch: match a.threads_batch {
-            Some(t) => {
-                inputs::threads("-tb", &[t], inputs::logical_cpus())?;
-                Some(t)
-            }
-            None => None,
-        },
+        threads_batch: a.threads_batch,
         n_batch: a.batch,
         n_ubatch: a.ubatch,
         type_k: a.cache_type_k,
@@ -122,6 +116,10 @@ fn request_of(
         op_offload: a.op_offload,
         kv_offload: a.kv_offload,
     };
+    if let Some(t) = a.threads_batch {
+        inputs::threads("-tb", &[t], inputs::logical_cpus())?;
+    }
+    // `-tb` equal to `-t` is llama.cpp's default: one spelling.
     let candidate = candidate.with_threads(candidate.threads, candidate.batch_threads());
     candidate
         .validate()

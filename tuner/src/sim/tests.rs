@@ -622,11 +622,7 @@ fn long_prompts_with_a_gpu_try_micro_batches_above_512() {
         assert_eq!(s.ubatch_options, [512, 256, 128, 1024, 2048, 4096]);
         let run = tune(land.clone(), s.clone(), None, Mode::Search);
         let win = run.winner.expect("a winner");
-        let at = |ub: u32| Candidate {
-            n_ubatch: ub,
-            n_batch: win.n_batch.max(ub),
-            ..win.clone()
-        };
+        let at = |ub: u32| win.with_ubatch(ub);
         let best = s
             .ubatch_options
             .iter()
@@ -705,10 +701,8 @@ fn op_offload_is_measured_again_at_the_largest_micro_batch() {
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let win = run.winner.expect("a winner");
     let at = |ub: u32, op| Candidate {
-        n_ubatch: ub,
-        n_batch: win.n_batch.max(ub),
         op_offload: op,
-        ..win.clone()
+        ..win.with_ubatch(ub)
     };
     let w = &s.workload;
     assert!(
@@ -774,10 +768,8 @@ fn a_layer_is_given_up_for_a_larger_micro_batch_when_that_pays() {
     let w = &s.workload;
     let at = |ngl: u32, ub: u32| Candidate {
         n_gpu_layers: ngl,
-        n_ubatch: ub,
-        n_batch: win.n_batch.max(ub),
         op_offload: OpOffload::On,
-        ..win.clone()
+        ..win.with_ubatch(ub)
     };
     let most = max_fit(&land, &s, &at(81, 2048)).unwrap();
     assert!(

@@ -79,11 +79,12 @@ impl Plan {
         let logical = machine.logical_cpus.max(1);
         let physical = machine.physical_cores.max(1);
         let cpus = crate::inputs::logical_cpus().max(logical as u32);
+        let given = |flag: &str, t: &[u32]| -> anyhow::Result<Vec<u32>> {
+            crate::inputs::threads(flag, t, cpus)?;
+            Ok(t.to_vec())
+        };
         let threads_options = match &self.threads {
-            Some(t) => {
-                crate::inputs::threads("--threads", t, cpus)?;
-                t.clone()
-            }
+            Some(t) => given("--threads", t)?,
             None => {
                 let mut v = vec![1, (physical / 2).max(1), physical, logical];
                 v.sort_unstable();
@@ -98,10 +99,7 @@ impl Plan {
             threads_options[0]
         };
         let threads_batch_options = match &self.threads_batch {
-            Some(t) => {
-                crate::inputs::threads("--threads-batch", t, cpus)?;
-                t.clone()
-            }
+            Some(t) => given("--threads-batch", t)?,
             None => threads_options.clone(),
         };
         let offload = !machine.offload_devices().is_empty();
