@@ -151,11 +151,19 @@ pub fn export_ollama(p: &Profile) -> String {
     } else {
         let _ = writeln!(out, "FROM {model}");
     }
-    let _ = writeln!(out, "PARAMETER num_ctx {}", p.workload.n_ctx);
+    // Ollama's num_ctx is one request's; it allocates that for each of OLLAMA_NUM_PARALLEL.
+    let np = p.workload.n_parallel.max(1);
+    let _ = writeln!(out, "PARAMETER num_ctx {}", p.workload.n_ctx / np);
     let _ = writeln!(out, "PARAMETER num_thread {}", c.threads);
     let _ = writeln!(out, "PARAMETER num_batch {}", c.n_batch);
     let _ = writeln!(out, "PARAMETER num_gpu {}", c.n_gpu_layers);
 
+    if np > 1 {
+        let _ = writeln!(
+            out,
+            "# autotune: {np} requests at once (llama.cpp -np {np}): set OLLAMA_NUM_PARALLEL={np} for the Ollama server"
+        );
+    }
     ollama_server_notes(c, &mut out);
     ollama_speculation_notes(p, &mut out);
     out
@@ -339,6 +347,30 @@ mod tests {
         insta::assert_snapshot!(
             "ollama_cpu",
             export(&cpu_only(), ExportFormat::Ollama).unwrap()
+        );
+    }
+
+    #[test]
+    fn parallel_slots_reach_every_format() {
+        let mut p = example_profile();
+        p.workload.n_parallel = 4;
+        p.refresh_server_args();
+        p.validate(false).unwrap();
+        let args = export(&p, ExportFormat::Args).unwrap();
+        assert!(args.contains(" -c 8192 -np 4 "), "{args}");
+        let presets = export(&p, ExportFormat::Presets).unwrap();
+        assert!(presets.contains("\nparallel = 4\n"), "{presets}");
+        let ollama = export(&p, ExportFormat::Ollama).unwrap();
+        assert!(ollama.contains("PARAMETER num_ctx 2048\n"), "{ollama}");
+        assert!(ollama.contains("OLLAMA_NUM_PARALLEL=4"), "{ollama}");
+        let json = export(&p, ExportFormat::Json).unwrap();
+        let back: Profile = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.workload.n_parallel, 4);
+        // One request: no -np, and no n_parallel in the file (profiles written before it read the same).
+        let one = export(&example_profile(), ExportFormat::Json).unwrap();
+        assert!(
+            !one.contains("n_parallel") && !one.contains("\"-np\""),
+            "{one}"
         );
     }
 

@@ -108,6 +108,7 @@ pub fn example_profile() -> Profile {
             n_prompt: 512,
             n_gen: 128,
             depth: 4096,
+            n_parallel: 1,
             name: "chat".into(),
         },
         winner: winner.clone(),

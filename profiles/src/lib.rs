@@ -35,7 +35,7 @@ pub use profile::{
 pub use roofline::{DeviceBandwidth, Roofline};
 pub use server_args::{draft_options, server_args, server_options, shell_quote, ServerOption};
 pub use store::{write_atomic, Store, StoreEntry, StoreLock, StoredProfile, PROFILE_DIR_ENV};
-pub use validate::{is_device_name, MAX_BATCH, MAX_CTX, MAX_GPU_LAYERS, MAX_THREADS};
+pub use validate::{is_device_name, MAX_BATCH, MAX_CTX, MAX_GPU_LAYERS, MAX_PARALLEL, MAX_THREADS};
 
 #[cfg(any(test, feature = "test-support"))]
 pub use fixture::example_profile;

@@ -21,6 +21,18 @@ pub struct Workload {
     pub n_gen: u32,
     /// Tokens already in the KV cache when generation is measured at depth (0 = no depth figure).
     pub depth: u32,
+    /// Requests served at once (llama-server's `--parallel` slots, each with `n_ctx / n_parallel`
+    /// of the context): prompt and generation rates are then those of all sequences together.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub n_parallel: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// Memory of a loaded configuration: what llama.cpp reported per buffer and what the process holds.

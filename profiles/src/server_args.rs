@@ -20,8 +20,8 @@ pub struct ServerOption {
 /// exported formats are made from, so they cannot drift apart.
 ///
 /// Every knob is passed explicitly, including the ones equal to llama.cpp's defaults: defaults change
-/// between llama.cpp releases (`-ngl` became `auto`, `-fa` became `auto`), and a profile must mean the
-/// configuration that was measured.
+/// between llama.cpp releases (`-ngl` became `auto`, `-fa` became `auto`), and a profile must mean
+/// the configuration that was measured.
 pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOption> {
     let opt = |short, long, value: String| ServerOption {
         short,
@@ -40,6 +40,11 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
         opt("-fa", "flash-attn", c.flash_attn.as_str().into()),
         opt("-ngl", "n-gpu-layers", c.n_gpu_layers.to_string()),
     ];
+    if w.n_parallel > 1 {
+        // Measured with that many slots, each with its share of -c (without -np, llama-server
+        // gives 4 slots one shared pool: what a single request measured runs the same on).
+        opts.insert(2, opt("-np", "parallel", w.n_parallel.to_string()));
+    }
     if c.n_cpu_moe > 0 {
         opts.push(opt("--n-cpu-moe", "n-cpu-moe", c.n_cpu_moe.to_string()));
     }
@@ -82,7 +87,7 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
 }
 
 /// llama-server's arguments (without the program name) for `c` on `model` with the workload's context:
-/// `-m PATH -c N_CTX -t T -tb T -b B -ub UB -ctk K -ctv V -fa on|off|auto -ngl N [--no-repack]
+/// `-m PATH -c N_CTX [-np N] -t T -tb T -b B -ub UB -ctk K -ctv V -fa on|off|auto -ngl N [--no-repack]
 /// [-nkvo] [--no-op-offload] [--device A,B] [-ts A,B] [-sm row]`.
 pub fn server_args(c: &Candidate, model: &Path, w: &Workload) -> Vec<String> {
     words(server_options(c, model, w))
@@ -162,6 +167,7 @@ mod tests {
             n_prompt: 512,
             n_gen: 128,
             depth: 0,
+            n_parallel: 1,
             name: "chat".into(),
         }
     }
@@ -174,6 +180,17 @@ mod tests {
             shell_quote(&args),
             "-m /m/model.gguf -c 4096 -t 8 -tb 8 -b 2048 -ub 512 -ctk f16 -ctv f16 -fa auto -ngl 0"
         );
+    }
+
+    #[test]
+    fn parallel_slots_follow_the_context() {
+        let c = Candidate::llama_default(8, 0);
+        let w = Workload {
+            n_parallel: 4,
+            ..workload()
+        };
+        let args = server_args(&c, Path::new("m.gguf"), &w);
+        assert_eq!(args[..6], ["-m", "m.gguf", "-c", "4096", "-np", "4"]);
     }
 
     #[test]

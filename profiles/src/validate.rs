@@ -12,6 +12,8 @@ pub const MAX_THREADS: u32 = 1024;
 pub const MAX_BATCH: u32 = 1 << 20;
 pub const MAX_GPU_LAYERS: u32 = 10_000;
 pub const MAX_CTX: u32 = 1 << 24;
+/// llama.cpp's most sequences at once (`LLAMA_MAX_SEQ`): the most `--parallel` slots.
+pub const MAX_PARALLEL: u32 = 256;
 
 impl Profile {
     /// Rejects anything a hand-edited profile could abuse. With `check_paths`, the model file must also
@@ -30,6 +32,12 @@ impl Profile {
             c.is_ascii_alphanumeric() || c == '_' || c == '-'
         })?;
         in_range("workload.n_ctx", self.workload.n_ctx, 1, MAX_CTX)?;
+        in_range(
+            "workload.n_parallel",
+            self.workload.n_parallel,
+            1,
+            MAX_PARALLEL,
+        )?;
         check_winner(self)?;
         check_rpc(&self.rpc)?;
         check_figures("figures", &self.figures)?;
@@ -399,7 +407,7 @@ mod tests {
     #[test]
     fn numbers_out_of_range_are_refused() {
         type Edit = fn(&mut Profile);
-        let cases: [(Edit, &str); 9] = [
+        let cases: [(Edit, &str); 11] = [
             (
                 |p| p.winner.threads = 0,
                 "winner.threads must be between 1 and 1024 (found 0)",
@@ -426,6 +434,14 @@ mod tests {
                 "winner.n_gpu_layers must be between 0 and 10000",
             ),
             (|p| p.workload.n_ctx = 0, "workload.n_ctx must be between 1"),
+            (
+                |p| p.workload.n_parallel = 0,
+                "workload.n_parallel must be between 1 and 256 (found 0)",
+            ),
+            (
+                |p| p.workload.n_parallel = 257,
+                "workload.n_parallel must be between 1 and 256",
+            ),
             (
                 |p| p.workload.n_ctx = (1 << 24) + 1,
                 "workload.n_ctx must be between 1 and 16777216",

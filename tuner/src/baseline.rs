@@ -236,6 +236,7 @@ impl Engine<'_> {
             model: s.model.clone(),
             rpc: s.rpc.clone(),
             n_ctx: s.workload.n_ctx,
+            sequences: s.workload.n_parallel,
             budgets: s.budgets.clone(),
             // Every device of the run has a budget; one the fit finds beside them gets no room.
             default_margin: u64::MAX,

@@ -241,6 +241,12 @@ pub struct WorkloadArgs {
     /// Tokens already in the KV cache when generation is measured (a long chat); 0 = none
     #[arg(short = 'd', long)]
     pub depth: Option<u32>,
+
+    /// Requests served at once (llama-server's -np slots, each with ctx/N of the context): the
+    /// prompts and generations of N requests are measured together, and the figures are theirs
+    /// together (aggregate t/s)
+    #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
+    pub parallel: u32,
 }
 
 /// ggml RPC servers as devices (`tune`, `fit`, `measure`, `doctor`).
@@ -432,6 +438,9 @@ pub struct MeasureArgs {
     /// Tokens in the KV cache before generation is measured again (tg at depth); 0 = skip
     #[arg(short = 'd', long, default_value_t = 0)]
     pub depth: u32,
+    /// Sequences decoded at once (-np): N prompts, then N tokens per step; aggregate t/s
+    #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
+    pub parallel: u32,
     /// Threads (-t)
     #[arg(short = 't', long)]
     pub threads: Option<u32>,
@@ -699,14 +708,19 @@ pub const SUBCOMMANDS: &[&str] = &[
 ];
 
 /// llama.cpp's multi-letter single-dash flags, which clap cannot express as short flags.
-const LLAMA_STYLE_FLAGS: &[&str] = &["-ngl", "-ctk", "-ctv", "-fa", "-ub", "-tb", "-ot", "-ts"];
+const LLAMA_STYLE_FLAGS: &[&str] = &[
+    "-ngl", "-ctk", "-ctv", "-fa", "-ub", "-tb", "-np", "-ot", "-ts",
+];
 
-/// `autotune model.gguf …` → `autotune tune model.gguf …`, and `-ngl 8` → `--ngl 8`.
+/// `autotune model.gguf …` → `autotune tune model.gguf …`, and `-ngl 8` → `--ngl 8` (not after
+/// `--`: what follows it goes to llama-server as written).
 pub fn with_default_subcommand(args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
     let mut args: Vec<std::ffi::OsString> = args
         .into_iter()
-        .map(|a| match a.to_str() {
-            Some(s) if LLAMA_STYLE_FLAGS.contains(&s) => format!("-{s}").into(),
+        .enumerate()
+        .map(|(i, a)| match a.to_str() {
+            Some(s) if i < end && LLAMA_STYLE_FLAGS.contains(&s) => format!("-{s}").into(),
             _ => a,
         })
         .collect();
@@ -798,6 +812,14 @@ mod tests {
             "9".into(),
         ]);
         assert_eq!(a[3], "--ngl");
+        // After `--` the words are llama-server's, as written.
+        let a = with_default_subcommand(
+            ["autotune", "apply", "m.gguf", "-np", "2", "--", "-ngl", "9"]
+                .map(Into::into)
+                .to_vec(),
+        );
+        assert_eq!(a[3], "--np");
+        assert_eq!(a[6], "-ngl");
     }
 
     #[test]

@@ -348,7 +348,8 @@ impl<'a> Engine<'a> {
         MeasureRequest {
             model: self.settings.model.clone(),
             settings: ModelSettings::for_candidate(c, &self.settings.rpc),
-            context: ContextSettings::for_candidate(c, self.settings.workload.n_ctx),
+            context: ContextSettings::for_candidate(c, self.settings.workload.n_ctx)
+                .with_sequences(self.settings.workload.n_parallel),
             workload: self.settings.workload.clone(),
             seed: self.settings.seed ^ (self.round.wrapping_mul(0x100_0000_01B3)),
             expect: Vec::new(),

@@ -50,7 +50,7 @@ pub fn serve(r: &FitRequest) -> Response {
         .collect();
     let devs = model_devices();
     let fit_devices = fit_devices(r, &devs, &free);
-    Response::Fitted(fit_params(&path, &devs, fit_devices, r.n_ctx))
+    Response::Fitted(fit_params(&path, &devs, fit_devices, r.n_ctx, r.sequences))
 }
 
 /// Each model device's free memory (from `free`, by name), autotune's budget on it (the request's,
@@ -85,6 +85,7 @@ fn fit_params(
     devs: &[(sys::ggml_backend_dev_t, String)],
     fit_devices: Vec<FitDevice>,
     n_ctx: u32,
+    sequences: u32,
 ) -> FitAnswer {
     // SAFETY: plain getters.
     let (max_devices, max_overrides) = unsafe {
@@ -113,6 +114,8 @@ fn fit_params(
         mparams.devices = dev_list.as_mut_ptr();
     }
     cparams.n_ctx = n_ctx;
+    cparams.n_seq_max = sequences.max(1);
+    cparams.kv_unified = false;
     llama::take_log();
     // SAFETY: every buffer has the length llama.cpp documents (llama_max_devices floats and margins,
     // llama_max_tensor_buft_overrides entries) and outlives the call; the override patterns it writes

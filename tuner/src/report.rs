@@ -325,7 +325,7 @@ impl Report {
                 .unwrap_or_default()
         ));
         s.push_str(&format!(
-            "workload ctx {} · prompt {} · gen {}{} · noise ±{:.0}% · seed {} · {:.0} s\n\n",
+            "workload ctx {} · prompt {} · gen {}{}{} · noise ±{:.0}% · seed {} · {:.0} s\n\n",
             self.workload.n_ctx,
             self.workload.n_prompt,
             self.workload.n_gen,
@@ -333,6 +333,10 @@ impl Report {
                 format!(" · depth {}", self.workload.depth)
             } else {
                 String::new()
+            },
+            match self.workload.n_parallel {
+                0 | 1 => String::new(),
+                n => format!(" · {n} requests at once (t/s of all together)"),
             },
             self.noise * 100.0,
             self.seed,
@@ -478,6 +482,7 @@ mod tests {
         n_prompt: 64,
         n_gen: 16,
         depth: 0,
+        n_parallel: 1,
     };
 
     /// A measured candidate: one repetition per round at `tg` t/s (pp 10× faster), times `drift[k]`

@@ -101,6 +101,7 @@ fn setup(
             flash_attn: a.flash_attn,
             op_offload: Default::default(),
             kv_offload: Default::default(),
+            sequences: 1,
         },
         grid: search.grid,
         ngram: search.ngram,

@@ -89,6 +89,7 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
         model: model.clone(),
         rpc: rpc.clone(),
         n_ctx: a.ctx,
+        sequences: 1,
         budgets: budgets.clone(),
         default_margin,
     })?;
@@ -179,12 +180,14 @@ fn predict(
             flash_attn: FlashAttn::Auto,
             op_offload: Default::default(),
             kv_offload: Default::default(),
+            sequences: 1,
         },
         workload: Workload {
             n_ctx: n_ctx,
             n_prompt: 1,
             n_gen: 1,
             depth: 0,
+            n_parallel: 1,
         },
         seed: 1,
     };

@@ -3,6 +3,7 @@
 //! benchmark compares these figures with llama-bench's.
 
 use crate::cli::{Cli, MeasureArgs};
+use crate::commands::settings;
 use crate::exit::{self, Exit};
 use crate::inputs;
 use crate::llama::{ContextSettings, ModelSettings};
@@ -124,18 +125,17 @@ fn request_of(
     candidate
         .validate()
         .map_err(|e| Exit::new(exit::USAGE, e.to_string()))?;
-    if a.reps < 2 || a.ctx == 0 || a.prompt == 0 || a.gen == 0 {
-        return Err(Exit::new(
-            exit::USAGE,
-            "--reps must be at least 2; --ctx, --prompt and --gen at least 1",
-        ));
+    if a.reps < 2 {
+        return Err(Exit::new(exit::USAGE, "--reps must be at least 2"));
     }
     let workload = Workload {
         n_ctx: a.ctx,
         n_prompt: a.prompt,
         n_gen: a.gen,
         depth: a.depth,
+        n_parallel: a.parallel,
     };
+    settings::check_workload(&workload)?;
     let request = MeasureRequest {
         expect: Vec::new(),
         model,
@@ -144,7 +144,7 @@ fn request_of(
             tensor_overrides: tensor_overrides(&a.override_tensor)?,
             ..ModelSettings::for_candidate(&candidate, &a.rpc.servers)
         },
-        context: ContextSettings::for_candidate(&candidate, a.ctx),
+        context: ContextSettings::for_candidate(&candidate, a.ctx).with_sequences(a.parallel),
         workload: workload.clone(),
         seed: a.seed,
     };

@@ -39,24 +39,49 @@ pub fn workload(a: &WorkloadArgs) -> (Workload, String) {
         n_prompt: a.prompt.unwrap_or(p),
         n_gen: a.gen.unwrap_or(g),
         depth: a.depth.unwrap_or(d),
+        n_parallel: a.parallel,
     };
     (w, name)
 }
 
-fn check_workload(w: &Workload) -> anyhow::Result<()> {
-    let (ctx, prompt, gen, depth) = (w.n_ctx, w.n_prompt, w.n_gen, w.depth);
+/// The workload's numbers against each other: every request (its depth, then its prompt or its
+/// generation) must fit its slot's share of the context.
+pub fn check_workload(w: &Workload) -> anyhow::Result<()> {
+    let (ctx, prompt, gen, depth, np) = (w.n_ctx, w.n_prompt, w.n_gen, w.depth, w.n_parallel);
     if ctx == 0 {
         return Err(usage("--ctx must be at least 1".into()));
     }
     if prompt == 0 || gen == 0 {
         return Err(usage("--prompt and --gen must be at least 1 token".into()));
     }
-    if prompt as u64 + depth as u64 > ctx as u64 || gen as u64 + depth as u64 > ctx as u64 {
+    if np == 0 || np > profiles::MAX_PARALLEL {
         return Err(usage(format!(
-            "--depth {depth} plus --prompt {prompt} or --gen {gen} does not fit in --ctx {ctx}: raise --ctx or lower them"
+            "--parallel {np} must be between 1 and {} (llama.cpp's most sequences)",
+            profiles::MAX_PARALLEL
+        )));
+    }
+    let slot = slot_ctx(ctx, np);
+    if prompt as u64 + depth as u64 > slot as u64 || gen as u64 + depth as u64 > slot as u64 {
+        let room = if np > 1 {
+            format!("each of --parallel {np} slots' {slot} tokens of --ctx {ctx}")
+        } else {
+            format!("--ctx {ctx}")
+        };
+        return Err(usage(format!(
+            "--depth {depth} plus --prompt {prompt} or --gen {gen} does not fit in {room}: raise --ctx or lower them"
         )));
     }
     Ok(())
+}
+
+/// The context of one of `np` slots, as llama.cpp sizes it: `n_ctx / np`, rounded up to a multiple
+/// of 256 when there are several.
+pub fn slot_ctx(ctx: u32, np: u32) -> u32 {
+    if np <= 1 {
+        ctx
+    } else {
+        (ctx / np).div_ceil(256) * 256
+    }
 }
 
 fn check_noise(noise: f64) -> anyhow::Result<()> {

@@ -25,9 +25,15 @@ fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<After> {
     // Draft models when given; n-gram speculation (no draft model) when the workload repeats text;
     // the model's own MTP heads whenever it has some (no second model to load either).
     let workload = args.workload.workload;
-    let ngram = crate::speculative::workload::text_repeats(workload) && !args.speculative.no_ngram;
-    let mtp = crate::speculative::mtp::heads(&session::inspect_model(&args.model)?) > 0;
-    let draft = if args.speculative.draft.is_empty() && !ngram && !mtp {
+    let np = args.workload.parallel;
+    if np > 1 && !args.speculative.draft.is_empty() {
+        return Err(exit::Exit::new(
+            exit::USAGE,
+            format!("--draft with --parallel {np}: speculative decoding is measured for one request at a time; leave out --parallel (or --draft)"),
+        ));
+    }
+    let (ngram, mtp) = speculation(args)?;
+    let draft = if np > 1 || (args.speculative.draft.is_empty() && !ngram && !mtp) {
         None
     } else {
         Some(settings::draft_search(
@@ -47,6 +53,25 @@ fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<After> {
         },
         quiet: cli.quiet,
     })
+}
+
+/// Whether n-gram speculation (a workload that repeats text) and the model's MTP heads are to be
+/// tried after the tune.
+fn speculation(args: &TuneArgs) -> anyhow::Result<(bool, bool)> {
+    let ngram = crate::speculative::workload::text_repeats(args.workload.workload)
+        && !args.speculative.no_ngram;
+    let mtp = crate::speculative::mtp::heads(&session::inspect_model(&args.model)?) > 0;
+    Ok((ngram, mtp))
+}
+
+/// The report's note when speculation would have been tried but for `--parallel`.
+fn speculation_skipped(args: &TuneArgs) -> anyhow::Result<Option<String>> {
+    let np = args.workload.parallel;
+    let (ngram, mtp) = speculation(args)?;
+    Ok((np > 1 && (ngram || mtp)).then(|| {
+        format!("speculative decoding ({}) not tried: it is measured for one request at a time, not {np}",
+            if mtp { "the model's MTP heads" } else { "n-gram" })
+    }))
 }
 
 pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
@@ -78,6 +103,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     if let Some(note) = tuning::complete(&mut profile, &tuned, &after, &stop)? {
         report.notes.push(note);
     }
+    report.notes.extend(speculation_skipped(args)?);
     report.profile_path = tuning::save(&store, &profile, &after)?;
     emit(&report, args)?;
     outputs::after_tune(&after.explain, &profile, report.profile_path.as_deref());

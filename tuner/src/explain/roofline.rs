@@ -196,6 +196,7 @@ mod tests {
         Workload {
             n_ctx: 4096,
             n_prompt: 512,
+            n_parallel: 1,
             n_gen,
             depth,
             name: "custom".into(),

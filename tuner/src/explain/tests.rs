@@ -73,6 +73,7 @@ pub fn cpu_profile() -> profiles::Profile {
         n_prompt: 512,
         n_gen: 128,
         depth: 0,
+        n_parallel: 1,
         name: "custom".into(),
     };
     let w = p.workload.clone();
@@ -240,6 +241,7 @@ fn moe_profile() -> profiles::Profile {
         n_prompt: 3000,
         n_gen: 128,
         depth: 0,
+        n_parallel: 1,
         name: "long-prompt".into(),
     };
     let w = p.workload.clone();

@@ -21,6 +21,16 @@ fn ggml_type(t: CacheType) -> sys::ggml_type {
     }
 }
 
+/// One token of a multi-sequence batch ([`Context::decode_sequences`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SeqToken {
+    pub token: i32,
+    pub pos: i32,
+    pub seq: i32,
+    /// Whether this token gets an output (logits).
+    pub logits: bool,
+}
+
 /// A llama.cpp context; it holds its model alive (`Arc`), so a worker can keep both across requests.
 pub struct Context {
     pub(super) ptr: NonNull<sys::llama_context>,
@@ -60,7 +70,8 @@ impl Context {
         p.n_ctx = s.n_ctx;
         p.n_batch = s.n_batch;
         p.n_ubatch = s.n_ubatch;
-        p.n_seq_max = 1;
+        p.n_seq_max = s.sequences.max(1);
+        p.kv_unified = false;
         p.n_threads = s.threads as i32;
         p.n_threads_batch = s.threads_batch.unwrap_or(s.threads) as i32;
         p.type_k = ggml_type(s.type_k);
@@ -193,6 +204,39 @@ impl Context {
                     *(*batch.seq_id.add(i)) = 0;
                     *batch.logits.add(i) =
                         i8::from(all_logits || (last_chunk && i + 1 == chunk.len()));
+                }
+                let mut b = batch;
+                b.n_tokens = n;
+                let status = sys::llama_decode(self.ptr.as_ptr(), b);
+                sys::llama_batch_free(batch);
+                if status != 0 {
+                    return Err(LlamaError::Decode {
+                        status,
+                        log: log_tail(&take_log()),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes tokens of several sequences (llama-server's slots) in chunks of n_batch: each at its
+    /// own position and sequence, with an output (logits) where `logits` says, as a server asks for
+    /// one per sequence. Positions must continue what each sequence has in the KV cache.
+    pub fn decode_sequences(&mut self, tokens: &[SeqToken]) -> Result<(), LlamaError> {
+        let n_batch = self.n_batch.max(1) as usize;
+        for chunk in tokens.chunks(n_batch) {
+            let n = chunk.len() as i32;
+            // SAFETY: the batch is allocated for n tokens with one sequence id each; every field set
+            // is within those sizes, and it is freed after the decode.
+            unsafe {
+                let batch = sys::llama_batch_init(n, 0, 1);
+                for (i, t) in chunk.iter().enumerate() {
+                    *batch.token.add(i) = t.token;
+                    *batch.pos.add(i) = t.pos;
+                    *batch.n_seq_id.add(i) = 1;
+                    *(*batch.seq_id.add(i)) = t.seq;
+                    *batch.logits.add(i) = i8::from(t.logits);
                 }
                 let mut b = batch;
                 b.n_tokens = n;

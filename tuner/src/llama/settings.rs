@@ -74,6 +74,18 @@ pub struct ContextSettings {
     /// The KV cache (and attention) on the offload devices, or in host memory.
     #[serde(default, skip_serializing_if = "KvOffload::is_on")]
     pub kv_offload: KvOffload,
+    /// Sequences decoded at once (`n_seq_max`, llama-server's `-np`), each with its own
+    /// `n_ctx / sequences` of the KV cache (not unified, as llama-server with `-np` given).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub sequences: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 impl ModelSettings {
@@ -108,6 +120,15 @@ impl ContextSettings {
             flash_attn: c.flash_attn,
             op_offload: c.op_offload,
             kv_offload: c.kv_offload,
+            sequences: 1,
+        }
+    }
+
+    /// The same with `n` sequences at once.
+    pub fn with_sequences(self, n: u32) -> ContextSettings {
+        ContextSettings {
+            sequences: n.max(1),
+            ..self
         }
     }
 }

@@ -245,6 +245,7 @@ fn chunk_context(
             flash_attn: FlashAttn::Auto,
             op_offload: Default::default(),
             kv_offload: Default::default(),
+            sequences: 1,
         },
     )
 }

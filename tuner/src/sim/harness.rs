@@ -61,6 +61,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         n_prompt: 512,
         n_gen: 128,
         depth: 0,
+        n_parallel: 1,
     };
     TuneSettings {
         model: "simulated.gguf".into(),
@@ -228,6 +229,7 @@ pub fn llama_fit(land: &Landscape, s: &TuneSettings) -> Candidate {
         model: s.model.clone(),
         rpc: Vec::new(),
         n_ctx: s.workload.n_ctx,
+        sequences: s.workload.n_parallel,
         budgets: s.budgets.clone(),
         default_margin: u64::MAX,
     };

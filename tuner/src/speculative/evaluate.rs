@@ -470,6 +470,7 @@ mod tests {
             flash_attn: search_space::FlashAttn::Auto,
             op_offload: Default::default(),
             kv_offload: Default::default(),
+            sequences: 1,
         };
         let target = ModelSettings::default();
         let path = Path::new("d.gguf");

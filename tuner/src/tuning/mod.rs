@@ -346,6 +346,7 @@ mod tests {
             n_prompt,
             n_gen: 128,
             depth: 0,
+            n_parallel: 1,
         };
         let small = [512, 256, 128];
         assert_eq!(ubatch_options(&[], &w(3000, 8192), false), small);

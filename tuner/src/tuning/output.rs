@@ -199,6 +199,7 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
             n_prompt: w.n_prompt,
             n_gen: w.n_gen,
             depth: w.depth,
+            n_parallel: w.n_parallel,
             name: t.workload_name.clone(),
         },
         winner,

@@ -11,6 +11,7 @@ mod memory;
 pub mod pool;
 pub mod protocol;
 pub mod server;
+mod timing;
 
 pub use client::{TrialFailure, Worker};
 pub use pool::{WorkerPool, Workers};

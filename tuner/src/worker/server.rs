@@ -11,6 +11,7 @@ use super::memory::{committed_bytes, rss_bytes, short_of_device_memory};
 use super::protocol::{
     BandwidthRequest, DeviceBytes, LoadReport, MeasureRequest, Repetition, Request, Response,
 };
+use super::timing::{self, TokenSource};
 use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -222,29 +223,25 @@ impl WorkerState {
         let ctx = &mut self.context.as_mut().expect("context created above").1;
         let mut tokens = TokenSource::new(m.seed, ctx.model().n_vocab(), ctx.model().bos());
         let w = &m.workload;
+        let np = w.n_parallel.max(1);
         let run = |ctx: &mut Context,
                    tokens: &mut TokenSource|
          -> Result<Repetition, llama::LlamaError> {
             if load.is_some() {
                 // Warm-up, discarded: first touches of weights and buffers, thread pool start.
-                ctx.clear();
-                // The warm-up's prompt plus its 4 tokens must fit the context: a prompt as long as
-                // the context would otherwise leave no KV slot for them.
+                // The warm-up's prompt plus its 4 tokens must fit a slot's context: a prompt as
+                // long as the context would otherwise leave no KV slot for them.
                 let n = w
                     .n_prompt
-                    .min(ctx_batch(m))
-                    .min(m.context.n_ctx.saturating_sub(4))
+                    .min(m.context.n_batch / np)
+                    .min((m.context.n_ctx / np).saturating_sub(4))
                     .max(1);
-                ctx.decode(&mut tokens.prompt(n))?;
-                for _ in 0..4 {
-                    ctx.decode(&mut [tokens.next()])?;
-                }
-                ctx.synchronize();
+                timing::warm_up(ctx, tokens, n, np)?;
             }
-            let pp_tps = time_prompt(ctx, tokens, w.n_prompt)?;
-            let tg_tps = time_generation(ctx, tokens, 0, w.n_gen)?;
+            let pp_tps = timing::prompt(ctx, tokens, w.n_prompt, np)?;
+            let tg_tps = timing::generation(ctx, tokens, 0, w.n_gen, np)?;
             let tg_depth_tps = if w.depth > 0 {
-                Some(time_generation(ctx, tokens, w.depth, w.n_gen)?)
+                Some(timing::generation(ctx, tokens, w.depth, w.n_gen, np)?)
             } else {
                 None
             };
@@ -268,83 +265,5 @@ impl WorkerState {
                 message: e.to_string(),
             },
         }
-    }
-}
-
-fn ctx_batch(m: &MeasureRequest) -> u32 {
-    m.context.n_batch
-}
-
-/// Prompt processing: an empty cache, `n` tokens in batches of n_batch, synchronised before the
-/// clock stops.
-fn time_prompt(
-    ctx: &mut Context,
-    tokens: &mut TokenSource,
-    n: u32,
-) -> Result<f64, llama::LlamaError> {
-    ctx.clear();
-    let mut prompt = tokens.prompt(n);
-    let t = Instant::now();
-    ctx.decode(&mut prompt)?;
-    ctx.synchronize();
-    Ok(n as f64 / t.elapsed().as_secs_f64())
-}
-
-/// Generation: `depth` tokens already in the cache (filled untimed), then `n` single-token decodes.
-fn time_generation(
-    ctx: &mut Context,
-    tokens: &mut TokenSource,
-    depth: u32,
-    n: u32,
-) -> Result<f64, llama::LlamaError> {
-    ctx.clear();
-    if depth > 0 {
-        ctx.decode(&mut tokens.prompt(depth))?;
-        ctx.synchronize();
-    }
-    let t = Instant::now();
-    for i in 0..n {
-        let mut tok = [if depth == 0 && i == 0 {
-            tokens.bos
-        } else {
-            tokens.next()
-        }];
-        ctx.decode(&mut tok)?;
-    }
-    ctx.synchronize();
-    Ok(n as f64 / t.elapsed().as_secs_f64())
-}
-
-/// Random token ids, like llama-bench (content does not change the speed of a dense model).
-struct TokenSource {
-    state: u64,
-    n_vocab: i32,
-    bos: i32,
-}
-
-impl TokenSource {
-    fn new(seed: u64, n_vocab: i32, bos: i32) -> Self {
-        TokenSource {
-            state: seed ^ 0x9E37_79B9_7F4A_7C15,
-            n_vocab: n_vocab.max(1),
-            bos: bos.max(0),
-        }
-    }
-    fn next(&mut self) -> i32 {
-        // xorshift64*
-        self.state ^= self.state >> 12;
-        self.state ^= self.state << 25;
-        self.state ^= self.state >> 27;
-        let v = self.state.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        (v % self.n_vocab as u64) as i32
-    }
-    fn prompt(&mut self, n: u32) -> Vec<i32> {
-        let mut v = Vec::with_capacity(n as usize);
-        v.push(self.bos);
-        while v.len() < n as usize {
-            v.push(self.next());
-        }
-        v.truncate(n as usize);
-        v
     }
 }

@@ -1,0 +1,153 @@
+//! The timed parts of a repetition, as llama-bench times them: prompt processing on an empty cache
+//! and generation of single tokens, each synchronised before the clock stops; with several
+//! sequences (llama-server's slots), their prompts in shared batches and one token of each per
+//! step, timed together (aggregate tokens per second).
+
+use crate::llama::{self, Context, SeqToken};
+use std::time::Instant;
+
+type Result<T> = std::result::Result<T, llama::LlamaError>;
+
+/// The discarded warm-up: first touches of weights and buffers, the thread pool's start. An
+/// `n`-token prompt per sequence, then 4 generation steps.
+pub fn warm_up(ctx: &mut Context, tokens: &mut TokenSource, n: u32, np: u32) -> Result<()> {
+    ctx.clear();
+    if np <= 1 {
+        ctx.decode(&mut tokens.prompt(n))?;
+        for _ in 0..4 {
+            ctx.decode(&mut [tokens.next()])?;
+        }
+    } else {
+        ctx.decode_sequences(&prompts(tokens, n, np))?;
+        for step in 0..4 {
+            ctx.decode_sequences(&step_tokens(tokens, n + step, np))?;
+        }
+    }
+    ctx.synchronize();
+    Ok(())
+}
+
+/// Prompt processing: an empty cache, `n` tokens (of each of `np` sequences) in batches of
+/// n_batch, synchronised before the clock stops.
+pub fn prompt(ctx: &mut Context, tokens: &mut TokenSource, n: u32, np: u32) -> Result<f64> {
+    ctx.clear();
+    if np <= 1 {
+        let mut prompt = tokens.prompt(n);
+        let t = Instant::now();
+        ctx.decode(&mut prompt)?;
+        ctx.synchronize();
+        return Ok(n as f64 / t.elapsed().as_secs_f64());
+    }
+    let batch = prompts(tokens, n, np);
+    let t = Instant::now();
+    ctx.decode_sequences(&batch)?;
+    ctx.synchronize();
+    Ok(batch.len() as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Generation: `depth` tokens already in the cache of each sequence (filled untimed), then `n`
+/// steps of one token per sequence.
+pub fn generation(
+    ctx: &mut Context,
+    tokens: &mut TokenSource,
+    depth: u32,
+    n: u32,
+    np: u32,
+) -> Result<f64> {
+    ctx.clear();
+    if np <= 1 {
+        if depth > 0 {
+            ctx.decode(&mut tokens.prompt(depth))?;
+            ctx.synchronize();
+        }
+        let t = Instant::now();
+        for i in 0..n {
+            let mut tok = [if depth == 0 && i == 0 {
+                tokens.bos
+            } else {
+                tokens.next()
+            }];
+            ctx.decode(&mut tok)?;
+        }
+        ctx.synchronize();
+        return Ok(n as f64 / t.elapsed().as_secs_f64());
+    }
+    if depth > 0 {
+        ctx.decode_sequences(&prompts(tokens, depth, np))?;
+        ctx.synchronize();
+    }
+    let steps: Vec<Vec<SeqToken>> = (0..n).map(|i| step_tokens(tokens, depth + i, np)).collect();
+    let t = Instant::now();
+    for step in &steps {
+        ctx.decode_sequences(step)?;
+    }
+    ctx.synchronize();
+    Ok((n * np) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// `np` prompts of `n` tokens, one sequence after another (as llama-server fills a batch from its
+/// slots), with an output on each one's last token.
+fn prompts(tokens: &mut TokenSource, n: u32, np: u32) -> Vec<SeqToken> {
+    (0..np as i32)
+        .flat_map(|seq| {
+            let prompt = tokens.prompt(n);
+            let last = prompt.len().saturating_sub(1);
+            prompt
+                .into_iter()
+                .enumerate()
+                .map(move |(i, token)| SeqToken {
+                    token,
+                    pos: i as i32,
+                    seq,
+                    logits: i == last,
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// One generation step: a token of each of `np` sequences at position `pos`, each with its output.
+fn step_tokens(tokens: &mut TokenSource, pos: u32, np: u32) -> Vec<SeqToken> {
+    (0..np as i32)
+        .map(|seq| SeqToken {
+            token: if pos == 0 { tokens.bos } else { tokens.next() },
+            pos: pos as i32,
+            seq,
+            logits: true,
+        })
+        .collect()
+}
+
+/// Random token ids, like llama-bench (content does not change the speed of a dense model).
+pub struct TokenSource {
+    state: u64,
+    n_vocab: i32,
+    pub bos: i32,
+}
+
+impl TokenSource {
+    pub fn new(seed: u64, n_vocab: i32, bos: i32) -> Self {
+        TokenSource {
+            state: seed ^ 0x9E37_79B9_7F4A_7C15,
+            n_vocab: n_vocab.max(1),
+            bos: bos.max(0),
+        }
+    }
+    pub fn next(&mut self) -> i32 {
+        // xorshift64*
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        let v = self.state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        (v % self.n_vocab as u64) as i32
+    }
+    pub fn prompt(&mut self, n: u32) -> Vec<i32> {
+        let mut v = Vec::with_capacity(n as usize);
+        v.push(self.bos);
+        while v.len() < n as usize {
+            v.push(self.next());
+        }
+        v.truncate(n as usize);
+        v
+    }
+}
