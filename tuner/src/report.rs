@@ -212,8 +212,10 @@ pub fn figures(r: &CandidateResult, w: &Workload) -> Option<Figures> {
     let score = Sample::new(r.reps.iter().map(|x| score_seconds(x, w)).collect()).ok()?;
     let (pp_lo, pp_hi) = pp.median_ci(0.95);
     let (tg_lo, tg_hi) = tg.median_ci(0.95);
-    // Time to first token of the workload's request: its prompt, then one generated token.
-    let ttft_ms = (w.n_prompt as f64 / pp.median() + 1.0 / tg.median()) * 1000.0;
+    // Time to first token of the workload's request: its prompt, then one generated token (with N
+    // requests at once: all N prompts, then one step of N tokens; the rates are theirs together).
+    let np = w.n_parallel.max(1) as f64;
+    let ttft_ms = np * (w.n_prompt as f64 / pp.median() + 1.0 / tg.median()) * 1000.0;
     Some(Figures {
         pp_tps: pp.median(),
         tg_tps: tg.median(),

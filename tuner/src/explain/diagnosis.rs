@@ -536,20 +536,34 @@ fn secs(s: f64) -> String {
 fn prefill(profile: &Profile) -> Finding {
     let f = &profile.figures;
     let w = &profile.workload;
+    // With N requests at once their prompts are processed together, then their generations: each
+    // waits for all N (the rates are aggregate).
+    let np = w.n_parallel.max(1);
     let first = f
         .ttft_ms
         .map(|ms| ms / 1000.0)
-        .unwrap_or(w.n_prompt as f64 / f.pp_tps.max(1e-12));
-    let gen = w.n_gen as f64 / generation_tps(profile).max(1e-12);
+        .unwrap_or(np as f64 * w.n_prompt as f64 / f.pp_tps.max(1e-12));
+    let gen = np as f64 * w.n_gen as f64 / generation_tps(profile).max(1e-12);
     let share = 100.0 * first / (first + gen);
-    let figure = format!(
-        "{} to the first token of a {}-token prompt (pp {:.1} t/s) vs {} to generate {} tokens: {share:.0}% of the request",
-        secs(first),
-        w.n_prompt,
-        f.pp_tps,
-        secs(gen),
-        w.n_gen
-    );
+    let figure = if np > 1 {
+        format!(
+            "{} to the first tokens of {np} {}-token prompts together (pp {:.1} t/s of all) vs {} to generate {} tokens each: {share:.0}% of the request",
+            secs(first),
+            w.n_prompt,
+            f.pp_tps,
+            secs(gen),
+            w.n_gen
+        )
+    } else {
+        format!(
+            "{} to the first token of a {}-token prompt (pp {:.1} t/s) vs {} to generate {} tokens: {share:.0}% of the request",
+            secs(first),
+            w.n_prompt,
+            f.pp_tps,
+            secs(gen),
+            w.n_gen
+        )
+    };
     let text = if share >= 50.0 {
         format!("the delay: {figure}; prompt speed (batch sizes, offload) matters most for this workload")
     } else {

@@ -71,6 +71,8 @@ pub struct RooflineView {
     pub scope: RooflineScope,
     /// The devices holding the rest (for `split`, `device`, `cpu-share` and a ceiling-less full offload).
     pub offload_devices: Vec<String>,
+    /// Sequences decoding together (`--parallel`): each step's weight reads are shared by them.
+    pub sequences: u32,
 }
 
 impl RooflineView {
@@ -120,6 +122,7 @@ impl RooflineView {
             percent_of_ceiling: ceiling.map(|c| 100.0 * measured / c),
             scope,
             offload_devices,
+            sequences: profile.workload.n_parallel.max(1),
         })
     }
 
@@ -130,8 +133,12 @@ impl RooflineView {
             Some(b) => format!("{}/s ({})", decimal_bytes(b as u64), self.bandwidth_method),
             None => "not measured".to_string(),
         };
+        let shared = match self.sequences {
+            0 | 1 => String::new(),
+            n => format!(" (its share: {n} sequences read each step's weights once)"),
+        };
         let per_token = format!(
-            "{} = {} of weights + {} of KV cache at {} cached tokens (estimate)",
+            "{} = {} of weights{shared} + {} of KV cache at {} cached tokens (estimate)",
             decimal_bytes(self.bytes_per_token),
             decimal_bytes(self.weight_bytes),
             decimal_bytes(self.kv_bytes),

@@ -78,6 +78,27 @@ fn per_token(t: &TensorInfo, info: &GgufInfo, tied_output: bool) -> (u64, u64) {
     }
 }
 
+/// Bytes of one tensor read per generated token when `np` sequences decode together: each step reads
+/// a weight once for all of them (so each token gets `1/np` of it), and a mixture of experts the
+/// experts any of the `np` tokens routes to (expected `1 - (1 - used/count)^np` of them, routing
+/// taken as independent); a lookup reads one row per token.
+fn per_token_shared(t: &TensorInfo, info: &GgufInfo, tied_output: bool, np: u32) -> u64 {
+    let (bytes, _) = per_token(t, info, tied_output);
+    if np <= 1 {
+        return bytes;
+    }
+    match part_of(&t.name) {
+        Part::Lookup if !(tied_output && t.name == "token_embd.weight") => bytes,
+        _ if t.name.contains("_exps") && info.is_moe() => {
+            let count = f64::from(info.expert_count.unwrap_or(1).max(1));
+            let used = f64::from(info.expert_used_count.unwrap_or(1).max(1)).min(count);
+            let step = 1.0 - (1.0 - used / count).powi(np as i32);
+            (t.bytes as f64 * step / np as f64).round() as u64
+        }
+        _ => bytes / u64::from(np),
+    }
+}
+
 /// K+V bytes of one cached token in each layer, for the candidate's cache types.
 fn kv_per_layer(info: &GgufInfo, c: &Candidate, layers: u32) -> Vec<u64> {
     let (bk, bv) = (c.type_k.bits_per_element(), c.type_v.bits_per_element());
@@ -109,7 +130,8 @@ fn kv_per_layer(info: &GgufInfo, c: &Candidate, layers: u32) -> Vec<u64> {
         .collect()
 }
 
-/// What one token generated with candidate `c` reads, for the workload's measured generation.
+/// What one token generated with candidate `c` reads, for the workload's measured generation (with
+/// `--parallel N`, one of N sequences' tokens: its share of the step's weights, its own KV cache).
 /// `offload`: whether the machine has a non-CPU device that `c.n_gpu_layers` puts layers on.
 pub fn token_reads(info: &GgufInfo, c: &Candidate, w: &Workload, offload: bool) -> TokenReads {
     let layers = info.block_count.unwrap_or(0);
@@ -128,7 +150,8 @@ pub fn token_reads(info: &GgufInfo, c: &Candidate, w: &Workload, offload: bool) 
         ..Default::default()
     };
     for t in &info.tensors {
-        let (bytes, params) = per_token(t, info, tied_output);
+        let (_, params) = per_token(t, info, tied_output);
+        let bytes = per_token_shared(t, info, tied_output, w.n_parallel);
         r.parameters += elements(t);
         r.active_parameters += params;
         r.weight_bytes += bytes;
@@ -250,6 +273,31 @@ mod tests {
     }
 
     #[test]
+    fn parallel_sequences_share_each_steps_weights_but_not_their_kv() {
+        let info = info_of(dense(true));
+        let c = Candidate::llama_default(2, 0);
+        let one = token_reads(&info, &c, &workload(128, 0), false);
+        let w4 = Workload {
+            n_parallel: 4,
+            ..workload(128, 0)
+        };
+        let four = token_reads(&info, &c, &w4, false);
+        let embd = bytes_of(&info, "token_embd.weight");
+        let row = embd / 1024;
+        // Every weight but the lookup is read once per step for 4 tokens; the lookup a row each.
+        let shared: u64 = info
+            .tensors
+            .iter()
+            .filter(|t| t.name != "token_embd.weight")
+            .map(|t| t.bytes / 4)
+            .sum();
+        assert_eq!(four.weight_bytes, shared + row);
+        assert!(four.weight_bytes * 3 < one.weight_bytes, "{four:?} {one:?}");
+        assert_eq!(four.kv_bytes, one.kv_bytes);
+        assert_eq!(four.active_parameters, one.active_parameters);
+    }
+
+    #[test]
     fn a_tied_output_reads_the_whole_embedding_table() {
         let info = info_of(dense(false));
         let all: u64 = info.tensors.iter().map(|t| t.bytes).sum();
@@ -319,6 +367,16 @@ mod tests {
             + bytes_of(&info, "blk.0.ffn_down_exps.weight");
         let dense_part = 2 * 64 * 32 * 2 + 64 * 8 * 4 + 64 * 32 * 2;
         assert_eq!(r.weight_bytes, dense_part + exps / 4 + 64 * 2);
+        // 4 sequences at once route to 1 - (3/4)^4 = 68% of the experts per step, each token
+        // reading a quarter of that: 17% of the experts (4% of the dense part).
+        let w4 = Workload {
+            n_parallel: 4,
+            ..workload(2, 0)
+        };
+        let four = token_reads(&info, &Candidate::llama_default(2, 0), &w4, false);
+        let expected = (exps as f64 * (1.0 - 0.75f64.powi(4)) / 4.0) as u64;
+        let got_exps = four.weight_bytes - (dense_part / 4 + 64 * 2);
+        assert!(got_exps.abs_diff(expected) <= 2, "{got_exps} vs {expected}");
         assert_eq!(
             r.active_parameters,
             2 * 64 * 32 + 64 * 8 + 64 * 32 + 2 * 64 * 128 * 8 / 4 + 64

@@ -295,7 +295,18 @@ impl Landscape {
 
     /// Seconds to generate one token with `depth` tokens in the KV cache.
     pub fn token_seconds(&self, c: &Candidate, n_ctx: u32, depth: u32) -> f64 {
+        self.step_seconds(c, n_ctx, depth, 1)
+    }
+
+    /// Seconds of one generation step of `np` sequences (a token each), each with `depth` tokens in
+    /// its KV cache: every weight is read once for all of them, each sequence's KV cache for its
+    /// own token. With several, a place's matrix products can outlast its reads (3.6 flops a byte,
+    /// at the device's compute or the generation threads' cores): decoding becomes compute-bound,
+    /// and the host then wants every core. One sequence is left bandwidth-bound (what these
+    /// constants give on every landscape here).
+    pub fn step_seconds(&self, c: &Candidate, n_ctx: u32, depth: u32, np: u32) -> f64 {
         let m = &self.model;
+        let np = np.max(1);
         let shares = self.shares(c, n_ctx);
         let kv_token = m.kv_bytes_per_token_layer as f64 * c.kv_bytes_factor() * depth as f64;
         let quant_kv = if c.type_k.is_quantized() { 1.01 } else { 1.0 };
@@ -309,7 +320,8 @@ impl Landscape {
             } else {
                 s.layers as f64 * kv_token
             };
-            let bytes = s.read_per_token + kv_here;
+            let bytes = s.read_per_token + np as f64 * kv_here;
+            let flops = 3.6 * s.read_per_token * np as f64;
             t += match s.device {
                 Some(d) => {
                     let fa = if c.flash_attn == FlashAttn::Off {
@@ -317,7 +329,13 @@ impl Landscape {
                     } else {
                         0.99
                     };
-                    bytes / self.devices[d].bandwidth * fa * quant_kv
+                    let read = bytes / self.devices[d].bandwidth * fa * quant_kv;
+                    let compute = flops / self.devices[d].flops;
+                    if np > 1 {
+                        read.max(compute)
+                    } else {
+                        read
+                    }
                 }
                 None => {
                     let plain = if c.kernels == KernelChoice::Plain {
@@ -325,14 +343,21 @@ impl Landscape {
                     } else {
                         1.0
                     };
-                    bytes / self.host_bandwidth(c.threads) * plain * quant_kv
+                    let read = bytes / self.host_bandwidth(c.threads) * plain * quant_kv;
+                    let cores = c.threads.min(self.host.physical_cores).max(1) as f64;
+                    let compute = flops * plain / (self.host.flops_per_core * cores);
+                    if np > 1 {
+                        read.max(compute)
+                    } else {
+                        read
+                    }
                 }
             };
         }
         // -nkvo: the device layers' attention reads their KV cache from host memory, with a round
         // trip (there and back) per layer.
         let n = layers_kv_on_host as f64;
-        t += n * kv_token / self.host_bandwidth(c.threads) + n * 2.0 * 20e-6;
+        t += np as f64 * n * kv_token / self.host_bandwidth(c.threads) + n * 2.0 * 20e-6;
         let hops = shares
             .iter()
             .filter(|s| s.layers > 0)
@@ -389,13 +414,17 @@ impl Landscape {
         t
     }
 
-    /// The noise-free repetition a configuration would give.
+    /// The noise-free repetition a configuration would give (with `--parallel N`, the rates of
+    /// all N sequences together: their prompts in shared batches, a token of each per step).
     pub fn ideal(&self, c: &Candidate, w: &Workload) -> Repetition {
-        let tg = 1.0 / self.token_seconds(c, w.n_ctx, 0);
+        let np = w.n_parallel.max(1);
+        let prompt = w.n_prompt * np;
+        let tg = np as f64 / self.step_seconds(c, w.n_ctx, 0, np);
         Repetition {
-            pp_tps: w.n_prompt as f64 / self.prompt_seconds(c, w.n_ctx, w.n_prompt),
+            pp_tps: prompt as f64 / self.prompt_seconds(c, w.n_ctx, prompt),
             tg_tps: tg,
-            tg_depth_tps: (w.depth > 0).then(|| 1.0 / self.token_seconds(c, w.n_ctx, w.depth)),
+            tg_depth_tps: (w.depth > 0)
+                .then(|| np as f64 / self.step_seconds(c, w.n_ctx, w.depth, np)),
             load: None,
         }
     }
@@ -411,7 +440,7 @@ impl Landscape {
         if let Some(d) = rep.tg_depth_tps {
             s += w.depth as f64 / rep.pp_tps + w.n_gen as f64 / d;
         }
-        s + 0.05
+        s * w.n_parallel.max(1) as f64 + 0.05
     }
 
     /// Seconds one load takes: the file from disk (3 GB/s) and each device's share over its link.

@@ -678,6 +678,47 @@ fn generation_and_prompt_threads_are_chosen_apart_on_the_host() {
     }
 }
 
+/// Many requests at once move the host's generation from its memory bus to its cores: 16
+/// sequences read each weight once per step but multiply it 16 times, so generation wants every
+/// core (`-t 16`) where one request wanted half of them (`-t 8 -tb 16`, the test above). The search
+/// measures what the concurrency changes rather than carrying over the single-request answer.
+#[test]
+fn many_requests_at_once_want_every_core_for_generation_too() {
+    let mut land = gpus(0, 0);
+    land.devices.clear();
+    let mut s = settings(&land, 11);
+    s.workload.n_parallel = 16;
+    s.workload.n_ctx = 16 * 1024;
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let win = run.winner.expect("a winner");
+    assert_eq!(
+        (win.threads, win.batch_threads()),
+        (16, 16),
+        "{}",
+        win.label()
+    );
+    let got = land.true_seconds(&win, &s.workload);
+    let single = win.with_threads(8, 16);
+    let theirs = land.true_seconds(&single, &s.workload);
+    assert!(
+        got < theirs * 0.9,
+        "{} {got} vs {} {theirs}",
+        win.label(),
+        single.label()
+    );
+    // And 16 at once serve more requests per second than one at a time (the prompts, compute-bound
+    // either way, take about half of a request here).
+    let one = crate::worker::Workload {
+        n_parallel: 1,
+        ..s.workload.clone()
+    };
+    let alone = land.true_seconds(&single, &one);
+    assert!(
+        got * 1.3 < alone,
+        "{got} s per request vs {alone} one at a time"
+    );
+}
+
 /// One 24 GiB GPU behind a slow link (0.25 GB/s), a 3000-token prompt, and the micro-batches
 /// `tune` offers for it; minutes per request, so simulated days of budget.
 fn slow_link_long_prompt() -> (Landscape, TuneSettings) {
