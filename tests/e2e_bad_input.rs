@@ -49,6 +49,26 @@ fn out_of_range_flags_are_usage_errors() {
         (vec![m, "-tb", "0"], "--threads-batch must be at least 1"),
         (vec![m, "--threads-batch", "100000"], "logical CPUs"),
         (vec![m, "--ctx", "0"], "ctx"),
+        (
+            vec![m, "--parallel", "0"],
+            "--parallel 0 must be between 1 and 256",
+        ),
+        (
+            vec![m, "-np", "300"],
+            "--parallel 300 must be between 1 and 256",
+        ),
+        (
+            vec![m, "-np", "8", "-c", "1024", "-p", "512"],
+            "does not fit in each of --parallel 8 slots' 256 tokens of --ctx 1024",
+        ),
+        (
+            vec![m, "-np", "2", "--draft", m],
+            "--draft with --parallel 2: speculative decoding is measured for one request at a time",
+        ),
+        (
+            vec!["measure", m, "-np", "0"],
+            "--parallel 0 must be between 1",
+        ),
         (vec![m, "--budget", "-5m"], "budget"),
         (vec![m, "--cache-types", "q3_x"], "cache type"),
     ] {

@@ -239,6 +239,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         url: url.clone(),
         ready_s,
         completion: timings,
+        requests: p.workload.n_parallel.max(1),
         profile_tg_tps: profile_tg,
         profile_pp_tps: p.figures.pp_tps,
         tg_ratio,
@@ -403,7 +404,8 @@ fn print_command(server: Option<&Path>, argv: Vec<String>) {
     println!("{}", profiles::shell_quote(&line));
 }
 
-/// Two completions: the first warms the server up, the second is the one compared. `spec_prompt`: a
+/// Two completions: the first warms the server up, the second is the one compared (for a profile
+/// of N requests at once, N completions sent together and added up). `spec_prompt`: a
 /// profile with speculation is checked on a prompt of its kind, for at least
 /// [`speculation::MIN_GEN`] tokens.
 fn check_completion(
@@ -423,26 +425,44 @@ fn check_completion(
         (60.0 + 10.0 * f64::from(n_gen) / p.figures.tg_tps.max(0.1)).min(3600.0),
     );
     let warmup = server::complete(proc, url, prompt, n_gen.min(16), timeout, signal)?;
-    let room = p
-        .workload
-        .n_ctx
-        .saturating_sub(u32::try_from(warmup.timings.prompt_n).unwrap_or(u32::MAX) + 1);
+    let slot = super::settings::slot_ctx(p.workload.n_ctx, p.workload.n_parallel);
+    let room = slot.saturating_sub(u32::try_from(warmup.timings.prompt_n).unwrap_or(u32::MAX) + 1);
     if room < n_gen {
         eprintln!(
-            "autotune: warning: the context ({} tokens) leaves room for {room} generated tokens after the check's \
-             prompt, fewer than the {n_gen} the check generates",
-            p.workload.n_ctx
+            "autotune: warning: the context ({slot} tokens a slot) leaves room for {room} generated tokens after \
+             the check's prompt, fewer than the {n_gen} the check generates"
         );
     }
-    let answer = server::complete(proc, url, prompt, n_gen.min(room).max(1), timeout, signal)?;
-    if answer.timings.predicted_n == 0 || answer.content.is_empty() {
+    // With N slots the profile's figures are N requests' together: N completions at once.
+    let np = p.workload.n_parallel.max(1);
+    let n_predict = n_gen.min(room).max(1);
+    let answers = server::complete_together(proc, url, prompt, n_predict, np, timeout, signal)?;
+    if answers
+        .iter()
+        .any(|a| a.timings.predicted_n == 0 || a.content.is_empty())
+    {
         return Err(Exit::new(
             exit::ERROR,
             "llama-server answered the completion without generating any text",
         ));
     }
+    Ok(together(answers))
+}
 
-    Ok(answer)
+/// Completions answered at once as one: their tokens and their rates added up (each request's
+/// rate is its own while they all ran).
+fn together(mut answers: Vec<server::CompletionAnswer>) -> server::CompletionAnswer {
+    let mut first = answers.remove(0);
+    for a in answers {
+        let (t, u) = (&mut first.timings, a.timings);
+        t.prompt_n += u.prompt_n;
+        t.prompt_per_second += u.prompt_per_second;
+        t.predicted_n += u.predicted_n;
+        t.predicted_per_second += u.predicted_per_second;
+        t.draft_n += u.draft_n;
+        t.draft_n_accepted += u.draft_n_accepted;
+    }
+    first
 }
 
 /// `--server`, else `llama-server` on PATH, else the vendor build in the cache (with several, the

@@ -293,11 +293,6 @@ impl Landscape {
         self.host.bandwidth * reach * contention * if t > phys { 0.85 } else { 1.0 }
     }
 
-    /// Seconds to generate one token with `depth` tokens in the KV cache.
-    pub fn token_seconds(&self, c: &Candidate, n_ctx: u32, depth: u32) -> f64 {
-        self.step_seconds(c, n_ctx, depth, 1)
-    }
-
     /// Seconds of one generation step of `np` sequences (a token each), each with `depth` tokens in
     /// its KV cache: every weight is read once for all of them, each sequence's KV cache for its
     /// own token. With several, a place's matrix products can outlast its reads (3.6 flops a byte,

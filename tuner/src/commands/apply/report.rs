@@ -20,8 +20,11 @@ pub struct Check {
     pub url: String,
     /// Seconds from start until `/health` answered 200.
     pub ready_s: f64,
-    /// The measured (second) completion; the first only warms the server up.
+    /// The measured (second) completion; the first only warms the server up. For a profile of N
+    /// requests at once, N completions sent together, their tokens and rates added up.
     pub completion: Timings,
+    /// Completions sent together for the measured one (the profile's `--parallel`).
+    pub requests: u32,
     /// The profile's generation speed for this command line: with its speculation when it has one
     /// (measured on prompts of its kinds), else the target alone's.
     pub profile_tg_tps: f64,
@@ -83,9 +86,13 @@ pub fn render(c: &Check) -> String {
         .as_ref()
         .map(SpeculationCheck::line)
         .unwrap_or_default();
+    let together = match c.requests {
+        0 | 1 => String::new(),
+        n => format!(" ({n} completions at once, added up)"),
+    };
     format!(
         "profile     {}\nserver      {} ({})\ncommand     {}\nready       {} after {:.1} s\n\
-         generation  {:.1} t/s from the server, {:.1} t/s in the profile{with}: {:.2}× ({verdict} ±{:.0}%)\n\
+         generation  {:.1} t/s from the server{together}, {:.1} t/s in the profile{with}: {:.2}× ({verdict} ±{:.0}%)\n\
          prompt      {:.1} t/s from the server ({} tokens), {:.1} t/s in the profile (not compared)\n{spec_line}",
         c.profile.display(),
         c.server.display(),

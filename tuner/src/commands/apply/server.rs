@@ -284,6 +284,21 @@ pub fn complete(
     timeout: Duration,
     signal: &AtomicUsize,
 ) -> anyhow::Result<CompletionAnswer> {
+    let mut answers = complete_together(proc, url, prompt, n_predict, 1, timeout, signal)?;
+    Ok(answers.remove(0))
+}
+
+/// `n` such completions sent at once (the server's slots answer them together), each on its own
+/// thread; their answers in the order they came.
+pub fn complete_together(
+    proc: &mut ServerProcess,
+    url: &str,
+    prompt: &str,
+    n_predict: u32,
+    n: u32,
+    timeout: Duration,
+    signal: &AtomicUsize,
+) -> anyhow::Result<Vec<CompletionAnswer>> {
     let body = serde_json::json!({
         "prompt": prompt,
         "n_predict": n_predict,
@@ -293,20 +308,37 @@ pub fn complete(
     });
     let endpoint = format!("{url}/completion");
     let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let agent = ureq::AgentBuilder::new().timeout(timeout).build();
-        let result = match agent.post(&endpoint).send_json(body) {
-            Ok(r) => r
-                .into_json::<CompletionAnswer>()
-                .map_err(|e| format!("unexpected answer from {endpoint}: {e}")),
-            Err(ureq::Error::Status(code, r)) => Err(format!(
-                "{endpoint} answered {code}: {}",
-                one_line(&r.into_string().unwrap_or_default())
-            )),
-            Err(e) => Err(format!("{endpoint}: {e}")),
-        };
-        let _ = tx.send(result);
-    });
+    for _ in 0..n.max(1) {
+        let (tx, body, endpoint) = (tx.clone(), body.clone(), endpoint.clone());
+        std::thread::spawn(move || {
+            let agent = ureq::AgentBuilder::new().timeout(timeout).build();
+            let result = match agent.post(&endpoint).send_json(body) {
+                Ok(r) => r
+                    .into_json::<CompletionAnswer>()
+                    .map_err(|e| format!("unexpected answer from {endpoint}: {e}")),
+                Err(ureq::Error::Status(code, r)) => Err(format!(
+                    "{endpoint} answered {code}: {}",
+                    one_line(&r.into_string().unwrap_or_default())
+                )),
+                Err(e) => Err(format!("{endpoint}: {e}")),
+            };
+            let _ = tx.send(result);
+        });
+    }
+    drop(tx);
+    let mut answers = Vec::new();
+    while answers.len() < n.max(1) as usize {
+        answers.push(next_answer(proc, &rx, signal)?);
+    }
+    Ok(answers)
+}
+
+/// The next completion answer, ending the wait when the server dies or the user interrupts.
+fn next_answer(
+    proc: &mut ServerProcess,
+    rx: &mpsc::Receiver<Result<CompletionAnswer, String>>,
+    signal: &AtomicUsize,
+) -> anyhow::Result<CompletionAnswer> {
     loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Ok(answer)) => return Ok(answer),

@@ -1,0 +1,80 @@
+//! `--parallel N`: N requests measured at once on the real demo model, the profile carrying `-np N`,
+//! and a real llama-server checked with N completions sent together.
+
+mod common;
+use common::*;
+
+/// `measure -np N`: N prompts, then a token of each of N sequences per step, rates of all of them
+/// together. Batching shares each weight read among the sequences, so 4 at once generate more
+/// tokens a second than 1 — and no more than 4 times as many.
+#[test]
+fn several_sequences_are_measured_together() {
+    let sb = Sandbox::new();
+    let model = demo_model();
+    let measure = |np: &str| {
+        sb.run_json(&[
+            "measure",
+            model.to_str().unwrap(),
+            "-c",
+            "1024",
+            "-p",
+            "64",
+            "-n",
+            "32",
+            "-np",
+            np,
+            "--reps",
+            "3",
+            "--json",
+        ])
+    };
+    let (one, four) = (measure("1"), measure("4"));
+    assert_eq!(four["workload"]["n_parallel"], 4, "{four}");
+    assert!(one["workload"]["n_parallel"].is_null(), "{one}");
+    let median = |v: &serde_json::Value, k: &str| v[k]["median"].as_f64().unwrap();
+    let (tg1, tg4) = (median(&one, "tg"), median(&four, "tg"));
+    assert!(
+        tg4 > 1.1 * tg1 && tg4 < 4.4 * tg1,
+        "tg {tg4} t/s of 4 sequences together vs {tg1} of one"
+    );
+}
+
+/// `tune --parallel 2`: the workload and `-np 2` reach the profile, and `apply --exec` sends two
+/// completions at once to a real llama-server started with it, adding their figures up.
+#[test]
+fn a_profile_for_two_requests_at_once_is_applied_with_two_slots() {
+    let sb = Sandbox::new();
+    let model = demo_model();
+    let out = sb.dir.path().join("np2.toml");
+    let o = sb.run(&[
+        model.to_str().unwrap(),
+        "--quick",
+        "--parallel",
+        "2",
+        "-c",
+        "1024",
+        "-p",
+        "64",
+        "-n",
+        "16",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("· 2 requests at once (t/s of all together)"),
+        "{}",
+        stdout(&o)
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("n_parallel = 2"), "{text}");
+    assert!(text.contains(r#""-c", "1024", "-np", "2""#), "{text}");
+
+    let server = llama_server();
+    let v = sb.run_json(&strs(&apply_check_args(&out, &server)));
+    assert_eq!(v["requests"], 2, "{v}");
+    let command = command_of(&v);
+    assert!(command.windows(2).any(|w| w == ["-np", "2"]), "{command:?}");
+    // Two completions of 16 tokens each, added up.
+    assert_eq!(v["completion"]["predicted_n"], 32, "{v}");
+}
