@@ -116,6 +116,8 @@ pub struct Share {
     pub compute: u64,
     /// Weight bytes one generated token reads here.
     pub read_per_token: f64,
+    /// Of them, the experts' (a mixture of experts: the share one token routes to).
+    pub expert_read: f64,
 }
 
 impl Share {
@@ -194,6 +196,7 @@ impl Landscape {
         let bytes = (kept as f64 * m.layer_bytes as f64 * exp) as u64;
         host.weights += bytes + m.embd_bytes;
         host.read_per_token += bytes as f64 * active;
+        host.expert_read += bytes as f64 * active;
         // -nkvo: every layer's KV cache in host memory.
         if !c.kv_offload.is_on() {
             for s in &mut out {
@@ -225,7 +228,8 @@ impl Landscape {
         };
         let lb = m.layer_bytes as f64;
         let weights = layers as f64 * lb - away as f64 * lb * exp;
-        let read = layers as f64 * lb * (1.0 - exp) + (layers - away) as f64 * lb * exp * active;
+        let expert_read = (layers - away) as f64 * lb * exp * active;
+        let read = layers as f64 * lb * (1.0 - exp) + expert_read;
         let kv = (layers as u64 * n_ctx as u64 * m.kv_bytes_per_token_layer) as f64
             * c.kv_bytes_factor();
         let ub = c.n_ubatch as u64;
@@ -246,6 +250,7 @@ impl Landscape {
             kv: kv as u64,
             compute,
             read_per_token: read + out_bytes as f64,
+            expert_read,
         }
     }
 
@@ -315,7 +320,14 @@ impl Landscape {
             } else {
                 s.layers as f64 * kv_token
             };
-            let bytes = s.read_per_token + np as f64 * kv_here;
+            // A step of N tokens reads the experts any of them routes to (routing independent).
+            let experts = match self.model.moe {
+                Some(e) if e.active > 0.0 => {
+                    s.expert_read / e.active * (1.0 - (1.0 - e.active).powi(np as i32))
+                }
+                _ => s.expert_read,
+            };
+            let bytes = s.read_per_token - s.expert_read + experts + np as f64 * kv_here;
             let flops = 3.6 * s.read_per_token * np as f64;
             t += match s.device {
                 Some(d) => {
