@@ -353,7 +353,10 @@ impl Profile {
             machine_fingerprint: self.machine.fingerprint.clone(),
             hostname: self.machine.hostname.clone(),
             created_unix: self.created_unix,
-            workload: self.workload.name.clone(),
+            workload: match self.workload.n_parallel {
+                0 | 1 => self.workload.name.clone(),
+                n => format!("{} ×{n} at once", self.workload.name),
+            },
             winner: self.winner.label(),
             pp_tps: self.figures.pp_tps,
             tg_tps: self.figures.tg_tps,

@@ -188,36 +188,18 @@ impl Context {
                 ),
             });
         }
-        let chunks = tokens.len().div_ceil(n_batch);
-        for (c, chunk) in tokens.chunks(n_batch).enumerate() {
-            let last_chunk = c + 1 == chunks;
-            let n = chunk.len() as i32;
-            let start = pos0 + (c * n_batch) as i32;
-            // SAFETY: the batch is allocated for n tokens with one sequence id each; every field set
-            // is within those sizes, and it is freed after the decode.
-            unsafe {
-                let batch = sys::llama_batch_init(n, 0, 1);
-                for (i, &t) in chunk.iter().enumerate() {
-                    *batch.token.add(i) = t;
-                    *batch.pos.add(i) = start + i as i32;
-                    *batch.n_seq_id.add(i) = 1;
-                    *(*batch.seq_id.add(i)) = 0;
-                    *batch.logits.add(i) =
-                        i8::from(all_logits || (last_chunk && i + 1 == chunk.len()));
-                }
-                let mut b = batch;
-                b.n_tokens = n;
-                let status = sys::llama_decode(self.ptr.as_ptr(), b);
-                sys::llama_batch_free(batch);
-                if status != 0 {
-                    return Err(LlamaError::Decode {
-                        status,
-                        log: log_tail(&take_log()),
-                    });
-                }
-            }
-        }
-        Ok(())
+        let last = tokens.len().saturating_sub(1);
+        let batch: Vec<SeqToken> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| SeqToken {
+                token,
+                pos: pos0 + i as i32,
+                seq: 0,
+                logits: all_logits || i == last,
+            })
+            .collect();
+        self.decode_sequences(&batch)
     }
 
     /// Decodes tokens of several sequences (llama-server's slots) in chunks of n_batch: each at its
