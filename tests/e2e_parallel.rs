@@ -78,3 +78,27 @@ fn a_profile_for_two_requests_at_once_is_applied_with_two_slots() {
     // Two completions of 16 tokens each, added up.
     assert_eq!(v["completion"]["predicted_n"], 32, "{v}");
 }
+
+/// `fit --parallel N`: llama.cpp's fit asked for N sequences, and its flags carry `-np N`.
+#[test]
+fn llama_cpps_fit_is_asked_for_n_sequences() {
+    let sb = Sandbox::new();
+    let model = demo_model();
+    let v = sb.run_json(&[
+        "fit",
+        model.to_str().unwrap(),
+        "-c",
+        "8192",
+        "--parallel",
+        "4",
+        "--json",
+    ]);
+    assert_eq!(v["status"], "success", "{v}");
+    let args: Vec<&str> = v["server_args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args[..4], ["-c", "8192", "-np", "4"], "{v}");
+}

@@ -36,6 +36,9 @@ pub struct FitArgs {
     /// Context size (-c) the placement must hold; llama.cpp's fit keeps it and moves weights instead
     #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
     pub ctx: u32,
+    /// Requests served at once (llama-server's -np): N sequences, each with ctx/N of the context
+    #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
+    pub parallel: u32,
     #[command(flatten)]
     pub devices: DeviceArgs,
     /// Print the report as JSON
@@ -80,6 +83,16 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
     if a.ctx == 0 {
         return Err(Exit::new(exit::USAGE, "--ctx must be at least 1"));
     }
+    if a.parallel == 0 || a.parallel > profiles::MAX_PARALLEL {
+        return Err(Exit::new(
+            exit::USAGE,
+            format!(
+                "--parallel {} must be between 1 and {} (llama.cpp's most sequences)",
+                a.parallel,
+                profiles::MAX_PARALLEL
+            ),
+        ));
+    }
     let rpc = &a.devices.rpc.servers;
     let d = probe::probe(cli.verbose, rpc)?;
     let budgets = session::budgets_of(&a.devices.mem_budget, a.devices.mem_margin, &d.machine)?;
@@ -89,7 +102,7 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
         model: model.clone(),
         rpc: rpc.clone(),
         n_ctx: a.ctx,
-        sequences: 1,
+        sequences: a.parallel,
         budgets: budgets.clone(),
         default_margin,
     })?;
@@ -105,12 +118,12 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
         tensor_split: placement.tensor_split,
         ..Default::default()
     };
-    let server_args = server_args(&answer, &settings, rpc);
+    let server_args = server_args(&answer, &settings, rpc, a.parallel);
 
     let (predicted, prediction_error) = predict(
         &model,
         settings,
-        answer.n_ctx,
+        (answer.n_ctx, a.parallel),
         d.machine.physical_cores,
         &budgets,
     );
@@ -161,7 +174,7 @@ fn llama_fit(request: FitRequest) -> anyhow::Result<FitAnswer> {
 fn predict(
     model: &std::path::Path,
     settings: ModelSettings,
-    n_ctx: u32,
+    (n_ctx, sequences): (u32, u32),
     threads: u32,
     budgets: &[(String, u64)],
 ) -> (Vec<DeviceFit>, Option<String>) {
@@ -170,7 +183,7 @@ fn predict(
         model: model.to_path_buf(),
         settings,
         context: ContextSettings {
-            n_ctx: n_ctx,
+            n_ctx,
             n_batch: 2048,
             n_ubatch: 512,
             threads,
@@ -180,14 +193,14 @@ fn predict(
             flash_attn: FlashAttn::Auto,
             op_offload: Default::default(),
             kv_offload: Default::default(),
-            sequences: 1,
+            sequences,
         },
         workload: Workload {
-            n_ctx: n_ctx,
+            n_ctx,
             n_prompt: 1,
             n_gen: 1,
             depth: 0,
-            n_parallel: 1,
+            n_parallel: sequences,
         },
         seed: 1,
     };
@@ -219,13 +232,12 @@ fn predict(
 }
 
 /// llama-server flags for the fit's placement: `-c`, `-ngl`, `--n-cpu-moe` or `-ot`, `-ts`, `--rpc`.
-fn server_args(f: &FitAnswer, s: &ModelSettings, rpc: &[String]) -> Vec<String> {
-    let mut v = vec![
-        "-c".to_string(),
-        f.n_ctx.to_string(),
-        "-ngl".to_string(),
-        s.n_gpu_layers.to_string(),
-    ];
+fn server_args(f: &FitAnswer, s: &ModelSettings, rpc: &[String], parallel: u32) -> Vec<String> {
+    let mut v = vec!["-c".to_string(), f.n_ctx.to_string()];
+    if parallel > 1 {
+        v.extend(["-np".to_string(), parallel.to_string()]);
+    }
+    v.extend(["-ngl".to_string(), s.n_gpu_layers.to_string()]);
     if s.n_cpu_moe > 0 {
         v.extend(["--n-cpu-moe".to_string(), s.n_cpu_moe.to_string()]);
     }

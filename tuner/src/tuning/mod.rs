@@ -159,8 +159,9 @@ const MAX_AUTO_UBATCH: u32 = 4096;
 
 /// The micro-batch sizes to try: those asked for, else llama.cpp's 512 and the smaller 256 and 128
 /// (smaller compute buffers: a fit lever), and, where a non-CPU device takes layers and the prompt
-/// is longer than 512 tokens, the powers of two above 512 up to the first that holds the whole
-/// prompt (at most [`MAX_AUTO_UBATCH`] and the context). A larger micro-batch spreads each batch's
+/// is longer than 512 tokens (with `--parallel N`, the N prompts processed together), the powers
+/// of two above 512 up to the first that holds the whole prompt (at most [`MAX_AUTO_UBATCH`] and
+/// the context). A larger micro-batch spreads each batch's
 /// fixed costs over more tokens on a GPU (kernel launches, and with op offload the host's weights
 /// copied over the link once per batch); on a CPU it does not pay (the demo model, 2048-token
 /// prompt, 2 cores: 373 t/s at -ub 2048, 400 at 512) and its compute buffer grows with it.
@@ -170,7 +171,8 @@ pub(crate) fn ubatch_options(asked: &[u32], w: &Workload, offload: bool) -> Vec<
     }
     let mut v = vec![512, 256, 128];
     let mut ub = 1024;
-    while offload && ub <= MAX_AUTO_UBATCH.min(w.n_ctx) && ub / 2 < w.n_prompt {
+    let prompt = w.n_prompt.saturating_mul(w.n_parallel.max(1));
+    while offload && ub <= MAX_AUTO_UBATCH.min(w.n_ctx) && ub / 2 < prompt {
         v.push(ub);
         ub *= 2;
     }
@@ -362,6 +364,15 @@ mod tests {
         assert_eq!(
             ubatch_options(&[], &w(3000, 8192), true),
             [512, 256, 128, 1024, 2048, 4096]
+        );
+        // N prompts at once are processed together: 4 of 300 tokens fill 1024 and 2048.
+        let four = Workload {
+            n_parallel: 4,
+            ..w(300, 8192)
+        };
+        assert_eq!(
+            ubatch_options(&[], &four, true),
+            [512, 256, 128, 1024, 2048]
         );
         // Never past the context (llama.cpp would cut it to n_ctx: the same run twice) or 4096.
         assert_eq!(
