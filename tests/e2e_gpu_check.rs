@@ -53,6 +53,8 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
             "autotune/llama-bench: pp ",
             "tg within ±5%: ",
             "llama.cpp's fit: ",
+            "## parallel",
+            "autotune/llama-batched-bench: pp ",
         ],
     );
     assert!(!text.contains("FAILED"), "a step failed:\n{text}");
@@ -78,6 +80,10 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
         json["fidelity"]["tg"].as_f64().is_some_and(|r| r > 0.0),
         "{json}"
     );
+    assert!(
+        json["parallel"]["tg_gain"].as_f64().is_some_and(|r| r > 0.0),
+        "{json}"
+    );
 
     // The same command again: every step comes from the state, the cliff lines with it.
     let started = std::time::Instant::now();
@@ -90,6 +96,7 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
             "## fidelity (done in an earlier run)",
             "## tune-budget (done in an earlier run)",
             "## fit (done in an earlier run)",
+            "## parallel (done in an earlier run)",
         ],
     );
     for line in &cliff {
