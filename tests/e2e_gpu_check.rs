@@ -81,7 +81,9 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
         "{json}"
     );
     assert!(
-        json["parallel"]["tg_gain"].as_f64().is_some_and(|r| r > 0.0),
+        json["parallel"]["tg_gain"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0),
         "{json}"
     );
 

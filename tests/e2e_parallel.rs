@@ -102,3 +102,29 @@ fn llama_cpps_fit_is_asked_for_n_sequences() {
         .collect();
     assert_eq!(args[..4], ["-c", "8192", "-np", "4"], "{v}");
 }
+
+/// A workload whose text repeats gets n-gram speculation tried after the tune, but not for several
+/// requests at once: speculation is measured for one; the report says so.
+#[test]
+fn speculation_is_left_out_for_several_requests_at_once_with_a_note() {
+    let sb = Sandbox::new();
+    let model = tiny_model();
+    let v = sb.run_json(&[
+        model.to_str().unwrap(),
+        "--quick",
+        "--workload",
+        "agent",
+        "--parallel",
+        "2",
+        "-c",
+        "8192",
+        "--no-save",
+        "--json",
+    ]);
+    let notes = v["notes"].to_string();
+    assert!(
+        notes.contains("speculative decoding (n-gram) not tried: it is measured for one request at a time, not 2"),
+        "{notes}"
+    );
+    assert_eq!(v["workload"]["n_parallel"], 2, "{v}");
+}

@@ -29,7 +29,10 @@ fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<After> {
     if np > 1 && !args.speculative.draft.is_empty() {
         return Err(exit::Exit::new(
             exit::USAGE,
-            format!("--draft with --parallel {np}: speculative decoding is measured for one request at a time; leave out --parallel (or --draft)"),
+            format!(
+                "--draft with --parallel {np}: speculative decoding is measured for one request at a \
+                 time; leave out --parallel (or --draft)"
+            ),
         ));
     }
     let (ngram, mtp) = speculation(args)?;
@@ -68,9 +71,15 @@ fn speculation(args: &TuneArgs) -> anyhow::Result<(bool, bool)> {
 fn speculation_skipped(args: &TuneArgs) -> anyhow::Result<Option<String>> {
     let np = args.workload.parallel;
     let (ngram, mtp) = speculation(args)?;
+    let kind = if mtp {
+        "the model's MTP heads"
+    } else {
+        "n-gram"
+    };
     Ok((np > 1 && (ngram || mtp)).then(|| {
-        format!("speculative decoding ({}) not tried: it is measured for one request at a time, not {np}",
-            if mtp { "the model's MTP heads" } else { "n-gram" })
+        format!(
+            "speculative decoding ({kind}) not tried: it is measured for one request at a time, not {np}"
+        )
     }))
 }
 
