@@ -192,7 +192,13 @@ fn repetitions(
 
 /// The text form: the figures with their statistics, and memory predicted against reported.
 fn print_text(m: &Measurement) {
-    println!("{}", m.candidate.label());
+    match m.workload.n_parallel {
+        0 | 1 => println!("{}", m.candidate.label()),
+        n => println!(
+            "{}  ({n} sequences at once: t/s of all together)",
+            m.candidate.label()
+        ),
+    }
     for (pattern, buft) in &m.tensor_overrides {
         println!("  -ot {pattern}={buft}");
     }
