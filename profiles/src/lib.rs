@@ -13,6 +13,7 @@ mod mtp;
 mod ngram;
 mod profile;
 mod roofline;
+pub mod serde_one;
 mod server_args;
 mod store;
 mod validate;

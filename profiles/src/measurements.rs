@@ -23,16 +23,11 @@ pub struct Workload {
     pub depth: u32,
     /// Requests served at once (llama-server's `--parallel` slots, each with `n_ctx / n_parallel`
     /// of the context): prompt and generation rates are then those of all sequences together.
-    #[serde(default = "one", skip_serializing_if = "is_one")]
+    #[serde(
+        default = "crate::serde_one::one",
+        skip_serializing_if = "crate::serde_one::is_one"
+    )]
     pub n_parallel: u32,
-}
-
-fn one() -> u32 {
-    1
-}
-
-fn is_one(n: &u32) -> bool {
-    *n == 1
 }
 
 /// Memory of a loaded configuration: what llama.cpp reported per buffer and what the process holds.

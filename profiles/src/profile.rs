@@ -143,17 +143,12 @@ pub struct Workload {
     /// Tokens already in the context when generation at depth is measured.
     pub depth: u32,
     /// Requests served at once (`--parallel`); the figures are then those of all of them together.
-    #[serde(default = "one", skip_serializing_if = "is_one")]
+    #[serde(
+        default = "crate::serde_one::one",
+        skip_serializing_if = "crate::serde_one::is_one"
+    )]
     pub n_parallel: u32,
     pub name: String,
-}
-
-fn one() -> u32 {
-    1
-}
-
-fn is_one(n: &u32) -> bool {
-    *n == 1
 }
 
 /// The measured speed and memory of one configuration.

@@ -83,16 +83,7 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
     if a.ctx == 0 {
         return Err(Exit::new(exit::USAGE, "--ctx must be at least 1"));
     }
-    if a.parallel == 0 || a.parallel > profiles::MAX_PARALLEL {
-        return Err(Exit::new(
-            exit::USAGE,
-            format!(
-                "--parallel {} must be between 1 and {} (llama.cpp's most sequences)",
-                a.parallel,
-                profiles::MAX_PARALLEL
-            ),
-        ));
-    }
+    super::settings::check_parallel(a.parallel)?;
     let rpc = &a.devices.rpc.servers;
     let d = probe::probe(cli.verbose, rpc)?;
     let budgets = session::budgets_of(&a.devices.mem_budget, a.devices.mem_margin, &d.machine)?;

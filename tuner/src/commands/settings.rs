@@ -54,12 +54,7 @@ pub fn check_workload(w: &Workload) -> anyhow::Result<()> {
     if prompt == 0 || gen == 0 {
         return Err(usage("--prompt and --gen must be at least 1 token".into()));
     }
-    if np == 0 || np > profiles::MAX_PARALLEL {
-        return Err(usage(format!(
-            "--parallel {np} must be between 1 and {} (llama.cpp's most sequences)",
-            profiles::MAX_PARALLEL
-        )));
-    }
+    check_parallel(np)?;
     let slot = slot_ctx(ctx, np);
     if prompt as u64 + depth as u64 > slot as u64 || gen as u64 + depth as u64 > slot as u64 {
         let room = if np > 1 {
@@ -69,6 +64,17 @@ pub fn check_workload(w: &Workload) -> anyhow::Result<()> {
         };
         return Err(usage(format!(
             "--depth {depth} plus --prompt {prompt} or --gen {gen} does not fit in {room}: raise --ctx or lower them"
+        )));
+    }
+    Ok(())
+}
+
+/// `--parallel`: 1 to llama.cpp's most sequences at once.
+pub fn check_parallel(np: u32) -> anyhow::Result<()> {
+    if np == 0 || np > profiles::MAX_PARALLEL {
+        return Err(usage(format!(
+            "--parallel {np} must be between 1 and {} (llama.cpp's most sequences)",
+            profiles::MAX_PARALLEL
         )));
     }
     Ok(())

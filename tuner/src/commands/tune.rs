@@ -20,8 +20,9 @@ fn check_named_files(args: &TuneArgs) -> anyhow::Result<()> {
     inputs::model_files("--reference", &reference, Also::Nothing)
 }
 
-/// What becomes of the winner's profile, from the flags.
-fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<After> {
+/// What becomes of the winner's profile, from the flags; and the report's note when speculation
+/// would have been tried but for `--parallel`.
+fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<(After, Option<String>)> {
     // Draft models when given; n-gram speculation (no draft model) when the workload repeats text;
     // the model's own MTP heads whenever it has some (no second model to load either).
     let workload = args.workload.workload;
@@ -35,8 +36,16 @@ fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<After> {
             ),
         ));
     }
-    let (ngram, mtp) = speculation(args)?;
-    let draft = if np > 1 || (args.speculative.draft.is_empty() && !ngram && !mtp) {
+    let ngram = crate::speculative::workload::text_repeats(workload) && !args.speculative.no_ngram;
+    let mtp = crate::speculative::mtp::heads(&session::inspect_model(&args.model)?) > 0;
+    let wanted = !args.speculative.draft.is_empty() || ngram || mtp;
+    let skipped = (np > 1 && wanted).then(|| {
+        let kind = if mtp { "the model's MTP heads" } else { "n-gram" };
+        format!(
+            "speculative decoding ({kind}) not tried: it is measured for one request at a time, not {np}"
+        )
+    });
+    let draft = if np > 1 || !wanted {
         None
     } else {
         Some(settings::draft_search(
@@ -45,7 +54,7 @@ fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<After> {
             workload,
         )?)
     };
-    Ok(After {
+    let after = After {
         draft,
         save: !args.no_save,
         out: args.out.clone(),
@@ -55,38 +64,14 @@ fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<After> {
             json: args.json,
         },
         quiet: cli.quiet,
-    })
-}
-
-/// Whether n-gram speculation (a workload that repeats text) and the model's MTP heads are to be
-/// tried after the tune.
-fn speculation(args: &TuneArgs) -> anyhow::Result<(bool, bool)> {
-    let ngram = crate::speculative::workload::text_repeats(args.workload.workload)
-        && !args.speculative.no_ngram;
-    let mtp = crate::speculative::mtp::heads(&session::inspect_model(&args.model)?) > 0;
-    Ok((ngram, mtp))
-}
-
-/// The report's note when speculation would have been tried but for `--parallel`.
-fn speculation_skipped(args: &TuneArgs) -> anyhow::Result<Option<String>> {
-    let np = args.workload.parallel;
-    let (ngram, mtp) = speculation(args)?;
-    let kind = if mtp {
-        "the model's MTP heads"
-    } else {
-        "n-gram"
     };
-    Ok((np > 1 && (ngram || mtp)).then(|| {
-        format!(
-            "speculative decoding ({kind}) not tried: it is measured for one request at a time, not {np}"
-        )
-    }))
+    Ok((after, skipped))
 }
 
 pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     check_named_files(args)?;
     let plan = settings::plan(cli, args)?;
-    let after = after(cli, args)?;
+    let (after, speculation_skipped) = after(cli, args)?;
     let joint = settings::joint(cli, args)?;
     let stop = term::interrupt_flag()?;
     if let Some(joint) = joint {
@@ -112,7 +97,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     if let Some(note) = tuning::complete(&mut profile, &tuned, &after, &stop)? {
         report.notes.push(note);
     }
-    report.notes.extend(speculation_skipped(args)?);
+    report.notes.extend(speculation_skipped);
     report.profile_path = tuning::save(&store, &profile, &after)?;
     emit(&report, args)?;
     outputs::after_tune(&after.explain, &profile, report.profile_path.as_deref());

@@ -545,25 +545,29 @@ fn prefill(profile: &Profile) -> Finding {
         .unwrap_or(np as f64 * w.n_prompt as f64 / f.pp_tps.max(1e-12));
     let gen = np as f64 * w.n_gen as f64 / generation_tps(profile).max(1e-12);
     let share = 100.0 * first / (first + gen);
-    let figure = if np > 1 {
-        format!(
-            "{} to the first tokens of {np} {}-token prompts together (pp {:.1} t/s of all) vs {} to generate {} tokens each: {share:.0}% of the request",
-            secs(first),
-            w.n_prompt,
-            f.pp_tps,
-            secs(gen),
-            w.n_gen
+    let (prompts, rate, each) = if np > 1 {
+        (
+            format!(
+                "the first tokens of {np} {}-token prompts together",
+                w.n_prompt
+            ),
+            " of all",
+            " each",
         )
     } else {
-        format!(
-            "{} to the first token of a {}-token prompt (pp {:.1} t/s) vs {} to generate {} tokens: {share:.0}% of the request",
-            secs(first),
-            w.n_prompt,
-            f.pp_tps,
-            secs(gen),
-            w.n_gen
+        (
+            format!("the first token of a {}-token prompt", w.n_prompt),
+            "",
+            "",
         )
     };
+    let figure = format!(
+        "{} to {prompts} (pp {:.1} t/s{rate}) vs {} to generate {} tokens{each}: {share:.0}% of the request",
+        secs(first),
+        f.pp_tps,
+        secs(gen),
+        w.n_gen
+    );
     let text = if share >= 50.0 {
         format!("the delay: {figure}; prompt speed (batch sizes, offload) matters most for this workload")
     } else {

@@ -76,16 +76,11 @@ pub struct ContextSettings {
     pub kv_offload: KvOffload,
     /// Sequences decoded at once (`n_seq_max`, llama-server's `-np`), each with its own
     /// `n_ctx / sequences` of the KV cache (not unified, as llama-server with `-np` given).
-    #[serde(default = "one", skip_serializing_if = "is_one")]
+    #[serde(
+        default = "profiles::serde_one::one",
+        skip_serializing_if = "profiles::serde_one::is_one"
+    )]
     pub sequences: u32,
-}
-
-fn one() -> u32 {
-    1
-}
-
-fn is_one(n: &u32) -> bool {
-    *n == 1
 }
 
 impl ModelSettings {

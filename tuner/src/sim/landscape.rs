@@ -329,20 +329,17 @@ impl Landscape {
             };
             let bytes = s.read_per_token - s.expert_read + experts + np as f64 * kv_here;
             let flops = 3.6 * s.read_per_token * np as f64;
-            t += match s.device {
+            let (read, compute) = match s.device {
                 Some(d) => {
                     let fa = if c.flash_attn == FlashAttn::Off {
                         1.0
                     } else {
                         0.99
                     };
-                    let read = bytes / self.devices[d].bandwidth * fa * quant_kv;
-                    let compute = flops / self.devices[d].flops;
-                    if np > 1 {
-                        read.max(compute)
-                    } else {
-                        read
-                    }
+                    (
+                        bytes / self.devices[d].bandwidth * fa * quant_kv,
+                        flops / self.devices[d].flops,
+                    )
                 }
                 None => {
                     let plain = if c.kernels == KernelChoice::Plain {
@@ -350,16 +347,14 @@ impl Landscape {
                     } else {
                         1.0
                     };
-                    let read = bytes / self.host_bandwidth(c.threads) * plain * quant_kv;
                     let cores = c.threads.min(self.host.physical_cores).max(1) as f64;
-                    let compute = flops * plain / (self.host.flops_per_core * cores);
-                    if np > 1 {
-                        read.max(compute)
-                    } else {
-                        read
-                    }
+                    (
+                        bytes / self.host_bandwidth(c.threads) * plain * quant_kv,
+                        flops * plain / (self.host.flops_per_core * cores),
+                    )
                 }
             };
+            t += if np > 1 { read.max(compute) } else { read };
         }
         // -nkvo: the device layers' attention reads their KV cache from host memory, with a round
         // trip (there and back) per layer.

@@ -300,7 +300,7 @@ pub struct FitRequest {
     pub rpc: Vec<String>,
     pub n_ctx: u32,
     /// Sequences decoded at once (`-np`), each with `n_ctx / sequences` of the KV cache.
-    #[serde(default = "one_sequence")]
+    #[serde(default = "profiles::serde_one::one")]
     pub sequences: u32,
     /// Memory each device may use (autotune's budgets); devices not listed keep `default_margin` free.
     pub budgets: Vec<(String, u64)>,
@@ -465,8 +465,4 @@ pub struct NgramParams {
 pub struct MtpParams {
     /// Most tokens the MTP head drafts per round.
     pub n_max: u32,
-}
-
-fn one_sequence() -> u32 {
-    1
 }
