@@ -62,8 +62,12 @@ fn out_of_range_flags_are_usage_errors() {
             "does not fit in each of --parallel 8 slots' 256 tokens of --ctx 1024",
         ),
         (
-            vec![m, "-np", "2", "--draft", m],
-            "--draft with --parallel 2: speculative decoding is measured for one request at a time",
+            vec!["draft", m, "--draft", m, "-np", "0"],
+            "--parallel 0 must be between 1",
+        ),
+        (
+            vec!["draft", m, "--draft", m, "-np", "32", "-c", "4096"],
+            "--ctx 4096 leaves each of --parallel 32 slots under 256 tokens",
         ),
         (
             vec!["measure", m, "-np", "0"],

@@ -104,9 +104,9 @@ fn llama_cpps_fit_is_asked_for_n_sequences() {
 }
 
 /// A workload whose text repeats gets n-gram speculation tried after the tune, but not for several
-/// requests at once: speculation is measured for one; the report says so.
+/// requests at once, where only draft models are measured; the report says so.
 #[test]
-fn speculation_is_left_out_for_several_requests_at_once_with_a_note() {
+fn ngram_speculation_is_left_out_for_several_requests_at_once_with_a_note() {
     let sb = Sandbox::new();
     let model = tiny_model();
     let v = sb.run_json(&[
@@ -123,7 +123,7 @@ fn speculation_is_left_out_for_several_requests_at_once_with_a_note() {
     ]);
     let notes = v["notes"].to_string();
     assert!(
-        notes.contains("speculative decoding (n-gram) not tried: it is measured for one request at a time, not 2"),
+        notes.contains("speculative decoding (n-gram) not tried: with 2 requests at once only draft models are measured"),
         "{notes}"
     );
     assert_eq!(v["workload"]["n_parallel"], 2, "{v}");

@@ -34,7 +34,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Measure configurations of MODEL and save the fastest as a profile (the default command)
-    Tune(TuneArgs),
+    Tune(Box<TuneArgs>),
     /// Show llama.cpp's devices, backends, CPU variant and system info
     Doctor(DoctorArgs),
     /// List stored profiles, or print one (by model file or profile path)
@@ -62,7 +62,7 @@ pub enum Command {
     Explain(ExplainArgs),
     /// Speculative decoding: measure draft models (smaller models of the same family) against the
     /// target alone, with their draft settings, and report which pays
-    Draft(DraftArgs),
+    Draft(Box<DraftArgs>),
     /// llama.cpp's own fit (common_fit_params) under the same budgets: the placement it chooses, its
     /// llama-server flags, and autotune's dry-run prediction of that placement per device
     Fit(crate::commands::fit::FitArgs),
@@ -660,6 +660,10 @@ pub struct DraftArgs {
     /// Context size of both models (-c)
     #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
     pub ctx: u32,
+    /// Requests served at once (-np): the prompts are generated N at a time, one slot each with
+    /// ctx/N of the context, and speeds are those of all N together
+    #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
+    pub parallel: u32,
     /// Threads (-t; default: the physical cores)
     #[arg(short = 't', long)]
     pub threads: Option<u32>,

@@ -27,6 +27,8 @@ pub struct Exit {
 }
 
 impl Exit {
+    // Returns `anyhow::Error`, not `Self`, on purpose: its ~60 callers all want the anyhow error.
+    #[allow(clippy::new_ret_no_self)]
     pub fn new(code: i32, message: impl Into<String>) -> anyhow::Error {
         anyhow::Error::new(Exit {
             code,

@@ -89,7 +89,11 @@ mod tests {
         std::fs::write(&text, "root:x:0:0:root:/root:/bin/bash\n").unwrap();
         let missing = dir.path().join("nonexistent.gguf");
         assert_eq!(
-            code(model_files("--draft", &[text.clone()], Also::Auto)),
+            code(model_files(
+                "--draft",
+                std::slice::from_ref(&text),
+                Also::Auto
+            )),
             exit::BAD_MODEL
         );
         assert_eq!(

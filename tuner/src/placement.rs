@@ -128,9 +128,7 @@ impl Engine<'_> {
         start: &Candidate,
         best: Option<Candidate>,
     ) -> Option<Candidate> {
-        let Some(mut best) = best else {
-            return None;
-        };
+        let mut best = best?;
         if self.settings.quick {
             return Some(best);
         }

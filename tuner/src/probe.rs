@@ -47,10 +47,10 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
     llama::init(verbose);
     let log = llama::startup_log();
     llama::rpc_add_servers(rpc).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (dir, found_modules) = llama::backend_modules(&log);
+    let (dir, found_modules) = llama::backend_modules(log);
     let modules = Modules {
         dir: dir.map(|d| d.display().to_string()),
-        modules: module_statuses(&found_modules, &log, Drivers::this_machine()),
+        modules: module_statuses(&found_modules, log, Drivers::this_machine()),
     };
     let (devices, skipped_devices) = llama::device_view();
     let backends = llama::backends();
@@ -70,7 +70,7 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
         gpus: found,
         gpu_warnings,
         modules,
-        cpu_variant: llama::cpu_variant(&log),
+        cpu_variant: llama::cpu_variant(log),
         system_info: llama::system_info(),
         llama_version: llama::build_info().0,
     })

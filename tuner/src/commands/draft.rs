@@ -17,6 +17,16 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 pub fn run(cli: &Cli, a: &DraftArgs) -> anyhow::Result<i32> {
+    settings::check_parallel(a.parallel)?;
+    if a.ctx / a.parallel < 256 {
+        return Err(Exit::new(
+            exit::USAGE,
+            format!(
+                "--ctx {} leaves each of --parallel {} slots under 256 tokens",
+                a.ctx, a.parallel
+            ),
+        ));
+    }
     let info = session::inspect_model(&a.target)?;
     let target = std::fs::canonicalize(&a.target)
         .with_context(|| format!("{}: cannot resolve path", a.target.display()))?;
@@ -75,6 +85,7 @@ fn setup(
     let longest = search.ngram.size_m.iter().max().copied().unwrap_or(0);
     let longest = longest.max(search.grid.n_max.iter().max().copied().unwrap_or(16));
     let n_batch = 2048u32.max(longest + 1);
+    use crate::speculative::workload::{fill_slots, for_slots};
     Ok(Setup {
         target,
         target_info: info,
@@ -90,27 +101,43 @@ fn setup(
             tensor_split: Vec::new(),
             split_mode: Default::default(),
         },
-        context: ContextSettings {
-            n_ctx: a.ctx,
-            n_batch,
-            n_ubatch: 512,
-            threads,
-            threads_batch: None,
-            type_k: a.cache_type_k,
-            type_v: a.cache_type_v,
-            flash_attn: a.flash_attn,
-            op_offload: Default::default(),
-            kv_offload: Default::default(),
-            sequences: 1,
-        },
+        context: for_slots(
+            ContextSettings {
+                n_ctx: a.ctx,
+                n_batch,
+                n_ubatch: 512,
+                threads,
+                threads_batch: None,
+                type_k: a.cache_type_k,
+                type_v: a.cache_type_v,
+                flash_attn: a.flash_attn,
+                op_offload: Default::default(),
+                kv_offload: Default::default(),
+                sequences: 1,
+            },
+            a.parallel,
+            longest,
+        ),
         grid: search.grid,
-        ngram: search.ngram,
-        mtp: crate::speculative::mtp::DEFAULT_N_MAX.to_vec(),
+        // Several requests at once are measured with draft models only.
+        ngram: if a.parallel > 1 {
+            Default::default()
+        } else {
+            search.ngram
+        },
+        mtp: if a.parallel > 1 {
+            Vec::new()
+        } else {
+            crate::speculative::mtp::DEFAULT_N_MAX.to_vec()
+        },
         discover: true,
-        prompts: crate::speculative::workload::prompts_for(
-            search.workload,
-            search.prompts,
-            search.own_prompts,
+        prompts: fill_slots(
+            crate::speculative::workload::prompts_for(
+                search.workload,
+                search.prompts,
+                search.own_prompts,
+            ),
+            a.parallel,
         ),
         n_gen: search.n_gen,
         reps: search.reps,

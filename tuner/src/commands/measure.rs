@@ -255,7 +255,7 @@ fn repetition(
     label: &str,
 ) -> anyhow::Result<Repetition> {
     match pool.call(&Request::Measure(request.clone()), &|| false) {
-        Ok(Response::Measured(r)) => Ok(r),
+        Ok(Response::Measured(r)) => Ok(*r),
         Ok(_) => anyhow::bail!("unexpected answer from the worker"),
         Err(f) => Err(Exit::new(exit::NOTHING_MEASURED, format!("{label}: {f}"))),
     }
@@ -365,7 +365,7 @@ fn print_twice(t: &Twice, reps: u32) {
         format!("pp{}", t.workload.n_prompt),
         format!("tg{}", t.workload.n_gen),
     ];
-    for k in 0..2 {
+    for (k, name) in names.iter().enumerate() {
         let c = &t.comparisons[k];
         let verdict = match c.verdict {
             Verdict::Tie => "tie".to_string(),
@@ -374,7 +374,7 @@ fn print_twice(t: &Twice, reps: u32) {
         };
         println!(
             "  {:<8} A {:>8.2} t/s  B {:>8.2} t/s  A/B {:+.1}%  95% CI [{:+.1}%, {:+.1}%]  noise ±{:.1}%  -> {verdict}",
-            names[k],
+            name,
             t.a[k].median,
             t.b[k].median,
             100.0 * c.ratio,

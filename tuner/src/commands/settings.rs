@@ -117,7 +117,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
             "--min-reps must be at least 2 and --max-reps at least --min-reps".into(),
         ));
     }
-    if a.ubatch.iter().any(|&u| u == 0) {
+    if a.ubatch.contains(&0) {
         return Err(usage("--ubatch sizes must be at least 1".into()));
     }
     let (min_reps, max_reps, noise, per_candidate) = if a.quick {

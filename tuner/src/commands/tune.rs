@@ -27,25 +27,18 @@ fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<(After, Option<String>)> 
     // the model's own MTP heads whenever it has some (no second model to load either).
     let workload = args.workload.workload;
     let np = args.workload.parallel;
-    if np > 1 && !args.speculative.draft.is_empty() {
-        return Err(exit::Exit::new(
-            exit::USAGE,
-            format!(
-                "--draft with --parallel {np}: speculative decoding is measured for one request at a \
-                 time; leave out --parallel (or --draft)"
-            ),
-        ));
-    }
+    let drafts = !args.speculative.draft.is_empty();
     let ngram = crate::speculative::workload::text_repeats(workload) && !args.speculative.no_ngram;
     let mtp = crate::speculative::mtp::heads(&session::inspect_model(&args.model)?) > 0;
-    let wanted = !args.speculative.draft.is_empty() || ngram || mtp;
-    let skipped = (np > 1 && wanted).then(|| {
+    // Several requests at once are measured with draft models only.
+    let skipped = (np > 1 && (ngram || mtp)).then(|| {
         let kind = if mtp { "the model's MTP heads" } else { "n-gram" };
         format!(
-            "speculative decoding ({kind}) not tried: it is measured for one request at a time, not {np}"
+            "speculative decoding ({kind}) not tried: with {np} requests at once only draft models are measured"
         )
     });
-    let draft = if np > 1 || !wanted {
+    let wanted = drafts || (np == 1 && (ngram || mtp));
+    let draft = if !wanted {
         None
     } else {
         Some(settings::draft_search(

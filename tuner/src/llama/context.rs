@@ -178,6 +178,17 @@ impl Context {
         pos0: i32,
         all_logits: bool,
     ) -> Result<(), LlamaError> {
+        self.decode_seq_at(tokens, pos0, 0, all_logits)
+    }
+
+    /// [`Context::decode_at`] for sequence `seq` (one slot of several).
+    pub fn decode_seq_at(
+        &mut self,
+        tokens: &[i32],
+        pos0: i32,
+        seq: i32,
+        all_logits: bool,
+    ) -> Result<(), LlamaError> {
         let n_batch = self.n_batch.max(1) as usize;
         if all_logits && tokens.len() > n_batch {
             return Err(LlamaError::Decode {
@@ -195,7 +206,7 @@ impl Context {
             .map(|(i, &token)| SeqToken {
                 token,
                 pos: pos0 + i as i32,
-                seq: 0,
+                seq,
                 logits: all_logits || i == last,
             })
             .collect();
@@ -238,8 +249,25 @@ impl Context {
     /// Removes positions `from..` of sequence 0 from the KV cache (rolling back rejected draft
     /// tokens). False when llama.cpp cannot remove part of the sequence.
     pub fn truncate(&mut self, from: i32) -> bool {
+        self.truncate_seq(0, from)
+    }
+
+    /// [`Context::truncate`] for sequence `seq`.
+    pub fn truncate_seq(&mut self, seq: i32, from: i32) -> bool {
         // SAFETY: context is valid; the memory handle belongs to it.
-        unsafe { sys::llama_memory_seq_rm(sys::llama_get_memory(self.ptr.as_ptr()), 0, from, -1) }
+        unsafe { sys::llama_memory_seq_rm(sys::llama_get_memory(self.ptr.as_ptr()), seq, from, -1) }
+    }
+
+    /// Decodes `tokens` (several sequences) as one batch, so that [`Context::logits_ith`] reads
+    /// every output of it by its index in `tokens`: an error when they exceed n_batch.
+    pub fn decode_one_batch(&mut self, tokens: &[SeqToken]) -> Result<(), LlamaError> {
+        if tokens.len() > self.n_batch.max(1) as usize {
+            return Err(LlamaError::Decode {
+                status: -1,
+                log: format!("{} tokens exceed n_batch {}", tokens.len(), self.n_batch),
+            });
+        }
+        self.decode_sequences(tokens)
     }
 }
 

@@ -13,6 +13,8 @@ pub struct Model {
 
 // SAFETY: a llama_model is immutable after loading and may be shared between threads.
 unsafe impl Send for Model {}
+// SAFETY: as above: nothing mutates a loaded model; contexts on it only read it.
+unsafe impl Sync for Model {}
 
 impl Model {
     pub fn load(path: &Path, s: &ModelSettings) -> Result<Model, LlamaError> {

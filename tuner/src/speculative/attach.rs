@@ -55,15 +55,23 @@ pub fn attach(
     quiet: bool,
     show: bool,
 ) -> anyhow::Result<Option<String>> {
-    let ngram_too = super::workload::text_repeats(search.workload) && !search.ngram.is_empty();
+    // Several requests at once (`-np N`) are measured with draft models only.
+    let slots = profile.workload.n_parallel.max(1);
+    let ngram_too =
+        slots == 1 && super::workload::text_repeats(search.workload) && !search.ngram.is_empty();
     // The target's own MTP heads need no draft model: tried whenever it has some.
-    let mtp_too = super::mtp::heads(&tuned.info) > 0;
+    let mtp_too = slots == 1 && super::mtp::heads(&tuned.info) > 0;
     if (search.drafts.is_empty() && !ngram_too && !mtp_too) || stop.load(Ordering::Relaxed) {
         return Ok(None);
     }
     let w = &profile.winner;
     let settings = ModelSettings::for_candidate(w, &tuned.rpc);
-    let context = ContextSettings::for_candidate(w, profile.workload.n_ctx);
+    let slots = profile.workload.n_parallel.max(1);
+    let context = super::workload::for_slots(
+        ContextSettings::for_candidate(w, profile.workload.n_ctx),
+        slots,
+        search.grid.n_max.iter().max().copied().unwrap_or(0),
+    );
     let ngram = if ngram_too {
         search.ngram.clone()
     } else {
@@ -77,12 +85,19 @@ pub fn attach(
         context,
         grid: search.grid.clone(),
         ngram,
-        mtp: super::mtp::DEFAULT_N_MAX.to_vec(),
+        mtp: if mtp_too {
+            super::mtp::DEFAULT_N_MAX.to_vec()
+        } else {
+            Vec::new()
+        },
         discover: false,
-        prompts: super::workload::prompts_for(
-            search.workload,
-            search.prompts.clone(),
-            search.own_prompts,
+        prompts: super::workload::fill_slots(
+            super::workload::prompts_for(
+                search.workload,
+                search.prompts.clone(),
+                search.own_prompts,
+            ),
+            slots,
         ),
         n_gen: search.n_gen,
         reps: search.reps,

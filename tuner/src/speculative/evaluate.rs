@@ -285,7 +285,7 @@ fn examine(
                             &path,
                             &model.settings,
                             &model.context,
-                            DraftModel::N_OUTPUTS_MAX,
+                            model.n_outputs_max(),
                         ),
                     ) {
                         (_, Err(e)) => format!("failed: dry run: {e}"),
@@ -333,9 +333,7 @@ fn alternatives(
             path.display(),
             p.label()
         ));
-        if let Ok(d) =
-            helper.footprint(path, &alt.settings, &alt.context, DraftModel::N_OUTPUTS_MAX)
-        {
+        if let Ok(d) = helper.footprint(path, &alt.settings, &alt.context, alt.n_outputs_max()) {
             if overflow(target_mem, &d, &helper.s.budgets).is_none() {
                 alternatives.push(alt);
             }

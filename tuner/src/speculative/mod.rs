@@ -29,6 +29,7 @@ pub mod prompts;
 pub mod report;
 pub mod search;
 pub mod serve;
+pub mod together;
 pub mod verify;
 pub mod workload;
 

@@ -27,6 +27,12 @@ pub struct SpeculationReport {
     pub target_mem_bytes: Option<u64>,
     pub threads: u32,
     pub n_ctx: u32,
+    /// Requests generated at once (`-np`): the prompts in groups of this many, rates of all together.
+    #[serde(
+        default = "profiles::serde_one::one",
+        skip_serializing_if = "profiles::serde_one::is_one"
+    )]
+    pub n_parallel: u32,
     /// Tokens generated per prompt.
     pub n_gen: u32,
     pub prompts: Vec<PromptRef>,
@@ -93,6 +99,7 @@ impl SpeculationReport {
             target_mem_bytes,
             threads: context.threads,
             n_ctx: context.n_ctx,
+            n_parallel: context.sequences.max(1),
             n_gen,
             prompts: prompts
                 .iter()
@@ -289,8 +296,12 @@ impl SpeculationReport {
             k.dedup();
             k
         };
+        let together = match self.n_parallel {
+            1 => String::new(),
+            n => format!("; {n} requests at once (t/s of all together)"),
+        };
         out.push_str(&format!(
-            "prompts {} ({}), {} tokens each, greedy; {} threads, context {}; seed {}\n",
+            "prompts {} ({}), {} tokens each, greedy; {} threads, context {}{together}; seed {}\n",
             self.prompts.len(),
             kinds.join(", "),
             self.n_gen,
@@ -383,7 +394,15 @@ impl SpeculationReport {
                         .unwrap_or_default()
             })
             .collect();
-        if !kinds.is_empty() {
+        if !kinds.is_empty() && self.n_parallel > 1 {
+            out.push_str(&format!(
+                "acceptance by kind ({} {}; speed is of the {} requests together, not by kind): {}\n",
+                name(&d.path),
+                t.label(),
+                self.n_parallel,
+                kinds.join(", ")
+            ));
+        } else if !kinds.is_empty() {
             out.push_str(&format!(
                 "acceptance and speed-up against the target alone by kind ({} {}, median of the final rounds where measured there): {}\n",
                 name(&d.path),

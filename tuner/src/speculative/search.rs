@@ -106,7 +106,8 @@ pub struct KindAcceptance {
     pub accepted: u64,
     pub acceptance: f64,
     /// Effective generation speed of this kind's prompts: the median of the final comparison's
-    /// interleaved rounds for its finalists and the baseline, else the first pass.
+    /// interleaved rounds for its finalists and the baseline, else the first pass; 0 when several
+    /// requests ran at once (their group's time is not one kind's).
     pub tg_tps: f64,
 }
 
@@ -532,8 +533,12 @@ fn rate(runs: &[PromptRun]) -> f64 {
     }
 }
 
-/// Generation speed per prompt kind of one pass.
-fn kind_rates(runs: &[PromptRun], prompts: &[Prompt]) -> Vec<(String, f64)> {
+/// Generation speed per prompt kind of one pass; none when several requests ran at once
+/// (`slots` > 1): a group's prompts share its time, which is no one kind's.
+fn kind_rates(runs: &[PromptRun], prompts: &[Prompt], slots: u32) -> Vec<(String, f64)> {
+    if slots > 1 {
+        return Vec::new();
+    }
     let mut kinds: Vec<&str> = prompts.iter().map(|p| p.kind.as_str()).collect();
     kinds.dedup();
     kinds
@@ -638,10 +643,15 @@ impl Runner<'_> {
             self.worker = Some(Worker::spawn().map_err(|e| format!("cannot start a worker: {e}"))?);
         }
         let n_prompts = prompts.len();
-        let request = Request::Speculate(SpeculateRequest {
+        // Following an output checks its tokens, not speed: one sequence does it.
+        let context = match follow {
+            Some(_) => self.s.context.clone().with_sequences(1),
+            None => self.s.context.clone(),
+        };
+        let request = Request::Speculate(Box::new(SpeculateRequest {
             target: self.s.target.clone(),
             settings: self.s.settings.clone(),
-            context: self.s.context.clone(),
+            context,
             draft: draft.map(|(m, p)| (m.clone(), p)),
             ngram,
             mtp,
@@ -649,7 +659,7 @@ impl Runner<'_> {
             n_gen: self.s.n_gen,
             follow,
             fault: self.s.fault,
-        });
+        }));
         let worker = self.worker.as_mut().expect("spawned above");
         let timeout = self.s.trial_timeout.saturating_mul(n_prompts.max(1) as u32);
         match worker.call(&request, timeout, self.stop) {
@@ -704,7 +714,7 @@ impl Runner<'_> {
                         drafted: 0,
                         accepted: 0,
                         acceptance: 0.0,
-                        tg_tps: kind_rates(runs, &self.s.prompts)
+                        tg_tps: kind_rates(runs, &self.s.prompts, self.s.context.sequences)
                             .into_iter()
                             .find(|(k, _)| *k == prompt.kind)
                             .map_or(0.0, |x| x.1),

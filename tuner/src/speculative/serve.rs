@@ -23,7 +23,7 @@ pub use crate::worker::protocol::{
     SpeculateRequest,
 };
 use crate::worker::protocol::{LoadReport, Response};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -96,13 +96,13 @@ thread_local! {
 /// Makes sure `slot` holds this model with this context; true when anything was (re)created.
 fn ensure(
     slot: &mut Option<Loaded>,
-    path: &PathBuf,
+    path: &Path,
     settings: &ModelSettings,
     context: &ContextSettings,
     n_outputs_max: u32,
     with_mtp: bool,
 ) -> Result<bool, Response> {
-    let key = (path.clone(), settings.clone());
+    let key = (path.to_path_buf(), settings.clone());
     let mut fresh = false;
     if slot
         .as_ref()
@@ -187,6 +187,9 @@ fn settings_error(r: &SpeculateRequest) -> Option<String> {
             return Some("a followed output needs one non-empty token list per prompt".into());
         }
     }
+    if let Some(e) = together_error(r) {
+        return Some(e);
+    }
     if let Some(e) = super::ngram::request_error(r) {
         return Some(e);
     }
@@ -203,6 +206,42 @@ fn settings_error(r: &SpeculateRequest) -> Option<String> {
         }
     }
     None
+}
+
+/// What several requests at once (the context's sequences) cannot be measured with, if anything.
+fn together_error(r: &SpeculateRequest) -> Option<String> {
+    let n = r.context.sequences.max(1);
+    if n == 1 {
+        return None;
+    }
+    if r.follow.is_some() || r.fault.is_some() || r.ngram.is_some() || r.mtp.is_some() {
+        return Some(format!(
+            "{n} sequences at once are measured with a draft model or the target alone only"
+        ));
+    }
+    if r.prompts.is_empty() || !r.prompts.len().is_multiple_of(n as usize) {
+        return Some(format!(
+            "{} prompts do not make groups of {n} sequences",
+            r.prompts.len()
+        ));
+    }
+    let Some((d, p)) = &r.draft else {
+        return None;
+    };
+    if d.context.sequences.max(1) != n {
+        return Some(format!(
+            "the draft's context has {} sequences, the target's {n}",
+            d.context.sequences.max(1)
+        ));
+    }
+    let batch = n * (p.n_max + 1);
+    let n_batch = r.context.n_batch.min(d.context.n_batch);
+    (batch > n_batch).then(|| {
+        format!(
+            "{n} sequences of n_max {} need n_batch of at least {batch}",
+            p.n_max
+        )
+    })
 }
 
 /// Makes sure the target (and the draft, if any) are loaded with the request's settings; true when
@@ -226,7 +265,7 @@ fn load(state: &mut WorkerState, r: &SpeculateRequest) -> Result<bool, Response>
             &d.path,
             &d.settings,
             &d.context,
-            DraftModel::N_OUTPUTS_MAX,
+            d.n_outputs_max(),
             false,
         )?;
     }
@@ -250,7 +289,9 @@ pub(super) fn prompt_set(model: &Model, r: &SpeculateRequest) -> Result<Vec<Vec<
     }
     let mut prompts = Vec::with_capacity(r.prompts.len());
     for text in &r.prompts {
-        match prompt_tokens(model, text, r.context.n_ctx.saturating_sub(reserve)) {
+        // Each sequence holds its share of the context (llama.cpp's KV streams, not unified).
+        let per_sequence = r.context.n_ctx / r.context.sequences.max(1);
+        match prompt_tokens(model, text, per_sequence.saturating_sub(reserve)) {
             Ok(t) => prompts.push(t),
             Err(e) => return Err(failed("tokenize", e)),
         }
@@ -281,6 +322,10 @@ fn generate_all(
         };
         generate(model, tctx, d, &prompts[0], &warm_up)?;
     }
+    let slots = r.context.sequences.max(1) as usize;
+    if slots > 1 {
+        return generate_in_groups(model, tctx, dctx, prompts, r, fresh, slots);
+    }
     let mut runs = Vec::with_capacity(prompts.len());
     for (i, p) in prompts.iter().enumerate() {
         let d = dctx.as_mut().map(|(c, p)| (&mut **c, *p));
@@ -292,6 +337,38 @@ fn generate_all(
             ngram: r.ngram,
         };
         runs.push(generate(model, tctx, d, p, &g)?);
+    }
+    Ok(runs)
+}
+
+/// [`generate_all`] for several requests at once: the prompts in groups of `slots`, each group
+/// generated together ([`super::together`]), after a discarded warm-up on the first when `fresh`.
+fn generate_in_groups(
+    model: &Model,
+    tctx: &mut Context,
+    mut dctx: Option<(&mut Context, DraftParams)>,
+    prompts: &[Vec<i32>],
+    r: &SpeculateRequest,
+    fresh: bool,
+    slots: usize,
+) -> Result<Vec<PromptRun>, LlamaError> {
+    let mut g = Generation {
+        n_gen: 4,
+        follow: None,
+        fault: None,
+        ngram: None,
+    };
+    if fresh {
+        let d = dctx.as_mut().map(|(c, p)| (&mut **c, *p));
+        super::together::generate_together(model, tctx, d, &prompts[..slots], &g)?;
+    }
+    g.n_gen = r.n_gen as usize;
+    let mut runs = Vec::with_capacity(prompts.len());
+    for group in prompts.chunks(slots) {
+        let d = dctx.as_mut().map(|(c, p)| (&mut **c, *p));
+        runs.extend(super::together::generate_together(
+            model, tctx, d, group, &g,
+        )?);
     }
     Ok(runs)
 }

@@ -5,6 +5,7 @@
 
 use super::prompts::Prompt;
 use crate::cli::WorkloadPreset;
+use crate::llama::ContextSettings;
 
 /// The built-in prompt kinds a preset stands for: chat is chat; an agent reads and writes code and
 /// repeats its tool calls' text; a long prompt is a document to summarise.
@@ -39,6 +40,27 @@ pub fn prompts_for(w: Option<WorkloadPreset>, prompts: Vec<Prompt>, own: bool) -
     }
 }
 
+/// The prompts for `slots` requests at once: the list repeated from its start until it makes whole
+/// groups of `slots` (each group is generated together); unchanged for one slot.
+pub fn fill_slots(prompts: Vec<Prompt>, slots: u32) -> Vec<Prompt> {
+    let n = slots.max(1) as usize;
+    if prompts.is_empty() || prompts.len().is_multiple_of(n) {
+        return prompts;
+    }
+    let whole = prompts.len().div_ceil(n) * n;
+    prompts.iter().cycle().take(whole).cloned().collect()
+}
+
+/// The context for `slots` requests at once: one sequence each, and a batch that holds every
+/// slot's last token and longest draft (`n_max`) at once, as the check of a round decodes them.
+pub fn for_slots(context: ContextSettings, slots: u32, n_max: u32) -> ContextSettings {
+    let n_batch = context.n_batch.max(slots.max(1) * (n_max + 1));
+    ContextSettings {
+        n_batch,
+        ..context.with_sequences(slots)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +82,30 @@ mod tests {
             all,
             "the user's own prompts are their workload"
         );
+    }
+
+    #[test]
+    fn prompts_make_whole_groups_of_slots() {
+        let all = built_in();
+        let three: Vec<Prompt> = all.iter().take(3).cloned().collect();
+        assert_eq!(fill_slots(three.clone(), 1), three);
+        let four = fill_slots(three.clone(), 4);
+        assert_eq!(four.len(), 4);
+        assert_eq!(four[3], three[0], "repeated from the start");
+        assert_eq!(fill_slots(three.clone(), 3), three);
+        assert_eq!(fill_slots(three.clone(), 2).len(), 4);
+        assert!(fill_slots(Vec::new(), 4).is_empty());
+    }
+
+    #[test]
+    fn the_context_of_slots_holds_every_slots_draft_in_one_batch() {
+        let mut c = search_space::Candidate::llama_default(2, 0);
+        c.n_batch = 64;
+        let base = ContextSettings::for_candidate(&c, 4096);
+        let one = for_slots(base.clone(), 1, 16);
+        assert_eq!((one.sequences, one.n_batch), (1, 64));
+        let eight = for_slots(base, 8, 16);
+        assert_eq!((eight.sequences, eight.n_batch), (8, 136));
     }
 
     #[test]

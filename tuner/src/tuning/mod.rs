@@ -78,7 +78,7 @@ impl Plan {
     ) -> anyhow::Result<TuneSettings> {
         let logical = machine.logical_cpus.max(1);
         let physical = machine.physical_cores.max(1);
-        let cpus = crate::inputs::logical_cpus().max(logical as u32);
+        let cpus = crate::inputs::logical_cpus().max(logical);
         let given = |flag: &str, t: &[u32]| -> anyhow::Result<Vec<u32>> {
             crate::inputs::threads(flag, t, cpus)?;
             Ok(t.to_vec())

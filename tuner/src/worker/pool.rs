@@ -139,7 +139,7 @@ impl Measurer for Workers {
         stop: &dyn Fn() -> bool,
     ) -> Result<Repetition, TrialFailure> {
         match self.pool.call(&Request::Measure(req.clone()), stop)? {
-            Response::Measured(rep) => Ok(rep),
+            Response::Measured(rep) => Ok(*rep),
             // A worker answers a measurement with a repetition or a refusal (an `Err` above).
             _ => Err(TrialFailure::Refused {
                 stage: "measure".into(),

@@ -38,7 +38,7 @@ pub enum Request {
     /// Is a draft model's vocabulary compatible with a target's (`autotune draft`)?
     DraftCheck(CheckRequest),
     /// Greedy generation over a prompt set, with a draft model (speculative decoding) or without.
-    Speculate(SpeculateRequest),
+    Speculate(Box<SpeculateRequest>),
     /// The memory of a draft (or target) for speculative decoding, from a dry run; answered `Footprint`.
     SpecFootprint(FootprintRequest),
     /// llama.cpp's own fit (`common_fit_params`) under given budgets (`autotune fit`).
@@ -61,7 +61,7 @@ pub struct BandwidthRequest {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Response {
-    Measured(Repetition),
+    Measured(Box<Repetition>),
     Footprint(LoadReport),
     /// llama.cpp refused (returned an error) without crashing.
     Failed {
@@ -153,7 +153,7 @@ pub struct CheckAnswer {
 }
 
 /// The memory of a model with a context, from a dry-run load (no_alloc): what llama.cpp's own
-/// accounting says per device. `n_outputs_max` as [`DraftModel::N_OUTPUTS_MAX`] for a draft.
+/// accounting says per device. `n_outputs_max` as [`DraftModel::n_outputs_max`] for a draft.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FootprintRequest {
     pub path: PathBuf,
@@ -171,9 +171,11 @@ pub struct DraftModel {
 }
 
 impl DraftModel {
-    /// Outputs per batch of the draft's context: it only ever needs the last token's logits
-    /// (llama-server's draft context has the same limit).
-    pub const N_OUTPUTS_MAX: u32 = 1;
+    /// Outputs per batch of the draft's context: it only ever needs each sequence's last token's
+    /// logits (llama-server's draft context has the same limit: one per slot).
+    pub fn n_outputs_max(&self) -> u32 {
+        self.context.sequences.max(1)
+    }
 
     /// Its GPU layers and KV-cache types.
     pub fn placement(&self) -> DraftPlacement {

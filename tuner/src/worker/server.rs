@@ -258,7 +258,7 @@ impl WorkerState {
                 if let Some(l) = r.load.as_mut() {
                     self.fill_actual(l);
                 }
-                Response::Measured(r)
+                Response::Measured(Box::new(r))
             }
             Err(e) => Response::Failed {
                 stage: "decode".into(),

@@ -107,7 +107,7 @@ fn final_rounds(
             match final_pass(r, candidates, entries, finalist, progress) {
                 Ok(runs) => {
                     rounds.tg[slot].push(rate(&runs));
-                    rounds.by_kind[slot].push(kind_rates(&runs, &s.prompts));
+                    rounds.by_kind[slot].push(kind_rates(&runs, &s.prompts, s.context.sequences));
                 }
                 Err(e) => {
                     outcome.confirm_error = Some(format!(

@@ -1,0 +1,260 @@
+//! Speculative decoding for several requests at once (`--parallel N`): N prompts decoded as the N
+//! sequences of one context, llama-server's slots, the way its `draft-simple` serves them. Each
+//! round the draft proposes for every slot in shared batches (the tokens each slot's draft cache
+//! lacks, then one token per slot still drafting, each step), the target checks every slot's last
+//! token and draft in one batch, and each slot's caches roll back its own rejected positions. The
+//! target alone runs the same loop without a draft: one token per slot each step, which is how a
+//! server generates for N clients.
+//!
+//! Times are those of the N together: each prompt's run carries an Nth of its group's generation
+//! time, so the search's rate (tokens over seconds, summed over runs) is the aggregate rate of N
+//! requests at once. Prompts are processed one slot at a time (their logits are read as they end).
+
+use super::logits::top_with_probability;
+use super::serve::{rollback_failed, take, Generation, PromptRun};
+use super::DraftParams;
+use crate::llama::{Context, LlamaError, Model, SeqToken};
+use std::time::Instant;
+
+/// One slot: its sequence, what it holds and what it has produced.
+struct Slot {
+    seq: i32,
+    /// The prompt and the tokens taken so far; the last is not yet in the target's cache.
+    tokens: Vec<i32>,
+    /// How many of `tokens` the draft's cache holds.
+    draft_kv: usize,
+    run: PromptRun,
+}
+
+impl Slot {
+    fn done(&self, model: &Model, n_gen: usize) -> bool {
+        self.run.tokens.len() >= n_gen || model.is_eog(*self.run.tokens.last().expect("one token"))
+    }
+
+    /// Tokens it may still draft this round (none past the tokens wanted).
+    fn cap(&self, p: &DraftParams, n_gen: usize) -> usize {
+        (p.n_max as usize).min(n_gen.saturating_sub(self.run.tokens.len() + 1))
+    }
+}
+
+/// Generates over `prompts` at once, one sequence each, with or without a draft.
+pub(super) fn generate_together(
+    model: &Model,
+    target: &mut Context,
+    mut draft: Option<(&mut Context, DraftParams)>,
+    prompts: &[Vec<i32>],
+    g: &Generation,
+) -> Result<Vec<PromptRun>, LlamaError> {
+    target.clear();
+    if let Some((d, _)) = draft.as_mut() {
+        d.clear();
+    }
+    let mut slots = Vec::with_capacity(prompts.len());
+    for (i, p) in prompts.iter().enumerate() {
+        let d = draft.as_mut().map(|(d, _)| &mut **d);
+        slots.push(start(target, d, i as i32, p, g)?);
+    }
+    let t = Instant::now();
+    loop {
+        let active: Vec<usize> = (0..slots.len())
+            .filter(|&i| !slots[i].done(model, g.n_gen))
+            .collect();
+        if active.is_empty() {
+            break;
+        }
+        let drafted = match draft.as_mut() {
+            Some((d, p)) => propose(d, p, &mut slots, &active, g.n_gen)?,
+            None => vec![Vec::new(); active.len()],
+        };
+        let choices = verify(target, &slots, &active, &drafted, g)?;
+        for ((&i, drafted), choices) in active.iter().zip(&drafted).zip(choices) {
+            let s = &mut slots[i];
+            let accepted = choices.len() - 1;
+            s.run.rounds += 1;
+            s.run.drafted += drafted.len() as u32;
+            s.run.accepted += accepted as u32;
+            // The last token and the accepted draft stay; the rejected positions leave both caches.
+            let keep = s.tokens.len() + accepted;
+            if accepted < drafted.len() && !target.truncate_seq(s.seq, keep as i32) {
+                return Err(rollback_failed("target"));
+            }
+            if let Some((d, _)) = draft.as_mut() {
+                if s.draft_kv > keep {
+                    if !d.truncate_seq(s.seq, keep as i32) {
+                        return Err(rollback_failed("draft"));
+                    }
+                    s.draft_kv = keep;
+                }
+            }
+            take(
+                model,
+                &mut s.run,
+                &mut s.tokens,
+                choices,
+                &drafted[..accepted],
+                g,
+            );
+        }
+    }
+    target.synchronize();
+    let share = t.elapsed().as_secs_f64() / slots.len().max(1) as f64;
+    Ok(slots
+        .into_iter()
+        .map(|mut s| {
+            s.run.gen_seconds = share;
+            s.run
+        })
+        .collect())
+}
+
+/// A slot's prompt: the target decodes it as sequence `seq` (timed) and chooses the first token;
+/// the draft, if any, decodes it too.
+fn start(
+    target: &mut Context,
+    draft: Option<&mut Context>,
+    seq: i32,
+    prompt: &[i32],
+    g: &Generation,
+) -> Result<Slot, LlamaError> {
+    let mut run = PromptRun {
+        prompt_tokens: prompt.len() as u32,
+        ..PromptRun::default()
+    };
+    let t = Instant::now();
+    target.decode_seq_at(prompt, 0, seq, false)?;
+    target.synchronize();
+    run.prompt_seconds = t.elapsed().as_secs_f64();
+    let first = g.observe(target.last_logits(), 0);
+    let mut draft_kv = 0;
+    if let Some(d) = draft {
+        let t = Instant::now();
+        d.decode_seq_at(prompt, 0, seq, false)?;
+        d.synchronize();
+        run.draft_prompt_seconds = t.elapsed().as_secs_f64();
+        draft_kv = prompt.len();
+    }
+    let mut tokens = prompt.to_vec();
+    tokens.push(first.token());
+    run.tokens.push(first.token());
+    run.choices.push(first);
+    Ok(Slot {
+        seq,
+        tokens,
+        draft_kv,
+        run,
+    })
+}
+
+/// The draft's proposals for the `active` slots, in their order: greedy while its top probability
+/// stays at or above p_min, at most n_max each, none when shorter than n_min. Every step is one
+/// batch of all the slots still drafting.
+fn propose(
+    d: &mut Context,
+    p: &DraftParams,
+    slots: &mut [Slot],
+    active: &[usize],
+    n_gen: usize,
+) -> Result<Vec<Vec<i32>>, LlamaError> {
+    let mut drafted = vec![Vec::new(); active.len()];
+    let mut batch: Vec<SeqToken> = Vec::new();
+    // (index into `active`, its output's index in the batch)
+    let mut drafting: Vec<(usize, usize)> = Vec::new();
+    for (k, &i) in active.iter().enumerate() {
+        let s = &mut slots[i];
+        if s.cap(p, n_gen) == 0 {
+            continue;
+        }
+        let last = s.tokens.len() - 1;
+        for (j, &token) in s.tokens.iter().enumerate().skip(s.draft_kv) {
+            batch.push(SeqToken {
+                token,
+                pos: j as i32,
+                seq: s.seq,
+                logits: j == last,
+            });
+        }
+        s.draft_kv = s.tokens.len();
+        drafting.push((k, batch.len() - 1));
+    }
+    while !drafting.is_empty() {
+        d.decode_one_batch(&batch)?;
+        batch.clear();
+        let mut still = Vec::new();
+        for &(k, at) in &drafting {
+            let s = &mut slots[active[k]];
+            let (token, prob) = top_with_probability(d.logits_ith(at as i32));
+            if prob < p.p_min {
+                continue;
+            }
+            drafted[k].push(token);
+            if drafted[k].len() >= s.cap(p, n_gen) {
+                continue;
+            }
+            batch.push(SeqToken {
+                token,
+                pos: s.draft_kv as i32,
+                seq: s.seq,
+                logits: true,
+            });
+            s.draft_kv += 1;
+            still.push((k, batch.len() - 1));
+        }
+        drafting = still;
+    }
+    for d in &mut drafted {
+        if d.len() < p.n_min as usize {
+            d.clear();
+        }
+    }
+    Ok(drafted)
+}
+
+/// The target decodes every active slot's last token and draft in one batch; for each slot, its
+/// choice after each accepted draft token, then its own next one.
+fn verify(
+    target: &mut Context,
+    slots: &[Slot],
+    active: &[usize],
+    drafted: &[Vec<i32>],
+    g: &Generation,
+) -> Result<Vec<Vec<super::logits::Choice>>, LlamaError> {
+    let mut batch: Vec<SeqToken> = Vec::new();
+    let mut offsets = Vec::with_capacity(active.len());
+    for (&i, d) in active.iter().zip(drafted) {
+        let s = &slots[i];
+        let pos0 = s.tokens.len() - 1;
+        offsets.push(batch.len());
+        for (j, &token) in std::iter::once(&s.tokens[pos0]).chain(d).enumerate() {
+            batch.push(SeqToken {
+                token,
+                pos: (pos0 + j) as i32,
+                seq: s.seq,
+                logits: true,
+            });
+        }
+    }
+    target.decode_one_batch(&batch)?;
+    let mut out = Vec::with_capacity(active.len());
+    for ((&i, d), &at) in active.iter().zip(drafted).zip(&offsets) {
+        let generated = slots[i].run.tokens.len();
+        let mut choices = Vec::with_capacity(d.len() + 1);
+        loop {
+            let accepted = choices.len();
+            let logits = target.logits_ith((at + accepted) as i32);
+            if logits.is_empty() {
+                return Err(LlamaError::Decode {
+                    status: -1,
+                    log: format!("no logits for batch position {}", at + accepted),
+                });
+            }
+            let choice = g.observe(logits, generated + accepted);
+            let token = choice.token();
+            choices.push(choice);
+            if accepted >= d.len() || d[accepted] != token {
+                break;
+            }
+        }
+        out.push(choices);
+    }
+    Ok(out)
+}
