@@ -84,8 +84,6 @@ fn setup(
     let threads = a.threads.unwrap_or(d.machine.physical_cores).max(1);
     let longest = search.ngram.size_m.iter().max().copied().unwrap_or(0);
     let longest = longest.max(search.grid.n_max.iter().max().copied().unwrap_or(16));
-    let n_batch = 2048u32.max(longest + 1);
-    use crate::speculative::workload::{fill_slots, for_slots};
     Ok(Setup {
         target,
         target_info: info,
@@ -101,23 +99,7 @@ fn setup(
             tensor_split: Vec::new(),
             split_mode: Default::default(),
         },
-        context: for_slots(
-            ContextSettings {
-                n_ctx: a.ctx,
-                n_batch,
-                n_ubatch: 512,
-                threads,
-                threads_batch: None,
-                type_k: a.cache_type_k,
-                type_v: a.cache_type_v,
-                flash_attn: a.flash_attn,
-                op_offload: Default::default(),
-                kv_offload: Default::default(),
-                sequences: 1,
-            },
-            a.parallel,
-            longest,
-        ),
+        context: context(a, threads, longest),
         grid: search.grid,
         // Several requests at once are measured with draft models only.
         ngram: if a.parallel > 1 {
@@ -131,7 +113,7 @@ fn setup(
             crate::speculative::mtp::DEFAULT_N_MAX.to_vec()
         },
         discover: true,
-        prompts: fill_slots(
+        prompts: crate::speculative::workload::fill_slots(
             crate::speculative::workload::prompts_for(
                 search.workload,
                 search.prompts,
@@ -148,4 +130,26 @@ fn setup(
         budgets: session::budgets_of(&[], a.mem_margin, &d.machine)?,
         llama_version: d.llama_version.clone(),
     })
+}
+
+/// Both models' context: the flags', with a batch that holds the longest draft of every slot.
+fn context(a: &DraftArgs, threads: u32, longest: u32) -> ContextSettings {
+    let n_batch = 2048u32.max(longest + 1);
+    crate::speculative::workload::for_slots(
+        ContextSettings {
+            n_ctx: a.ctx,
+            n_batch,
+            n_ubatch: 512,
+            threads,
+            threads_batch: None,
+            type_k: a.cache_type_k,
+            type_v: a.cache_type_v,
+            flash_attn: a.flash_attn,
+            op_offload: Default::default(),
+            kv_offload: Default::default(),
+            sequences: 1,
+        },
+        a.parallel,
+        longest,
+    )
 }

@@ -64,9 +64,48 @@ pub fn attach(
     if (search.drafts.is_empty() && !ngram_too && !mtp_too) || stop.load(Ordering::Relaxed) {
         return Ok(None);
     }
+    let setup = setup(search, tuned, profile, ngram_too, mtp_too);
+    let bar = crate::term::bar(
+        quiet,
+        "{spinner} [{elapsed_precise}] speculative decoding: {wide_msg}",
+    );
+    let progress = |m: &str| {
+        if let Some(b) = &bar {
+            b.set_message(m.to_string());
+        }
+    };
+    let stop_fn = || stop.load(Ordering::Relaxed);
+    let report = evaluate::evaluate(&setup, &stop_fn, &progress);
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    if show {
+        eprint!("{}", report.render());
+    }
+    if report.interrupted || stop.load(Ordering::Relaxed) {
+        return Ok(Some("speculative decoding: the draft search was interrupted; run again to measure the drafts".into()));
+    }
+    match &report.winner {
+        Some(win) if win.ngram.is_some() => profile.ngram = ngram_settings(win, &setup),
+        Some(win) if win.mtp.is_some() => profile.mtp = mtp_settings(win, &setup),
+        Some(win) => profile.draft = Some(draft_settings(win, &setup)?),
+        None => {}
+    }
+    Ok(Some(report.conclusion.clone()))
+}
+
+/// What the search measures: the winner's placement and context (for the profile's slots, which
+/// get the prompts in whole groups), with n-gram and MTP speculation where they are tried.
+fn setup(
+    search: &DraftSearch,
+    tuned: &Tuned,
+    profile: &Profile,
+    ngram_too: bool,
+    mtp_too: bool,
+) -> Setup {
+    let slots = profile.workload.n_parallel.max(1);
     let w = &profile.winner;
     let settings = ModelSettings::for_candidate(w, &tuned.rpc);
-    let slots = profile.workload.n_parallel.max(1);
     let context = super::workload::for_slots(
         ContextSettings::for_candidate(w, profile.workload.n_ctx),
         slots,
@@ -77,7 +116,7 @@ pub fn attach(
     } else {
         super::ngram::NgramGrid::default()
     };
-    let setup = Setup {
+    Setup {
         target: profile.model.path.clone(),
         target_info: tuned.info.clone(),
         drafts: search.drafts.clone(),
@@ -107,34 +146,7 @@ pub fn attach(
         budget: search.budget,
         budgets: tuned.run.settings.budgets.clone(),
         llama_version: profile.llama.version.clone(),
-    };
-    let bar = crate::term::bar(
-        quiet,
-        "{spinner} [{elapsed_precise}] speculative decoding: {wide_msg}",
-    );
-    let progress = |m: &str| {
-        if let Some(b) = &bar {
-            b.set_message(m.to_string());
-        }
-    };
-    let stop_fn = || stop.load(Ordering::Relaxed);
-    let report = evaluate::evaluate(&setup, &stop_fn, &progress);
-    if let Some(b) = &bar {
-        b.finish_and_clear();
     }
-    if show {
-        eprint!("{}", report.render());
-    }
-    if report.interrupted || stop.load(Ordering::Relaxed) {
-        return Ok(Some("speculative decoding: the draft search was interrupted; run again to measure the drafts".into()));
-    }
-    match &report.winner {
-        Some(win) if win.ngram.is_some() => profile.ngram = ngram_settings(win, &setup),
-        Some(win) if win.mtp.is_some() => profile.mtp = mtp_settings(win, &setup),
-        Some(win) => profile.draft = Some(draft_settings(win, &setup)?),
-        None => {}
-    }
-    Ok(Some(report.conclusion.clone()))
 }
 
 /// The prompt kinds the search measured on, in order, once each.
