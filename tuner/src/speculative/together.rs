@@ -1,10 +1,11 @@
 //! Speculative decoding for several requests at once (`--parallel N`): N prompts decoded as the N
-//! sequences of one context, llama-server's slots, the way its `draft-simple` serves them. Each
-//! round the draft proposes for every slot in shared batches (the tokens each slot's draft cache
-//! lacks, then one token per slot still drafting, each step), the target checks every slot's last
-//! token and draft in one batch, and each slot's caches roll back its own rejected positions. The
-//! target alone runs the same loop without a draft: one token per slot each step, which is how a
-//! server generates for N clients.
+//! sequences of one context, llama-server's slots, the way its `draft-simple` serves them
+//! ([`super::serve`] for one). Each round the draft proposes for every slot in shared batches (each
+//! slot's last accepted token, then one token per slot still drafting, each step) and its cache drops
+//! the drafted positions again; the target checks every slot's last token and draft in one batch, the
+//! draft decodes that same batch after it, and each slot's caches roll back its own rejected
+//! positions. The target alone runs the same loop without a draft: one token per slot each step,
+//! which is how a server generates for N clients.
 //!
 //! Times are those of the N together: each prompt's run carries an Nth of its group's generation
 //! time, so the search's rate (tokens over seconds, summed over runs) is the aggregate rate of N
@@ -19,10 +20,8 @@ use std::time::Instant;
 /// One slot: its sequence, what it holds and what it has produced.
 struct Slot {
     seq: i32,
-    /// The prompt and the tokens taken so far; the last is not yet in the target's cache.
+    /// The prompt and the tokens taken so far; the last is not yet in either cache.
     tokens: Vec<i32>,
-    /// How many of `tokens` the draft's cache holds.
-    draft_kv: usize,
     run: PromptRun,
 }
 
@@ -63,10 +62,22 @@ pub(super) fn generate_together(
             break;
         }
         let drafted = match draft.as_mut() {
-            Some((d, p)) => propose(d, p, &mut slots, &active, g.n_gen)?,
+            Some((d, p)) => propose(d, p, &slots, &active, g.n_gen)?,
             None => vec![Vec::new(); active.len()],
         };
-        let choices = verify(target, &slots, &active, &drafted, g)?;
+        let (batch, choices) = verify(target, &slots, &active, &drafted, g)?;
+        if let Some((d, _)) = draft.as_mut() {
+            // llama-server re-evaluates every batch the target decodes on the draft, with an output
+            // for its last token only.
+            let last = batch.len() - 1;
+            let again: Vec<SeqToken> = (batch.iter().enumerate())
+                .map(|(j, t)| SeqToken {
+                    logits: j == last,
+                    ..*t
+                })
+                .collect();
+            d.decode_one_batch(&again)?;
+        }
         for ((&i, drafted), choices) in active.iter().zip(&drafted).zip(choices) {
             let s = &mut slots[i];
             let accepted = choices.len() - 1;
@@ -79,11 +90,8 @@ pub(super) fn generate_together(
                 return Err(rollback_failed("target"));
             }
             if let Some((d, _)) = draft.as_mut() {
-                if s.draft_kv > keep {
-                    if !d.truncate_seq(s.seq, keep as i32) {
-                        return Err(rollback_failed("draft"));
-                    }
-                    s.draft_kv = keep;
+                if accepted < drafted.len() && !d.truncate_seq(s.seq, keep as i32) {
+                    return Err(rollback_failed("draft"));
                 }
             }
             take(
@@ -125,33 +133,27 @@ fn start(
     target.synchronize();
     run.prompt_seconds = t.elapsed().as_secs_f64();
     let first = g.observe(target.last_logits(), 0);
-    let mut draft_kv = 0;
     if let Some(d) = draft {
         let t = Instant::now();
         d.decode_seq_at(prompt, 0, seq, false)?;
         d.synchronize();
         run.draft_prompt_seconds = t.elapsed().as_secs_f64();
-        draft_kv = prompt.len();
     }
     let mut tokens = prompt.to_vec();
     tokens.push(first.token());
     run.tokens.push(first.token());
     run.choices.push(first);
-    Ok(Slot {
-        seq,
-        tokens,
-        draft_kv,
-        run,
-    })
+    Ok(Slot { seq, tokens, run })
 }
 
 /// The draft's proposals for the `active` slots, in their order: greedy while its top probability
 /// stays at or above p_min, at most n_max each, none when shorter than n_min. Every step is one
-/// batch of all the slots still drafting.
+/// batch of all the slots still drafting: first each one's last accepted token, then its last
+/// drafted one. The drafted positions leave the draft's cache again afterwards, as in the server.
 fn propose(
     d: &mut Context,
     p: &DraftParams,
-    slots: &mut [Slot],
+    slots: &[Slot],
     active: &[usize],
     n_gen: usize,
 ) -> Result<Vec<Vec<i32>>, LlamaError> {
@@ -160,28 +162,26 @@ fn propose(
     // (index into `active`, its output's index in the batch)
     let mut drafting: Vec<(usize, usize)> = Vec::new();
     for (k, &i) in active.iter().enumerate() {
-        let s = &mut slots[i];
+        let s = &slots[i];
         if s.cap(p, n_gen) == 0 {
             continue;
         }
-        let last = s.tokens.len() - 1;
-        for (j, &token) in s.tokens.iter().enumerate().skip(s.draft_kv) {
-            batch.push(SeqToken {
-                token,
-                pos: j as i32,
-                seq: s.seq,
-                logits: j == last,
-            });
-        }
-        s.draft_kv = s.tokens.len();
+        let n_past = s.tokens.len() - 1;
+        batch.push(SeqToken {
+            token: s.tokens[n_past],
+            pos: n_past as i32,
+            seq: s.seq,
+            logits: true,
+        });
         drafting.push((k, batch.len() - 1));
     }
+    let started: Vec<usize> = drafting.iter().map(|&(k, _)| k).collect();
     while !drafting.is_empty() {
         d.decode_one_batch(&batch)?;
         batch.clear();
         let mut still = Vec::new();
         for &(k, at) in &drafting {
-            let s = &mut slots[active[k]];
+            let s = &slots[active[k]];
             let (token, prob) = top_with_probability(d.logits_ith(at as i32));
             if prob < p.p_min {
                 continue;
@@ -192,14 +192,19 @@ fn propose(
             }
             batch.push(SeqToken {
                 token,
-                pos: s.draft_kv as i32,
+                pos: (s.tokens.len() - 1 + drafted[k].len()) as i32,
                 seq: s.seq,
                 logits: true,
             });
-            s.draft_kv += 1;
             still.push((k, batch.len() - 1));
         }
         drafting = still;
+    }
+    for k in started {
+        let s = &slots[active[k]];
+        if !d.truncate_seq(s.seq, (s.tokens.len() - 1) as i32) {
+            return Err(rollback_failed("draft"));
+        }
     }
     for d in &mut drafted {
         if d.len() < p.n_min as usize {
@@ -210,14 +215,14 @@ fn propose(
 }
 
 /// The target decodes every active slot's last token and draft in one batch; for each slot, its
-/// choice after each accepted draft token, then its own next one.
+/// choice after each accepted draft token, then its own next one. Returns the batch too.
 fn verify(
     target: &mut Context,
     slots: &[Slot],
     active: &[usize],
     drafted: &[Vec<i32>],
     g: &Generation,
-) -> Result<Vec<Vec<super::logits::Choice>>, LlamaError> {
+) -> Result<(Vec<SeqToken>, Vec<Vec<super::logits::Choice>>), LlamaError> {
     let mut batch: Vec<SeqToken> = Vec::new();
     let mut offsets = Vec::with_capacity(active.len());
     for (&i, d) in active.iter().zip(drafted) {
@@ -256,5 +261,5 @@ fn verify(
         }
         out.push(choices);
     }
-    Ok(out)
+    Ok((batch, out))
 }
