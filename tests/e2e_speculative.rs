@@ -1402,3 +1402,50 @@ fn stdout_of_text_report(sb: &Sandbox, demo: &Path, draft: &Path, prompts: &Path
     assert!(o.status.success(), "{}", stderr(&o));
     stdout(&o)
 }
+
+/// MTP is measured for one request at a time: with `--parallel 2` neither `draft` nor `tune` measures
+/// the model's own heads, and both say why (not "no draft lengths", not silence).
+#[test]
+fn mtp_heads_are_left_out_for_several_requests_at_once_with_the_reason() {
+    let sb = Sandbox::new();
+    let model = tiny_mtp(&sb);
+    let r = draft_report(
+        &sb,
+        &[
+            "draft",
+            model.to_str().unwrap(),
+            "--parallel",
+            "2",
+            "--no-ngram",
+            "--threads",
+            "1",
+            "--json",
+        ],
+    );
+    assert_eq!(r["mtp"]["heads"], 1, "{r:#}");
+    let note = r["mtp"]["note"].as_str().unwrap();
+    assert!(note.contains("one request at a time, not 2"), "{note}");
+    assert!(
+        !r["drafts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["spec_type"] == "draft-mtp"),
+        "{r:#}"
+    );
+    let v = sb.run_json(&[
+        model.to_str().unwrap(),
+        "--quick",
+        "--parallel",
+        "2",
+        "--threads",
+        "1",
+        "--no-save",
+        "--json",
+    ]);
+    let notes = v["notes"].to_string();
+    assert!(
+        notes.contains("speculative decoding with the model's MTP heads not tried: it is measured for one request at a time, not 2"),
+        "{notes}"
+    );
+}

@@ -101,12 +101,8 @@ fn setup(
         },
         context: context(a, threads, longest),
         grid: search.grid,
-        // Several requests at once are measured with draft models only.
-        ngram: if a.parallel > 1 {
-            Default::default()
-        } else {
-            search.ngram
-        },
+        ngram: search.ngram,
+        // MTP is measured for one request at a time.
         mtp: if a.parallel > 1 {
             Vec::new()
         } else {

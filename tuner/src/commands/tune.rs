@@ -30,14 +30,13 @@ fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<(After, Option<String>)> 
     let drafts = !args.speculative.draft.is_empty();
     let ngram = crate::speculative::workload::text_repeats(workload) && !args.speculative.no_ngram;
     let mtp = crate::speculative::mtp::heads(&session::inspect_model(&args.model)?) > 0;
-    // Several requests at once are measured with draft models only.
-    let skipped = (np > 1 && (ngram || mtp)).then(|| {
-        let kind = if mtp { "the model's MTP heads" } else { "n-gram" };
+    // Several requests at once are measured with draft models and n-gram speculation.
+    let skipped = (np > 1 && mtp).then(|| {
         format!(
-            "speculative decoding ({kind}) not tried: with {np} requests at once only draft models are measured"
+            "speculative decoding with the model's MTP heads not tried: it is measured for one request at a time, not {np}"
         )
     });
-    let wanted = drafts || (np == 1 && (ngram || mtp));
+    let wanted = drafts || ngram || (np == 1 && mtp);
     let draft = if !wanted {
         None
     } else {

@@ -55,11 +55,10 @@ pub fn attach(
     quiet: bool,
     show: bool,
 ) -> anyhow::Result<Option<String>> {
-    // Several requests at once (`-np N`) are measured with draft models only.
+    let ngram_too = super::workload::text_repeats(search.workload) && !search.ngram.is_empty();
+    // The target's own MTP heads need no draft model: tried whenever it has some, for one request
+    // at a time (several at once are measured with a draft model or n-gram speculation).
     let slots = profile.workload.n_parallel.max(1);
-    let ngram_too =
-        slots == 1 && super::workload::text_repeats(search.workload) && !search.ngram.is_empty();
-    // The target's own MTP heads need no draft model: tried whenever it has some.
     let mtp_too = slots == 1 && super::mtp::heads(&tuned.info) > 0;
     if (search.drafts.is_empty() && !ngram_too && !mtp_too) || stop.load(Ordering::Relaxed) {
         return Ok(None);
@@ -109,7 +108,7 @@ fn setup(
     let context = super::workload::for_slots(
         ContextSettings::for_candidate(w, profile.workload.n_ctx),
         slots,
-        search.grid.n_max.iter().max().copied().unwrap_or(0),
+        longest(search),
     );
     let ngram = if ngram_too {
         search.ngram.clone()
@@ -147,6 +146,12 @@ fn setup(
         budgets: tuned.run.settings.budgets.clone(),
         llama_version: profile.llama.version.clone(),
     }
+}
+
+/// The longest draft the search may measure: a draft model's n_max or n-gram speculation's m.
+fn longest(search: &DraftSearch) -> u32 {
+    let n_max = search.grid.n_max.iter().max().copied().unwrap_or(0);
+    n_max.max(search.ngram.size_m.iter().max().copied().unwrap_or(0))
 }
 
 /// The prompt kinds the search measured on, in order, once each.

@@ -165,7 +165,11 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
         s.llama_version.clone(),
     );
     report.fault = settings.fault;
-    report.mtp = Some(super::mtp::assess(&s.target_info, measures_mtp(s)));
+    report.mtp = Some(super::mtp::assess(
+        &s.target_info,
+        measures_mtp(s),
+        s.context.sequences,
+    ));
     report
 }
 

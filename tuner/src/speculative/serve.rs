@@ -218,9 +218,9 @@ fn together_error(r: &SpeculateRequest) -> Option<String> {
     if n == 1 {
         return None;
     }
-    if r.follow.is_some() || r.fault.is_some() || r.ngram.is_some() || r.mtp.is_some() {
+    if r.follow.is_some() || r.fault.is_some() || r.mtp.is_some() {
         return Some(format!(
-            "{n} sequences at once are measured with a draft model or the target alone only"
+            "{n} sequences at once are measured with a draft model, n-gram speculation or the target alone only"
         ));
     }
     if r.prompts.is_empty() || !r.prompts.len().is_multiple_of(n as usize) {
@@ -229,22 +229,22 @@ fn together_error(r: &SpeculateRequest) -> Option<String> {
             r.prompts.len()
         ));
     }
-    let Some((d, p)) = &r.draft else {
-        return None;
+    let (longest, n_batch) = match (&r.draft, r.ngram) {
+        (Some((d, p)), _) => {
+            if d.context.sequences.max(1) != n {
+                return Some(format!(
+                    "the draft's context has {} sequences, the target's {n}",
+                    d.context.sequences.max(1)
+                ));
+            }
+            (p.n_max, r.context.n_batch.min(d.context.n_batch))
+        }
+        (None, Some(p)) => (p.size_m, r.context.n_batch),
+        (None, None) => return None,
     };
-    if d.context.sequences.max(1) != n {
-        return Some(format!(
-            "the draft's context has {} sequences, the target's {n}",
-            d.context.sequences.max(1)
-        ));
-    }
-    let batch = n * (p.n_max + 1);
-    let n_batch = r.context.n_batch.min(d.context.n_batch);
+    let batch = n * (longest + 1);
     (batch > n_batch).then(|| {
-        format!(
-            "{n} sequences of n_max {} need n_batch of at least {batch}",
-            p.n_max
-        )
+        format!("{n} sequences of drafts up to {longest} need n_batch of at least {batch}")
     })
 }
 
@@ -315,6 +315,10 @@ fn generate_all(
     r: &SpeculateRequest,
     fresh: bool,
 ) -> Result<Vec<PromptRun>, LlamaError> {
+    let slots = r.context.sequences.max(1) as usize;
+    if slots > 1 {
+        return generate_in_groups(model, tctx, dctx, prompts, r, fresh, slots);
+    }
     if fresh {
         // Warm-up, discarded: first touches of weights and buffers, thread pool start.
         let d = dctx.as_mut().map(|(c, p)| (&mut **c, *p));
@@ -325,10 +329,6 @@ fn generate_all(
             ngram: r.ngram,
         };
         generate(model, tctx, d, &prompts[0], &warm_up)?;
-    }
-    let slots = r.context.sequences.max(1) as usize;
-    if slots > 1 {
-        return generate_in_groups(model, tctx, dctx, prompts, r, fresh, slots);
     }
     let mut runs = Vec::with_capacity(prompts.len());
     for (i, p) in prompts.iter().enumerate() {
@@ -360,7 +360,7 @@ fn generate_in_groups(
         n_gen: 4,
         follow: None,
         fault: None,
-        ngram: None,
+        ngram: r.ngram,
     };
     if fresh {
         let d = dctx.as_mut().map(|(c, p)| (&mut **c, *p));

@@ -1,6 +1,6 @@
 //! Speculative decoding for several requests at once (`--parallel N`): N prompts decoded as the N
 //! sequences of one context, llama-server's slots, the way its `draft-simple` serves them
-//! ([`super::serve`] for one). Each round the draft proposes for every slot in shared batches (each
+//! ([`super::serve`] for one); `ngram-simple` drafts each slot from its own text instead. Each round the draft proposes for every slot in shared batches (each
 //! slot's last accepted token, then one token per slot still drafting, each step) and its cache drops
 //! the drafted positions again; the target checks every slot's last token and draft in one batch, the
 //! draft decodes that same batch after it, and each slot's caches roll back its own rejected
@@ -61,9 +61,10 @@ pub(super) fn generate_together(
         if active.is_empty() {
             break;
         }
-        let drafted = match draft.as_mut() {
-            Some((d, p)) => propose(d, p, &slots, &active, g.n_gen)?,
-            None => vec![Vec::new(); active.len()],
+        let drafted = match (draft.as_mut(), g.ngram) {
+            (Some((d, p)), _) => propose(d, p, &slots, &active, g.n_gen)?,
+            (None, Some(p)) => ngram_drafts(p, &slots, &active, g.n_gen),
+            (None, None) => vec![Vec::new(); active.len()],
         };
         let (batch, choices) = verify(target, &slots, &active, &drafted, g)?;
         if let Some((d, _)) = draft.as_mut() {
@@ -212,6 +213,26 @@ fn propose(
         }
     }
     Ok(drafted)
+}
+
+/// N-gram speculation's drafts for the `active` slots: each looks its own text up (the server's
+/// `ngram-simple` drafts every slot from that slot's tokens), no more than the tokens it still wants.
+fn ngram_drafts(
+    p: super::ngram::NgramParams,
+    slots: &[Slot],
+    active: &[usize],
+    n_gen: usize,
+) -> Vec<Vec<i32>> {
+    active
+        .iter()
+        .map(|&i| {
+            let s = &slots[i];
+            let n_past = s.tokens.len() - 1;
+            let mut d = super::ngram::draft(p, &s.tokens[..n_past], s.tokens[n_past]);
+            d.truncate(n_gen.saturating_sub(s.run.tokens.len() + 1));
+            d
+        })
+        .collect()
 }
 
 /// The target decodes every active slot's last token and draft in one batch; for each slot, its
