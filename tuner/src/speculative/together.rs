@@ -80,29 +80,8 @@ pub(super) fn generate_together(
             d.decode_one_batch(&again)?;
         }
         for ((&i, drafted), choices) in active.iter().zip(&drafted).zip(choices) {
-            let s = &mut slots[i];
-            let accepted = choices.len() - 1;
-            s.run.rounds += 1;
-            s.run.drafted += drafted.len() as u32;
-            s.run.accepted += accepted as u32;
-            // The last token and the accepted draft stay; the rejected positions leave both caches.
-            let keep = s.tokens.len() + accepted;
-            if accepted < drafted.len() && !target.truncate_seq(s.seq, keep as i32) {
-                return Err(rollback_failed("target"));
-            }
-            if let Some((d, _)) = draft.as_mut() {
-                if accepted < drafted.len() && !d.truncate_seq(s.seq, keep as i32) {
-                    return Err(rollback_failed("draft"));
-                }
-            }
-            take(
-                model,
-                &mut s.run,
-                &mut s.tokens,
-                choices,
-                &drafted[..accepted],
-                g,
-            );
+            let d = draft.as_mut().map(|(d, _)| &mut **d);
+            finish_round(model, target, d, &mut slots[i], drafted, choices, g)?;
         }
     }
     target.synchronize();
@@ -114,6 +93,42 @@ pub(super) fn generate_together(
             s.run
         })
         .collect())
+}
+
+/// A slot's round after the check: its counts, the rejected positions out of both caches, and the
+/// accepted draft and the target's next token taken.
+fn finish_round(
+    model: &Model,
+    target: &mut Context,
+    draft: Option<&mut Context>,
+    s: &mut Slot,
+    drafted: &[i32],
+    choices: Vec<super::logits::Choice>,
+    g: &Generation,
+) -> Result<(), LlamaError> {
+    let accepted = choices.len() - 1;
+    s.run.rounds += 1;
+    s.run.drafted += drafted.len() as u32;
+    s.run.accepted += accepted as u32;
+    // The last token and the accepted draft stay; the rejected positions leave both caches.
+    let keep = (s.tokens.len() + accepted) as i32;
+    if accepted < drafted.len() {
+        if !target.truncate_seq(s.seq, keep) {
+            return Err(rollback_failed("target"));
+        }
+        if draft.is_some_and(|d| !d.truncate_seq(s.seq, keep)) {
+            return Err(rollback_failed("draft"));
+        }
+    }
+    take(
+        model,
+        &mut s.run,
+        &mut s.tokens,
+        choices,
+        &drafted[..accepted],
+        g,
+    );
+    Ok(())
 }
 
 /// A slot's prompt: the target decodes it as sequence `seq` (timed) and chooses the first token;
