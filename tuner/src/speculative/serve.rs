@@ -322,13 +322,7 @@ fn generate_all(
     if fresh {
         // Warm-up, discarded: first touches of weights and buffers, thread pool start.
         let d = dctx.as_mut().map(|(c, p)| (&mut **c, *p));
-        let warm_up = Generation {
-            n_gen: 4,
-            follow: None,
-            fault: None,
-            ngram: r.ngram,
-        };
-        generate(model, tctx, d, &prompts[0], &warm_up)?;
+        generate(model, tctx, d, &prompts[0], &Generation::warm_up(r.ngram))?;
     }
     let mut runs = Vec::with_capacity(prompts.len());
     for (i, p) in prompts.iter().enumerate() {
@@ -356,12 +350,7 @@ fn generate_in_groups(
     fresh: bool,
     slots: usize,
 ) -> Result<Vec<PromptRun>, LlamaError> {
-    let mut g = Generation {
-        n_gen: 4,
-        follow: None,
-        fault: None,
-        ngram: r.ngram,
-    };
+    let mut g = Generation::warm_up(r.ngram);
     if fresh {
         let d = dctx.as_mut().map(|(c, p)| (&mut **c, *p));
         super::together::generate_together(model, tctx, d, &prompts[..slots], &g)?;
@@ -407,6 +396,16 @@ pub(super) struct Generation<'a> {
 }
 
 impl Generation<'_> {
+    /// The discarded warm-up's generation: a few tokens, nothing followed.
+    pub(super) fn warm_up(ngram: Option<super::ngram::NgramParams>) -> Generation<'static> {
+        Generation {
+            n_gen: 4,
+            follow: None,
+            fault: None,
+            ngram,
+        }
+    }
+
     /// The token followed as generated token i, if any.
     pub(super) fn followed(&self, i: usize) -> Option<i32> {
         self.follow.and_then(|f| f.get(i)).copied()
