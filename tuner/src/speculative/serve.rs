@@ -670,4 +670,52 @@ mod tests {
         }
         assert!(serde_json::from_str::<Fault>("\"none\"").is_err());
     }
+
+    fn request(slots: u32, prompts: usize) -> SpeculateRequest {
+        let mut c = search_space::Candidate::llama_default(2, 0);
+        c.n_batch = 64;
+        let context = ContextSettings::for_candidate(&c, 4096).with_sequences(slots);
+        let draft = DraftModel {
+            path: "d.gguf".into(),
+            settings: ModelSettings::for_candidate(&c, &[]),
+            context: context.clone(),
+        };
+        SpeculateRequest {
+            target: "t.gguf".into(),
+            settings: ModelSettings::for_candidate(&c, &[]),
+            context,
+            draft: Some((
+                draft,
+                DraftParams {
+                    n_max: 4,
+                    n_min: 0,
+                    p_min: 0.0,
+                },
+            )),
+            ngram: None,
+            mtp: None,
+            prompts: vec!["p".into(); prompts],
+            n_gen: 8,
+            follow: None,
+            fault: None,
+        }
+    }
+
+    #[test]
+    fn several_slots_need_whole_groups_one_batch_and_the_same_slots_in_the_draft() {
+        assert_eq!(settings_error(&request(1, 3)), None);
+        assert_eq!(settings_error(&request(4, 8)), None);
+        let e = settings_error(&request(4, 6)).unwrap();
+        assert!(e.contains("6 prompts do not make groups of 4"), "{e}");
+        // 16 slots of a 4-token draft and its last token: 80 tokens in one batch of 64.
+        let e = settings_error(&request(16, 16)).unwrap();
+        assert!(e.contains("need n_batch of at least 80"), "{e}");
+        let mut r = request(2, 2);
+        r.draft.as_mut().unwrap().0.context.sequences = 1;
+        let e = settings_error(&r).unwrap();
+        assert!(e.contains("the draft's context has 1 sequences"), "{e}");
+        let mut r = request(2, 2);
+        r.fault = Some(Fault::KeepOneRejectedCell);
+        assert!(settings_error(&r).is_some(), "a fault is for one slot");
+    }
 }
