@@ -102,12 +102,7 @@ fn setup(
         context: context(a, threads, longest),
         grid: search.grid,
         ngram: search.ngram,
-        // MTP is measured for one request at a time.
-        mtp: if a.parallel > 1 {
-            Vec::new()
-        } else {
-            crate::speculative::mtp::DEFAULT_N_MAX.to_vec()
-        },
+        mtp: crate::speculative::mtp::DEFAULT_N_MAX.to_vec(),
         discover: true,
         prompts: crate::speculative::workload::fill_slots(
             crate::speculative::workload::prompts_for(

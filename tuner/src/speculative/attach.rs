@@ -57,13 +57,13 @@ pub fn attach(
 ) -> anyhow::Result<Option<String>> {
     let ngram_too = super::workload::text_repeats(search.workload) && !search.ngram.is_empty();
     // The target's own MTP heads need no draft model: tried whenever it has some, for one request
-    // at a time (several at once are measured with a draft model or n-gram speculation).
+    // at a time (the search leaves them out for several; nothing else to search then).
     let slots = profile.workload.n_parallel.max(1);
     let mtp_too = slots == 1 && super::mtp::heads(&tuned.info) > 0;
     if (search.drafts.is_empty() && !ngram_too && !mtp_too) || stop.load(Ordering::Relaxed) {
         return Ok(None);
     }
-    let setup = setup(search, tuned, profile, ngram_too, mtp_too);
+    let setup = setup(search, tuned, profile, ngram_too);
     let bar = crate::term::bar(
         quiet,
         "{spinner} [{elapsed_precise}] speculative decoding: {wide_msg}",
@@ -94,14 +94,8 @@ pub fn attach(
 }
 
 /// What the search measures: the winner's placement and context (for the profile's slots, which
-/// get the prompts in whole groups), with n-gram and MTP speculation where they are tried.
-fn setup(
-    search: &DraftSearch,
-    tuned: &Tuned,
-    profile: &Profile,
-    ngram_too: bool,
-    mtp_too: bool,
-) -> Setup {
+/// get the prompts in whole groups), with n-gram speculation where it is tried.
+fn setup(search: &DraftSearch, tuned: &Tuned, profile: &Profile, ngram_too: bool) -> Setup {
     let slots = profile.workload.n_parallel.max(1);
     let w = &profile.winner;
     let settings = ModelSettings::for_candidate(w, &tuned.rpc);
@@ -123,11 +117,7 @@ fn setup(
         context,
         grid: search.grid.clone(),
         ngram,
-        mtp: if mtp_too {
-            super::mtp::DEFAULT_N_MAX.to_vec()
-        } else {
-            Vec::new()
-        },
+        mtp: super::mtp::DEFAULT_N_MAX.to_vec(),
         discover: false,
         prompts: super::workload::fill_slots(
             super::workload::prompts_for(

@@ -291,10 +291,10 @@ pub(super) fn prompt_set(model: &Model, r: &SpeculateRequest) -> Result<Vec<Vec<
         // Rejected tokens left in the cache take positions too: at most n_max per round.
         reserve += r.n_gen * n_max;
     }
+    // Each sequence holds its share of the context (llama.cpp's KV streams, not unified).
+    let per_sequence = r.context.n_ctx / r.context.sequences.max(1);
     let mut prompts = Vec::with_capacity(r.prompts.len());
     for text in &r.prompts {
-        // Each sequence holds its share of the context (llama.cpp's KV streams, not unified).
-        let per_sequence = r.context.n_ctx / r.context.sequences.max(1);
         match prompt_tokens(model, text, per_sequence.saturating_sub(reserve)) {
             Ok(t) => prompts.push(t),
             Err(e) => return Err(failed("tokenize", e)),
@@ -590,14 +590,27 @@ pub(super) fn target_choices(
     batch.push(last);
     batch.extend_from_slice(drafted);
     target.decode_at(&batch, pos0 as i32, true)?;
+    choices_at(target, 0, drafted, g, generated)
+}
+
+/// The target's choices after a decode whose outputs from batch index `at` on are one sequence's
+/// last accepted token and `drafted`: its choice after each accepted draft token, then its own next
+/// one (`generated`: the sequence's tokens so far).
+pub(super) fn choices_at(
+    target: &Context,
+    at: usize,
+    drafted: &[i32],
+    g: &Generation,
+    generated: usize,
+) -> Result<Vec<Choice>, LlamaError> {
     let mut choices: Vec<Choice> = Vec::with_capacity(drafted.len() + 1);
     loop {
         let accepted = choices.len();
-        let logits = target.logits_ith(accepted as i32);
+        let logits = target.logits_ith((at + accepted) as i32);
         if logits.is_empty() {
             return Err(LlamaError::Decode {
                 status: -1,
-                log: format!("no logits for batch position {accepted}"),
+                log: format!("no logits for batch position {}", at + accepted),
             });
         }
         let choice = g.observe(logits, generated + accepted);

@@ -1,10 +1,10 @@
 //! Speculative decoding for several requests at once (`--parallel N`): N prompts decoded as the N
 //! sequences of one context, llama-server's slots, the way its `draft-simple` serves them
-//! ([`super::serve`] for one); `ngram-simple` drafts each slot from its own text instead. Each round the draft proposes for every slot in shared batches (each
-//! slot's last accepted token, then one token per slot still drafting, each step) and its cache drops
-//! the drafted positions again; the target checks every slot's last token and draft in one batch, the
-//! draft decodes that same batch after it, and each slot's caches roll back its own rejected
-//! positions. The target alone runs the same loop without a draft: one token per slot each step,
+//! ([`super::serve`] for one); `ngram-simple` drafts each slot from its own text instead. Each round
+//! the draft proposes for every slot in shared batches (each slot's last accepted token, then one
+//! token per slot still drafting, each step) and its cache drops the drafted positions again; the
+//! target checks every slot's last token and draft in one batch, the draft decodes that same batch
+//! after it, and each slot's caches roll back its own rejected positions. The target alone runs the same loop without a draft: one token per slot each step,
 //! which is how a server generates for N clients.
 //!
 //! Times are those of the N together: each prompt's run carries an Nth of its group's generation
@@ -12,7 +12,7 @@
 //! requests at once. Prompts are processed one slot at a time (their logits are read as they end).
 
 use super::logits::top_with_probability;
-use super::serve::{rollback_failed, take, Generation, PromptRun};
+use super::serve::{choices_at, rollback_failed, take, Generation, PromptRun};
 use super::DraftParams;
 use crate::llama::{Context, LlamaError, Model, SeqToken};
 use std::time::Instant;
@@ -277,25 +277,7 @@ fn verify(
     target.decode_one_batch(&batch)?;
     let mut out = Vec::with_capacity(active.len());
     for ((&i, d), &at) in active.iter().zip(drafted).zip(&offsets) {
-        let generated = slots[i].run.tokens.len();
-        let mut choices = Vec::with_capacity(d.len() + 1);
-        loop {
-            let accepted = choices.len();
-            let logits = target.logits_ith((at + accepted) as i32);
-            if logits.is_empty() {
-                return Err(LlamaError::Decode {
-                    status: -1,
-                    log: format!("no logits for batch position {}", at + accepted),
-                });
-            }
-            let choice = g.observe(logits, generated + accepted);
-            let token = choice.token();
-            choices.push(choice);
-            if accepted >= d.len() || d[accepted] != token {
-                break;
-            }
-        }
-        out.push(choices);
+        out.push(choices_at(target, at, d, g, slots[i].run.tokens.len())?);
     }
     Ok((batch, out))
 }
