@@ -1137,23 +1137,19 @@ fn mtp_table(r: &serde_json::Value) -> (String, u64) {
     (table, n_max)
 }
 
-/// MTP does not pay for the tiny model on a CPU, so no tuning run writes `[mtp]` into its profile;
-/// as with a draft model, the user adds the table (from `autotune draft`'s measurement of the head)
-/// to a tuned profile and deletes `server_args`. llama-server started with it drafts with the
-/// model's own head: `--spec-type draft-mtp` is on its command line and its `timings.draft_n` comes
-/// back, with some drafts accepted (the head is right part of the time).
-#[test]
-fn apply_runs_an_mtp_profile_and_reads_the_servers_acceptance() {
-    let sb = Sandbox::new();
-    let model = tiny_mtp(&sb);
-    let m = model.to_str().unwrap();
-    let tuned = sb.dir.path().join("tiny-mtp.toml");
-    let o = sb.run(&[
+/// `autotune tune` of the tiny MTP model for `parallel` requests at once, a short run written to a
+/// profile file; the profile's path and the tune's `--json` report.
+fn tune_tiny_mtp(sb: &Sandbox, m: &str, parallel: u32) -> (PathBuf, serde_json::Value) {
+    let tuned = sb.dir.path().join(format!("tiny-mtp-{parallel}.toml"));
+    let np = parallel.to_string();
+    let v = sb.run_json(&[
         "tune",
         m,
         "--out",
         tuned.to_str().unwrap(),
         "--no-save",
+        "--parallel",
+        &np,
         "--depth",
         "0",
         "--ctx",
@@ -1178,13 +1174,38 @@ fn apply_runs_an_mtp_profile_and_reads_the_servers_acceptance() {
         "512",
         "--budget",
         "30s",
+        "--json",
     ]);
-    assert!(
-        o.status.success(),
-        "autotune tune failed: {}\n{}",
-        stderr(&o),
-        stdout(&o)
-    );
+    (tuned, v)
+}
+
+/// The tuned profile with the fastest measured `[mtp]` setting of `autotune draft` report `r`
+/// added and `server_args` deleted (the profile format's rule for editing by hand); its path and
+/// the setting's n_max.
+fn with_mtp_table(tuned: &Path, r: &serde_json::Value) -> (PathBuf, u64) {
+    let text: String = std::fs::read_to_string(tuned)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("server_args = "))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (table, n_max) = mtp_table(r);
+    let profile = tuned.with_extension("mtp.toml");
+    std::fs::write(&profile, text + &table).unwrap();
+    (profile, n_max)
+}
+
+/// MTP does not pay for the tiny model on a CPU, so no tuning run writes `[mtp]` into its profile;
+/// as with a draft model, the user adds the table (from `autotune draft`'s measurement of the head)
+/// to a tuned profile and deletes `server_args`. llama-server started with it drafts with the
+/// model's own head: `--spec-type draft-mtp` is on its command line and its `timings.draft_n` comes
+/// back, with some drafts accepted (the head is right part of the time).
+#[test]
+fn apply_runs_an_mtp_profile_and_reads_the_servers_acceptance() {
+    let sb = Sandbox::new();
+    let model = tiny_mtp(&sb);
+    let m = model.to_str().unwrap();
+    let (tuned, _) = tune_tiny_mtp(&sb, m, 1);
     let r = draft_report(
         &sb,
         &[
@@ -1206,15 +1227,7 @@ fn apply_runs_an_mtp_profile_and_reads_the_servers_acceptance() {
             "--json",
         ],
     );
-    let text: String = std::fs::read_to_string(&tuned)
-        .unwrap()
-        .lines()
-        .filter(|l| !l.starts_with("server_args = "))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let (table, n_max) = mtp_table(&r);
-    let profile = sb.dir.path().join("with-mtp.toml");
-    std::fs::write(&profile, text + &table).unwrap();
+    let (profile, n_max) = with_mtp_table(&tuned, &r);
     let (p, _) = profiles::Profile::from_toml(&std::fs::read_to_string(&profile).unwrap())
         .expect("the edited profile parses");
     let mtp = p.mtp.clone().expect("[mtp] read back");
@@ -1408,49 +1421,108 @@ fn stdout_of_text_report(sb: &Sandbox, demo: &Path, draft: &Path, prompts: &Path
     stdout(&o)
 }
 
-/// MTP is measured for one request at a time: with `--parallel 2` neither `draft` nor `tune` measures
-/// the model's own heads, and both say why (not "no draft lengths", not silence).
+/// Several requests at once with the model's own heads (`--parallel 2`): the head drafts for both
+/// slots in shared batches and the target checks both drafts in one batch, as llama-server's slots
+/// run `draft-mtp`. Each slot accepts what one request alone does (a slot that paired its tokens with
+/// the other's hidden states, or read its cache, would not), the output is still the target alone's,
+/// `tune --parallel 2` measures the heads as well, and llama-server runs the measured head with
+/// `-np 2`: two completions at once, drafted and accepted by its own account.
 #[test]
-fn mtp_heads_are_left_out_for_several_requests_at_once_with_the_reason() {
+fn mtp_heads_are_measured_for_two_requests_at_once_and_run_in_llama_server() {
     let sb = Sandbox::new();
     let model = tiny_mtp(&sb);
-    let r = draft_report(
-        &sb,
-        &[
-            "draft",
-            model.to_str().unwrap(),
-            "--parallel",
-            "2",
-            "--no-ngram",
-            "--threads",
-            "1",
-            "--json",
-        ],
-    );
-    assert_eq!(r["mtp"]["heads"], 1, "{r:#}");
-    let note = r["mtp"]["note"].as_str().unwrap();
-    assert!(note.contains("one request at a time, not 2"), "{note}");
+    let m = model.to_str().unwrap();
+    let at = |slots: &str| {
+        draft_report(
+            &sb,
+            &[
+                "draft",
+                m,
+                "--parallel",
+                slots,
+                "--no-ngram",
+                "--threads",
+                "1",
+                "--ctx",
+                "1024",
+                "--draft-gen",
+                "24",
+                "--draft-reps",
+                "2",
+                "--seed",
+                "3",
+                "--json",
+            ],
+        )
+    };
+    let two = at("2");
+    assert_eq!(two["n_parallel"], 2, "{two:#}");
     assert!(
-        !r["drafts"]
-            .as_array()
+        two["mtp"]["note"]
+            .as_str()
             .unwrap()
-            .iter()
-            .any(|d| d["spec_type"] == "draft-mtp"),
-        "{r:#}"
+            .contains("draft-mtp measured"),
+        "{two:#}"
     );
-    let v = sb.run_json(&[
-        model.to_str().unwrap(),
-        "--quick",
-        "--parallel",
-        "2",
-        "--threads",
-        "1",
-        "--no-save",
-        "--json",
-    ]);
+    let one = at("1");
+    let by_n_max = |r: &serde_json::Value| -> Vec<(u64, f64)> {
+        let entry = (r["drafts"].as_array().unwrap().iter())
+            .find(|d| d["spec_type"] == "draft-mtp")
+            .unwrap_or_else(|| panic!("no draft-mtp entry: {r:#}"));
+        (entry["trials"].as_array().unwrap().iter())
+            .filter(|t| t["tg_tps"].as_array().is_some_and(|v| !v.is_empty()))
+            .map(|t| {
+                assert!(
+                    t["identical"] == true
+                        || t["near_ties"].as_array().is_some_and(|v| !v.is_empty()),
+                    "draft-mtp changed the output beyond near ties: {t:#}"
+                );
+                (
+                    t["mtp"]["n_max"].as_u64().unwrap(),
+                    t["acceptance"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let (two_slots, one_slot) = (by_n_max(&two), by_n_max(&one));
+    assert!(!two_slots.is_empty(), "{two:#}");
+    for (n_max, a) in &two_slots {
+        if let Some((_, alone)) = one_slot.iter().find(|(n, _)| n == n_max) {
+            assert!(
+                (a - alone).abs() < 0.05,
+                "n_max {n_max}: two slots accept {a} of the head's drafts, one {alone}"
+            );
+        }
+    }
+    assert!(
+        two_slots.iter().any(|(_, a)| *a > 0.2),
+        "the head is right part of the time: {two_slots:?}"
+    );
+
+    let (tuned, v) = tune_tiny_mtp(&sb, m, 2);
     let notes = v["notes"].to_string();
     assert!(
-        notes.contains("speculative decoding with the model's MTP heads not tried: it is measured for one request at a time, not 2"),
-        "{notes}"
+        notes.contains("draft-mtp"),
+        "tune measured the heads: {notes}"
     );
+    assert!(!notes.contains("not tried"), "{notes}");
+    let (profile, _) = with_mtp_table(&tuned, &two);
+    let o = apply_check(&sb, &profile, None);
+    assert!(
+        o.status.success(),
+        "apply --exec failed: {}\n{}",
+        stderr(&o),
+        stdout(&o)
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
+    let command = command_of(&v);
+    for pair in [["-np", "2"], ["--spec-type", "draft-mtp"]] {
+        assert!(
+            command.windows(2).any(|w| w == pair),
+            "{pair:?} in {command:?}"
+        );
+    }
+    assert_eq!(v["requests"], 2, "{v:#}");
+    let (drafted, accepted) = servers_speculation(&v, "draft-mtp");
+    assert!(drafted > 0 && accepted > 0, "{v:#}");
 }

@@ -20,23 +20,15 @@ fn check_named_files(args: &TuneArgs) -> anyhow::Result<()> {
     inputs::model_files("--reference", &reference, Also::Nothing)
 }
 
-/// What becomes of the winner's profile, from the flags; and the report's note when speculation
-/// would have been tried but for `--parallel`.
-fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<(After, Option<String>)> {
+/// What becomes of the winner's profile, from the flags.
+fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<After> {
     // Draft models when given; n-gram speculation (no draft model) when the workload repeats text;
     // the model's own MTP heads whenever it has some (no second model to load either).
     let workload = args.workload.workload;
-    let np = args.workload.parallel;
     let drafts = !args.speculative.draft.is_empty();
     let ngram = crate::speculative::workload::text_repeats(workload) && !args.speculative.no_ngram;
     let mtp = crate::speculative::mtp::heads(&session::inspect_model(&args.model)?) > 0;
-    // Several requests at once are measured with draft models and n-gram speculation.
-    let skipped = (np > 1 && mtp).then(|| {
-        format!(
-            "speculative decoding with the model's MTP heads not tried: it is measured for one request at a time, not {np}"
-        )
-    });
-    let wanted = drafts || ngram || (np == 1 && mtp);
+    let wanted = drafts || ngram || mtp;
     let draft = if !wanted {
         None
     } else {
@@ -46,7 +38,7 @@ fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<(After, Option<String>)> 
             workload,
         )?)
     };
-    let after = After {
+    Ok(After {
         draft,
         save: !args.no_save,
         out: args.out.clone(),
@@ -56,14 +48,13 @@ fn after(cli: &Cli, args: &TuneArgs) -> anyhow::Result<(After, Option<String>)> 
             json: args.json,
         },
         quiet: cli.quiet,
-    };
-    Ok((after, skipped))
+    })
 }
 
 pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     check_named_files(args)?;
     let plan = settings::plan(cli, args)?;
-    let (after, speculation_skipped) = after(cli, args)?;
+    let after = after(cli, args)?;
     let joint = settings::joint(cli, args)?;
     let stop = term::interrupt_flag()?;
     if let Some(joint) = joint {
@@ -89,7 +80,6 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     if let Some(note) = tuning::complete(&mut profile, &tuned, &after, &stop)? {
         report.notes.push(note);
     }
-    report.notes.extend(speculation_skipped);
     report.profile_path = tuning::save(&store, &profile, &after)?;
     emit(&report, args)?;
     outputs::after_tune(&after.explain, &profile, report.profile_path.as_deref());

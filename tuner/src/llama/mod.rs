@@ -29,7 +29,7 @@ pub use devices::{device_free, device_view, devices, SkippedDevice};
 pub use log::loaded_modules;
 pub use log::{bytes_per_device, cpu_variant, log_tail, parse_buffer_reports, take_log};
 pub use model::{quantize_model, Model};
-pub use mtp::MtpDrafter;
+pub use mtp::{MtpDrafter, MtpWant};
 pub use rpc::{rpc_add_servers, rpc_start_server};
 pub use settings::{expert_pattern, ContextSettings, ModelSettings};
 

@@ -56,10 +56,8 @@ pub fn attach(
     show: bool,
 ) -> anyhow::Result<Option<String>> {
     let ngram_too = super::workload::text_repeats(search.workload) && !search.ngram.is_empty();
-    // The target's own MTP heads need no draft model: tried whenever it has some, for one request
-    // at a time (the search leaves them out for several; nothing else to search then).
-    let slots = profile.workload.n_parallel.max(1);
-    let mtp_too = slots == 1 && super::mtp::heads(&tuned.info) > 0;
+    // The target's own MTP heads need no draft model: tried whenever it has some.
+    let mtp_too = super::mtp::heads(&tuned.info) > 0;
     if (search.drafts.is_empty() && !ngram_too && !mtp_too) || stop.load(Ordering::Relaxed) {
         return Ok(None);
     }

@@ -165,19 +165,13 @@ pub fn evaluate(s: &Setup, stop: &dyn Fn() -> bool, progress: &dyn Fn(&str)) -> 
         s.llama_version.clone(),
     );
     report.fault = settings.fault;
-    report.mtp = Some(super::mtp::assess(
-        &s.target_info,
-        measures_mtp(s),
-        s.context.sequences,
-    ));
+    report.mtp = Some(super::mtp::assess(&s.target_info, measures_mtp(s)));
     report
 }
 
 /// Whether the target's MTP heads are measured: it has some and draft lengths are given.
-/// MTP is measured when the target has heads and lengths are given, for one request at a time
-/// (its loop serves one sequence).
 fn measures_mtp(s: &Setup) -> bool {
-    !s.mtp.is_empty() && s.context.sequences <= 1 && super::mtp::heads(&s.target_info) > 0
+    !s.mtp.is_empty() && super::mtp::heads(&s.target_info) > 0
 }
 
 /// The drafts examined: an entry per draft (n-gram speculation first, when it is tried), each with

@@ -89,18 +89,13 @@ pub fn heads(info: &GgufInfo) -> u32 {
     blocks.len() as u32
 }
 
-/// What the report says before any measurement: `measured` when the heads' entry is in the search;
-/// `slots`, the requests measured at once (MTP is measured for one).
-pub fn assess(info: &GgufInfo, measured: bool, slots: u32) -> MtpStatus {
+/// What the report says before any measurement: `measured` when the heads' entry is in the search.
+pub fn assess(info: &GgufInfo, measured: bool) -> MtpStatus {
     let n = heads(info);
     let note = if n == 0 {
         "no MTP heads (no blk.N.nextn tensors): draft-mtp not measured".to_string()
     } else if measured {
         format!("{n} MTP head(s): draft-mtp measured (see its entry)")
-    } else if slots > 1 {
-        format!(
-            "{n} MTP head(s): draft-mtp not measured (it is measured for one request at a time, not {slots})"
-        )
     } else {
         format!("{n} MTP head(s): draft-mtp not measured (no draft lengths to try)")
     };
@@ -120,7 +115,7 @@ mod tests {
     #[test]
     fn a_model_without_nextn_tensors_has_no_mtp_heads() {
         let plain = info(GgufBuilder::tiny_model("llama").build());
-        let s = assess(&plain, false, 1);
+        let s = assess(&plain, false);
         assert_eq!(s.heads, 0);
         assert!(s.note.starts_with("no MTP heads"), "{}", s.note);
         let mtp = info(
@@ -130,12 +125,8 @@ mod tests {
                 .build(),
         );
         assert_eq!(heads(&mtp), 1);
-        assert!(assess(&mtp, true, 1).note.contains("measured"));
-        let together = assess(&mtp, false, 4).note;
-        assert!(
-            together.contains("one request at a time, not 4"),
-            "{together}"
-        );
+        assert!(assess(&mtp, true).note.contains("draft-mtp measured"));
+        assert!(assess(&mtp, false).note.contains("no draft lengths"));
         assert_eq!(label(MtpParams { n_max: 3 }), "n_max 3");
         assert_eq!(progress_label(MtpParams { n_max: 3 }), "draft-mtp n_max 3");
     }

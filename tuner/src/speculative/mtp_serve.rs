@@ -13,7 +13,8 @@ use super::serve::{
     failed, prompt_set, rollback_failed, take, target_choices, Generation, PromptRun,
     SpeculateAnswer, SpeculateRequest,
 };
-use crate::llama::{ContextSettings, LlamaError, Model, MtpDrafter};
+use super::together::{self, Slot};
+use crate::llama::{ContextSettings, LlamaError, Model, MtpDrafter, MtpWant, SeqToken};
 use crate::worker::protocol::{MtpParams, Response};
 use std::sync::Arc;
 use std::time::Instant;
@@ -77,16 +78,35 @@ pub(super) fn speculate(
         Ok(p) => p,
         Err(e) => return e,
     };
+    let n_batch = r.context.n_batch;
+    // One request at a time, or groups of `slots` generated together.
+    let slots = r.context.sequences.max(1) as usize;
     let mut run_all = || -> Result<Vec<PromptRun>, LlamaError> {
         if fresh {
             // Warm-up, discarded.
-            generate(&model, d, &prompts[0], &generation(4), r.context.n_batch)?;
+            let g = generation(4);
+            match slots {
+                1 => drop(generate(&model, d, &prompts[0], &g, n_batch)?),
+                _ => drop(generate_together(
+                    &model,
+                    d,
+                    &prompts[..slots],
+                    &g,
+                    n_batch,
+                )?),
+            }
         }
         let g = generation(r.n_gen as usize);
-        prompts
-            .iter()
-            .map(|t| generate(&model, d, t, &g, r.context.n_batch))
-            .collect()
+        if slots == 1 {
+            return (prompts.iter())
+                .map(|t| generate(&model, d, t, &g, n_batch))
+                .collect();
+        }
+        let mut runs = Vec::with_capacity(prompts.len());
+        for group in prompts.chunks(slots) {
+            runs.extend(generate_together(&model, d, group, &g, n_batch)?);
+        }
+        Ok(runs)
     };
     match run_all() {
         Ok(runs) => Response::Speculated(SpeculateAnswer {
@@ -118,7 +138,8 @@ fn generate(
         prompt_tokens: prompt.len() as u32,
         ..PromptRun::default()
     };
-    let first_choice = process_prompt(d, prompt, g, n_batch, &mut run)?;
+    d.clear();
+    let first_choice = process_prompt(d, 0, prompt, g, n_batch, &mut run)?;
     let first = first_choice.token();
     let mut seq: Vec<i32> = prompt.to_vec();
     seq.push(first);
@@ -149,10 +170,10 @@ fn generate(
         )?;
         let mut batch = vec![seq[n_past]];
         batch.extend_from_slice(&drafted);
-        d.process(&batch, n_past as i32, true)?;
+        d.process(&batch, n_past as i32)?;
         let accepted = choices.len() - 1;
         if pending {
-            d.accept(accepted as u16)?;
+            d.accept(0, accepted as u16)?;
         }
         run.rounds += 1;
         run.drafted += drafted.len() as u32;
@@ -168,29 +189,132 @@ fn generate(
     Ok(run)
 }
 
-/// Prompt processing, a batch at a time: the target decodes (timed as its prompt processing), the
-/// MTP context catches up on the same batch (timed as the draft's), then the drafter begins.
+/// Prompt processing of sequence `seq`, a batch at a time: the target decodes (timed as its prompt
+/// processing), the MTP context catches up on the same batch (timed as the draft's), then the
+/// drafter begins.
 fn process_prompt(
     d: &mut MtpDrafter,
+    seq: i32,
     prompt: &[i32],
     g: &Generation,
     n_batch: u32,
     run: &mut PromptRun,
 ) -> Result<super::logits::Choice, LlamaError> {
-    d.clear();
     let step = n_batch.max(1) as usize;
     for (c, chunk) in prompt.chunks(step).enumerate() {
         let pos0 = (c * step) as i32;
         let t = Instant::now();
-        d.target().decode_at(chunk, pos0, false)?;
+        d.target().decode_seq_at(chunk, pos0, seq, false)?;
         d.target().synchronize();
         run.prompt_seconds += t.elapsed().as_secs_f64();
+        let batch: Vec<SeqToken> = (chunk.iter().enumerate())
+            .map(|(i, &token)| SeqToken {
+                token,
+                pos: pos0 + i as i32,
+                seq,
+                logits: true,
+            })
+            .collect();
         let t = Instant::now();
-        d.process(chunk, pos0, false)?;
+        d.process_seq(&batch)?;
         d.target().synchronize();
         run.draft_prompt_seconds += t.elapsed().as_secs_f64();
     }
     let first = g.observe(d.target().last_logits(), 0);
-    d.begin(prompt)?;
+    d.begin(seq, prompt)?;
     Ok(first)
+}
+
+/// Several prompts at once, one sequence each (llama-server's slots with `draft-mtp`): each round
+/// the head drafts for every slot in shared batches and the MTP cache drops the drafted positions;
+/// the target checks every slot's last token and draft in one batch ([`together::verify`]), the MTP
+/// context processes that batch, each slot's draft is answered with its accepted count, and each
+/// slot's caches roll back its own rejected positions. Times as in [`together`]: each prompt's run
+/// carries an Nth of the group's generation time.
+fn generate_together(
+    model: &Model,
+    d: &mut MtpDrafter,
+    prompts: &[Vec<i32>],
+    g: &Generation,
+    n_batch: u32,
+) -> Result<Vec<PromptRun>, LlamaError> {
+    d.clear();
+    let mut slots = Vec::with_capacity(prompts.len());
+    for (i, p) in prompts.iter().enumerate() {
+        let mut run = PromptRun {
+            prompt_tokens: p.len() as u32,
+            ..PromptRun::default()
+        };
+        let first = process_prompt(d, i as i32, p, g, n_batch, &mut run)?;
+        slots.push(Slot::new(i as i32, p, first, run));
+    }
+    let t = Instant::now();
+    loop {
+        let active: Vec<usize> = (0..slots.len())
+            .filter(|&i| !slots[i].done(model, g.n_gen))
+            .collect();
+        if active.is_empty() {
+            break;
+        }
+        let drafted = propose(d, &slots, &active, g.n_gen)?;
+        let (batch, choices) = together::verify(d.target(), &slots, &active, &drafted, g)?;
+        d.process_seq(&batch)?;
+        for ((&i, drafted), choices) in active.iter().zip(&drafted).zip(choices) {
+            if !drafted.is_empty() {
+                d.accept(slots[i].seq, (choices.len() - 1) as u16)?;
+            }
+            let (target, mtp) = d.contexts();
+            together::finish_round(model, target, Some(mtp), &mut slots[i], drafted, choices, g)?;
+        }
+    }
+    d.target().synchronize();
+    let share = t.elapsed().as_secs_f64() / slots.len().max(1) as f64;
+    Ok(slots
+        .into_iter()
+        .map(|mut s| {
+            s.run.gen_seconds = share;
+            s.run
+        })
+        .collect())
+}
+
+/// The head's drafts for the `active` slots, in their order (none for a slot that wants no more
+/// than the target's next token), drafted together; the drafted positions leave the MTP cache.
+fn propose(
+    d: &mut MtpDrafter,
+    slots: &[Slot],
+    active: &[usize],
+    n_gen: usize,
+) -> Result<Vec<Vec<i32>>, LlamaError> {
+    let mut drafting = Vec::new();
+    let mut wants = Vec::new();
+    for (k, &i) in active.iter().enumerate() {
+        let s = &slots[i];
+        let wanted = n_gen.saturating_sub(s.run.tokens.len() + 1);
+        if wanted == 0 {
+            continue;
+        }
+        let n_past = s.tokens.len() - 1;
+        drafting.push(k);
+        wants.push(MtpWant {
+            seq: s.seq,
+            n_max: wanted,
+            n_past: n_past as i32,
+            last: s.tokens[n_past],
+            history: &s.tokens[..n_past],
+        });
+    }
+    let mut drafted = vec![Vec::new(); active.len()];
+    if !wants.is_empty() {
+        for (k, draft) in drafting.into_iter().zip(d.draft_many(&wants)?) {
+            drafted[k] = draft;
+        }
+    }
+    for &i in active {
+        let s = &slots[i];
+        if !d.truncate_draft_seq(s.seq, (s.tokens.len() - 1) as i32) {
+            return Err(rollback_failed("MTP"));
+        }
+    }
+    Ok(drafted)
 }

@@ -218,9 +218,9 @@ fn together_error(r: &SpeculateRequest) -> Option<String> {
     if n == 1 {
         return None;
     }
-    if r.follow.is_some() || r.fault.is_some() || r.mtp.is_some() {
+    if r.follow.is_some() || r.fault.is_some() {
         return Some(format!(
-            "{n} sequences at once are measured with a draft model, n-gram speculation or the target alone only"
+            "{n} sequences at once are measured with a draft model, MTP, n-gram speculation or the target alone only"
         ));
     }
     if r.prompts.is_empty() || !r.prompts.len().is_multiple_of(n as usize) {
@@ -240,7 +240,10 @@ fn together_error(r: &SpeculateRequest) -> Option<String> {
             (p.n_max, r.context.n_batch.min(d.context.n_batch))
         }
         (None, Some(p)) => (p.size_m, r.context.n_batch),
-        (None, None) => return None,
+        (None, None) => match r.mtp {
+            Some(p) => (p.n_max, r.context.n_batch),
+            None => return None,
+        },
     };
     let batch = n * (longest + 1);
     (batch > n_batch).then(|| {
@@ -730,5 +733,16 @@ mod tests {
         let mut r = request(2, 2);
         r.fault = Some(Fault::KeepOneRejectedCell);
         assert!(settings_error(&r).is_some(), "a fault is for one slot");
+        // MTP drafts for several slots too, each slot's draft and last token in the same batch.
+        let mtp = |slots, n_max| {
+            let mut r = request(slots, slots as usize);
+            r.draft = None;
+            r.mtp = Some(crate::worker::protocol::MtpParams { n_max });
+            r
+        };
+        assert_eq!(settings_error(&mtp(4, 3)), None);
+        assert_eq!(settings_error(&mtp(16, 3)), None, "16 x (3 + 1) = 64 fits");
+        let e = settings_error(&mtp(16, 4)).unwrap();
+        assert!(e.contains("need n_batch of at least 80"), "{e}");
     }
 }

@@ -11,22 +11,31 @@
 //! time, so the search's rate (tokens over seconds, summed over runs) is the aggregate rate of N
 //! requests at once. Prompts are processed one slot at a time (their logits are read as they end).
 
-use super::logits::top_with_probability;
+use super::logits::{top_with_probability, Choice};
 use super::serve::{choices_at, rollback_failed, take, Generation, PromptRun};
 use super::DraftParams;
 use crate::llama::{Context, LlamaError, Model, SeqToken};
 use std::time::Instant;
 
 /// One slot: its sequence, what it holds and what it has produced.
-struct Slot {
-    seq: i32,
+pub(super) struct Slot {
+    pub(super) seq: i32,
     /// The prompt and the tokens taken so far; the last is not yet in either cache.
-    tokens: Vec<i32>,
-    run: PromptRun,
+    pub(super) tokens: Vec<i32>,
+    pub(super) run: PromptRun,
 }
 
 impl Slot {
-    fn done(&self, model: &Model, n_gen: usize) -> bool {
+    /// Sequence `seq` after its prompt, with the target's first choice.
+    pub(super) fn new(seq: i32, prompt: &[i32], first: Choice, mut run: PromptRun) -> Slot {
+        let mut tokens = prompt.to_vec();
+        tokens.push(first.token());
+        run.tokens.push(first.token());
+        run.choices.push(first);
+        Slot { seq, tokens, run }
+    }
+
+    pub(super) fn done(&self, model: &Model, n_gen: usize) -> bool {
         self.run.tokens.len() >= n_gen || model.is_eog(*self.run.tokens.last().expect("one token"))
     }
 
@@ -97,13 +106,13 @@ pub(super) fn generate_together(
 
 /// A slot's round after the check: its counts, the rejected positions out of both caches, and the
 /// accepted draft and the target's next token taken.
-fn finish_round(
+pub(super) fn finish_round(
     model: &Model,
     target: &mut Context,
     draft: Option<&mut Context>,
     s: &mut Slot,
     drafted: &[i32],
-    choices: Vec<super::logits::Choice>,
+    choices: Vec<Choice>,
     g: &Generation,
 ) -> Result<(), LlamaError> {
     let accepted = choices.len() - 1;
@@ -155,11 +164,7 @@ fn start(
         d.synchronize();
         run.draft_prompt_seconds = t.elapsed().as_secs_f64();
     }
-    let mut tokens = prompt.to_vec();
-    tokens.push(first.token());
-    run.tokens.push(first.token());
-    run.choices.push(first);
-    Ok(Slot { seq, tokens, run })
+    Ok(Slot::new(seq, prompt, first, run))
 }
 
 /// The draft's proposals for the `active` slots, in their order: greedy while its top probability
@@ -252,13 +257,13 @@ fn ngram_drafts(
 
 /// The target decodes every active slot's last token and draft in one batch; for each slot, its
 /// choice after each accepted draft token, then its own next one. Returns the batch too.
-fn verify(
+pub(super) fn verify(
     target: &mut Context,
     slots: &[Slot],
     active: &[usize],
     drafted: &[Vec<i32>],
     g: &Generation,
-) -> Result<(Vec<SeqToken>, Vec<Vec<super::logits::Choice>>), LlamaError> {
+) -> Result<(Vec<SeqToken>, Vec<Vec<Choice>>), LlamaError> {
     let mut batch: Vec<SeqToken> = Vec::new();
     let mut offsets = Vec::with_capacity(active.len());
     for (&i, d) in active.iter().zip(drafted) {

@@ -274,12 +274,62 @@ pub fn wait_ready(proc: &mut ServerProcess, url: &str, signal: &AtomicUsize) -> 
     }
 }
 
-/// One `/completion` of `prompt`, greedy, generating exactly `n_predict` tokens, prompt not cached.
+/// `text` as a completion's prompt that leaves room for the generation in a slot: the text itself
+/// when the server's tokens of it are at most `max`, else its last tokens after the vocabulary's
+/// leading special ones (BOS), `max` in all, as autotune's measurements cut a prompt to a slot.
+pub fn prompt_within(
+    url: &str,
+    text: &str,
+    max: u32,
+    timeout: Duration,
+) -> anyhow::Result<serde_json::Value> {
+    let agent = ureq::AgentBuilder::new().timeout(timeout).build();
+    let endpoint = format!("{url}/tokenize");
+    let tokenize = |content: &str, add_special: bool| -> anyhow::Result<Vec<i64>> {
+        #[derive(Deserialize)]
+        struct Tokens {
+            tokens: Vec<i64>,
+        }
+        let body = serde_json::json!({ "content": content, "add_special": add_special });
+        let answer: Tokens = match agent.post(&endpoint).send_json(body) {
+            Ok(r) => r.into_json().map_err(|e| {
+                Exit::new(
+                    exit::ERROR,
+                    format!("unexpected answer from {endpoint}: {e}"),
+                )
+            })?,
+            Err(ureq::Error::Status(code, r)) => {
+                return Err(Exit::new(
+                    exit::ERROR,
+                    format!(
+                        "{endpoint} answered {code}: {}",
+                        one_line(&r.into_string().unwrap_or_default())
+                    ),
+                ))
+            }
+            Err(e) => return Err(Exit::new(exit::ERROR, format!("{endpoint}: {e}"))),
+        };
+        Ok(answer.tokens)
+    };
+    let all = tokenize(text, true)?;
+    if all.len() <= max as usize {
+        return Ok(serde_json::Value::from(text));
+    }
+    let special = tokenize("", true)?;
+    let body = tokenize(text, false)?;
+    let keep = (max as usize).saturating_sub(special.len()).max(1);
+    let mut tokens = special;
+    tokens.extend_from_slice(&body[body.len().saturating_sub(keep)..]);
+    Ok(serde_json::Value::from(tokens))
+}
+
+/// One `/completion` of `prompt` (a text or tokens), greedy, generating exactly `n_predict` tokens,
+/// prompt not cached.
 /// Runs on a thread so a Ctrl-C or a crashing server ends the wait at once.
 pub fn complete(
     proc: &mut ServerProcess,
     url: &str,
-    prompt: &str,
+    prompt: &serde_json::Value,
     n_predict: u32,
     timeout: Duration,
     signal: &AtomicUsize,
@@ -293,7 +343,7 @@ pub fn complete(
 pub fn complete_together(
     proc: &mut ServerProcess,
     url: &str,
-    prompt: &str,
+    prompt: &serde_json::Value,
     n_predict: u32,
     n: u32,
     timeout: Duration,
