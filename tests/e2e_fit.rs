@@ -105,6 +105,11 @@ fn a_model_larger_than_every_budget_is_a_clear_error_without_trials() {
         err.contains("fits the memory budgets") && err.contains("nothing was loaded"),
         "{err}"
     );
+    // The host named as RAM, and what would fit instead.
+    assert!(
+        err.contains("on CPU (host RAM), budget 10.0 MiB") && err.contains("smaller quantization"),
+        "{err}"
+    );
     assert!(sb.stored_profiles().is_empty());
     // No trial ran: the measurement log has no repetition.
     let logs = sb.cache().join("measurements");

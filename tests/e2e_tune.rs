@@ -109,28 +109,45 @@ fn doctor_reports_llama_cpp_devices_and_system_info() {
 
 /// Issue 3's A/A test: one configuration measured as two candidates (two workers, two loads, rounds
 /// interleaved) is judged a tie by the tuner's paired decision rule, for prompt and generation speed.
+/// A 95% interval outside the noise threshold is a verdict a quiet machine gives a few times in a
+/// hundred, and this shared VM is not always quiet (seen once in CI: tg A 12% faster, CI [+4.8%,
+/// +17.9%], then ties on the two runs after), so a second A/A run is allowed before failing: a rule
+/// that does not call identical configurations a tie fails both.
 #[test]
 fn two_identical_configurations_are_a_tie() {
     let sb = Sandbox::new();
     let model = demo_model();
-    let o = sb.run(&[
-        "measure",
-        model.to_str().unwrap(),
-        "-c",
-        "256",
-        "-p",
-        "64",
-        "-n",
-        "16",
-        "-t",
-        "2",
-        "--reps",
-        "8",
-        "--twice",
-        "--json",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let run = || -> serde_json::Value {
+        let o = sb.run(&[
+            "measure",
+            model.to_str().unwrap(),
+            "-c",
+            "256",
+            "-p",
+            "64",
+            "-n",
+            "16",
+            "-t",
+            "2",
+            "--reps",
+            "8",
+            "--twice",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let ties = |v: &serde_json::Value| (0..2).all(|k| v["comparisons"][k]["verdict"] == "tie");
+    let first = run();
+    let v = if ties(&first) {
+        first
+    } else {
+        eprintln!(
+            "not a tie on the first A/A run, measuring again: {}",
+            first["comparisons"]
+        );
+        run()
+    };
     for (k, figure) in ["pp", "tg"].iter().enumerate() {
         let c = &v["comparisons"][k];
         assert_eq!(c["verdict"], "tie", "{figure}: {c}");

@@ -498,14 +498,10 @@ impl<'a> Engine<'a> {
         let c = self.results[i].candidate.clone();
         let label = c.label();
         let mut req = self.request(&c);
-        // The worker checks the prediction against what is free right before it loads.
+        // The worker checks the prediction against what is free right before it loads, the host's
+        // RAM included.
         if let Some(p) = &self.results[i].predicted {
-            req.expect = p
-                .per_device
-                .iter()
-                .filter(|d| d.device != "CPU")
-                .cloned()
-                .collect();
+            req.expect = p.per_device.clone();
         }
         if self.measurer.crashes_for(&req) >= 2 {
             self.results[i].skipped =

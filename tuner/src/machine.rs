@@ -104,6 +104,16 @@ fn physical_cores(cpuinfo: &str) -> Option<u32> {
     }
 }
 
+/// The RAM available to a new process now (`MemAvailable`: free memory plus the page cache and slab
+/// the kernel can reclaim); `None` where /proc/meminfo does not say.
+pub fn ram_available_now() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    meminfo
+        .lines()
+        .any(|l| l.starts_with("MemAvailable:"))
+        .then(|| meminfo_kib(&meminfo, "MemAvailable:") * 1024)
+}
+
 fn meminfo_kib(meminfo: &str, key: &str) -> u64 {
     meminfo
         .lines()

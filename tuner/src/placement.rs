@@ -30,14 +30,30 @@ impl Engine<'_> {
         result
     }
 
-    /// Whether a candidate fits every device's budget; the dry-run report when it does, the reason
-    /// (device, need, budget) when not.
+    /// Whether a candidate fits every device's budget, the host's (`CPU`: RAM) included; the dry-run
+    /// report when it does, the reason (device, need, budget) when not.
     pub fn check_fit(&mut self, c: &Candidate) -> Result<LoadReport, String> {
+        self.check_fit_of(c, true)
+    }
+
+    /// [`Self::check_fit`] for the devices that take layers only. What they must hold only grows
+    /// with the layers (and expert layers) placed on them, while the host's shrinks: the searches
+    /// for the most layers that fit bisect on this, and the host's budget prunes the candidates they
+    /// lead to (too few layers offloaded for the rest to fit in RAM).
+    fn check_device_fit(&mut self, c: &Candidate) -> Result<LoadReport, String> {
+        self.check_fit_of(c, false)
+    }
+
+    fn check_fit_of(&mut self, c: &Candidate, host: bool) -> Result<LoadReport, String> {
         if self.settings.budgets.is_empty() {
             return Ok(LoadReport::default());
         }
         let report = self.footprint(c).map_err(|e| format!("pruned: {e}"))?;
-        for d in &report.per_device {
+        for d in report
+            .per_device
+            .iter()
+            .filter(|d| host || d.device != "CPU")
+        {
             if let Some((_, budget)) = self
                 .settings
                 .budgets
@@ -45,8 +61,9 @@ impl Engine<'_> {
                 .find(|(name, _)| *name == d.device)
             {
                 if d.bytes > *budget {
+                    let ram = if d.device == "CPU" { " (host RAM)" } else { "" };
                     return Err(format!(
-                        "pruned: needs {} on {}, budget {}",
+                        "pruned: needs {} on {}{ram}, budget {}",
                         format_size(d.bytes),
                         d.device,
                         format_size(*budget)
@@ -68,7 +85,7 @@ impl Engine<'_> {
     fn max_fitting_layers_from(&mut self, c: &Candidate, known: u32) -> Option<u32> {
         let all = self.settings.n_layers + 1;
         let fits = |e: &mut Self, n: u32| {
-            e.check_fit(&Candidate {
+            e.check_device_fit(&Candidate {
                 n_gpu_layers: n,
                 ..c.clone()
             })
@@ -275,20 +292,21 @@ impl Engine<'_> {
             .collect()
     }
 
-    /// The fewest expert layers on the host with which `at(n)` fits (fit only improves as n grows);
-    /// `None` when not even every expert on the host fits.
+    /// The fewest expert layers on the host with which `at(n)` fits the devices (their fit only
+    /// improves as n grows; the host's is checked on the candidates); `None` when not even every
+    /// expert on the host lets the rest fit.
     fn fewest_host_expert_layers(&mut self, at: &dyn Fn(u32) -> Candidate) -> Option<u32> {
         let layers = self.settings.n_layers;
-        if self.check_fit(&at(0)).is_ok() {
+        if self.check_device_fit(&at(0)).is_ok() {
             return Some(0);
         }
-        if self.check_fit(&at(layers)).is_err() {
+        if self.check_device_fit(&at(layers)).is_err() {
             return None;
         }
         let (mut lo, mut hi) = (0, layers); // lo does not fit, hi does
         while hi - lo > 1 {
             let mid = (lo + hi) / 2;
-            if self.check_fit(&at(mid)).is_ok() {
+            if self.check_device_fit(&at(mid)).is_ok() {
                 hi = mid;
             } else {
                 lo = mid;

@@ -65,7 +65,7 @@ fn registered() -> Vec<Registered> {
                             sys::ggml_backend_dev_backend_reg(dev),
                         )),
                         kind: kind_name(props.type_).to_string(),
-                        memory_free: props.memory_free as u64,
+                        memory_free: host_free(props.type_, props.memory_free as u64),
                         memory_total: props.memory_total as u64,
                     },
                     device_id: (!id.is_empty()).then_some(id),
@@ -73,6 +73,18 @@ fn registered() -> Vec<Registered> {
             })
             .collect()
     }
+}
+
+/// A device's free memory: llama.cpp's figure, but for the CPU the RAM available now. ggml's CPU
+/// device reports all of RAM as free ("ill-defined, assume all of it is free"), so a budget made from
+/// it would let a configuration whose host part exceeds what is really free be loaded: its weights
+/// then page from disk for every token (the fit cliff of the host), or its KV cache and buffers get
+/// the worker, or another process, killed for memory.
+fn host_free(t: sys::ggml_backend_dev_type, reported: u64) -> u64 {
+    if t != sys::GGML_BACKEND_DEVICE_TYPE_CPU {
+        return reported;
+    }
+    crate::machine::ram_available_now().map_or(reported, |a| a.min(reported))
 }
 
 fn kind_name(t: sys::ggml_backend_dev_type) -> &'static str {
@@ -147,6 +159,30 @@ fn same_gpu<'a>(gpus: &'a [Registered], d: &Registered) -> Option<&'a Registered
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ggml says all of RAM is free on the CPU device; autotune's view says what is available now.
+    #[test]
+    fn the_hosts_free_memory_is_the_ram_available_now_not_all_of_it() {
+        let gpu = sys::GGML_BACKEND_DEVICE_TYPE_GPU;
+        let cpu = sys::GGML_BACKEND_DEVICE_TYPE_CPU;
+        assert_eq!(host_free(gpu, 5 << 30), 5 << 30, "a GPU's own figure");
+        assert_eq!(host_free(cpu, 1), 1, "never more than llama.cpp says");
+        let available = crate::machine::ram_available_now().expect("/proc/meminfo");
+        let free = host_free(cpu, u64::MAX);
+        assert!(
+            free.abs_diff(available) < 512 << 20,
+            "{free} against MemAvailable {available}"
+        );
+        let total = crate::machine::Machine::probe(Vec::new()).ram_bytes;
+        assert!(free < total, "{free} of {total}: not all of RAM");
+        // And the device list llama.cpp gives a model says so for its CPU.
+        super::super::init(false);
+        let listed = devices()
+            .into_iter()
+            .find(|d| d.kind == "cpu")
+            .expect("a CPU");
+        assert!(listed.memory_free < listed.memory_total, "{listed:?}");
+    }
 
     fn dev(name: &str, backend: &str, kind: &str, id: Option<&str>) -> Registered {
         Registered {

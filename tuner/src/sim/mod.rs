@@ -13,6 +13,7 @@
 mod baseline_tests;
 mod bench;
 pub mod harness;
+mod host_tests;
 pub mod landscape;
 mod llama_fit;
 mod tests;

@@ -125,10 +125,16 @@ pub fn nothing_measured(t: &Tuned) -> anyhow::Error {
             .iter()
             .find_map(|r| r.skipped.clone())
             .unwrap_or_default();
+        // Short of RAM: what a user can do about it, as the host's figure is not a flag's.
+        let hint = if reason.contains(" on CPU (host RAM)") {
+            "; a smaller quantization (`autotune quantize`, `--ladder`), a smaller --ctx, or layers on a GPU would fit"
+        } else {
+            ""
+        };
         return Exit::new(
             exit::NOTHING_MEASURED,
             format!(
-                "{}: no configuration fits the memory budgets ({reason}); nothing was loaded",
+                "{}: no configuration fits the memory budgets ({reason}); nothing was loaded{hint}",
                 t.model.display()
             ),
         );

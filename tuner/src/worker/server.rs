@@ -106,7 +106,10 @@ impl WorkerState {
             message,
         };
         if !m.settings.no_alloc {
-            if let Some(why) = short_of_device_memory(&m.expect, &self.before_load.0) {
+            // The host's part too: the RAM available now, this worker's previous model freed.
+            let mut free = self.before_load.0.clone();
+            free.extend(crate::machine::ram_available_now().map(|a| ("CPU".to_string(), a)));
+            if let Some(why) = short_of_device_memory(&m.expect, &free) {
                 return Err(failed(why));
             }
         }

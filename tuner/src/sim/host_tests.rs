@@ -1,0 +1,78 @@
+//! The host's RAM as a budget beside the GPUs': a model whose layers left on the host must fit in
+//! what RAM is available, so too few layers offloaded is pruned (it would page from disk or be killed
+//! for memory), while the search for the most layers a GPU holds is not misled by it.
+
+use super::harness::{fits, gpus, max_fit, settings, tune, Mode};
+use super::{Outcome, GIB};
+use search_space::Candidate;
+
+/// Bytes the host holds for `c` by the landscape's dry run.
+fn host_bytes(land: &super::Landscape, c: &Candidate, n_ctx: u32) -> u64 {
+    land.footprint(c, n_ctx)
+        .per_device
+        .iter()
+        .find(|d| d.device == "CPU")
+        .map_or(0, |d| d.bytes)
+}
+
+/// A 70B-class model (about 38 GiB) on one 24 GiB GPU, with 24 GiB of RAM available: every layer
+/// on the host does not fit in RAM, the most layers the GPU holds leave a host part that does. The
+/// search still starts at the most layers the GPU holds and wins there; nothing it loads needs more
+/// RAM than the budget, and the placements that would are pruned with the host named.
+#[test]
+fn too_few_layers_offloaded_for_the_rest_to_fit_in_ram_are_pruned_not_the_search() {
+    let land = gpus(1, 24 * GIB);
+    let mut s = settings(&land, 5);
+    let host_budget = 24 * GIB;
+    s.budgets.push(("CPU".into(), host_budget));
+    let n_ctx = s.workload.n_ctx;
+    let base = Candidate::llama_default(16, 81);
+    let all_on_host = Candidate {
+        n_gpu_layers: 0,
+        ..base.clone()
+    };
+    assert!(
+        host_bytes(&land, &all_on_host, n_ctx) > host_budget,
+        "the model alone is larger than the RAM budget"
+    );
+    // The most layers the GPU holds, whatever the host (max_fit checks every budget, so drop the
+    // host's for it).
+    let mut gpu_only = s.clone();
+    gpu_only.budgets.retain(|(n, _)| n != "CPU");
+    let max = max_fit(&land, &gpu_only, &base).unwrap();
+    let at_max = Candidate {
+        n_gpu_layers: max,
+        ..base.clone()
+    };
+    assert!(
+        fits(&land, &s, &at_max),
+        "at {max} layers the rest fits in RAM"
+    );
+
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let win = run.winner.clone().expect("a winner");
+    assert!(fits(&land, &s, &win), "{}", win.label());
+    assert!(win.n_gpu_layers + 1 >= max, "{} of {max}", win.label());
+    let trace = run.trace.borrow();
+    for (c, outcome, _) in &trace.calls {
+        if *outcome == Outcome::Measured {
+            assert!(
+                host_bytes(&land, c, n_ctx) <= host_budget,
+                "{} loaded with more than the RAM budget on the host",
+                c.label()
+            );
+        }
+    }
+    let pruned_on_host: Vec<&str> = (run.results.iter())
+        .filter_map(|r| r.skipped.as_deref())
+        .filter(|why| why.contains("on CPU (host RAM), budget"))
+        .collect();
+    assert!(
+        !pruned_on_host.is_empty(),
+        "the CPU-only placement is pruned by the host's budget: {:?}",
+        run.results
+            .iter()
+            .map(|r| (r.candidate.label(), r.skipped.clone()))
+            .collect::<Vec<_>>()
+    );
+}
