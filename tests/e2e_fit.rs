@@ -197,3 +197,43 @@ fn moe_experts_go_to_the_host_when_the_device_is_small() {
         "{board:#?}"
     );
 }
+
+/// `measure` has no budgets, but it never runs the machine out of memory: its dry run predicts the
+/// load, and the worker refuses one that needs more RAM than is available (exit 4, one line, the
+/// figures), before allocating anything. The tiny model's KV cache at a context of twice this
+/// machine's RAM in tokens' worth of it is far over what any machine has free.
+#[test]
+fn measure_refuses_a_load_larger_than_the_ram_available() {
+    let model = tiny_model();
+    let sb = Sandbox::new();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let total_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    // 4 KiB of f16 K and V per token (4 layers, 4 KV heads of 64): twice RAM in KV cache alone.
+    let ctx = (total_kib * 1024 * 2 / 4096).to_string();
+    let o = sb.run(&[
+        "measure",
+        &model_arg(&model),
+        "-c",
+        &ctx,
+        "-t",
+        "1",
+        "-p",
+        "16",
+        "-n",
+        "4",
+        "--reps",
+        "2",
+    ]);
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("not loaded, to avoid running out of memory") && err.contains("on CPU"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(stdout(&o).is_empty());
+}

@@ -494,7 +494,9 @@ pub struct MeasureArgs {
     pub split_mode: SplitMode,
     #[command(flatten)]
     pub rpc: RpcArgs,
-    /// Also predict the memory with a dry-run load (no_alloc) and print prediction vs actual
+    /// Also print the memory the dry-run load (no_alloc) predicted beside what the load took. The
+    /// dry run always happens: a load predicted to need more than is free (device or RAM) is refused
+    /// with exit 4 instead of running the machine out of memory
     #[arg(long)]
     pub predict: bool,
     /// Measured repetitions (after a discarded warm-up)

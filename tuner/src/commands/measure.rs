@@ -54,15 +54,17 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     inspect_model(&a.model)?;
     let model = std::fs::canonicalize(&a.model)?;
     let d = probe::probe(cli.verbose, &a.rpc.servers)?;
-    let (candidate, request) = request_of(a, model, &d)?;
+    let (candidate, mut request) = request_of(a, model, &d)?;
+    // Always a dry run first: the worker compares its prediction with the memory free right before
+    // it loads (the host's RAM included) and refuses rather than run the machine out of memory.
+    let predicted = predict(&request, &candidate)?;
+    request.expect = (predicted.iter())
+        .flat_map(|p| p.per_device.clone())
+        .collect();
     if a.twice {
         return twice(a, &request, &candidate);
     }
-    let predicted = if a.predict {
-        predict(&request, &candidate)?
-    } else {
-        None
-    };
+    let predicted = predicted.filter(|_| a.predict);
     let (reps, load) = repetitions(&request, &candidate, a.reps)?;
     let workload = request.workload.clone();
     let summary = |v: Vec<f64>| Sample::new(v).ok().map(|s| s.summary());
