@@ -190,23 +190,36 @@ fn prompt_threads_are_set_apart_from_generation_threads() {
             "--json",
         ])
     };
-    let (one, two) = (measure("1"), measure("2"));
     let median = |v: &serde_json::Value, k: &str| v[k]["median"].as_f64().unwrap();
-    assert_eq!(two["candidate"]["threads_batch"], 2, "{two}");
-    assert!(
-        one["candidate"]["threads_batch"].is_null(),
-        "-tb 1 = -t 1: {one}"
-    );
-    let (pp1, pp2) = (median(&one, "pp"), median(&two, "pp"));
-    assert!(
-        pp2 > 1.3 * pp1,
-        "pp {pp2} t/s with -tb 2 vs {pp1} with -tb 1"
-    );
-    let (tg1, tg2) = (median(&one, "tg"), median(&two, "tg"));
-    assert!(
-        tg2 < 1.25 * tg1,
-        "tg {tg2} t/s with -tb 2 vs {tg1} with -tb 1 (both -t 1)"
-    );
+    // Speeds measured one after the other on a shared VM: a noisy spell can slow one of them by a
+    // third (seen once: tg 38 against 54 t/s, where both are 58-61 t/s run after run), so a second
+    // pair is measured before failing; -tb that does not reach llama.cpp, or reaches generation,
+    // fails both.
+    let check = || -> Result<(), String> {
+        let (one, two) = (measure("1"), measure("2"));
+        assert_eq!(two["candidate"]["threads_batch"], 2, "{two}");
+        assert!(
+            one["candidate"]["threads_batch"].is_null(),
+            "-tb 1 = -t 1: {one}"
+        );
+        let (pp1, pp2) = (median(&one, "pp"), median(&two, "pp"));
+        if pp2 <= 1.3 * pp1 {
+            return Err(format!("pp {pp2} t/s with -tb 2 vs {pp1} with -tb 1"));
+        }
+        let (tg1, tg2) = (median(&one, "tg"), median(&two, "tg"));
+        if tg2 >= 1.25 * tg1 {
+            return Err(format!(
+                "tg {tg2} t/s with -tb 2 vs {tg1} with -tb 1 (both -t 1)"
+            ));
+        }
+        Ok(())
+    };
+    if let Err(first) = check() {
+        eprintln!("{first}; measuring the pair again");
+        if let Err(again) = check() {
+            panic!("{first}; again: {again}");
+        }
+    }
 }
 
 /// Records per candidate in a measurement log (JSON Lines).

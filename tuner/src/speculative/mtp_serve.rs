@@ -250,9 +250,7 @@ fn generate_together(
     }
     let t = Instant::now();
     loop {
-        let active: Vec<usize> = (0..slots.len())
-            .filter(|&i| !slots[i].done(model, g.n_gen))
-            .collect();
+        let active = together::active(&slots, model, g.n_gen);
         if active.is_empty() {
             break;
         }
@@ -268,14 +266,7 @@ fn generate_together(
         }
     }
     d.target().synchronize();
-    let share = t.elapsed().as_secs_f64() / slots.len().max(1) as f64;
-    Ok(slots
-        .into_iter()
-        .map(|mut s| {
-            s.run.gen_seconds = share;
-            s.run
-        })
-        .collect())
+    Ok(together::runs_sharing(slots, t.elapsed().as_secs_f64()))
 }
 
 /// The head's drafts for the `active` slots, in their order (none for a slot that wants no more

@@ -35,7 +35,7 @@ impl Slot {
         Slot { seq, tokens, run }
     }
 
-    pub(super) fn done(&self, model: &Model, n_gen: usize) -> bool {
+    fn done(&self, model: &Model, n_gen: usize) -> bool {
         self.run.tokens.len() >= n_gen || model.is_eog(*self.run.tokens.last().expect("one token"))
     }
 
@@ -43,6 +43,25 @@ impl Slot {
     fn cap(&self, p: &DraftParams, n_gen: usize) -> usize {
         (p.n_max as usize).min(n_gen.saturating_sub(self.run.tokens.len() + 1))
     }
+}
+
+/// The slots still generating (fewer than `n_gen` tokens, no end of generation yet), in order.
+pub(super) fn active(slots: &[Slot], model: &Model, n_gen: usize) -> Vec<usize> {
+    (0..slots.len())
+        .filter(|&i| !slots[i].done(model, n_gen))
+        .collect()
+}
+
+/// Each slot's run, carrying an Nth of the group's `seconds` of generation: the slots generated
+/// together, so the search's rate (tokens over seconds, summed over runs) is the group's.
+pub(super) fn runs_sharing(slots: Vec<Slot>, seconds: f64) -> Vec<PromptRun> {
+    let share = seconds / slots.len().max(1) as f64;
+    (slots.into_iter())
+        .map(|mut s| {
+            s.run.gen_seconds = share;
+            s.run
+        })
+        .collect()
 }
 
 /// Generates over `prompts` at once, one sequence each, with or without a draft.
@@ -64,9 +83,7 @@ pub(super) fn generate_together(
     }
     let t = Instant::now();
     loop {
-        let active: Vec<usize> = (0..slots.len())
-            .filter(|&i| !slots[i].done(model, g.n_gen))
-            .collect();
+        let active = active(&slots, model, g.n_gen);
         if active.is_empty() {
             break;
         }
@@ -94,14 +111,7 @@ pub(super) fn generate_together(
         }
     }
     target.synchronize();
-    let share = t.elapsed().as_secs_f64() / slots.len().max(1) as f64;
-    Ok(slots
-        .into_iter()
-        .map(|mut s| {
-            s.run.gen_seconds = share;
-            s.run
-        })
-        .collect())
+    Ok(runs_sharing(slots, t.elapsed().as_secs_f64()))
 }
 
 /// A slot's round after the check: its counts, the rejected positions out of both caches, and the
