@@ -234,6 +234,10 @@ fn measure_refuses_a_load_larger_than_the_ram_available() {
         err.contains("not loaded, to avoid running out of memory") && err.contains("on CPU"),
         "{err}"
     );
+    assert!(
+        !err.contains("llama.cpp refused"),
+        "autotune refused, not llama.cpp: {err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     assert!(stdout(&o).is_empty());
 }

@@ -76,11 +76,15 @@ pub struct BufferReport {
     pub bytes: u64,
 }
 
+/// The stage of a [`TrialFailure::Refused`] that autotune's memory check, not llama.cpp, refused.
+pub const MEMORY_CHECK: &str = "memory check";
+
 /// How a trial ended when it did not produce a figure.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum TrialFailure {
-    /// llama.cpp returned an error (the worker survived).
+    /// llama.cpp returned an error (the worker survived); at stage [`MEMORY_CHECK`], autotune's own
+    /// check refused to load what would not fit in the memory free right then.
     Refused { stage: String, message: String },
     /// The worker died of a signal (SIGILL in a kernel, SIGABRT from GGML_ASSERT, SIGKILL from the OOM
     /// killer or a user).
@@ -100,6 +104,9 @@ pub enum TrialFailure {
 impl std::fmt::Display for TrialFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            TrialFailure::Refused { stage, message } if stage == MEMORY_CHECK => {
+                write!(f, "{message}")
+            }
             TrialFailure::Refused { stage, message } => {
                 write!(f, "llama.cpp refused at {stage}: {message}")
             }

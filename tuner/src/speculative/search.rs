@@ -492,7 +492,8 @@ fn draft_grid(
                     failures += 1;
                     let fatal = failures >= 2
                         || e.starts_with("llama.cpp refused at load")
-                        || e.starts_with("llama.cpp refused at context");
+                        || e.starts_with("llama.cpp refused at context")
+                        || e.starts_with(crate::worker::memory::SHORT_OF_MEMORY);
                     t.failure = Some(e);
                     entry.trials.push(t);
                     if fatal {

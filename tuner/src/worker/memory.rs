@@ -28,6 +28,9 @@ pub fn committed_bytes() -> u64 {
 /// percent of what it allocates; small allocations outside its buffers remain).
 pub const LOAD_GUARD: u64 = 64 << 20;
 
+/// How [`short_of_device_memory`]'s reasons begin.
+pub const SHORT_OF_MEMORY: &str = "not loaded, to avoid running out of memory";
+
 /// Why a load predicted to take `expect` would not fit in the device memory `free` now (device →
 /// free bytes), or `None` when it fits with [`LOAD_GUARD`] to spare. Devices not listed in `free`
 /// are not checked.
@@ -36,7 +39,7 @@ pub fn short_of_device_memory(expect: &[DeviceBytes], free: &[(String, u64)]) ->
         let (_, f) = free.iter().find(|(name, _)| *name == e.device)?;
         (e.bytes.saturating_add(LOAD_GUARD) > *f).then(|| {
             format!(
-                "not loaded, to avoid running out of memory: needs {} on {}, {} free now \
+                "{SHORT_OF_MEMORY}: needs {} on {}, {} free now \
                  (other processes, the tuner's own workers included, hold the rest)",
                 format_size(e.bytes),
                 e.device,

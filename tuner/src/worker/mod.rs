@@ -7,7 +7,7 @@
 
 pub mod client;
 mod fault;
-mod memory;
+pub(crate) mod memory;
 pub mod pool;
 pub mod protocol;
 pub mod server;

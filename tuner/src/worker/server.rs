@@ -109,8 +109,11 @@ impl WorkerState {
             // The host's part too: the RAM available now, this worker's previous model freed.
             let mut free = self.before_load.0.clone();
             free.extend(crate::machine::ram_available_now().map(|a| ("CPU".to_string(), a)));
-            if let Some(why) = short_of_device_memory(&m.expect, &free) {
-                return Err(failed(why));
+            if let Some(message) = short_of_device_memory(&m.expect, &free) {
+                return Err(Response::Failed {
+                    stage: profiles::measurements::MEMORY_CHECK.into(),
+                    message,
+                });
             }
         }
         let t = Instant::now();
