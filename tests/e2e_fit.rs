@@ -241,3 +241,72 @@ fn measure_refuses_a_load_larger_than_the_ram_available() {
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     assert!(stdout(&o).is_empty());
 }
+
+/// Two candidates that differ in their model settings (CPU kernels) are held by two trial workers
+/// when the model file is small, but each of these loads takes over half the RAM available (the
+/// tiny model's KV cache at a context sized from /proc/meminfo): the second worker's memory check
+/// refuses its load while the first holds its model. The tuner's own idle worker is what holds that
+/// memory, so it is closed and the load tried again: both are measured, nothing is refused, and
+/// nothing ran the machine out of memory.
+#[test]
+fn two_loads_that_cannot_share_the_ram_are_measured_one_after_the_other() {
+    let model = tiny_model();
+    let sb = Sandbox::new();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let available_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    // About 5.2 KiB per token of context at -ub 512 (the KV cache's 4 KiB and the compute buffer's
+    // attention rows, by the dry run): each load 65% of the RAM available (the KV cache, over
+    // half of it, is cleared at load, so it is resident before the next load is checked).
+    let ctx = (available_kib * 1024 * 65 / 100 / 5300).to_string();
+    let o = sb.run(&[
+        "tune",
+        &model_arg(&model),
+        "--ctx",
+        &ctx,
+        "--prompt",
+        "32",
+        "--gen",
+        "8",
+        "--exhaustive",
+        "--kernels",
+        "repack,plain",
+        "--threads",
+        "1",
+        "--cache-types",
+        "f16",
+        "--flash-attn",
+        "auto",
+        "--ubatch",
+        "512",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "2",
+        "--budget",
+        "2m",
+        "--no-save",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("not loaded"), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let board = r["leaderboard"].as_array().unwrap();
+    for kernels in ["repack", "plain"] {
+        let e = (board.iter())
+            .find(|e| e["candidate"]["kernels"] == kernels)
+            .unwrap_or_else(|| panic!("{kernels} in {board:#?}"));
+        assert_eq!(e["status"], "ok", "{kernels}: {e:#}");
+    }
+    // Each load really was over half of what was available, so two could not have shared it.
+    for row in r["memory"].as_array().unwrap() {
+        let cpu = (row["predicted"].as_array().unwrap().iter())
+            .find(|d| d["device"] == "CPU")
+            .and_then(|d| d["bytes"].as_u64())
+            .unwrap();
+        assert!(cpu > available_kib * 1024 / 2, "{row}");
+    }
+}

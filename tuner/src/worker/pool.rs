@@ -42,8 +42,30 @@ impl WorkerPool {
         self.crashes.get(&Self::key(m)).copied().unwrap_or(0)
     }
 
-    /// Sends a request to the worker holding this model (spawning or evicting as needed).
+    /// Sends a request to the worker holding this model (spawning or evicting as needed). When the
+    /// worker refuses a load for want of memory while other workers hold models, those are what
+    /// holds it: they are closed, one model at a time is kept from then on, and the load is tried
+    /// again.
     pub fn call(
+        &mut self,
+        request: &Request,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Response, TrialFailure> {
+        let result = self.call_once(request, stop);
+        let short_of_memory = matches!(&result,
+            Err(TrialFailure::Refused { stage, .. }) if stage == profiles::measurements::MEMORY_CHECK);
+        if !short_of_memory || self.workers.len() < 2 {
+            return result;
+        }
+        // The refusing worker is the most recently used, last.
+        let refusing = self.workers.pop().expect("two or more workers");
+        self.shutdown();
+        self.workers.push(refusing);
+        self.max_alive = 1;
+        self.call_once(request, stop)
+    }
+
+    fn call_once(
         &mut self,
         request: &Request,
         stop: &dyn Fn() -> bool,
