@@ -10,6 +10,14 @@ fn model_arg(p: &std::path::Path) -> String {
     p.to_str().unwrap().to_string()
 }
 
+/// A /proc/meminfo figure (`key` with its colon), in KiB.
+fn meminfo_kib(key: &str) -> u64 {
+    (std::fs::read_to_string("/proc/meminfo").unwrap().lines())
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{key} in /proc/meminfo"))
+}
+
 #[test]
 fn candidates_over_budget_are_pruned_not_loaded() {
     let model = demo_model();
@@ -206,12 +214,7 @@ fn moe_experts_go_to_the_host_when_the_device_is_small() {
 fn measure_refuses_a_load_larger_than_the_ram_available() {
     let model = tiny_model();
     let sb = Sandbox::new();
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
-    let total_kib: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap();
+    let total_kib = meminfo_kib("MemTotal:");
     // 4 KiB of f16 K and V per token (4 layers, 4 KV heads of 64): twice RAM in KV cache alone.
     let ctx = (total_kib * 1024 * 2 / 4096).to_string();
     let o = sb.run(&[
@@ -252,12 +255,7 @@ fn measure_refuses_a_load_larger_than_the_ram_available() {
 fn two_loads_that_cannot_share_the_ram_are_measured_one_after_the_other() {
     let model = tiny_model();
     let sb = Sandbox::new();
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
-    let available_kib: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap();
+    let available_kib = meminfo_kib("MemAvailable:");
     // About 5.2 KiB per token of context at -ub 512 (the KV cache's 4 KiB and the compute buffer's
     // attention rows, by the dry run): each load 65% of the RAM available (the KV cache, over
     // half of it, is cleared at load, so it is resident before the next load is checked).
