@@ -270,8 +270,13 @@ pub fn llama_server() -> PathBuf {
 
 /// The tiny random-weight llama (4 layers, 1.6 MiB) from `vendor/make-test-model --preset tiny`.
 pub fn tiny_model() -> PathBuf {
+    test_model("tiny")
+}
+
+/// A random-weight llama from `vendor/make-test-model --preset PRESET` (written once, then reused).
+pub fn test_model(preset: &str) -> PathBuf {
     let out = Command::new(repo_root().join("vendor/make-test-model"))
-        .args(["--preset", "tiny"])
+        .args(["--preset", preset])
         .output()
         .expect("vendor/make-test-model");
     assert!(out.status.success(), "{}", stderr(&out));

@@ -42,10 +42,37 @@ pub struct LoadReport {
     /// Bytes per device as llama.cpp's buffers attribute them (device name → bytes).
     #[serde(default)]
     pub per_device: Vec<DeviceBytes>,
-    /// Bytes per device really taken: device memory free before load minus after (non-CPU devices),
-    /// resident-set growth of the worker (CPU). Absent for dry runs.
+    /// Bytes per device really taken: device memory free before load minus after (non-CPU devices);
+    /// on the host the worker's growth (after the first repetition: private memory plus the model
+    /// file's pages inference read). Absent for dry runs.
     #[serde(default)]
     pub actual: Vec<DeviceBytes>,
+    /// Bytes of the mmap'd model file that inference read (pages referenced during the first
+    /// measured repetition). llama.cpp counts a mapped buffer as the whole file range its tensors
+    /// span: with repacked weights (copied out of the mapping at load) or layers on a GPU that range
+    /// holds tensors read once and never again, pages the kernel may drop at no cost. Absent for dry
+    /// runs, before inference, and where the kernel cannot tell (`/proc/self/clear_refs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapped_in_use: Option<u64>,
+}
+
+impl LoadReport {
+    /// Memory the configuration holds: llama.cpp's own figures, except that its mmap'd buffers
+    /// count as the pages inference read from them ([`Self::mapped_in_use`]) where known.
+    pub fn held_bytes(&self) -> u64 {
+        match self.mapped_in_use {
+            Some(used) => {
+                let mapped: u64 = self
+                    .buffers
+                    .iter()
+                    .filter(|b| b.buffer.ends_with("_Mapped") && b.what == "model")
+                    .map(|b| b.bytes)
+                    .sum();
+                self.reported_bytes.saturating_sub(mapped) + used.min(mapped)
+            }
+            None => self.reported_bytes,
+        }
+    }
 }
 
 /// A number of bytes on one device.
@@ -258,4 +285,39 @@ impl MeasurementLog {
 /// Parses one line of the log (what the fuzzer exercises); `None` for a corrupt line.
 pub fn parse_line(line: &str) -> Option<Record> {
     serde_json::from_str(line).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BufferReport, LoadReport};
+
+    fn buffer(buffer: &str, what: &str, bytes: u64) -> BufferReport {
+        BufferReport {
+            buffer: buffer.into(),
+            what: what.into(),
+            bytes,
+        }
+    }
+
+    #[test]
+    fn a_mapped_buffer_counts_as_the_pages_inference_read() {
+        let gib = 1u64 << 30;
+        // A repacked load as llama.cpp reports it: the mapped range (the whole file) and the
+        // repacked copy of most of it, then the KV cache.
+        let mut l = LoadReport {
+            buffers: vec![
+                buffer("CPU_Mapped", "model", 4 * gib),
+                buffer("CPU_REPACK", "model", 3 * gib),
+                buffer("CPU", "KV", gib),
+            ],
+            reported_bytes: 8 * gib,
+            ..LoadReport::default()
+        };
+        assert_eq!(l.held_bytes(), 8 * gib, "unknown: llama.cpp's figure");
+        l.mapped_in_use = Some(gib);
+        assert_eq!(l.held_bytes(), 5 * gib);
+        // Never more than the mapped buffer itself.
+        l.mapped_in_use = Some(9 * gib);
+        assert_eq!(l.held_bytes(), 8 * gib);
+    }
 }

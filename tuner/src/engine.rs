@@ -147,12 +147,13 @@ impl CandidateResult {
         stats::decide(&self.round_rates(w), &other.round_rates(w), noise, seed)
     }
 
-    /// Bytes llama.cpp reported for the load, else the dry run's prediction (0 when neither is known).
+    /// Bytes the load holds ([`LoadReport::held_bytes`]: llama.cpp's figures, its mapped buffers as
+    /// the pages inference read), else the dry run's prediction (0 when neither is known).
     pub fn mem_bytes(&self) -> u64 {
         self.load
             .as_ref()
             .or(self.predicted.as_ref())
-            .map(|l| l.reported_bytes)
+            .map(|l| l.held_bytes())
             .unwrap_or(0)
     }
 }

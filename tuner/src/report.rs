@@ -50,7 +50,8 @@ pub struct Report {
     pub measurement_log: Option<PathBuf>,
     pub notes: Vec<String>,
     /// Memory per device of every candidate: predicted by the dry run, reported by llama.cpp after
-    /// the real load, and measured (device free-memory drop, worker RSS growth).
+    /// the real load, and measured (device free-memory drop; on the host the worker's private memory
+    /// grown plus the model file's pages inference read).
     pub memory: Vec<MemoryRow>,
 }
 

@@ -9,19 +9,58 @@ use search_space::size::format_size;
 /// as a device allocation is) plus resident file-backed pages (the mmap'd weights, once read), less
 /// the reservations of thread stacks (see [`thread_stack_bytes`]).
 pub fn committed_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib = |key: &str| -> u64 {
-        status
-            .lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-            * 1024
-    };
-    (kib("VmData:") + kib("RssFile:")).saturating_sub(thread_stack_bytes(
+    private_bytes() + status_kib("RssFile:")
+}
+
+/// Private memory this process holds (heap and anonymous mappings, allocated whether touched or
+/// not), less the reservations of thread stacks: [`committed_bytes`] without file-backed pages.
+pub fn private_bytes() -> u64 {
+    status_kib("VmData:").saturating_sub(thread_stack_bytes(
         &std::fs::read_to_string("/proc/self/maps").unwrap_or_default(),
     ))
+}
+
+fn status_kib(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+/// Clears the referenced bits of this process's pages, so that [`model_pages_referenced`] later
+/// counts the pages read since. `false` where the kernel does not offer it.
+pub fn clear_referenced() -> bool {
+    std::fs::write("/proc/self/clear_refs", "1").is_ok()
+}
+
+/// Bytes of mmap'd GGUF files (the model's, a draft's) referenced since [`clear_referenced`],
+/// from /proc/self/smaps.
+pub fn model_pages_referenced() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/smaps")
+        .ok()
+        .map(|s| gguf_referenced_bytes(&s))
+}
+
+/// The `Referenced:` bytes of the mappings of `.gguf` files in an smaps listing.
+pub fn gguf_referenced_bytes(smaps: &str) -> u64 {
+    let mut total = 0;
+    let mut in_gguf = false;
+    for line in smaps.lines() {
+        let mut f = line.split_whitespace();
+        let first = f.next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            // A mapping's header: range perms offset dev inode [path, which may hold spaces]
+            let rest: Vec<&str> = f.collect();
+            in_gguf = rest.len() > 4 && rest.last().is_some_and(|p| p.ends_with(".gguf"));
+        } else if in_gguf && first == "Referenced:" {
+            total += f.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) * 1024;
+        }
+    }
+    total
 }
 
 /// Device memory kept free beyond a load's prediction (llama.cpp's accounting is within a few
@@ -101,7 +140,28 @@ pub fn rss_bytes() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{short_of_device_memory, thread_stack_bytes, DeviceBytes, LOAD_GUARD};
+    use super::{
+        gguf_referenced_bytes, short_of_device_memory, thread_stack_bytes, DeviceBytes, LOAD_GUARD,
+    };
+
+    #[test]
+    fn referenced_pages_of_gguf_mappings_are_summed() {
+        let smaps = "\
+7f0050000000-7f0150000000 r--s 00000000 fd:01 1234                       /models/My Model.gguf
+Size:            4194304 kB
+Rss:             4194304 kB
+Referenced:       262144 kB
+7f0150000000-7f0150100000 r-xp 00000000 fd:01 99                         /usr/lib/libggml-cpu.so
+Referenced:         1024 kB
+7f0160000000-7f0160100000 rw-p 00000000 00:00 0
+Referenced:         2048 kB
+7f0170000000-7f0170100000 r--s 00000000 fd:01 1235                       /models/draft.gguf
+Referenced:          100 kB
+";
+        // The library and the anonymous mapping do not count; a path with a space does.
+        assert_eq!(gguf_referenced_bytes(smaps), (262144 + 100) * 1024);
+        assert_eq!(gguf_referenced_bytes(""), 0);
+    }
 
     #[test]
     fn a_load_is_refused_when_less_than_its_prediction_is_free_now() {

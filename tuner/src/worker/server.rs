@@ -7,7 +7,7 @@
 //! A worker keeps its model loaded while requests only change context settings.
 
 use super::fault;
-use super::memory::{committed_bytes, rss_bytes, short_of_device_memory};
+use super::memory::{self, committed_bytes, rss_bytes, short_of_device_memory};
 use super::protocol::{
     BandwidthRequest, DeviceBytes, LoadReport, MeasureRequest, Repetition, Request, Response,
 };
@@ -86,8 +86,21 @@ struct WorkerState {
     model: Option<((PathBuf, ModelSettings), Arc<Model>)>,
     load_log: Vec<String>,
     load_seconds: f64,
-    /// Free memory per non-CPU device and the worker's RSS just before the model was loaded.
-    before_load: (Vec<(String, u64)>, u64),
+    before_load: BeforeLoad,
+    /// Whether the referenced bits were cleared after the last (re)load, so that the model file's
+    /// pages read from then on can be counted ([`memory::model_pages_referenced`]).
+    refs_cleared: bool,
+}
+
+/// The worker's memory just before the model was loaded.
+#[derive(Default)]
+struct BeforeLoad {
+    /// Free memory per non-CPU device.
+    free: Vec<(String, u64)>,
+    /// [`committed_bytes`]: private memory and resident file pages.
+    committed: u64,
+    /// [`memory::private_bytes`].
+    private: u64,
 }
 
 impl WorkerState {
@@ -100,14 +113,18 @@ impl WorkerState {
     ) -> Result<(), Response> {
         self.context = None;
         self.model = None;
-        self.before_load = (llama::device_free(), committed_bytes());
+        self.before_load = BeforeLoad {
+            free: llama::device_free(),
+            committed: committed_bytes(),
+            private: memory::private_bytes(),
+        };
         let failed = |message: String| Response::Failed {
             stage: "load".into(),
             message,
         };
         if !m.settings.no_alloc {
             // The host's part too: the RAM available now, this worker's previous model freed.
-            let mut free = self.before_load.0.clone();
+            let mut free = self.before_load.free.clone();
             free.extend(crate::machine::ram_available_now().map(|a| ("CPU".to_string(), a)));
             if let Some(message) = short_of_device_memory(&m.expect, &free) {
                 return Err(Response::Failed {
@@ -167,7 +184,7 @@ impl WorkerState {
             // A dry run allocates no tensor, so what this process grew by while loading is llama.cpp's
             // host memory outside its buffers (vocabulary, token caches, metadata): the host side of the
             // prediction includes it, as a real load will hold it too.
-            let overhead = committed_bytes().saturating_sub(self.before_load.1);
+            let overhead = committed_bytes().saturating_sub(self.before_load.committed);
             match per_device.iter_mut().find(|d| d.device == "CPU") {
                 Some(cpu) => cpu.bytes += overhead,
                 None => per_device.push(DeviceBytes {
@@ -188,23 +205,43 @@ impl WorkerState {
             reported_bytes,
             per_device,
             actual: Vec::new(),
+            mapped_in_use: None,
         };
         if !m.settings.no_alloc {
-            self.fill_actual(&mut report);
+            let host = committed_bytes().saturating_sub(self.before_load.committed);
+            self.fill_actual(&mut report, host);
+            // From here on, the model file's pages that inference reads are counted.
+            self.refs_cleared = memory::clear_referenced();
         }
         Ok(Some(report))
     }
 
-    /// What the load really took: device memory that disappeared, and the worker's RSS growth.
-    fn fill_actual(&self, report: &mut LoadReport) {
+    /// What the first repetition after a load held on the host: private memory (weights copied
+    /// out of the mapping, KV cache, compute buffers) grown since before the load, plus the pages
+    /// of the mapped model file that the warm-up and the measurement read. Where the kernel cannot
+    /// tell which pages were read, every resident page of the file counts, as after the load.
+    fn fill_actual_after_inference(&self, report: &mut LoadReport) {
+        let referenced = self
+            .refs_cleared
+            .then(memory::model_pages_referenced)
+            .flatten();
+        report.mapped_in_use = referenced;
+        let host = match referenced {
+            Some(pages) => memory::private_bytes().saturating_sub(self.before_load.private) + pages,
+            None => committed_bytes().saturating_sub(self.before_load.committed),
+        };
+        self.fill_actual(report, host);
+    }
+
+    /// What the load really took: device memory that disappeared, and `host` bytes on the CPU.
+    fn fill_actual(&self, report: &mut LoadReport, host: u64) {
         report.rss_bytes = rss_bytes();
-        let committed = committed_bytes();
         let mut actual = vec![DeviceBytes {
             device: "CPU".into(),
-            bytes: committed.saturating_sub(self.before_load.1),
+            bytes: host,
         }];
         for (name, free_after) in llama::device_free() {
-            if let Some((_, free_before)) = self.before_load.0.iter().find(|(n, _)| *n == name) {
+            if let Some((_, free_before)) = self.before_load.free.iter().find(|(n, _)| *n == name) {
                 actual.push(DeviceBytes {
                     device: name,
                     bytes: free_before.saturating_sub(free_after),
@@ -260,9 +297,9 @@ impl WorkerState {
         };
         match run(ctx, &mut tokens) {
             Ok(mut r) => {
-                // Measured again after the warm-up touched every weight (mmap pages count once read).
+                // Measured again after the warm-up and the measurement read what inference reads.
                 if let Some(l) = r.load.as_mut() {
-                    self.fill_actual(l);
+                    self.fill_actual_after_inference(l);
                 }
                 Response::Measured(Box::new(r))
             }
