@@ -1,0 +1,189 @@
+//! Measuring a group of candidates in interleaved, shuffled rounds: each round runs every
+//! unfinished candidate once, so slow drift of the machine hits all of them alike; a candidate
+//! stops when its confidence interval is tight, it reaches its limits, or it clearly loses.
+
+use super::{Engine, BUDGET_SPENT};
+use crate::stats::{self, Sample};
+use crate::worker::TrialFailure;
+use profiles::measurements::Record;
+use search_space::Candidate;
+use std::time::Duration;
+
+impl Engine<'_> {
+    /// Whether a candidate needs more repetitions.
+    pub(super) fn wants_more(&self, i: usize, spent: Duration) -> bool {
+        let r = &self.results[i];
+        if r.failure.is_some() || r.skipped.is_some() {
+            return false;
+        }
+        let n = r.reps.len() as u32;
+        if n < self.settings.min_reps {
+            return true;
+        }
+        if n >= self.settings.max_reps || spent >= self.settings.candidate_cap {
+            return false;
+        }
+        match r.rate_sample(&self.settings.workload) {
+            Some(s) => !stats::enough(&s, self.settings.noise),
+            None => true,
+        }
+    }
+
+    /// Measures a group of candidates in interleaved, shuffled rounds until each is precise enough,
+    /// capped, failed, or the run is out of time.
+    pub fn measure_group(&mut self, group: &[Candidate], axis: &str) {
+        let idx: Vec<usize> = group.iter().map(|c| self.index_of(c)).collect();
+        for &i in &idx {
+            if self.results[i].predicted.is_none() && self.results[i].skipped.is_none() {
+                let c = self.results[i].candidate.clone();
+                match self.check_fit(&c) {
+                    Ok(report) => self.results[i].predicted = Some(report),
+                    Err(why) => self.results[i].skipped = Some(why),
+                }
+            }
+        }
+        let mut spent = vec![Duration::ZERO; idx.len()];
+        let mut dropped = vec![false; idx.len()];
+        loop {
+            self.drop_clear_losers(&idx, &mut dropped);
+            let pending: Vec<usize> = (0..idx.len())
+                .filter(|&k| !dropped[k] && self.wants_more(idx[k], spent[k]))
+                .collect();
+            if pending.is_empty() || self.out_of_time() {
+                break;
+            }
+            self.round += 1;
+            let mut order =
+                stats::shuffled_order(pending.len(), self.settings.seed.wrapping_add(self.round));
+            self.baseline_first(&mut order, &pending, &idx);
+            for o in order {
+                if self.out_of_time() {
+                    break;
+                }
+                let k = pending[o];
+                let i = idx[k];
+                // A candidate's first visit takes the two repetitions it needs to be judged at all,
+                // on one load: with loads that cost seconds (a GPU's gigabytes, an RPC upload) a
+                // budget that ends after one round still leaves every visited candidate measured.
+                let visit = if self.results[i].reps.is_empty() {
+                    2
+                } else {
+                    1
+                };
+                for _ in 0..visit {
+                    let t = self.measurer.elapsed();
+                    self.measure_once(i, axis);
+                    let took = self.measurer.elapsed().saturating_sub(t);
+                    spent[k] += took;
+                    self.results[i].seconds += took.as_secs_f64();
+                    // A budget that ends during the first repetition still lets the second run
+                    // on the load already paid for, so the visited candidate can be judged; only
+                    // an interruption (or a failure) cuts a visit short.
+                    self.out_of_time();
+                    let r = &self.results[i];
+                    if r.failure.is_some() || r.skipped.is_some() || self.interrupted {
+                        break;
+                    }
+                }
+            }
+        }
+        if self.budget_spent || self.interrupted {
+            let why = if self.interrupted {
+                "not measured: interrupted"
+            } else {
+                BUDGET_SPENT
+            };
+            for &i in &idx {
+                if self.results[i].reps.len() < 2
+                    && self.results[i].failure.is_none()
+                    && self.results[i].skipped.is_none()
+                {
+                    self.results[i].skipped = Some(why.to_string());
+                }
+            }
+        }
+    }
+
+    /// Moves the baseline's first visit to the front of a round: the headline compares the winner
+    /// with it, so a budget that ends in the first round still leaves it measured. Later rounds stay
+    /// shuffled.
+    pub(super) fn baseline_first(&self, order: &mut Vec<usize>, pending: &[usize], idx: &[usize]) {
+        let Some((base, _)) = &self.defaults else {
+            return;
+        };
+        let first_visit = |o: &usize| {
+            let r = &self.results[idx[pending[*o]]];
+            &r.candidate == base && r.reps.is_empty()
+        };
+        if let Some(k) = order.iter().position(first_visit) {
+            let o = order.remove(k);
+            order.insert(0, o);
+        }
+    }
+
+    /// Successive-halving style early stop: a candidate whose best repetition is slower than the
+    /// group leader's median by more than twice the noise threshold gets no more repetitions (it keeps
+    /// its figures and its place on the leaderboard). Cheap short measurements for losers, longer ones
+    /// for the leaders.
+    pub(super) fn drop_clear_losers(&self, idx: &[usize], dropped: &mut [bool]) {
+        let w = &self.settings.workload;
+        let samples: Vec<Option<Sample>> = idx
+            .iter()
+            .map(|&i| self.results[i].rate_sample(w))
+            .collect();
+        let Some(leader) = samples
+            .iter()
+            .flatten()
+            .map(|s| s.median())
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+        else {
+            return;
+        };
+        for (k, s) in samples.iter().enumerate() {
+            if let Some(s) = s {
+                if s.max() < leader * (1.0 - 2.0 * self.settings.noise) {
+                    dropped[k] = true;
+                }
+            }
+        }
+    }
+
+    pub(super) fn measure_once(&mut self, i: usize, axis: &str) {
+        let c = self.results[i].candidate.clone();
+        let label = c.label();
+        let mut req = self.request(&c);
+        // The worker checks the prediction against what is free right before it loads, the host's
+        // RAM included.
+        if let Some(p) = &self.results[i].predicted {
+            req.expect = p.per_device.clone();
+        }
+        if self.measurer.crashes_for(&req) >= 2 {
+            self.results[i].skipped =
+                Some("skipped: this placement and kernel choice crashed twice".into());
+            return;
+        }
+        self.progress.candidate_started(&label, axis);
+        let stop = self.stop;
+        match self.measurer.measure(&req, stop) {
+            Ok(rep) => {
+                if let Some(l) = &rep.load {
+                    self.results[i].load = Some(l.clone());
+                }
+                if let Some(log) = self.log.as_deref_mut() {
+                    log.append(&Record::rep(&c, &rep));
+                }
+                self.progress.repetition(&label, &rep);
+                self.results[i].reps.push(rep);
+                self.results[i].rounds.push(Some(self.round));
+            }
+            Err(TrialFailure::Interrupted) => self.interrupted = true,
+            Err(f) => {
+                self.progress.failed(&label, &f.to_string());
+                if let Some(log) = self.log.as_deref_mut() {
+                    log.append(&Record::failure(&c, &f));
+                }
+                self.results[i].failure = Some(f);
+            }
+        }
+    }
+}
