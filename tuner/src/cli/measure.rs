@@ -1,0 +1,102 @@
+//! `measure`'s flags: one configuration, like llama-bench.
+
+use super::RpcArgs;
+use clap::Args;
+use search_space::{CacheType, FlashAttn, KernelChoice, KvOffload, OpOffload, SplitMode};
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct MeasureArgs {
+    /// The GGUF model file
+    pub model: PathBuf,
+    /// Context size (-c)
+    #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
+    pub ctx: u32,
+    /// Prompt tokens (pp figure)
+    #[arg(short = 'p', long, default_value_t = 512)]
+    pub prompt: u32,
+    /// Generated tokens (tg figure)
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub gen: u32,
+    /// Tokens in the KV cache before generation is measured again (tg at depth); 0 = skip
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub depth: u32,
+    /// Sequences decoded at once (-np): N prompts, then N tokens per step; aggregate t/s
+    #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
+    pub parallel: u32,
+    /// Threads (-t)
+    #[arg(short = 't', long)]
+    pub threads: Option<u32>,
+    /// Prompt-processing threads (-tb; default: the same as -t)
+    #[arg(long = "threads-batch", visible_alias = "tb")]
+    pub threads_batch: Option<u32>,
+    /// Logical batch size (-b)
+    #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
+    pub batch: u32,
+    /// Physical batch size (-ub)
+    #[arg(long = "ubatch-size", visible_alias = "ub", default_value_t = 512)]
+    pub ubatch: u32,
+    /// K cache type (-ctk)
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
+    pub cache_type_k: CacheType,
+    /// V cache type (-ctv)
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
+    pub cache_type_v: CacheType,
+    /// Flash attention: on, off, auto (-fa)
+    #[arg(long = "flash-attn", visible_alias = "fa", default_value = "auto")]
+    pub flash_attn: FlashAttn,
+    /// CPU kernels: repack (llama.cpp's default) or plain (--no-repack)
+    #[arg(long, default_value = "repack")]
+    pub kernels: KernelChoice,
+    /// Host tensors' operations on a device for large batches: on (llama.cpp's default) or off
+    /// (--no-op-offload)
+    #[arg(long = "op-offload", default_value = "on")]
+    pub op_offload: OpOffload,
+    /// The KV cache on the offload devices (on, llama.cpp's default) or in host memory (off, -nkvo)
+    #[arg(long = "kv-offload", default_value = "on")]
+    pub kv_offload: KvOffload,
+    /// Layers offloaded to non-CPU devices (-ngl)
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
+    pub n_gpu_layers: u32,
+    /// Devices to use, comma separated (--device)
+    #[arg(long = "device", value_delimiter = ',')]
+    pub devices: Vec<String>,
+    /// MoE: keep the experts of the first N layers in host memory (--n-cpu-moe)
+    #[arg(long = "n-cpu-moe", default_value_t = 0)]
+    pub n_cpu_moe: u32,
+    /// Put tensors matching a regex on a buffer type, PATTERN=BUFT (-ot; repeatable), e.g.
+    /// 'blk\.3\.ffn_.*_exps=CPU'; how a placement from `autotune fit` is reproduced
+    #[arg(long = "override-tensor", visible_alias = "ot")]
+    pub override_tensor: Vec<String>,
+    /// Share of the offloaded layers per non-CPU device, comma separated (-ts), e.g. 3,1
+    #[arg(long = "tensor-split", visible_alias = "ts", value_delimiter = ',')]
+    pub tensor_split: Vec<u32>,
+    /// How the offloaded layers spread over several devices: layer, row (CUDA) or tensor
+    /// (tensor parallelism; needs flash attention) (-sm)
+    #[arg(long = "split-mode", visible_alias = "sm", default_value = "layer")]
+    pub split_mode: SplitMode,
+    #[command(flatten)]
+    pub rpc: RpcArgs,
+    /// Also print the memory the dry-run load (no_alloc) predicted beside what the load took. The
+    /// dry run always happens: a load predicted to need more than is free (device or RAM) is refused
+    /// with exit 4 instead of running the machine out of memory
+    #[arg(long)]
+    pub predict: bool,
+    /// Measured repetitions (after a discarded warm-up)
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub reps: u32,
+    /// A/A test: measure the configuration as two candidates A and B, every repetition a fresh load,
+    /// rounds interleaved, and judge them with the tuner's paired decision rule: on a machine whose
+    /// noise the rule handles, the answer is a tie
+    #[arg(long)]
+    pub twice: bool,
+    /// Noise threshold of --twice's decision rule, as a fraction like `tune --noise` (0.02 = 2%)
+    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE)]
+    pub noise: f64,
+    /// Seed of the random prompt tokens
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,261 @@
+//! `tune`'s flags, and the groups other subcommands share with it: the workload, RPC servers,
+//! devices and budgets, trial limits.
+
+use super::{parse_duration, parse_size, DraftSearchArgs};
+use crate::session::DeviceBudget;
+use clap::Args;
+use search_space::{CacheType, FlashAttn, KernelChoice, KvOffload, OpOffload};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Args)]
+pub struct TuneArgs {
+    /// The GGUF model file to tune
+    pub model: PathBuf,
+
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+
+    /// Thread counts to try, comma separated (default: 1, half the cores, the cores, all CPUs), for
+    /// generation (-t) and then for the prompt (-tb)
+    #[arg(short = 't', long, value_delimiter = ',')]
+    pub threads: Option<Vec<u32>>,
+
+    /// Prompt-processing thread counts to try (-tb; default: those of --threads); measured only
+    /// where the host multiplies weights
+    #[arg(long = "threads-batch", visible_alias = "tb", value_delimiter = ',')]
+    pub threads_batch: Option<Vec<u32>>,
+
+    /// KV cache types to try (applied to K and V together), e.g. f16,q8_0,q4_0
+    #[arg(
+        long = "cache-types",
+        value_delimiter = ',',
+        default_value = "f16,q8_0,q4_0"
+    )]
+    pub cache_types: Vec<CacheType>,
+
+    /// Flash attention settings to try: on, off, auto
+    #[arg(
+        long = "flash-attn",
+        value_delimiter = ',',
+        default_value = "auto,on,off"
+    )]
+    pub flash_attn: Vec<FlashAttn>,
+
+    /// CPU kernel choices to try: repack (llama.cpp's extra buffer types: weight repack / AMX) and
+    /// plain (llama-server's --no-repack)
+    #[arg(long, value_delimiter = ',', default_value = "repack,plain")]
+    pub kernels: Vec<KernelChoice>,
+
+    /// Op offload settings to try where weights stay in host memory: on (llama.cpp's default: large
+    /// batches of the host's layers run on the GPU) and off (llama-server's --no-op-offload); only
+    /// on a machine with a GPU (RPC devices never take them)
+    #[arg(long = "op-offload", value_delimiter = ',', default_value = "on,off")]
+    pub op_offload: Vec<OpOffload>,
+
+    /// KV offload settings allowed: on (the KV cache on the GPUs, llama.cpp's default) and off (in
+    /// host memory, -nkvo: a fit lever, measured when not every layer fits and it lets more fit)
+    #[arg(long = "kv-offload", value_delimiter = ',', default_value = "on,off")]
+    pub kv_offload: Vec<KvOffload>,
+
+    /// Physical batch sizes (-ub) to try [default: 512,256,128; with a non-CPU device and a prompt
+    /// longer than 512 tokens also 1024, 2048, 4096 up to the prompt's length]
+    #[arg(long, value_delimiter = ',')]
+    pub ubatch: Vec<u32>,
+
+    /// Layers to offload to non-CPU devices (-ngl); default: all when such a device exists, else 0
+    #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
+    pub n_gpu_layers: Option<u32>,
+
+    #[command(flatten)]
+    pub devices: DeviceArgs,
+
+    /// Measure every combination of the knob values given (grid mode) instead of searching
+    #[arg(long)]
+    pub exhaustive: bool,
+
+    /// Time budget for the whole run, e.g. 90s, 5m, 1h
+    #[arg(long, default_value = "10m", allow_hyphen_values = true, value_parser = parse_duration)]
+    pub budget: Duration,
+
+    /// About a minute: fewer repetitions, shorter generation
+    #[arg(long, conflicts_with = "thorough")]
+    pub quick: bool,
+
+    /// Longer: more repetitions and a tighter stopping rule (use on a quiet machine)
+    #[arg(long)]
+    pub thorough: bool,
+
+    /// Minimum measured repetitions per configuration (after a discarded warm-up)
+    #[arg(long = "min-reps", default_value_t = 3)]
+    pub min_reps: u32,
+
+    /// Maximum repetitions per configuration
+    #[arg(long = "max-reps", default_value_t = 10)]
+    pub max_reps: u32,
+
+    #[command(flatten)]
+    pub trial: TrialArgs,
+
+    /// Ignore measurements of earlier runs (by default they are reused when still valid)
+    #[arg(long, conflicts_with = "resume")]
+    pub fresh: bool,
+
+    /// Continue an interrupted run (Ctrl-C): reuse what it measured and measure only the rest. Running
+    /// the same command again does the same; --resume also fails when there is nothing to resume
+    #[arg(long)]
+    pub resume: bool,
+
+    /// Also write the profile to this file
+    #[arg(short, long)]
+    pub out: Option<PathBuf>,
+
+    /// Do not save the profile in the profile store
+    #[arg(long = "no-save")]
+    pub no_save: bool,
+
+    /// Print the report as JSON instead of a table
+    #[arg(long)]
+    pub json: bool,
+
+    /// Rows of the leaderboard to print
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+
+    // ---- quantization choice (quant::joint): any of these makes `tune` choose among quantizations ----
+    /// Other quantizations of MODEL to choose among (files or folders); each is tuned (--budget is
+    /// shared among them, at least 30 s each) and the fastest under --max-kld wins
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub quants: Vec<PathBuf>,
+    /// Choose among the quantizations of MODEL found in its folder (see `autotune quality MODEL --list`)
+    #[arg(long)]
+    pub ladder: bool,
+    /// Quality gate, in nats per token: the mean KL divergence from the most precise file that a
+    /// weight quantization, and separately a KV-cache type, may add (default 0.05: Q4_K_M-class and
+    /// better on mid-size models; lower it to insist on Q6_K/Q8_0-class fidelity)
+    #[arg(long = "max-kld")]
+    pub max_kld: Option<f64>,
+    /// The file quality is measured against (default: the most precise of the quantizations)
+    #[arg(long)]
+    pub reference: Option<PathBuf>,
+    /// Evaluate quality on only the first N tokens of the evaluation text (faster, noisier)
+    #[arg(long = "quality-tokens")]
+    pub quality_tokens: Option<u32>,
+
+    /// Write charts (SVG: tg and pp against GPU layers, the leaderboard) beside the saved profile
+    #[arg(long)]
+    pub plot: bool,
+
+    /// Write a Markdown report (leaderboard, diagnosis, roofline, chart links) to FILE, with the
+    /// charts beside it (or beside the profile with --plot)
+    #[arg(long = "export-markdown", value_name = "FILE")]
+    pub export_markdown: Option<PathBuf>,
+
+    /// Speculative decoding (`--draft FILE…`): measured with the winner's settings after tuning
+    #[command(flatten)]
+    pub speculative: DraftSearchArgs,
+}
+
+/// The request to optimise for (`tune`): the context size and one representative request.
+#[derive(Debug, Args)]
+pub struct WorkloadArgs {
+    /// Context size the server will run with (llama.cpp's -c); measured at this size
+    #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
+    pub ctx: u32,
+
+    /// The kind of request to optimise for: chat (256-token turns, 256 generated, 1024 already in
+    /// the cache), long-prompt (3000-token documents, 128 generated), agent (1024-token tool
+    /// results, 256 generated, 2048 in the cache). --prompt/--gen/--depth override its numbers.
+    /// Without it: 512 prompt, 128 generated, no depth (llama-bench's pp512/tg128)
+    #[arg(long)]
+    pub workload: Option<WorkloadPreset>,
+
+    /// Prompt tokens of a representative request (prompt processing is measured at this length)
+    #[arg(short = 'p', long)]
+    pub prompt: Option<u32>,
+
+    /// Tokens generated per request (generation speed is measured over this many)
+    #[arg(short = 'n', long)]
+    pub gen: Option<u32>,
+
+    /// Tokens already in the KV cache when generation is measured (a long chat); 0 = none
+    #[arg(short = 'd', long)]
+    pub depth: Option<u32>,
+
+    /// Requests served at once (llama-server's -np slots, each with ctx/N of the context): the
+    /// prompts and generations of N requests are measured together, and the figures are theirs
+    /// together (aggregate t/s)
+    #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
+    pub parallel: u32,
+}
+
+/// Workload presets: (prompt, gen, depth) of a representative request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkloadPreset {
+    Chat,
+    LongPrompt,
+    Agent,
+}
+
+impl WorkloadPreset {
+    pub fn numbers(self) -> (u32, u32, u32) {
+        match self {
+            WorkloadPreset::Chat => (256, 256, 1024),
+            WorkloadPreset::LongPrompt => (3000, 128, 0),
+            WorkloadPreset::Agent => (1024, 256, 2048),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkloadPreset::Chat => "chat",
+            WorkloadPreset::LongPrompt => "long-prompt",
+            WorkloadPreset::Agent => "agent",
+        }
+    }
+}
+
+/// ggml RPC servers as devices (`tune`, `fit`, `measure`, `doctor`).
+#[derive(Debug, Args)]
+pub struct RpcArgs {
+    /// ggml RPC servers to use as devices, host:port comma separated (see `autotune rpc-serve`)
+    #[arg(long = "rpc", value_name = "RPC", value_delimiter = ',')]
+    pub servers: Vec<String>,
+}
+
+/// The devices a run may use and the memory it may take on each (`tune`, `fit`).
+#[derive(Debug, Args)]
+pub struct DeviceArgs {
+    #[command(flatten)]
+    pub rpc: RpcArgs,
+
+    /// Memory a device may use, DEVICE=SIZE (e.g. RPC0=300M, CPU=8G); repeatable. Default: its free
+    /// memory minus --mem-margin
+    #[arg(long = "mem-budget", value_delimiter = ',')]
+    pub mem_budget: Vec<DeviceBudget>,
+
+    /// Memory kept free on every device when no --mem-budget is given (llama.cpp's own fit keeps
+    /// 1 GiB, which costs whole layers on small cards)
+    #[arg(long = "mem-margin", default_value = "256M", value_parser = parse_size)]
+    pub mem_margin: u64,
+}
+
+/// How candidates are judged and how long one may take (`tune`, `draft`).
+#[derive(Debug, Args)]
+pub struct TrialArgs {
+    /// Relative difference below which two configurations are called a tie
+    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE)]
+    pub noise: f64,
+
+    /// Seed of the candidate order shuffle and the prompt tokens (recorded in the report)
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// A trial that gives no answer within this time is killed and recorded as timed out
+    #[arg(
+        long = "trial-timeout",
+        default_value = "5m",
+        allow_hyphen_values = true,
+        value_parser = parse_duration
+    )]
+    pub trial_timeout: Duration,
+}
