@@ -1,0 +1,200 @@
+//! "Which setting mattered": for each knob, the best measured rate with each of its values, the
+//! other knobs held at the winner's, and how much the best value gained over the worst.
+
+use super::measured;
+use profiles::Profile;
+use search_space::Candidate;
+use serde::Serialize;
+
+/// What one knob changed: among candidates that differ only in it, the best and worst value.
+#[derive(Debug, Clone, Serialize)]
+pub struct KnobEffect {
+    pub knob: &'static str,
+    pub best: String,
+    pub best_s: f64,
+    pub worst: String,
+    pub worst_s: f64,
+    /// `worst_s / best_s - 1`: how much slower a request is with the worst value.
+    pub slower: f64,
+    /// Values of the knob compared.
+    pub values: usize,
+    /// Whether the compared candidates are the winner and its neighbours along this knob (else
+    /// candidates around an earlier best of the search).
+    pub around_winner: bool,
+    /// The winner's value, when it is not the best one (a tie broken toward less memory or the
+    /// simpler configuration).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub winner_value: Option<String>,
+}
+
+/// The knobs of a candidate, for "which setting mattered".
+#[derive(Debug, Clone, Copy)]
+enum Knob {
+    GpuLayers,
+    Devices,
+    Threads,
+    ThreadsBatch,
+    Kernels,
+    OpOffload,
+    KvOffload,
+    FlashAttn,
+    KvCache,
+    Ubatch,
+    Batch,
+}
+
+const KNOBS: [Knob; 11] = [
+    Knob::GpuLayers,
+    Knob::Devices,
+    Knob::Threads,
+    Knob::ThreadsBatch,
+    Knob::Kernels,
+    Knob::OpOffload,
+    Knob::KvOffload,
+    Knob::FlashAttn,
+    Knob::KvCache,
+    Knob::Ubatch,
+    Knob::Batch,
+];
+
+impl Knob {
+    fn name(self) -> &'static str {
+        match self {
+            Knob::GpuLayers => "GPU layers",
+            Knob::Devices => "devices",
+            Knob::Threads => "threads",
+            Knob::ThreadsBatch => "prompt threads",
+            Knob::Kernels => "kernels",
+            Knob::OpOffload => "op offload",
+            Knob::KvOffload => "KV offload",
+            Knob::FlashAttn => "flash attention",
+            Knob::KvCache => "KV cache",
+            Knob::Ubatch => "micro-batch",
+            Knob::Batch => "batch",
+        }
+    }
+
+    fn value(self, c: &Candidate) -> String {
+        match self {
+            Knob::GpuLayers => format!("ngl={}", c.n_gpu_layers),
+            Knob::Devices if c.devices.is_empty() => "dev=default".into(),
+            Knob::Devices => format!("dev={}", c.devices.join(",")),
+            Knob::Threads => format!("t={}", c.threads),
+            Knob::ThreadsBatch => format!("tb={}", c.batch_threads()),
+            Knob::Kernels => c.kernels.to_string(),
+            Knob::OpOffload => format!("op-offload={}", c.op_offload),
+            Knob::KvOffload => format!("kv-offload={}", c.kv_offload),
+            Knob::FlashAttn => format!("fa={}", c.flash_attn),
+            Knob::KvCache => format!("kv={}/{}", c.type_k, c.type_v),
+            Knob::Ubatch => format!("ub={}", c.n_ubatch),
+            Knob::Batch => format!("b={}", c.n_batch),
+        }
+    }
+
+    /// `c` with this knob set to a fixed value: candidates equal after clearing differ only in it.
+    fn cleared(self, c: &Candidate) -> Candidate {
+        let mut c = c.clone();
+        match self {
+            Knob::GpuLayers => c.n_gpu_layers = 0,
+            Knob::Devices => c.devices.clear(),
+            // The prompt's threads held, as the search's threads axis holds them.
+            Knob::Threads => {
+                c.threads_batch = Some(c.batch_threads());
+                c.threads = 0;
+            }
+            Knob::ThreadsBatch => c.threads_batch = None,
+            Knob::Kernels => c.kernels = search_space::KernelChoice::Repack,
+            Knob::OpOffload => c.op_offload = search_space::OpOffload::On,
+            Knob::KvOffload => c.kv_offload = search_space::KvOffload::On,
+            Knob::FlashAttn => c.flash_attn = search_space::FlashAttn::Auto,
+            Knob::KvCache => {
+                c.type_k = search_space::CacheType::F16;
+                c.type_v = search_space::CacheType::F16;
+            }
+            Knob::Ubatch => c.n_ubatch = 0,
+            Knob::Batch => c.n_batch = 0,
+        }
+        c
+    }
+}
+
+/// For each knob varied in the run, its best and worst value among candidates that differ only in
+/// it: around the winner when the run measured such neighbours, else around the base with the most
+/// values measured (coordinate descent varies each knob from the best found so far, so a knob tried
+/// before a later change has neighbours of an earlier best, not of the winner). Most effect first.
+pub fn knob_effects(profile: &Profile) -> Vec<KnobEffect> {
+    let mut out: Vec<KnobEffect> = KNOBS
+        .into_iter()
+        .filter_map(|knob| {
+            knob_effect(profile, knob, |c| knob.cleared(c)).or_else(|| match knob {
+                // A grid (or an earlier profile) varies both thread counts together.
+                Knob::Threads => knob_effect(profile, knob, |c| Candidate {
+                    threads: 0,
+                    threads_batch: None,
+                    ..c.clone()
+                }),
+                _ => None,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| b.slower.total_cmp(&a.slower));
+    out
+}
+
+/// `knob`'s effect among candidates equal under `key` (which clears the knob).
+fn knob_effect(
+    profile: &Profile,
+    knob: Knob,
+    key: impl Fn(&Candidate) -> Candidate,
+) -> Option<KnobEffect> {
+    let mut groups: Vec<(Candidate, Vec<(String, f64)>)> = Vec::new();
+    for (e, f) in measured(profile) {
+        let key = key(&e.candidate);
+        let value = (knob.value(&e.candidate), f.score_s);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(value),
+            None => groups.push((key, vec![value])),
+        }
+    }
+    let winner_key = key(&profile.winner);
+    let chosen = groups
+        .iter()
+        .find(|(k, v)| *k == winner_key && v.len() > 1)
+        .map(|g| (g, true))
+        .or_else(|| {
+            groups
+                .iter()
+                .filter(|(_, v)| v.len() > 1)
+                .max_by(|a, b| {
+                    a.1.len()
+                        .cmp(&b.1.len())
+                        .then(best_of(&b.1).total_cmp(&best_of(&a.1)))
+                })
+                .map(|g| (g, false))
+        });
+    let ((_, values), around_winner) = chosen?;
+    let best = values
+        .iter()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .expect("two values");
+    let worst = values
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .expect("two values");
+    let winner_value = knob.value(&profile.winner);
+    Some(KnobEffect {
+        knob: knob.name(),
+        best: best.0.clone(),
+        best_s: best.1,
+        worst: worst.0.clone(),
+        worst_s: worst.1,
+        slower: worst.1 / best.1.max(1e-12) - 1.0,
+        values: values.len(),
+        around_winner,
+        winner_value: (around_winner && winner_value != best.0).then_some(winner_value),
+    })
+}
+
+fn best_of(values: &[(String, f64)]) -> f64 {
+    values.iter().map(|v| v.1).fold(f64::INFINITY, f64::min)
+}
