@@ -1,0 +1,84 @@
+//! The candidate's unit and property tests.
+
+use super::*;
+
+#[test]
+fn cache_types_round_trip_through_their_names() {
+    for t in CacheType::ALL {
+        assert_eq!(t.as_str().parse::<CacheType>().unwrap(), t);
+    }
+    let err = "q3_x".parse::<CacheType>().unwrap_err();
+    assert!(err.to_string().contains("q8_0"), "{err}");
+}
+
+#[test]
+fn quantized_v_cache_needs_flash_attention() {
+    let mut c = Candidate::llama_default(2, 0);
+    c.type_v = CacheType::Q4_0;
+    c.flash_attn = FlashAttn::Off;
+    assert!(matches!(
+        c.validate(),
+        Err(InvalidCandidate::QuantizedVWithoutFlashAttn { .. })
+    ));
+    c.flash_attn = FlashAttn::On;
+    assert!(c.validate().is_ok());
+}
+
+#[test]
+fn default_is_simplest() {
+    let d = Candidate::llama_default(4, 0);
+    assert_eq!(d.complexity(), 0);
+    let mut c = d.clone();
+    c.type_k = CacheType::Q8_0;
+    assert_eq!(c.complexity(), 1);
+}
+
+#[test]
+fn prompt_threads_are_spelled_only_when_they_differ() {
+    let d = Candidate::llama_default(8, 0);
+    assert_eq!(d.with_threads(4, 8).threads_batch, Some(8));
+    assert_eq!(d.with_threads(4, 8).batch_threads(), 8);
+    assert_eq!(d.with_threads(4, 4), Candidate::llama_default(4, 0));
+    assert_eq!(
+        d.with_threads(4, 8).label(),
+        "ngl=0 t=4 tb=8 b=2048/512 kv=f16/f16 fa=auto repack"
+    );
+    assert_eq!(d.with_threads(4, 8).complexity(), 1);
+    let mut z = d.clone();
+    z.threads_batch = Some(0);
+    assert_eq!(z.validate(), Err(InvalidCandidate::ZeroThreads));
+}
+
+#[test]
+fn ubatch_over_batch_is_rejected() {
+    let mut c = Candidate::llama_default(2, 0);
+    c.n_ubatch = 4096;
+    assert!(c.validate().is_err());
+}
+
+#[test]
+fn tensor_parallelism_needs_flash_attention() {
+    let mut c = Candidate::llama_default(2, 99);
+    c.split_mode = "tensor".parse().unwrap();
+    c.flash_attn = FlashAttn::Off;
+    assert_eq!(
+        c.validate(),
+        Err(InvalidCandidate::TensorParallelWithoutFlashAttn)
+    );
+    c.flash_attn = FlashAttn::Auto;
+    assert!(c.validate().is_ok());
+    assert!(c.label().contains("sm=tensor"), "{}", c.label());
+}
+
+#[test]
+fn op_and_kv_offload_off_are_labelled_and_changed_knobs() {
+    let mut c = Candidate::llama_default(2, 10);
+    assert_eq!("off".parse::<OpOffload>().unwrap(), OpOffload::Off);
+    assert!("sometimes".parse::<OpOffload>().is_err());
+    c.op_offload = OpOffload::Off;
+    assert!(c.label().ends_with(" no-op-offload"), "{}", c.label());
+    assert_eq!(c.complexity(), 1);
+    c.kv_offload = "off".parse().unwrap();
+    assert!(c.label().ends_with(" nkvo no-op-offload"), "{}", c.label());
+    assert_eq!(c.complexity(), 2);
+}
