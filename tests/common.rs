@@ -113,6 +113,19 @@ pub const SHORT_KNOBS: &[&str] = &[
     "512",
 ];
 
+/// One value of each knob that tests of another axis leave alone: two threads, f16 KV, default
+/// flash attention and micro-batch.
+pub const FIXED_KNOBS: &[&str] = &[
+    "--threads",
+    "2",
+    "--cache-types",
+    "f16",
+    "--flash-attn",
+    "auto",
+    "--ubatch",
+    "512",
+];
+
 /// SHORT_WORKLOAD + SHORT_KNOBS + a 60 s budget.
 pub const SHORT: &[&str] = &[
     "--ctx",

@@ -335,3 +335,34 @@ fn a_model_without_a_profile_says_what_to_run() {
         "{err}"
     );
 }
+
+/// A NUMA strategy goes from the tune to the profile to llama-server: tuned with `--numa
+/// distribute` alone (so the winner has it), the profile's command carries `--numa distribute`,
+/// and the vendored llama-server runs it and answers.
+#[test]
+fn a_numa_strategy_reaches_llama_server() {
+    let model = demo_model();
+    let sb = Sandbox::new();
+    let profile = sb.dir.path().join("numa.toml");
+    let mut args = vec![
+        "-q",
+        "tune",
+        s(&model),
+        "--out",
+        s(&profile),
+        "--numa",
+        "distribute",
+        "--kernels",
+        "repack",
+    ];
+    args.extend_from_slice(SHORT);
+    let o = sb.run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = sb.run_json(&strs(&apply_check_args(&profile, &llama_server())));
+    let command: Vec<&str> = command_of(&v);
+    assert!(
+        command.windows(2).any(|w| w == ["--numa", "distribute"]),
+        "{command:?}"
+    );
+    assert!(v["completion"]["predicted_n"].as_u64().unwrap() > 0, "{v}");
+}

@@ -320,7 +320,6 @@ fn repacked_weights_count_once_in_the_memory_a_configuration_holds() {
     let model = test_model("1b");
     let sb = Sandbox::new();
     let m = model_arg(&model);
-    // f16 KV only: the q8_0 rows would be ties that the check does not need.
     let mut args = vec![
         "tune",
         &m,
@@ -330,18 +329,8 @@ fn repacked_weights_count_once_in_the_memory_a_configuration_holds() {
         "repack,plain",
     ];
     args.extend(SHORT_WORKLOAD);
-    args.extend([
-        "--threads",
-        "2",
-        "--cache-types",
-        "f16",
-        "--ubatch",
-        "512",
-        "--flash-attn",
-        "auto",
-        "--budget",
-        "120s",
-    ]);
+    args.extend(FIXED_KNOBS);
+    args.extend(["--budget", "120s"]);
     let r = sb.run_json(&args);
     let board = r["leaderboard"].as_array().unwrap();
     let held = |kernels: &str| -> u64 {

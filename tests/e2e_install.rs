@@ -109,18 +109,8 @@ fn installed_binary_loads_its_own_libraries_and_backends() {
     let model = demo_model();
     let mut args = vec!["tune", model.to_str().unwrap(), "--no-save", "--json"];
     args.extend_from_slice(SHORT_WORKLOAD);
-    args.extend_from_slice(&[
-        "--threads",
-        "2",
-        "--cache-types",
-        "f16",
-        "--flash-attn",
-        "auto",
-        "--ubatch",
-        "512",
-        "--budget",
-        "30s",
-    ]);
+    args.extend_from_slice(FIXED_KNOBS);
+    args.extend_from_slice(&["--budget", "30s"]);
     let o = installed(&prefix, &home).args(&args).output().unwrap();
     assert!(
         o.status.success(),

@@ -374,3 +374,35 @@ fn the_time_budget_is_respected() {
     // One repetition (with its model load) may be in flight when the budget runs out.
     assert!(took < 15.0 + 12.0, "took {took:.1} s for a 15 s budget");
 }
+
+/// `--numa`: each strategy asked for is measured (in a worker process of its own: llama.cpp sets it
+/// once per process), labelled, and `measure` takes one. On this project's one-node VM llama.cpp
+/// treats them all as off, so their speeds are not compared here.
+#[test]
+fn numa_strategies_asked_for_are_measured() {
+    let sb = Sandbox::new();
+    let model = demo_model();
+    let m = model.to_str().unwrap();
+    let mut args = vec!["tune", m, "--json", "--no-save", "--numa", "off,distribute"];
+    args.extend(SHORT_WORKLOAD);
+    args.extend(FIXED_KNOBS);
+    args.extend(["--kernels", "repack", "--budget", "90s"]);
+    let r = sb.run_json(&args);
+    let board = r["leaderboard"].as_array().unwrap();
+    let measured = |numa: Option<&str>| {
+        board
+            .iter()
+            .any(|e| e["candidate"]["numa"].as_str() == numa && !e["figures"].is_null())
+    };
+    assert!(measured(None), "off (llama.cpp's default): {board:#?}");
+    assert!(measured(Some("distribute")), "{board:#?}");
+
+    let one = sb.run_json(&[
+        "measure", m, "-c", "256", "-p", "16", "-n", "4", "-r", "2", "--numa", "isolate", "--json",
+    ]);
+    assert_eq!(one["candidate"]["numa"], "isolate", "{one}");
+    assert!(one["tg"]["median"].as_f64().unwrap() > 0.0, "{one}");
+    let bad = sb.run(&["measure", m, "--numa", "numactl"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("distribute"), "{}", stderr(&bad));
+}

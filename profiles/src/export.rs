@@ -230,6 +230,13 @@ fn ollama_server_notes(c: &Candidate, out: &mut String) {
             "# autotune: --no-op-offload (host layers' prompt batches stay on the CPU): Ollama cannot set this"
         );
     }
+    if !c.numa.is_off() {
+        let _ = writeln!(
+            out,
+            "# autotune: --numa {}: Ollama cannot set this (it chooses its NUMA mode itself)",
+            c.numa
+        );
+    }
     if !c.devices.is_empty() {
         let _ = writeln!(
             out,
@@ -347,6 +354,25 @@ mod tests {
         insta::assert_snapshot!(
             "ollama_cpu",
             export(&cpu_only(), ExportFormat::Ollama).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_numa_strategy_reaches_every_format() {
+        let mut p = example_profile();
+        p.winner.numa = search_space::Numa::Distribute;
+        p.refresh_server_args();
+        p.validate(false).unwrap();
+        let args = export(&p, ExportFormat::Args).unwrap();
+        assert!(args.contains(" --numa distribute"), "{args}");
+        let presets = export(&p, ExportFormat::Presets).unwrap();
+        assert!(presets.contains("\nnuma = distribute\n"), "{presets}");
+        let swap = export(&p, ExportFormat::LlamaSwap).unwrap();
+        assert!(swap.contains("--numa distribute"), "{swap}");
+        let ollama = export(&p, ExportFormat::Ollama).unwrap();
+        assert!(
+            ollama.contains("# autotune: --numa distribute: Ollama cannot"),
+            "{ollama}"
         );
     }
 

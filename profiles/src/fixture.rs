@@ -25,6 +25,7 @@ pub fn example_profile() -> Profile {
         flash_attn: FlashAttn::On,
         op_offload: Default::default(),
         kv_offload: Default::default(),
+        numa: Default::default(),
     };
     let baseline_candidate = Candidate::llama_default(8, 99);
     let figures = Figures {

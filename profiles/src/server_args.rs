@@ -83,12 +83,15 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
     if !c.split_mode.is_layer() {
         opts.push(opt("-sm", "split-mode", c.split_mode.as_str().into()));
     }
+    if !c.numa.is_off() {
+        opts.push(opt("--numa", "numa", c.numa.as_str().into()));
+    }
     opts
 }
 
 /// llama-server's arguments (without the program name) for `c` on `model` with the workload's context:
 /// `-m PATH -c N_CTX [-np N] -t T -tb T -b B -ub UB -ctk K -ctv V -fa on|off|auto -ngl N [--no-repack]
-/// [-nkvo] [--no-op-offload] [--device A,B] [-ts A,B] [-sm row]`.
+/// [-nkvo] [--no-op-offload] [--device A,B] [-ts A,B] [-sm row] [--numa distribute|isolate]`.
 pub fn server_args(c: &Candidate, model: &Path, w: &Workload) -> Vec<String> {
     words(server_options(c, model, w))
 }
@@ -208,6 +211,16 @@ mod tests {
         );
         assert!(args.windows(2).any(|w| w == ["-fa", "on"]));
         assert!(args.windows(2).any(|w| w == ["-ctv", "q8_0"]));
+    }
+
+    #[test]
+    fn a_numa_strategy_adds_its_flag() {
+        let mut c = Candidate::llama_default(4, 0);
+        let off = server_args(&c, Path::new("m.gguf"), &workload());
+        assert!(!off.iter().any(|a| a == "--numa"), "{off:?}");
+        c.numa = search_space::Numa::Isolate;
+        let args = server_args(&c, Path::new("m.gguf"), &workload());
+        assert_eq!(&args[args.len() - 2..], ["--numa", "isolate"]);
     }
 
     #[test]

@@ -237,6 +237,59 @@ impl FromStr for KernelChoice {
     }
 }
 
+/// llama.cpp's NUMA strategy (`--numa`), set once per process before the model loads. On a
+/// machine with several NUMA nodes, `distribute` spreads threads over every node and `isolate`
+/// keeps them on the node the process started on; both also turn off llama.cpp's prefetch of the
+/// mapped weights (so pages land on the node that touches them first) and its matmul chunking.
+/// Whether that is faster depends on the machine and the model, so it is measured. On a single
+/// node llama.cpp treats both as off. (`numactl`, the CPU map of a `numactl` wrapper, needs that
+/// wrapper around llama-server: not a setting of its own.)
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Numa {
+    #[default]
+    Off,
+    Distribute,
+    Isolate,
+}
+
+impl Numa {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Numa::Off => "off",
+            Numa::Distribute => "distribute",
+            Numa::Isolate => "isolate",
+        }
+    }
+    pub fn is_off(&self) -> bool {
+        *self == Numa::Off
+    }
+}
+
+impl fmt::Display for Numa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Numa {
+    type Err = ParseKnobError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "none" | "disabled" => Ok(Numa::Off),
+            "distribute" => Ok(Numa::Distribute),
+            "isolate" => Ok(Numa::Isolate),
+            _ => Err(ParseKnobError {
+                what: "NUMA strategy",
+                value: s.to_string(),
+                expected: "off, distribute, isolate".into(),
+            }),
+        }
+    }
+}
+
 /// An on/off llama.cpp setting that is on by default: the enum, its names (`on`/`off`, also
 /// `1`/`0` and `true`/`false` when parsed) and `is_on` (for `skip_serializing_if`).
 macro_rules! on_off_knob {
@@ -354,6 +407,9 @@ pub struct Candidate {
     /// The KV cache on the offload devices (default) or in host memory (`-nkvo`).
     #[serde(default, skip_serializing_if = "KvOffload::is_on")]
     pub kv_offload: KvOffload,
+    /// llama.cpp's NUMA strategy (`--numa`); off is its default.
+    #[serde(default, skip_serializing_if = "Numa::is_off")]
+    pub numa: Numa,
 }
 
 /// Why a candidate cannot be run at all (independent of the machine).
@@ -397,6 +453,7 @@ impl Candidate {
             flash_attn: FlashAttn::Auto,
             op_offload: OpOffload::On,
             kv_offload: KvOffload::On,
+            numa: Numa::Off,
         }
     }
 
@@ -432,7 +489,7 @@ impl Candidate {
 
     /// The settings that need a model (re)load: candidates equal in this key share a loaded model.
     #[allow(clippy::type_complexity)]
-    pub fn model_key(&self) -> (u32, u32, &[String], &[u32], SplitMode, KernelChoice) {
+    pub fn model_key(&self) -> (u32, u32, &[String], &[u32], SplitMode, KernelChoice, Numa) {
         (
             self.n_gpu_layers,
             self.n_cpu_moe,
@@ -440,6 +497,7 @@ impl Candidate {
             &self.tensor_split,
             self.split_mode,
             self.kernels,
+            self.numa,
         )
     }
 
@@ -477,8 +535,13 @@ impl Candidate {
             (true, false) => " nkvo",
             (false, false) => " nkvo no-op-offload",
         };
+        let numa = if self.numa.is_off() {
+            String::new()
+        } else {
+            format!(" numa={}", self.numa)
+        };
         format!(
-            "ngl={}{moe}{} t={}{tb} b={}/{} kv={}/{} fa={} {}{op}",
+            "ngl={}{moe}{} t={}{tb} b={}/{} kv={}/{} fa={} {}{op}{numa}",
             self.n_gpu_layers,
             dev,
             self.threads,
@@ -509,6 +572,7 @@ impl Candidate {
             !self.op_offload.is_on(),
             !self.kv_offload.is_on(),
             self.threads_batch.is_some(),
+            !self.numa.is_off(),
         ]
         .iter()
         .filter(|b| **b)

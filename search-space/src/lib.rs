@@ -11,5 +11,5 @@ pub mod size;
 pub mod testfiles;
 
 pub use candidate::{
-    CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, OpOffload, SplitMode,
+    CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, Numa, OpOffload, SplitMode,
 };

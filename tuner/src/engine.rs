@@ -16,7 +16,7 @@ use crate::worker::TrialFailure;
 use crate::worker::{LoadReport, MeasureRequest, Repetition, Workload};
 use crate::worker::{WorkerPool, Workers};
 use profiles::measurements::MeasurementLog;
-use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, OpOffload};
+use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, Numa, OpOffload};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -59,6 +59,9 @@ pub struct TuneSettings {
     pub n_gpu_layers: u32,
     pub n_gpu_layers_pinned: bool,
     pub kernels: Vec<KernelChoice>,
+    /// llama.cpp's NUMA strategies to try (`off` alone unless the machine has several NUMA nodes
+    /// or the user asked for more).
+    pub numa: Vec<Numa>,
     /// Op offload settings to try; only candidates that leave weights in host memory are varied
     /// (with every weight on a device nothing is left to offload).
     pub op_offload: Vec<OpOffload>,
@@ -196,6 +199,11 @@ impl<'a> Engine<'a> {
                 c.kernels = k;
             }
         }
+        if !self.settings.numa.contains(&c.numa) {
+            if let Some(&n) = self.settings.numa.first() {
+                c.numa = n;
+            }
+        }
         let d = if self.settings.offload && !self.settings.n_gpu_layers_pinned {
             self.fit_defaults(c)
         } else {
@@ -309,11 +317,12 @@ impl<'a> Engine<'a> {
         if let Some(b) = best.take() {
             best = Some(self.search_split(b));
         }
-        let axes: [(&str, Vary); 7] = [
+        let axes: [(&str, Vary); 8] = [
             ("op offload", vary_op_offload),
             ("threads", vary_threads),
             ("prompt threads", vary_threads_batch),
             ("kernels", vary_kernels),
+            ("numa", vary_numa),
             ("flash attention", vary_flash_attn),
             ("kv cache", vary_cache),
             ("batch", vary_batch),

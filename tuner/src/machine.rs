@@ -16,6 +16,13 @@ pub struct Machine {
     pub ram_available_bytes: u64,
     pub os: String,
     pub devices: Vec<DeviceInfo>,
+    /// NUMA nodes with CPUs ([`numa_nodes`]); 1 on most machines.
+    #[serde(default = "one")]
+    pub numa_nodes: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 impl Machine {
@@ -75,6 +82,7 @@ impl Machine {
             ram_available_bytes,
             os,
             devices,
+            numa_nodes: numa_nodes(std::path::Path::new(SYS_NODES)),
         }
     }
 
@@ -82,6 +90,31 @@ impl Machine {
     pub fn offload_devices(&self) -> Vec<&DeviceInfo> {
         self.devices.iter().filter(|d| d.takes_layers()).collect()
     }
+}
+
+/// Where Linux lists the NUMA nodes.
+const SYS_NODES: &str = "/sys/devices/system/node";
+
+/// NUMA nodes that have CPUs (`node*/cpulist` not empty) under `root` (Linux's
+/// /sys/devices/system/node; a memory-only node, such as CXL memory, does not count: no thread can
+/// be placed there). 1 where the directory does not exist (another OS, a container that hides it).
+pub fn numa_nodes(root: &std::path::Path) -> u32 {
+    let Ok(dir) = std::fs::read_dir(root) else {
+        return 1;
+    };
+    let with_cpus = dir
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.strip_prefix("node")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("cpulist")).is_ok_and(|l| !l.trim().is_empty())
+        })
+        .count() as u32;
+    with_cpus.max(1)
 }
 
 fn physical_cores(cpuinfo: &str) -> Option<u32> {
@@ -126,6 +159,26 @@ fn meminfo_kib(meminfo: &str, key: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numa_nodes_are_those_with_cpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = |name: &str, cpus: &str| {
+            let d = dir.path().join(name);
+            std::fs::create_dir(&d).unwrap();
+            std::fs::write(d.join("cpulist"), cpus).unwrap();
+        };
+        assert_eq!(numa_nodes(&dir.path().join("missing")), 1);
+        assert_eq!(numa_nodes(dir.path()), 1, "no node listed");
+        node("node0", "0-15,32-47\n");
+        assert_eq!(numa_nodes(dir.path()), 1);
+        node("node1", "16-31,48-63\n");
+        // CXL memory: a node without CPUs; and files that are not nodes.
+        node("node2", "\n");
+        std::fs::write(dir.path().join("possible"), "0-2\n").unwrap();
+        std::fs::create_dir(dir.path().join("nodex")).unwrap();
+        assert_eq!(numa_nodes(dir.path()), 2);
+    }
 
     #[test]
     fn counts_physical_cores_once_per_core_id() {

@@ -241,6 +241,7 @@ fn candidate() -> impl Strategy<Value = Candidate> {
                     flash_attn,
                     op_offload: if op { OpOffload::On } else { OpOffload::Off },
                     kv_offload: if kv { KvOffload::On } else { KvOffload::Off },
+                    numa: Default::default(),
                 }
             },
         )

@@ -82,3 +82,23 @@ fn op_and_kv_offload_off_are_labelled_and_changed_knobs() {
     assert!(c.label().ends_with(" nkvo no-op-offload"), "{}", c.label());
     assert_eq!(c.complexity(), 2);
 }
+
+#[test]
+fn a_numa_strategy_is_labelled_a_changed_knob_and_a_model_setting() {
+    let d = Candidate::llama_default(2, 0);
+    let mut c = d.clone();
+    assert_eq!("Distribute".parse::<Numa>().unwrap(), Numa::Distribute);
+    assert_eq!("isolate".parse::<Numa>().unwrap(), Numa::Isolate);
+    let e = "numactl".parse::<Numa>().unwrap_err().to_string();
+    assert!(e.contains("off, distribute, isolate"), "{e}");
+    c.numa = Numa::Distribute;
+    assert!(c.label().ends_with(" numa=distribute"), "{}", c.label());
+    assert_eq!(c.complexity(), 1);
+    // Set once per process before the load: candidates that differ in it never share a model.
+    assert_ne!(c.model_key(), d.model_key());
+    // Off is llama.cpp's default and not written, so older profiles read the same.
+    let json = serde_json::to_string(&d).unwrap();
+    assert!(!json.contains("numa"), "{json}");
+    let back: Candidate = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+    assert_eq!(back.numa, Numa::Distribute);
+}

@@ -2,7 +2,7 @@
 
 use super::RpcArgs;
 use clap::Args;
-use search_space::{CacheType, FlashAttn, KernelChoice, KvOffload, OpOffload, SplitMode};
+use search_space::{CacheType, FlashAttn, KernelChoice, KvOffload, Numa, OpOffload, SplitMode};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -48,6 +48,10 @@ pub struct MeasureArgs {
     /// CPU kernels: repack (llama.cpp's default) or plain (--no-repack)
     #[arg(long, default_value = "repack")]
     pub kernels: KernelChoice,
+    /// llama.cpp's NUMA strategy: off (its default), distribute or isolate (--numa); on a machine
+    /// with one NUMA node llama.cpp treats them all as off
+    #[arg(long, default_value = "off")]
+    pub numa: Numa,
     /// Host tensors' operations on a device for large batches: on (llama.cpp's default) or off
     /// (--no-op-offload)
     #[arg(long = "op-offload", default_value = "on")]

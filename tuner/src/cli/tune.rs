@@ -4,7 +4,7 @@
 use super::{parse_duration, parse_size, DraftSearchArgs};
 use crate::session::DeviceBudget;
 use clap::Args;
-use search_space::{CacheType, FlashAttn, KernelChoice, KvOffload, OpOffload};
+use search_space::{CacheType, FlashAttn, KernelChoice, KvOffload, Numa, OpOffload};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -46,6 +46,12 @@ pub struct TuneArgs {
     /// plain (llama-server's --no-repack)
     #[arg(long, value_delimiter = ',', default_value = "repack,plain")]
     pub kernels: Vec<KernelChoice>,
+
+    /// llama.cpp's NUMA strategies to try (--numa): off (its default), distribute (threads spread
+    /// over every node), isolate (threads on the node the server starts on) [default: all three on
+    /// a machine with several NUMA nodes, else off]
+    #[arg(long, value_delimiter = ',')]
+    pub numa: Option<Vec<Numa>>,
 
     /// Op offload settings to try where weights stay in host memory: on (llama.cpp's default: large
     /// batches of the host's layers run on the GPU) and off (llama-server's --no-op-offload); only

@@ -11,8 +11,16 @@ pub fn run(cli: &Cli, args: &DoctorArgs) -> anyhow::Result<i32> {
         return Ok(exit::OK);
     }
     let m = &d.machine;
+    let numa = if m.numa_nodes > 1 {
+        format!(
+            ", {} NUMA nodes: tune measures --numa off, distribute and isolate",
+            m.numa_nodes
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "cpu          {} ({} cores, {} logical CPUs)",
+        "cpu          {} ({} cores, {} logical CPUs{numa})",
         m.cpu, m.physical_cores, m.logical_cpus
     );
     println!(

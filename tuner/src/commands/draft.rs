@@ -98,6 +98,7 @@ fn setup(
             tensor_overrides: Vec::new(),
             tensor_split: Vec::new(),
             split_mode: Default::default(),
+            numa: Default::default(),
         },
         context: context(a, threads, longest),
         grid: search.grid,

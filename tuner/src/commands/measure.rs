@@ -118,6 +118,7 @@ fn request_of(
         flash_attn: a.flash_attn,
         op_offload: a.op_offload,
         kv_offload: a.kv_offload,
+        numa: a.numa,
     };
     if let Some(t) = a.threads_batch {
         inputs::threads("-tb", &[t], inputs::logical_cpus())?;

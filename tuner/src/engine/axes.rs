@@ -18,6 +18,7 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
     let kv = pick(&s.cache_types, c.type_k);
     let mut out = Candidate {
         kernels: pick(&s.kernels, c.kernels),
+        numa: pick(&s.numa, c.numa),
         op_offload: pick(&s.op_offload, c.op_offload),
         kv_offload: pick(&s.kv_offload, c.kv_offload),
         flash_attn: pick(&s.flash_attn, c.flash_attn),
@@ -80,6 +81,21 @@ pub(super) fn vary_kernels(s: &TuneSettings, from: &Candidate) -> Vec<Candidate>
         })
         .collect()
 }
+/// llama.cpp's NUMA strategies, where the host multiplies weights and more than one is allowed
+/// (by default on a machine with several NUMA nodes: see `machine::numa_nodes`).
+pub(super) fn vary_numa(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+    if !host_computes(s, from) || s.numa.len() < 2 {
+        return Vec::new();
+    }
+    s.numa
+        .iter()
+        .map(|&numa| Candidate {
+            numa,
+            ..from.clone()
+        })
+        .collect()
+}
+
 /// One axis of the coordinate descent: the candidates that differ from `from` in its knob.
 pub(super) type Vary = fn(&TuneSettings, &Candidate) -> Vec<Candidate>;
 
@@ -186,6 +202,16 @@ pub fn grid(s: &TuneSettings, base: &Candidate) -> Vec<Candidate> {
                 }
             }
         }
+    }
+    // NUMA strategies only where the host computes: elsewhere they are the same run.
+    if host_computes(s, base) && s.numa.len() > 1 {
+        out = (out.iter())
+            .flat_map(|c| {
+                s.numa
+                    .iter()
+                    .map(move |&numa| Candidate { numa, ..c.clone() })
+            })
+            .collect();
     }
     // Op offload only where weights stay on the host: elsewhere both settings are the same run.
     let ops = if host_weights(s, base) {

@@ -52,6 +52,57 @@ pub fn init(echo: bool) {
     });
 }
 
+/// The NUMA strategy this process's llama.cpp runs with, once a load asked for one.
+static NUMA: OnceLock<search_space::Numa> = OnceLock::new();
+
+/// Sets llama.cpp's NUMA strategy (`llama_numa_init`, what `--numa` does) before a load that asks
+/// for one. It cannot be undone or changed, so a later load that asks for another strategy (or for
+/// none) is an error; each trial worker holds one configuration's model settings, so in a run this
+/// does not happen.
+pub fn numa_init(numa: search_space::Numa) -> Result<(), super::LlamaError> {
+    let current = NUMA.get().copied();
+    match numa_step(current, numa).map_err(super::LlamaError::ModelLoad)? {
+        NumaStep::Keep => Ok(()),
+        NumaStep::Init(strategy) => {
+            let set = *NUMA.get_or_init(|| {
+                let s = match strategy {
+                    search_space::Numa::Isolate => sys::GGML_NUMA_STRATEGY_ISOLATE,
+                    _ => sys::GGML_NUMA_STRATEGY_DISTRIBUTE,
+                };
+                // SAFETY: the backends are loaded ([`init`] ran); called once per process.
+                unsafe { sys::llama_numa_init(s) };
+                strategy
+            });
+            numa_step(Some(set), numa)
+                .map(|_| ())
+                .map_err(super::LlamaError::ModelLoad)
+        }
+    }
+}
+
+/// What a load asking for `asked` does in a process whose llama.cpp runs with `current`.
+#[derive(Debug, PartialEq, Eq)]
+enum NumaStep {
+    /// Nothing to set: the process already runs as asked (or off, never set).
+    Keep,
+    /// Set this strategy before the load.
+    Init(search_space::Numa),
+}
+
+fn numa_step(
+    current: Option<search_space::Numa>,
+    asked: search_space::Numa,
+) -> Result<NumaStep, String> {
+    match current {
+        None if asked.is_off() => Ok(NumaStep::Keep),
+        None => Ok(NumaStep::Init(asked)),
+        Some(set) if set == asked => Ok(NumaStep::Keep),
+        Some(set) => Err(format!(
+            "this process already runs llama.cpp with --numa {set}; --numa {asked} needs a new one"
+        )),
+    }
+}
+
 /// The lines llama.cpp logged while starting ([`init`] first).
 pub fn startup_log() -> &'static [String] {
     STARTUP_LOG.get().map_or(&[], Vec::as_slice)
@@ -223,3 +274,27 @@ pub fn build_info() -> (String, String) {
 
 /// llama.cpp's version (its CMakeLists' LLAMA_VERSION) of the sources llama-cpp-sys-2 0.1.161 vendors.
 pub const LLAMA_VERSION: &str = "0.6.0-dev";
+
+#[cfg(test)]
+mod tests {
+    use super::{numa_step, NumaStep};
+    use search_space::Numa;
+
+    #[test]
+    fn a_numa_strategy_is_set_once_and_never_changed() {
+        assert_eq!(numa_step(None, Numa::Off), Ok(NumaStep::Keep));
+        assert_eq!(
+            numa_step(None, Numa::Distribute),
+            Ok(NumaStep::Init(Numa::Distribute))
+        );
+        assert_eq!(
+            numa_step(Some(Numa::Isolate), Numa::Isolate),
+            Ok(NumaStep::Keep)
+        );
+        // Neither another strategy nor off once one is set: the load would run mislabelled.
+        for asked in [Numa::Distribute, Numa::Off] {
+            let e = numa_step(Some(Numa::Isolate), asked).unwrap_err();
+            assert!(e.contains("--numa isolate"), "{e}");
+        }
+    }
+}

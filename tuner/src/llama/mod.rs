@@ -18,8 +18,8 @@ mod rpc;
 mod settings;
 
 pub use backend::{
-    backend_modules, backends, buffer_type_by_name, build_info, init, startup_log, system_info,
-    BackendModule, DeviceInfo,
+    backend_modules, backends, buffer_type_by_name, build_info, init, numa_init, startup_log,
+    system_info, BackendModule, DeviceInfo,
 };
 pub use bandwidth::device_read_bandwidth;
 pub use breakdown::{breakdown_per_device, memory_breakdown};

@@ -25,6 +25,7 @@ impl Model {
     /// llama.cpp skips by default and an MTP draft context needs.
     pub fn load_with(path: &Path, s: &ModelSettings, load_mtp: bool) -> Result<Model, LlamaError> {
         let cpath = c_path(path)?;
+        super::numa_init(s.numa)?;
         let mut devs = device_list(&s.devices)?;
         // The CStrings the overrides point into live in `overrides` until the load returns.
         let overrides = BuftOverrides::new(s)?;

@@ -29,6 +29,9 @@ pub struct ModelSettings {
     /// llama.cpp's `-sm`: whole layers per device, or rows of every layer across devices.
     #[serde(default, skip_serializing_if = "search_space::SplitMode::is_layer")]
     pub split_mode: search_space::SplitMode,
+    /// llama.cpp's NUMA strategy (`--numa`): set once per process, before its first load.
+    #[serde(default, skip_serializing_if = "search_space::Numa::is_off")]
+    pub numa: search_space::Numa,
 }
 
 impl Default for ModelSettings {
@@ -45,6 +48,7 @@ impl Default for ModelSettings {
             tensor_overrides: Vec::new(),
             tensor_split: Vec::new(),
             split_mode: search_space::SplitMode::Layer,
+            numa: search_space::Numa::Off,
         }
     }
 }
@@ -97,6 +101,7 @@ impl ModelSettings {
             tensor_overrides: Vec::new(),
             tensor_split: c.tensor_split.clone(),
             split_mode: c.split_mode,
+            numa: c.numa,
         }
     }
 }

@@ -79,6 +79,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         n_gpu_layers: if offload { land.model.n_layers + 1 } else { 0 },
         n_gpu_layers_pinned: false,
         kernels: vec![KernelChoice::Repack, KernelChoice::Plain],
+        numa: vec![search_space::Numa::Off],
         kv_offload: vec![KvOffload::On, KvOffload::Off],
         op_offload: if offload {
             vec![OpOffload::On, OpOffload::Off]

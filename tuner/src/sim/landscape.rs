@@ -148,6 +148,7 @@ pub fn candidate_of(req: &MeasureRequest) -> Candidate {
         flash_attn: req.context.flash_attn,
         op_offload: req.context.op_offload,
         kv_offload: req.context.kv_offload,
+        numa: req.settings.numa,
     }
 }
 

@@ -85,6 +85,8 @@ pub fn draft_model(
             devices: target.devices.clone(),
             use_extra_bufts: target.use_extra_bufts,
             rpc: target.rpc.clone(),
+            // One process runs both models: its NUMA strategy is the target's.
+            numa: target.numa,
             ..Default::default()
         },
         context: context.clone(),

@@ -35,6 +35,7 @@ enum Knob {
     Threads,
     ThreadsBatch,
     Kernels,
+    Numa,
     OpOffload,
     KvOffload,
     FlashAttn,
@@ -43,12 +44,13 @@ enum Knob {
     Batch,
 }
 
-const KNOBS: [Knob; 11] = [
+const KNOBS: [Knob; 12] = [
     Knob::GpuLayers,
     Knob::Devices,
     Knob::Threads,
     Knob::ThreadsBatch,
     Knob::Kernels,
+    Knob::Numa,
     Knob::OpOffload,
     Knob::KvOffload,
     Knob::FlashAttn,
@@ -65,6 +67,7 @@ impl Knob {
             Knob::Threads => "threads",
             Knob::ThreadsBatch => "prompt threads",
             Knob::Kernels => "kernels",
+            Knob::Numa => "NUMA",
             Knob::OpOffload => "op offload",
             Knob::KvOffload => "KV offload",
             Knob::FlashAttn => "flash attention",
@@ -82,6 +85,7 @@ impl Knob {
             Knob::Threads => format!("t={}", c.threads),
             Knob::ThreadsBatch => format!("tb={}", c.batch_threads()),
             Knob::Kernels => c.kernels.to_string(),
+            Knob::Numa => format!("numa={}", c.numa),
             Knob::OpOffload => format!("op-offload={}", c.op_offload),
             Knob::KvOffload => format!("kv-offload={}", c.kv_offload),
             Knob::FlashAttn => format!("fa={}", c.flash_attn),
@@ -104,6 +108,7 @@ impl Knob {
             }
             Knob::ThreadsBatch => c.threads_batch = None,
             Knob::Kernels => c.kernels = search_space::KernelChoice::Repack,
+            Knob::Numa => c.numa = search_space::Numa::Off,
             Knob::OpOffload => c.op_offload = search_space::OpOffload::On,
             Knob::KvOffload => c.kv_offload = search_space::KvOffload::On,
             Knob::FlashAttn => c.flash_attn = search_space::FlashAttn::Auto,
