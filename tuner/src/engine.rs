@@ -320,9 +320,10 @@ impl<'a> Engine<'a> {
         let axes: [(&str, Vary); 8] = [
             ("op offload", vary_op_offload),
             ("threads", vary_threads),
+            // Right after the threads: on several nodes the strategy can double generation.
+            ("numa", vary_numa),
             ("prompt threads", vary_threads_batch),
             ("kernels", vary_kernels),
-            ("numa", vary_numa),
             ("flash attention", vary_flash_attn),
             ("kv cache", vary_cache),
             ("batch", vary_batch),

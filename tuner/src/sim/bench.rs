@@ -33,6 +33,7 @@ fn landscape(seed: u64) -> Landscape {
             bandwidth: *[50e9, 80e9, 200e9].choose(&mut r).unwrap(),
             flops_per_core: 60e9,
             physical_cores: 16,
+            numa_nodes: 1,
         },
         devices: (0..n)
             .map(|i| Device {

@@ -33,6 +33,7 @@ pub fn gpus(n: usize, mem: u64) -> Landscape {
             bandwidth: 80e9,
             flops_per_core: 60e9,
             physical_cores: 16,
+            numa_nodes: 1,
         },
         devices: (0..n)
             .map(|i| Device {

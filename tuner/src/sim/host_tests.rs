@@ -4,7 +4,7 @@
 
 use super::harness::{fits, gpus, max_fit, settings, tune, Mode};
 use super::{Outcome, GIB};
-use search_space::Candidate;
+use search_space::{Candidate, Numa};
 
 /// Bytes the host holds for `c` by the landscape's dry run.
 fn host_bytes(land: &super::Landscape, c: &Candidate, n_ctx: u32) -> u64 {
@@ -75,4 +75,39 @@ fn too_few_layers_offloaded_for_the_rest_to_fit_in_ram_are_pruned_not_the_search
             .map(|r| (r.candidate.label(), r.skipped.clone()))
             .collect::<Vec<_>>()
     );
+}
+
+/// Two NUMA nodes (a dual-socket server): with the weights on the node that loaded them llama.cpp's
+/// default reads little more than one node's bandwidth, and `--numa distribute` reaches both. The
+/// search measures the strategies on the host and keeps distribute; on one node, where llama.cpp
+/// treats them all as off, it measures off alone (the default options there).
+#[test]
+fn on_two_numa_nodes_the_search_keeps_distribute() {
+    let mut land = gpus(0, 0);
+    land.host.numa_nodes = 2;
+    let mut s = settings(&land, 11);
+    s.numa = vec![Numa::Off, Numa::Distribute, Numa::Isolate];
+    // A 70B on the host: minutes a repetition; time for every axis.
+    s.budget = std::time::Duration::from_secs(24 * 3600);
+    let run = tune(land, s, None, Mode::Search);
+    let win = run.winner.clone().expect("a winner");
+    assert_eq!(win.numa, Numa::Distribute, "{}", win.label());
+    let trace = run.trace.borrow();
+    let measured =
+        |numa| (trace.calls.iter()).any(|(c, o, _)| *o == Outcome::Measured && c.numa == numa);
+    assert!(
+        measured(Numa::Off) && measured(Numa::Isolate),
+        "each strategy measured"
+    );
+
+    let land = gpus(0, 0);
+    let s = settings(&land, 11);
+    assert_eq!(s.numa, [Numa::Off]);
+    let run = tune(land, s, None, Mode::Search);
+    assert!(run
+        .trace
+        .borrow()
+        .calls
+        .iter()
+        .all(|(c, _, _)| c.numa == Numa::Off));
 }

@@ -8,7 +8,7 @@
 
 use crate::engine::score_seconds;
 use crate::worker::{DeviceBytes, LoadReport, MeasureRequest, Repetition, Workload};
-use search_space::{Candidate, FlashAttn, KernelChoice};
+use search_space::{Candidate, FlashAttn, KernelChoice, Numa};
 
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
@@ -30,6 +30,9 @@ pub struct Host {
     pub bandwidth: f64,
     pub flops_per_core: f64,
     pub physical_cores: u32,
+    /// NUMA nodes: `bandwidth` is all of theirs together, which only threads spread over every
+    /// node with their pages reach (see [`Landscape::numa_share`]).
+    pub numa_nodes: u32,
 }
 
 /// Mixture of experts: the share of a layer's bytes that are experts, and the fraction of them
@@ -291,6 +294,23 @@ impl Landscape {
     /// lower by all of them (more threads contend for the same bus), worse again past them
     /// (hyper-threads). Prompt processing is compute-bound and wants every core: so a split thread
     /// count (`-t` half the cores, `-tb` all) beats any single one.
+    /// The share of the host's bandwidth generation reaches with a NUMA strategy: all of it on one
+    /// node; on several, llama.cpp's default leaves the weights on the node that loaded them, read
+    /// by threads on every node (a little over one node's worth), isolate keeps to one node, and
+    /// distribute spreads threads and pages over all (a 2-node Threadripper ran about 2x faster
+    /// with it than without, llama.cpp issue 13850).
+    fn numa_share(&self, numa: Numa) -> f64 {
+        let nodes = self.host.numa_nodes.max(1) as f64;
+        if nodes == 1.0 {
+            return 1.0;
+        }
+        match numa {
+            Numa::Off => 1.1 / nodes,
+            Numa::Isolate => 1.0 / nodes,
+            Numa::Distribute => 0.9,
+        }
+    }
+
     fn host_bandwidth(&self, t: u32) -> f64 {
         let phys = self.host.physical_cores.max(1);
         let half = (phys as f64 / 2.0).max(1.0);
@@ -350,7 +370,9 @@ impl Landscape {
                     };
                     let cores = c.threads.min(self.host.physical_cores).max(1) as f64;
                     (
-                        bytes / self.host_bandwidth(c.threads) * plain * quant_kv,
+                        bytes / (self.host_bandwidth(c.threads) * self.numa_share(c.numa))
+                            * plain
+                            * quant_kv,
                         flops * plain / (self.host.flops_per_core * cores),
                     )
                 }
