@@ -62,16 +62,19 @@ impl LoadReport {
     pub fn held_bytes(&self) -> u64 {
         match self.mapped_in_use {
             Some(used) => {
-                let mapped: u64 = self
-                    .buffers
-                    .iter()
-                    .filter(|b| b.buffer.ends_with("_Mapped") && b.what == "model")
-                    .map(|b| b.bytes)
-                    .sum();
+                let mapped = self.mapped_bytes();
                 self.reported_bytes.saturating_sub(mapped) + used.min(mapped)
             }
             None => self.reported_bytes,
         }
+    }
+
+    /// llama.cpp's mmap'd model buffers (`CPU_Mapped`): the file ranges their tensors span.
+    pub fn mapped_bytes(&self) -> u64 {
+        (self.buffers.iter())
+            .filter(|b| b.buffer.ends_with("_Mapped") && b.what == "model")
+            .map(|b| b.bytes)
+            .sum()
     }
 }
 

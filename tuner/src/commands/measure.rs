@@ -248,6 +248,14 @@ fn print_text(m: &Measurement) {
                 actual.map_or("-".to_string(), search_space::size::format_size)
             );
         }
+        if let Some(read) = l.mapped_in_use {
+            println!(
+                "  mapped   inference read {} of the {} of the model file llama.cpp counts as mapped \
+                 (the rest is page cache the kernel may drop: repacked or offloaded weights)",
+                search_space::size::format_size(read),
+                search_space::size::format_size(l.mapped_bytes()),
+            );
+        }
     }
 }
 
