@@ -79,6 +79,7 @@ pub fn example_profile() -> Profile {
             logical_cpus: 32,
             ram_bytes: 68_719_476_736,
             os: "linux".into(),
+            numa_nodes: 1,
             devices: vec![
                 DeviceRef {
                     name: "CUDA0".into(),

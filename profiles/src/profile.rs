@@ -98,6 +98,13 @@ pub struct MachineRef {
     /// tuned with a GPU left idle says so here and in its notes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<String>,
+    /// NUMA nodes with CPUs (written when more than one: on one node llama.cpp treats every
+    /// `--numa` strategy as off).
+    #[serde(
+        default = "crate::serde_one::one",
+        skip_serializing_if = "crate::serde_one::is_one"
+    )]
+    pub numa_nodes: u32,
 }
 
 /// One llama.cpp device (`--list-devices`).

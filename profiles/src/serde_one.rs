@@ -1,4 +1,4 @@
-//! The serde default of a count that is 1 unless said (`--parallel`'s sequences): written only
+//! The serde default of a count that is 1 unless said (`--parallel`'s sequences, NUMA nodes): written only
 //! when it is not 1, so files and cache keys from before the field read the same.
 
 pub fn one() -> u32 {

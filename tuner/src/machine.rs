@@ -17,12 +17,8 @@ pub struct Machine {
     pub os: String,
     pub devices: Vec<DeviceInfo>,
     /// NUMA nodes with CPUs ([`numa_nodes`]); 1 on most machines.
-    #[serde(default = "one")]
+    #[serde(default = "profiles::serde_one::one")]
     pub numa_nodes: u32,
-}
-
-fn one() -> u32 {
-    1
 }
 
 impl Machine {

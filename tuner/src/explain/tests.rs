@@ -360,6 +360,32 @@ fn generation_and_prompt_threads_are_told_apart() {
     assert_eq!(of("prompt threads"), ("tb=2", "tb=1", 2));
 }
 
+/// The NUMA strategy is a knob that mattered only on a machine with several nodes: on one,
+/// llama.cpp runs every strategy as off and what differs between them is noise.
+#[test]
+fn numa_effects_are_reported_on_several_nodes_only() {
+    let mut p = cpu_profile();
+    let w = p.workload.clone();
+    let winner = p.winner.clone();
+    let distribute = Candidate {
+        numa: search_space::Numa::Distribute,
+        ..winner.clone()
+    };
+    let best = p.leaderboard[0].figures.clone().unwrap();
+    let faster = figures(best.pp_tps, 2.0 * best.tg_tps, &w, best.mem_bytes);
+    p.leaderboard.push(entry(0, distribute, Some(faster), "ok"));
+    let numa = |p: &profiles::Profile| {
+        let effects = Explanation::of(p).knob_effects;
+        effects
+            .iter()
+            .find(|k| k.knob == "NUMA")
+            .map(|k| k.best.clone())
+    };
+    assert_eq!(numa(&p), None, "one node");
+    p.machine.numa_nodes = 2;
+    assert_eq!(numa(&p).as_deref(), Some("numa=distribute"));
+}
+
 #[test]
 fn placements_give_the_best_figures_per_layer_count() {
     let p = rpc_profile();

@@ -186,6 +186,7 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
             logical_cpus: machine.logical_cpus,
             ram_bytes: machine.ram_bytes,
             os: machine.os.clone(),
+            numa_nodes: machine.numa_nodes,
             devices: machine
                 .devices
                 .iter()

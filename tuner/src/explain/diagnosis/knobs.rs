@@ -130,6 +130,8 @@ impl Knob {
 pub fn knob_effects(profile: &Profile) -> Vec<KnobEffect> {
     let mut out: Vec<KnobEffect> = KNOBS
         .into_iter()
+        // On one node llama.cpp runs every NUMA strategy as off: what differs is noise.
+        .filter(|knob| !matches!(knob, Knob::Numa) || profile.machine.numa_nodes > 1)
         .filter_map(|knob| {
             knob_effect(profile, knob, |c| knob.cleared(c)).or_else(|| match knob {
                 // A grid (or an earlier profile) varies both thread counts together.
