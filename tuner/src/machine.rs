@@ -19,6 +19,9 @@ pub struct Machine {
     /// NUMA nodes with CPUs ([`numa_nodes`]); 1 on most machines.
     #[serde(default = "profiles::serde_one::one")]
     pub numa_nodes: u32,
+    /// A hybrid CPU's performance cores ([`performance_cores`]); `None` on other CPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub performance_cores: Option<u32>,
 }
 
 impl Machine {
@@ -79,7 +82,18 @@ impl Machine {
             os,
             devices,
             numa_nodes: numa_nodes(std::path::Path::new(SYS_NODES)),
+            performance_cores: performance_cores(
+                std::fs::read_to_string(SYS_P_CORES).ok().as_deref(),
+                &cpuinfo,
+            )
+            .filter(|&p| p < physical),
         }
+    }
+
+    /// The thread count llama.cpp uses unasked (`-t`): its "math" cores, the physical cores, or on
+    /// a hybrid CPU the performance cores alone.
+    pub fn llama_default_threads(&self) -> u32 {
+        self.performance_cores.unwrap_or(self.physical_cores).max(1)
     }
 
     /// Devices other than the CPU that layers can be offloaded to.
@@ -114,23 +128,54 @@ pub fn numa_nodes(root: &std::path::Path) -> u32 {
 }
 
 fn physical_cores(cpuinfo: &str) -> Option<u32> {
+    cores_among(cpuinfo, |_| true)
+}
+
+/// Where Linux lists a hybrid Intel CPU's performance cores' logical CPUs (its efficiency cores'
+/// are under `cpu_atom`).
+const SYS_P_CORES: &str = "/sys/devices/cpu_core/cpus";
+
+/// The performance cores of a hybrid CPU: the physical cores (per /proc/cpuinfo) of the logical
+/// CPUs in `p_cpus` (a kernel CPU list such as `0-15`, from [`SYS_P_CORES`]); `None` when the
+/// list is absent or names no core. That is llama.cpp's default thread count there: it leaves the
+/// efficiency cores out ("efficiency cores harm lockstep threading", `common_cpu_get_num_math`).
+pub fn performance_cores(p_cpus: Option<&str>, cpuinfo: &str) -> Option<u32> {
+    let wanted = parse_cpu_list(p_cpus?)?;
+    cores_among(cpuinfo, |cpu| wanted.contains(&cpu))
+}
+
+/// A kernel CPU list (`0-3,8,10-11`); `None` when malformed or empty.
+fn parse_cpu_list(list: &str) -> Option<std::collections::BTreeSet<u32>> {
+    let mut out = std::collections::BTreeSet::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+        if b < a || b - a > 65_536 {
+            return None;
+        }
+        out.extend(a..=b);
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// Physical cores (distinct `physical id`, `core id` pairs in /proc/cpuinfo) of the logical CPUs
+/// (`processor`) that `keep` accepts; `None` when there are none.
+fn cores_among(cpuinfo: &str, keep: impl Fn(u32) -> bool) -> Option<u32> {
     let mut seen = std::collections::BTreeSet::new();
-    let mut phys = String::new();
+    let (mut processor, mut phys) = (None, String::new());
+    let value = |v: &str| v.trim_start_matches([' ', '\t', ':']).trim().to_string();
     for line in cpuinfo.lines() {
-        if let Some(v) = line.strip_prefix("physical id") {
-            phys = v.trim_start_matches([' ', '\t', ':']).trim().to_string();
+        if let Some(v) = line.strip_prefix("processor") {
+            processor = value(v).parse::<u32>().ok();
+        } else if let Some(v) = line.strip_prefix("physical id") {
+            phys = value(v);
         } else if let Some(v) = line.strip_prefix("core id") {
-            seen.insert((
-                phys.clone(),
-                v.trim_start_matches([' ', '\t', ':']).trim().to_string(),
-            ));
+            if processor.is_none_or(&keep) {
+                seen.insert((phys.clone(), value(v)));
+            }
         }
     }
-    if seen.is_empty() {
-        None
-    } else {
-        Some(seen.len() as u32)
-    }
+    (!seen.is_empty()).then_some(seen.len() as u32)
 }
 
 /// The RAM available to a new process now (`MemAvailable`: free memory plus the page cache and slab
@@ -174,6 +219,23 @@ mod tests {
         std::fs::write(dir.path().join("possible"), "0-2\n").unwrap();
         std::fs::create_dir(dir.path().join("nodex")).unwrap();
         assert_eq!(numa_nodes(dir.path()), 2);
+    }
+
+    /// A hybrid CPU as Linux shows it: two performance cores with two threads each (CPUs 0-3),
+    /// two efficiency cores (CPUs 4-5).
+    #[test]
+    fn a_hybrid_cpus_performance_cores_are_the_cores_of_its_p_cpus() {
+        let info: String = [(0, 0), (1, 0), (2, 4), (3, 4), (4, 8), (5, 9)]
+            .iter()
+            .map(|(p, c)| format!("processor\t: {p}\nphysical id\t: 0\ncore id\t\t: {c}\n\n"))
+            .collect();
+        assert_eq!(physical_cores(&info), Some(4));
+        assert_eq!(performance_cores(Some("0-3\n"), &info), Some(2));
+        assert_eq!(performance_cores(Some("0,2"), &info), Some(2));
+        assert_eq!(performance_cores(None, &info), None, "not hybrid");
+        assert_eq!(performance_cores(Some(""), &info), None);
+        assert_eq!(performance_cores(Some("3-1"), &info), None);
+        assert_eq!(performance_cores(Some("x"), &info), None);
     }
 
     #[test]

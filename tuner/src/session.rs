@@ -82,9 +82,9 @@ pub fn budgets_of(
         .collect())
 }
 
-/// Physical cores, as llama.cpp's default thread count.
+/// llama.cpp's default thread count on this machine ([`Machine::llama_default_threads`]).
 pub fn default_threads() -> u32 {
-    Machine::probe(Vec::new()).physical_cores.max(1)
+    Machine::probe(Vec::new()).llama_default_threads()
 }
 
 /// The profile store (`$AUTOTUNE_PROFILE_DIR` or the per-user data folder).

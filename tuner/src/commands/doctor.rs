@@ -19,8 +19,12 @@ pub fn run(cli: &Cli, args: &DoctorArgs) -> anyhow::Result<i32> {
     } else {
         String::new()
     };
+    let performance = m
+        .performance_cores
+        .map(|p| format!(": {p} performance cores, llama.cpp's default -t"))
+        .unwrap_or_default();
     println!(
-        "cpu          {} ({} cores, {} logical CPUs{numa})",
+        "cpu          {} ({} cores{performance}, {} logical CPUs{numa})",
         m.cpu, m.physical_cores, m.logical_cpus
     );
     println!(

@@ -81,7 +81,10 @@ fn setup(
     if let Some(t) = a.threads {
         inputs::threads("--threads", &[t], inputs::logical_cpus())?;
     }
-    let threads = a.threads.unwrap_or(d.machine.physical_cores).max(1);
+    let threads = a
+        .threads
+        .unwrap_or(d.machine.llama_default_threads())
+        .max(1);
     let longest = search.ngram.size_m.iter().max().copied().unwrap_or(0);
     let longest = longest.max(search.grid.n_max.iter().max().copied().unwrap_or(16));
     Ok(Setup {

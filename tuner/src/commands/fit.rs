@@ -115,7 +115,7 @@ pub fn run(cli: &Cli, a: &FitArgs) -> anyhow::Result<i32> {
         &model,
         settings,
         (answer.n_ctx, a.parallel),
-        d.machine.physical_cores,
+        d.machine.llama_default_threads(),
         &budgets,
     );
     let report = FitReport {

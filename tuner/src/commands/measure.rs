@@ -108,7 +108,7 @@ fn request_of(
                 inputs::threads("-t", &[t], inputs::logical_cpus())?;
                 t
             }
-            None => d.machine.physical_cores,
+            None => d.machine.llama_default_threads(),
         },
         threads_batch: a.threads_batch,
         n_batch: a.batch,

@@ -79,7 +79,6 @@ impl Plan {
         info: &GgufInfo,
     ) -> anyhow::Result<TuneSettings> {
         let logical = machine.logical_cpus.max(1);
-        let physical = machine.physical_cores.max(1);
         let cpus = crate::inputs::logical_cpus().max(logical);
         let given = |flag: &str, t: &[u32]| -> anyhow::Result<Vec<u32>> {
             crate::inputs::threads(flag, t, cpus)?;
@@ -87,16 +86,13 @@ impl Plan {
         };
         let threads_options = match &self.threads {
             Some(t) => given("--threads", t)?,
-            None => {
-                let mut v = vec![1, (physical / 2).max(1), physical, logical];
-                v.sort_unstable();
-                v.dedup();
-                v
-            }
+            None => thread_options(machine),
         };
-        // llama.cpp's default thread count is the number of physical cores (its "math" cores).
-        let default_threads = if threads_options.contains(&physical) {
-            physical
+        // llama.cpp's default thread count is its "math" cores: the physical cores, or a hybrid
+        // CPU's performance cores.
+        let llama_default = machine.llama_default_threads();
+        let default_threads = if threads_options.contains(&llama_default) {
+            llama_default
         } else {
             threads_options[0]
         };
@@ -155,6 +151,19 @@ fn op_offload_options(asked: &[OpOffload], machine: &Machine) -> Vec<OpOffload> 
     } else {
         vec![OpOffload::On]
     }
+}
+
+/// The thread counts tried unasked: 1, half the physical cores, the physical cores, every logical
+/// CPU, and on a hybrid CPU its performance cores alone (llama.cpp's default there: a 24-core
+/// CPU with 8 performance cores would otherwise be tried at 1, 12, 24 and 32 threads, never 8).
+fn thread_options(machine: &Machine) -> Vec<u32> {
+    let physical = machine.physical_cores.max(1);
+    let logical = machine.logical_cpus.max(1);
+    let mut v = vec![1, (physical / 2).max(1), physical, logical];
+    v.extend(machine.performance_cores);
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 /// The NUMA strategies to try: those asked for, else on a machine with several NUMA nodes
@@ -351,6 +360,17 @@ mod tests {
             numa_options(Some(&[Numa::Distribute]), 1),
             [Numa::Distribute]
         );
+    }
+
+    #[test]
+    fn a_hybrid_cpus_performance_cores_are_a_thread_count_and_llama_cpps_default() {
+        let mut m = machine(&[("CPU", "CPU", "cpu")]);
+        (m.physical_cores, m.logical_cpus, m.performance_cores) = (24, 32, None);
+        assert_eq!(thread_options(&m), [1, 12, 24, 32]);
+        assert_eq!(m.llama_default_threads(), 24);
+        m.performance_cores = Some(8);
+        assert_eq!(thread_options(&m), [1, 8, 12, 24, 32]);
+        assert_eq!(m.llama_default_threads(), 8);
     }
 
     #[test]
