@@ -194,16 +194,9 @@ impl<'a> Engine<'a> {
         }
         let mut c =
             Candidate::llama_default(self.settings.default_threads, self.settings.n_gpu_layers);
-        if !self.settings.kernels.contains(&c.kernels) {
-            if let Some(&k) = self.settings.kernels.first() {
-                c.kernels = k;
-            }
-        }
-        if !self.settings.numa.contains(&c.numa) {
-            if let Some(&n) = self.settings.numa.first() {
-                c.numa = n;
-            }
-        }
+        // Model-level knobs the user excluded: the baseline loads what the user allowed.
+        c.kernels = pick(&self.settings.kernels, c.kernels);
+        c.numa = pick(&self.settings.numa, c.numa);
         let d = if self.settings.offload && !self.settings.n_gpu_layers_pinned {
             self.fit_defaults(c)
         } else {

@@ -188,7 +188,8 @@ pub fn ram_available_now() -> Option<u64> {
         .then(|| meminfo_kib(&meminfo, "MemAvailable:") * 1024)
 }
 
-fn meminfo_kib(meminfo: &str, key: &str) -> u64 {
+/// A `Key:  N kB` figure of /proc/meminfo (or /proc/PID/status), in KiB; 0 when absent.
+pub(crate) fn meminfo_kib(meminfo: &str, key: &str) -> u64 {
     meminfo
         .lines()
         .find(|l| l.starts_with(key))

@@ -4,17 +4,19 @@
 use super::TuneSettings;
 use search_space::{Candidate, FlashAttn, OpOffload};
 
+/// `v` when the user allowed it (or allowed anything), else the first value the user gave.
+pub(super) fn pick<T: Copy + PartialEq>(options: &[T], v: T) -> T {
+    if options.is_empty() || options.contains(&v) {
+        v
+    } else {
+        options[0]
+    }
+}
+
 /// `c` with every knob the user restricted moved into the search space (the first value given when
 /// `c`'s is not among them): the defaults stay llama.cpp's as the reference, but the placements
 /// measured beside them use only what the user allowed (`--ubatch 128` is never loaded at 512).
 pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
-    fn pick<T: Copy + PartialEq>(options: &[T], v: T) -> T {
-        if options.is_empty() || options.contains(&v) {
-            v
-        } else {
-            options[0]
-        }
-    }
     let kv = pick(&s.cache_types, c.type_k);
     let mut out = Candidate {
         kernels: pick(&s.kernels, c.kernels),

@@ -60,24 +60,20 @@ static NUMA: OnceLock<search_space::Numa> = OnceLock::new();
 /// none) is an error; each trial worker holds one configuration's model settings, so in a run this
 /// does not happen.
 pub fn numa_init(numa: search_space::Numa) -> Result<(), super::LlamaError> {
-    let current = NUMA.get().copied();
-    match numa_step(current, numa).map_err(super::LlamaError::ModelLoad)? {
-        NumaStep::Keep => Ok(()),
-        NumaStep::Init(strategy) => {
-            let set = *NUMA.get_or_init(|| {
-                let s = match strategy {
-                    search_space::Numa::Isolate => sys::GGML_NUMA_STRATEGY_ISOLATE,
-                    _ => sys::GGML_NUMA_STRATEGY_DISTRIBUTE,
-                };
-                // SAFETY: the backends are loaded ([`init`] ran); called once per process.
-                unsafe { sys::llama_numa_init(s) };
-                strategy
-            });
-            numa_step(Some(set), numa)
-                .map(|_| ())
-                .map_err(super::LlamaError::ModelLoad)
-        }
+    let step = numa_step(NUMA.get().copied(), numa).map_err(super::LlamaError::ModelLoad)?;
+    if let NumaStep::Init(strategy) = step {
+        NUMA.get_or_init(|| {
+            let s = match strategy {
+                search_space::Numa::Isolate => sys::GGML_NUMA_STRATEGY_ISOLATE,
+                _ => sys::GGML_NUMA_STRATEGY_DISTRIBUTE,
+            };
+            // SAFETY: the backends are loaded ([`init`] ran); called once per process (a worker
+            // loads one model at a time, so no other load races this one).
+            unsafe { sys::llama_numa_init(s) };
+            strategy
+        });
     }
+    Ok(())
 }
 
 /// What a load asking for `asked` does in a process whose llama.cpp runs with `current`.

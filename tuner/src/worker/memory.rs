@@ -9,26 +9,21 @@ use search_space::size::format_size;
 /// as a device allocation is) plus resident file-backed pages (the mmap'd weights, once read), less
 /// the reservations of thread stacks (see [`thread_stack_bytes`]).
 pub fn committed_bytes() -> u64 {
-    private_bytes() + status_kib("RssFile:")
+    private_bytes() + status_bytes("RssFile:")
 }
 
 /// Private memory this process holds (heap and anonymous mappings, allocated whether touched or
 /// not), less the reservations of thread stacks: [`committed_bytes`] without file-backed pages.
 pub fn private_bytes() -> u64 {
-    status_kib("VmData:").saturating_sub(thread_stack_bytes(
+    status_bytes("VmData:").saturating_sub(thread_stack_bytes(
         &std::fs::read_to_string("/proc/self/maps").unwrap_or_default(),
     ))
 }
 
-fn status_kib(key: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 1024
+/// A `/proc/self/status` figure (`key` with its colon) in bytes; 0 where unavailable.
+fn status_bytes(key: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    crate::machine::meminfo_kib(&status, key) * 1024
 }
 
 /// Clears the referenced bits of this process's pages, so that [`model_pages_referenced`] later
