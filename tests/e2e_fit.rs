@@ -374,3 +374,115 @@ fn repacked_weights_count_once_in_the_memory_a_configuration_holds() {
         );
     }
 }
+
+/// llama.cpp's dry-run prediction on RPC0 of every layer there (its fit's placement with nothing in
+/// the way), at `ctx`.
+fn rpc0_need(sb: &Sandbox, model: &str, rpc: &str, ctx: u32) -> u64 {
+    let r = sb.run_json(&[
+        "fit",
+        model,
+        "--rpc",
+        rpc,
+        "--ctx",
+        &ctx.to_string(),
+        "--json",
+    ]);
+    let layers = r["n_gpu_layers"].as_u64().unwrap();
+    assert!(layers >= 5, "every layer of the tiny model offloaded: {r}");
+    (r["predicted"].as_array().unwrap().iter())
+        .find(|d| d["device"] == "RPC0")
+        .and_then(|d| d["predicted_bytes"].as_u64())
+        .unwrap_or_else(|| panic!("RPC0 in {r}"))
+}
+
+#[test]
+fn ctx_max_is_the_largest_context_that_keeps_every_layer_on_the_device() {
+    let model = tiny_model();
+    let m = model_arg(&model);
+    let server = rpc_server();
+    let rpc = server.endpoint();
+    let sb = Sandbox::new();
+    // A budget between what every layer needs at llama.cpp's fit minimum (4096) and at the model's
+    // trained context (8192).
+    let (low, high) = (
+        rpc0_need(&sb, &m, &rpc, 4096),
+        rpc0_need(&sb, &m, &rpc, 8192),
+    );
+    assert!(
+        high > low + (1 << 20),
+        "the KV cache grows with the context: {low} vs {high}"
+    );
+    let budget = (low + high) / 2;
+    let r = sb.run_json(&[
+        "tune",
+        &m,
+        "--ctx",
+        "max",
+        "--rpc",
+        &rpc,
+        "--mem-budget",
+        &format!("RPC0={budget}"),
+        "--json",
+        "--no-save",
+        "--threads",
+        "2",
+        "--cache-types",
+        "f16",
+        "--kernels",
+        "plain",
+        "--flash-attn",
+        "auto",
+        "--ubatch",
+        "512",
+        "--prompt",
+        "64",
+        "--gen",
+        "16",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "2",
+        "--budget",
+        "60s",
+    ]);
+    let n = r["context"]["n_ctx"].as_u64().expect("the context chosen") as u32;
+    assert_eq!(r["workload"]["n_ctx"], n, "tuned at the context chosen");
+    assert_eq!(r["context"]["ceiling"], 8192);
+    assert_eq!(r["context"]["whole"], true, "{}", r["context"]);
+    assert!(n > 4096 && n < 8192 && n.is_multiple_of(256), "{n}");
+    // The largest: llama.cpp's dry run puts every layer within the budget at n, not at n + 256.
+    assert!(rpc0_need(&sb, &m, &rpc, n) <= budget);
+    assert!(rpc0_need(&sb, &m, &rpc, n + 256) > budget);
+    let limit = r["context"]["limit"].as_str().unwrap();
+    assert!(
+        limit.starts_with(&format!("{}: needs", n + 256)) && limit.contains("on RPC0"),
+        "{limit}"
+    );
+    // And at that context every layer on the device is measured, not pruned (on this machine's
+    // loopback RPC device the host may still be faster: the winner is the measurements' to pick).
+    let layers = r["model"]["layers"].as_u64().unwrap();
+    let board = r["leaderboard"].as_array().unwrap();
+    assert!(
+        board.iter().any(
+            |e| e["candidate"]["n_gpu_layers"].as_u64() == Some(layers + 1)
+                && !e["figures"].is_null()
+        ),
+        "{board:?}"
+    );
+
+    // What --ctx max cannot be: a quantization ladder's files would each get their own context.
+    let o = sb.run(&["tune", &m, "--ctx", "max", "--ladder"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--ctx max cannot be combined"),
+        "{}",
+        stderr(&o)
+    );
+    let o = sb.run(&["tune", &m, "--ctx", "most"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("or max (the most that fits)"),
+        "{}",
+        stderr(&o)
+    );
+}

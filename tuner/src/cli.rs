@@ -12,7 +12,7 @@ mod tune;
 pub use draft::{DraftArgs, DraftSearchArgs};
 pub use measure::MeasureArgs;
 pub use quant::{QualityArgs, QuantizeArgs};
-pub use tune::{DeviceArgs, RpcArgs, TrialArgs, TuneArgs, WorkloadArgs, WorkloadPreset};
+pub use tune::{CtxArg, DeviceArgs, RpcArgs, TrialArgs, TuneArgs, WorkloadArgs, WorkloadPreset};
 
 #[derive(Debug, Parser)]
 #[command(

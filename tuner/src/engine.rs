@@ -27,6 +27,7 @@ use std::time::Duration;
 pub(crate) mod sim;
 
 mod axes;
+pub mod context;
 mod result;
 mod rounds;
 

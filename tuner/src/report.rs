@@ -23,6 +23,9 @@ pub struct Report {
     pub winner_devices: Vec<String>,
     pub llama: profiles::LlamaBuild,
     pub workload: Workload,
+    /// How `--ctx max` chose the workload's context.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<crate::engine::context::ContextChoice>,
     pub seed: u64,
     pub noise: f64,
     pub elapsed_s: f64,
@@ -345,6 +348,13 @@ impl Report {
             self.seed,
             self.elapsed_s
         ));
+        if let Some(c) = &self.context {
+            let offload = !self.machine.offload_devices().is_empty();
+            s.insert_str(
+                s.len() - 1,
+                &format!("context --ctx max: {}\n", c.describe(offload)),
+            );
+        }
         s
     }
 

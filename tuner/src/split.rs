@@ -74,7 +74,7 @@ fn backend_of(name: &str) -> &str {
 impl Engine<'_> {
     /// The non-CPU devices the run may offload to, in llama.cpp's order, and their shares of the
     /// layers in proportion to their budgets.
-    fn budget_split(&self) -> (Vec<String>, Vec<u32>) {
+    pub(crate) fn budget_split(&self) -> (Vec<String>, Vec<u32>) {
         let (names, bytes): (Vec<String>, Vec<u64>) = self
             .settings
             .budgets

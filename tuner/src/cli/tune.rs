@@ -162,12 +162,30 @@ pub struct TuneArgs {
     pub speculative: DraftSearchArgs,
 }
 
+/// `--ctx`: a number of tokens, or the most that fits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CtxArg {
+    Tokens(u32),
+    Max,
+}
+
+fn parse_ctx(s: &str) -> Result<CtxArg, String> {
+    if s.eq_ignore_ascii_case("max") {
+        return Ok(CtxArg::Max);
+    }
+    s.parse().map(CtxArg::Tokens).map_err(|_| {
+        format!("'{s}': give a number of tokens (e.g. 8192) or max (the most that fits)")
+    })
+}
+
 /// The request to optimise for (`tune`): the context size and one representative request.
 #[derive(Debug, Args)]
 pub struct WorkloadArgs {
-    /// Context size the server will run with (llama.cpp's -c); measured at this size
-    #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
-    pub ctx: u32,
+    /// Context size the server will run with (llama.cpp's -c); measured at this size. `max`: the
+    /// largest context up to the model's trained one (times --parallel) at which every layer and its
+    /// KV cache fit the budgets (the offload devices' when there are any, else RAM), found by dry runs
+    #[arg(short = 'c', long = "ctx", default_value = "4096", value_parser = parse_ctx)]
+    pub ctx: CtxArg,
 
     /// The kind of request to optimise for: chat (256-token turns, 256 generated, 1024 already in
     /// the cache), long-prompt (3000-token documents, 128 generated), agent (1024-token tool

@@ -3,7 +3,7 @@
 //! nothing sees a flag.
 
 use crate::cli::WorkloadPreset;
-use crate::cli::{Cli, DraftSearchArgs, TrialArgs, TuneArgs, WorkloadArgs};
+use crate::cli::{Cli, CtxArg, DraftSearchArgs, TrialArgs, TuneArgs, WorkloadArgs};
 use crate::exit::{self, Exit};
 use crate::inputs::{self, Also};
 use crate::quant::joint::Joint;
@@ -24,7 +24,7 @@ fn usage(m: String) -> anyhow::Error {
 
 /// The request shape: the preset's numbers (or llama-bench's pp512/tg128), overridden by explicit
 /// flags, and the name recorded in the profile.
-pub fn workload(a: &WorkloadArgs) -> (Workload, String) {
+pub fn workload(a: &WorkloadArgs, n_ctx: u32) -> (Workload, String) {
     let (p, g, d) = a.workload.map(|w| w.numbers()).unwrap_or((512, 128, 0));
     let name = match (
         a.workload,
@@ -35,7 +35,7 @@ pub fn workload(a: &WorkloadArgs) -> (Workload, String) {
         (None, _) => "custom".to_string(),
     };
     let w = Workload {
-        n_ctx: a.ctx,
+        n_ctx,
         n_prompt: a.prompt.unwrap_or(p),
         n_gen: a.gen.unwrap_or(g),
         depth: a.depth.unwrap_or(d),
@@ -109,7 +109,11 @@ fn time_seed() -> u64 {
 
 /// `tune`'s settings (what depends on the machine is resolved when the model is tuned).
 pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
-    let (mut workload, workload_name) = workload(&a.workload);
+    let n_ctx = match a.workload.ctx {
+        CtxArg::Tokens(n) => n,
+        CtxArg::Max => max_ctx_ceiling(&a.model, a.workload.parallel)?,
+    };
+    let (mut workload, workload_name) = workload(&a.workload, n_ctx);
     check_workload(&workload)?;
     check_noise(a.trial.noise)?;
     if a.min_reps < 2 || a.max_reps < a.min_reps {
@@ -138,6 +142,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
     Ok(Plan {
         workload,
         workload_name,
+        ctx_max: a.workload.ctx == CtxArg::Max,
         noise,
         min_reps,
         max_reps,
@@ -167,10 +172,30 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
     })
 }
 
+/// The most `--ctx max` asks for: the model's trained context for each of the `--parallel` slots.
+fn max_ctx_ceiling(model: &Path, parallel: u32) -> anyhow::Result<u32> {
+    check_parallel(parallel)?;
+    let info = session::inspect_model(model)?;
+    let trained = info.context_length.filter(|&n| n > 0).ok_or_else(|| {
+        usage(format!(
+            "--ctx max: {} does not say the context it was trained with ({}.context_length); give --ctx N",
+            model.display(),
+            info.architecture
+        ))
+    })?;
+    Ok(trained.saturating_mul(parallel as u64).min(u32::MAX as u64) as u32)
+}
+
 /// `tune`'s choice among quantizations, when any of its flags was given.
 pub fn joint(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Option<Joint>> {
     if a.quants.is_empty() && !a.ladder && a.max_kld.is_none() && a.reference.is_none() {
         return Ok(None);
+    }
+    if a.workload.ctx == CtxArg::Max {
+        // Each file would get its own context: their speeds would not compare.
+        return Err(usage(
+            "--ctx max cannot be combined with --quants, --ladder, --max-kld or --reference (each quantization would be tuned at its own context): give --ctx N".into(),
+        ));
     }
     let max_kld = a.max_kld.unwrap_or(crate::quant::DEFAULT_MAX_KLD);
     if !(max_kld.is_finite() && max_kld >= 0.0) {

@@ -12,6 +12,7 @@
 
 mod baseline_tests;
 mod bench;
+mod context_tests;
 pub mod harness;
 mod host_tests;
 pub mod landscape;

@@ -7,6 +7,7 @@ mod output;
 
 pub use output::{complete, nothing_measured, profile_from_run, report_of, save, After};
 
+use crate::engine::context::{self, ContextChoice};
 use crate::engine::{Engine, Run, TuneSettings};
 use crate::exit::{self, Exit};
 use crate::machine::Machine;
@@ -33,6 +34,9 @@ pub struct Plan {
     pub workload: Workload,
     /// The preset's name, "… (adjusted)" or "custom" (recorded in the profile).
     pub workload_name: String,
+    /// `--ctx max`: the workload's context is the most asked for (the trained context times the
+    /// slots); [`tune`] measures at the largest that fits (see [`context`]).
+    pub ctx_max: bool,
     pub noise: f64,
     pub min_reps: u32,
     pub max_reps: u32,
@@ -215,6 +219,8 @@ pub struct Tuned {
     pub workload_name: String,
     /// The RPC servers the run used as devices.
     pub rpc: Vec<String>,
+    /// How `--ctx max` chose the context.
+    pub context: Option<ContextChoice>,
     pub run: Run,
     /// Interrupted by the engine or by a signal.
     pub interrupted: bool,
@@ -237,7 +243,21 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     for w in &probe.gpu_warnings {
         eprintln!("autotune: warning: {w}");
     }
-    let settings = plan.settings(&model, &probe.machine, &info)?;
+    let mut settings = plan.settings(&model, &probe.machine, &info)?;
+    let context = if plan.ctx_max {
+        let choice = choose_context(plan, &settings, stop)?;
+        let at = Plan {
+            workload: Workload {
+                n_ctx: choice.n_ctx,
+                ..plan.workload.clone()
+            },
+            ..plan.clone()
+        };
+        settings = at.settings(&model, &probe.machine, &info)?;
+        Some(choice)
+    } else {
+        None
+    };
     let llama = profiles::LlamaBuild {
         version: probe.llama_version.clone(),
         commit: crate::llama::build_info().1,
@@ -278,8 +298,40 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         llama,
         workload_name: plan.workload_name.clone(),
         rpc: plan.rpc.clone(),
+        context,
         run,
     })
+}
+
+/// `--ctx max`: the largest context from the workload's least to its most (`settings`' context) at
+/// which every layer fits the budgets, by dry runs in a worker of their own.
+fn choose_context(
+    plan: &Plan,
+    settings: &TuneSettings,
+    stop: &AtomicBool,
+) -> anyhow::Result<ContextChoice> {
+    let w = &settings.workload;
+    let need = w.depth + w.n_prompt.max(w.n_gen);
+    let floor = context::floor_of(need, w.n_parallel, w.n_ctx);
+    if !plan.quiet {
+        eprintln!(
+            "autotune: --ctx max: dry runs for the largest context from {floor} to {} that fits",
+            w.n_ctx
+        );
+    }
+    let stop_fn = || stop.load(Ordering::Relaxed);
+    let silent = Bar::new(true);
+    let pool = WorkerPool::new(1, plan.trial_timeout);
+    let mut engine = Engine::new(settings.clone(), pool, None, &stop_fn, &silent);
+    let choice = engine.largest_context(floor, w.n_ctx);
+    engine.shutdown();
+    if stop.load(Ordering::Relaxed) {
+        return Err(Exit::new(
+            exit::INTERRUPTED,
+            "interrupted while choosing the context",
+        ));
+    }
+    Ok(choice)
 }
 
 /// The model's measurement log for this workload, machine and build (earlier repetitions reused

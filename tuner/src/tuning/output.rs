@@ -84,6 +84,7 @@ pub fn report_of(t: &Tuned) -> Report {
             .unwrap_or_default(),
         llama: t.llama.clone(),
         workload: s.workload.clone(),
+        context: t.context.clone(),
         seed: s.seed,
         noise: s.noise,
         elapsed_s: t.elapsed_s,
