@@ -89,6 +89,27 @@ fn tunes_the_demo_model_and_saves_a_valid_profile() {
         profiles::server_args(&profile.winner, &profile.model.path, &profile.workload)
     );
 
+    // The profile keeps the report's verdict, and the listing shows it, never a raw gain for a tie.
+    let kept = profile.versus_defaults.as_ref().expect("versus_defaults");
+    let listed = match versus["comparison"]["verdict"].as_str() {
+        None => {
+            assert_eq!(kept.verdict, profiles::Judged::Same);
+            "(llama.cpp's defaults)".to_string()
+        }
+        Some(v) => {
+            assert_eq!(serde_json::to_value(kept.verdict).unwrap(), v);
+            let ratio = versus["comparison"]["ratio"].as_f64().unwrap();
+            assert!((kept.ratio - ratio).abs() < 1e-9, "{kept:?} vs {versus}");
+            match v {
+                "tie" => "(ties with defaults within ±".to_string(),
+                _ => format!("({:+.0}% requests/s vs defaults)", ratio * 100.0),
+            }
+        }
+    };
+    let o = sb.run(&["show"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains(&listed), "{listed} in {}", stdout(&o));
+
     // `show` finds it for this model on this machine.
     let o = sb.run(&["show", model.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));

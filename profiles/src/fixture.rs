@@ -2,8 +2,8 @@
 //! timestamp and fingerprint is constant so snapshots of it are stable.
 
 use crate::profile::{
-    DeviceRef, Figures, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef, Profile, Workload,
-    SCHEMA_VERSION,
+    DeviceRef, Figures, Judged, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef, Profile,
+    VersusDefaults, Workload, SCHEMA_VERSION,
 };
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 
@@ -117,6 +117,12 @@ pub fn example_profile() -> Profile {
         figures: figures.clone(),
         baseline: Some(baseline.clone()),
         baseline_placement: None,
+        versus_defaults: Some(VersusDefaults {
+            verdict: Judged::Faster,
+            ratio: 0.154,
+            ci: [0.13, 0.18],
+            noise: 0.02,
+        }),
         roofline: None,
         draft: None,
         ngram: None,

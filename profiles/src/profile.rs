@@ -49,6 +49,10 @@ pub struct Profile {
     /// "llama.cpp's --fit placement" (llama-server's own placement under the same budgets).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub baseline_placement: Option<String>,
+    /// The winner against the baseline by the run's decision rule (absent in profiles written
+    /// before it was recorded, and where either was not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versus_defaults: Option<VersusDefaults>,
     /// What a generated token of the winner reads and how fast this machine reads memory, for
     /// `autotune explain`; absent in profiles written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -66,6 +70,50 @@ pub struct Profile {
     /// than the target alone on the workload's prompts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtp: Option<crate::MtpSettings>,
+}
+
+/// What the run's decision rule said of the winner against the baseline: the request rate's
+/// relative difference with its 95% interval, from interleaved repetitions, judged at the run's
+/// noise threshold. A gain is only claimed where the whole interval lies above it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VersusDefaults {
+    pub verdict: Judged,
+    /// Winner's request rate over the baseline's, less one (0.05: 5% more requests per second);
+    /// 0 when the winner is the baseline.
+    #[serde(default)]
+    pub ratio: f64,
+    /// The 95% interval of `ratio`.
+    #[serde(default)]
+    pub ci: [f64; 2],
+    /// The relative difference below which the run calls two configurations a tie.
+    pub noise: f64,
+}
+
+/// The verdict of [`VersusDefaults`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Judged {
+    /// The winner is the baseline itself: nothing beat it beyond the noise.
+    Same,
+    /// Faster beyond the noise threshold with 95% confidence.
+    Faster,
+    /// Within the noise: chosen for something else (less memory, a smaller KV cache).
+    Tie,
+    Slower,
+}
+
+impl VersusDefaults {
+    /// A few words for one-line listings: "+7% requests/s vs defaults", "ties with defaults
+    /// within ±2%", "llama.cpp's defaults".
+    pub fn short(&self) -> String {
+        match self.verdict {
+            Judged::Same => "llama.cpp's defaults".into(),
+            Judged::Tie => format!("ties with defaults within ±{:.0}%", self.noise * 100.0),
+            Judged::Faster | Judged::Slower => {
+                format!("{:+.0}% requests/s vs defaults", self.ratio * 100.0)
+            }
+        }
+    }
 }
 
 /// The GGUF file the profile was measured with.
@@ -212,6 +260,9 @@ pub struct ProfileSummary {
     pub tg_tps: f64,
     /// Generation speed relative to llama.cpp's defaults, where the baseline was measured.
     pub tg_speedup: Option<f64>,
+    /// The winner against the baseline by the run's decision rule, where recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub versus_defaults: Option<VersusDefaults>,
 }
 
 impl Profile {
@@ -367,6 +418,7 @@ impl Profile {
                 .as_ref()
                 .filter(|b| b.tg_tps > 0.0)
                 .map(|b| self.figures.tg_tps / b.tg_tps),
+            versus_defaults: self.versus_defaults.clone(),
         }
     }
 }

@@ -35,9 +35,7 @@ pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
                     s.winner,
                     s.pp_tps,
                     s.tg_tps,
-                    s.tg_speedup
-                        .map(|x| format!(" ({:+.0}% vs defaults)", (x - 1.0) * 100.0))
-                        .unwrap_or_default(),
+                    versus(s),
                     e.path.display()
                 ),
                 Err(err) => eprintln!(
@@ -82,4 +80,38 @@ pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
         print!("{}", stored.profile.to_toml()?);
     }
     Ok(exit::OK)
+}
+
+/// The winner against the defaults in a listing: the run's verdict where the profile records it
+/// (a tie is never shown as a gain), else the generation speeds' ratio, named as such.
+fn versus(s: &profiles::ProfileSummary) -> String {
+    match (&s.versus_defaults, s.tg_speedup) {
+        (Some(v), _) => format!(" ({})", v.short()),
+        (None, Some(x)) => format!(" (tg {:+.0}% vs defaults)", (x - 1.0) * 100.0),
+        (None, None) => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profiles::{Judged, VersusDefaults};
+
+    #[test]
+    fn a_tie_is_listed_as_a_tie_whatever_the_medians_say() {
+        let mut s = profiles::example_profile().summary();
+        s.tg_speedup = Some(1.053);
+        s.versus_defaults = Some(VersusDefaults {
+            verdict: Judged::Tie,
+            ratio: 0.074,
+            ci: [-0.02, 0.098],
+            noise: 0.02,
+        });
+        assert_eq!(versus(&s), " (ties with defaults within ±2%)");
+        s.versus_defaults.as_mut().unwrap().verdict = Judged::Faster;
+        assert_eq!(versus(&s), " (+7% requests/s vs defaults)");
+        // A profile written before the verdict was kept: the generation speeds, named as such.
+        s.versus_defaults = None;
+        assert_eq!(versus(&s), " (tg +5% vs defaults)");
+    }
 }

@@ -65,20 +65,46 @@ fn winner(profile: &Profile) -> String {
         .filter(|b| b.tg_tps > 0.0 && b.score_s > 0.0)
     {
         s.push_str(&format!(
-            " ({}: tg {:.1} t/s, {:.3} s per request; {:+.1}% tg)",
+            " ({}: tg {:.1} t/s, {:.3} s per request; {:+.1}% tg{})",
             profile
                 .baseline_placement
                 .as_deref()
                 .unwrap_or("llama.cpp's defaults"),
             b.tg_tps,
             b.score_s,
-            (f.tg_tps / b.tg_tps - 1.0) * 100.0
+            (f.tg_tps / b.tg_tps - 1.0) * 100.0,
+            profile
+                .versus_defaults
+                .as_ref()
+                .map(verdict)
+                .unwrap_or_default()
         ));
     }
     s.push_str(".\n\n```sh\nllama-server ");
     s.push_str(&profiles::shell_quote(&profile.server_args));
     s.push_str("\n```\n");
     s
+}
+
+/// The run's verdict on the request rate, after the generation speeds' difference.
+fn verdict(v: &profiles::VersusDefaults) -> String {
+    let pct = |x: f64| format!("{:+.1}%", x * 100.0);
+    let noise = format!("±{:.0}%", v.noise * 100.0);
+    match v.verdict {
+        profiles::Judged::Same => String::new(),
+        profiles::Judged::Tie => format!(
+            "; requests/s {} (95% CI [{}, {}]): a tie within the {noise} noise",
+            pct(v.ratio),
+            pct(v.ci[0]),
+            pct(v.ci[1])
+        ),
+        profiles::Judged::Faster | profiles::Judged::Slower => format!(
+            "; requests/s {} (95% CI [{}, {}]), beyond the {noise} noise",
+            pct(v.ratio),
+            pct(v.ci[0]),
+            pct(v.ci[1])
+        ),
+    }
 }
 
 /// The findings, then the roofline.

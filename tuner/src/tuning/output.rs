@@ -8,6 +8,7 @@ use crate::exit::{self, Exit};
 use crate::explain::outputs::{roofline_for_run, Asked};
 use crate::report::{self, ModelSummary, Report};
 use crate::speculative::attach::{attach, DraftSearch};
+use crate::stats::Verdict;
 use crate::worker::TrialFailure;
 use anyhow::Context as _;
 use profiles::{Figures, Profile, Store};
@@ -216,11 +217,43 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
         // Named only when it is not llama.cpp's plain defaults (a CPU-only profile reads as before).
         baseline_placement: (t.run.baseline_placement.source != BaselineSource::Defaults)
             .then(|| t.run.baseline_placement.label.clone()),
+        versus_defaults: versus_defaults(t),
         roofline: None,
         leaderboard: leaderboard(t),
         draft: None,
         ngram: None,
         mtp: None,
+    })
+}
+
+/// The report's verdict on the winner against the baseline, as the profile keeps it.
+fn versus_defaults(t: &Tuned) -> Option<profiles::VersusDefaults> {
+    let (run, s) = (&t.run, &t.run.settings);
+    let v = report::versus_defaults(
+        &run.results,
+        run.winner.as_ref()?,
+        &run.baseline,
+        &s.workload,
+        s.noise,
+        s.seed,
+    )?;
+    let (verdict, ratio, ci) = match &v.comparison {
+        None => (profiles::Judged::Same, 0.0, [0.0, 0.0]),
+        Some(c) => (
+            match c.verdict {
+                Verdict::Faster => profiles::Judged::Faster,
+                Verdict::Tie => profiles::Judged::Tie,
+                Verdict::Slower => profiles::Judged::Slower,
+            },
+            c.ratio,
+            [c.ci_low, c.ci_high],
+        ),
+    };
+    Some(profiles::VersusDefaults {
+        verdict,
+        ratio,
+        ci,
+        noise: s.noise,
     })
 }
 
