@@ -286,6 +286,16 @@ pub fn tiny_model() -> PathBuf {
     test_model("tiny")
 }
 
+/// The tiny random-weight mixture of experts (4 layers, 8 experts, 2 used, trained context 2048)
+/// from `vendor/make-tiny-moe`.
+pub fn tiny_moe_model() -> PathBuf {
+    let out = Command::new(repo_root().join("vendor/make-tiny-moe"))
+        .output()
+        .expect("vendor/make-tiny-moe");
+    assert!(out.status.success(), "{}", stderr(&out));
+    PathBuf::from(stdout(&out).trim())
+}
+
 /// A random-weight llama from `vendor/make-test-model --preset PRESET` (written once, then reused).
 pub fn test_model(preset: &str) -> PathBuf {
     let out = Command::new(repo_root().join("vendor/make-test-model"))

@@ -4,7 +4,6 @@
 
 mod common;
 use common::*;
-use std::process::Command;
 
 fn model_arg(p: &std::path::Path) -> String {
     p.to_str().unwrap().to_string()
@@ -138,15 +137,7 @@ fn a_model_larger_than_every_budget_is_a_clear_error_without_trials() {
 
 #[test]
 fn moe_experts_go_to_the_host_when_the_device_is_small() {
-    let out = Command::new(repo_root().join("vendor/make-tiny-moe"))
-        .output()
-        .expect("vendor/make-tiny-moe");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let moe = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let moe = model_arg(&tiny_moe_model());
     let server = rpc_server();
     let sb = Sandbox::new();
     // At -ub 128, every layer with every expert does not fit 22 MiB on the device (at most 4 of
@@ -468,6 +459,57 @@ fn ctx_max_is_the_largest_context_that_keeps_every_layer_on_the_device() {
                 && !e["figures"].is_null()
         ),
         "{board:?}"
+    );
+
+    // A mixture of experts whose experts do not fit beside the context: its trained context (2048)
+    // with every expert in RAM and the rest on the device. 30 MiB holds every layer at 2048 tokens
+    // only without the experts (about 15 MiB; 44 MiB with them, by the dry run of `measure`).
+    let moe = model_arg(&tiny_moe_model());
+    let r = sb.run_json(&[
+        "tune",
+        &moe,
+        "--ctx",
+        "max",
+        "--rpc",
+        &rpc,
+        "--mem-budget",
+        "RPC0=30M",
+        "--json",
+        "--no-save",
+        "--threads",
+        "2",
+        "--cache-types",
+        "f16",
+        "--kernels",
+        "plain",
+        "--flash-attn",
+        "auto",
+        "--ubatch",
+        "512",
+        "--prompt",
+        "32",
+        "--gen",
+        "8",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "2",
+        "--budget",
+        "60s",
+    ]);
+    let c = &r["context"];
+    assert_eq!(c["experts_on_host"], true, "{c}");
+    assert_eq!(
+        (c["n_ctx"].as_u64(), c["whole"].as_bool()),
+        (Some(2048), Some(true)),
+        "{c}"
+    );
+    let board = r["leaderboard"].as_array().unwrap();
+    assert!(
+        board.iter().any(|e| e["candidate"]["n_gpu_layers"] == 5
+            && e["candidate"]["n_cpu_moe"].as_u64().unwrap_or(0) > 0
+            && !e["figures"].is_null()),
+        "every layer offloaded with experts on the host, measured: {board:#?}"
     );
 
     // What --ctx max cannot be: a quantization ladder's files would each get their own context.

@@ -29,15 +29,22 @@ pub struct ContextChoice {
     /// What the next larger context would need beyond a budget (none when the ceiling fits).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<String>,
+    /// A mixture of experts whose experts do not fit beside its context: the context is the most
+    /// that fits with every expert in RAM on purpose (a token reads only the experts it routes to)
+    /// and the rest of every layer on the offload devices.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub experts_on_host: bool,
 }
 
 impl ContextChoice {
     /// One line for the report.
     pub fn describe(&self, offload: bool) -> String {
-        let place = if offload {
-            "every layer and its KV cache fit the offload devices"
-        } else {
-            "the model and its KV cache fit in RAM"
+        let place = match (offload, self.experts_on_host) {
+            (true, false) => "every layer and its KV cache fit the offload devices",
+            (true, true) => {
+                "every layer but its experts, and the KV cache, fit the offload devices (the experts in RAM)"
+            }
+            (false, _) => "the model and its KV cache fit in RAM",
         };
         match (&self.limit, self.whole) {
             (None, _) => format!(
@@ -90,9 +97,32 @@ impl Engine<'_> {
     }
 
     /// The largest context from `floor` to `ceiling` (in steps of [`CTX_STEP`] per slot) at which
-    /// [`Self::context_probe`] fits every budget; the workload's context is left at it.
+    /// [`Self::context_probe`] fits every budget; for a mixture of experts that does not fit even
+    /// at `floor`, with every expert on the host instead. The workload's context is left at it.
     pub fn largest_context(&mut self, floor: u32, ceiling: u32) -> ContextChoice {
         let c = self.context_probe();
+        let whole = self.largest_context_of(&c, floor, ceiling);
+        if whole.whole || !(self.settings.moe && self.settings.offload) {
+            return whole;
+        }
+        let lean = Candidate {
+            n_cpu_moe: self.settings.n_layers,
+            ..c
+        };
+        let lean = self.largest_context_of(&lean, floor, ceiling);
+        let choice = if lean.whole {
+            ContextChoice {
+                experts_on_host: true,
+                ..lean
+            }
+        } else {
+            whole
+        };
+        self.settings.workload.n_ctx = choice.n_ctx;
+        choice
+    }
+
+    fn largest_context_of(&mut self, c: &Candidate, floor: u32, ceiling: u32) -> ContextChoice {
         let step = CTX_STEP * self.settings.workload.n_parallel.max(1);
         let at = |e: &mut Self, n: u32| {
             e.settings.workload.n_ctx = n;
@@ -106,6 +136,7 @@ impl Engine<'_> {
                 ceiling,
                 whole: true,
                 limit: None,
+                experts_on_host: false,
             };
         };
         if let Some(short) = at(self, floor) {
@@ -114,6 +145,7 @@ impl Engine<'_> {
                 ceiling,
                 whole: false,
                 limit: Some(short),
+                experts_on_host: false,
             };
         }
         let mut limit = (ceiling, over);
@@ -132,6 +164,7 @@ impl Engine<'_> {
             ceiling,
             whole: true,
             limit: Some(format!("{}: {}", limit.0, limit.1)),
+            experts_on_host: false,
         }
     }
 }

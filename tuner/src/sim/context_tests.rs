@@ -87,3 +87,28 @@ fn a_model_too_big_for_the_least_context_is_tuned_there_with_the_reason() {
     let (choice, _) = choose(&land, &s);
     assert_eq!(choice.n_ctx, 6656);
 }
+
+#[test]
+fn a_mixture_of_experts_too_big_for_the_gpu_keeps_its_context_there_and_its_experts_in_ram() {
+    let mut land = gpus(1, 16 * GIB);
+    let mut model = super::SimModel::dense(48, 700 * super::MIB, 128_256);
+    model.moe = Some(super::Moe {
+        expert_share: 0.9,
+        active: 0.1,
+    });
+    land.model = model;
+    let mut s = settings(&land, 1);
+    s.workload.n_ctx = 131072;
+    let (choice, probe) = choose(&land, &s);
+    assert!(choice.whole && choice.experts_on_host, "{choice:?}");
+    assert!((8192..131072).contains(&choice.n_ctx), "{choice:?}");
+    // Every expert on the host, the rest of every layer on the GPU: fits at the context, not a step on.
+    let lean = Candidate {
+        n_cpu_moe: land.model.n_layers,
+        ..probe.clone()
+    };
+    assert!(fits(&land, &at_ctx(&s, choice.n_ctx), &lean));
+    assert!(!fits(&land, &at_ctx(&s, choice.n_ctx + 256), &lean));
+    // With its experts on the GPU, not even the least context fits.
+    assert!(!fits(&land, &at_ctx(&s, 4096), &probe));
+}
