@@ -126,7 +126,7 @@ impl Engine<'_> {
         let step = CTX_STEP * self.settings.workload.n_parallel.max(1);
         let at = |e: &mut Self, n: u32| {
             e.settings.workload.n_ctx = n;
-            e.check_fit(&c)
+            e.check_fit(c)
                 .err()
                 .map(|m| m.trim_start_matches("pruned: ").to_string())
         };
