@@ -52,6 +52,23 @@ pub fn format_size(bytes: u64) -> String {
     }
 }
 
+/// Two sizes to be told apart (a need against a budget): [`format_size`], or where both would
+/// print the same, both in MiB with as many decimals as it takes (up to whole bytes).
+pub fn format_size_pair(a: u64, b: u64) -> (String, String) {
+    let (fa, fb) = (format_size(a), format_size(b));
+    if fa != fb || a == b {
+        return (fa, fb);
+    }
+    let mib = |x: u64, d: usize| format!("{:.*} MiB", d, x as f64 / (1024.0 * 1024.0));
+    for d in 1..=6 {
+        let (fa, fb) = (mib(a, d), mib(b, d));
+        if fa != fb {
+            return (fa, fb);
+        }
+    }
+    (format!("{a} B"), format!("{b} B"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +88,23 @@ mod tests {
     fn formats() {
         assert_eq!(format_size(512), "512 B");
         assert_eq!(format_size(241 * 1024 * 1024), "241.0 MiB");
+    }
+
+    #[test]
+    fn a_need_just_over_a_budget_prints_apart() {
+        let g = 1 << 30;
+        assert_eq!(
+            format_size_pair(2 * g, g),
+            ("2.0 GiB".into(), "1.0 GiB".into())
+        );
+        assert_eq!(
+            format_size_pair(1200 * (1 << 20) + 300 * 1024, 1200 * (1 << 20)),
+            ("1200.3 MiB".into(), "1200.0 MiB".into())
+        );
+        assert_eq!(
+            format_size_pair(g + 1, g),
+            ("1024.000001 MiB".into(), "1024.000000 MiB".into())
+        );
+        assert_eq!(format_size_pair(g, g), ("1.0 GiB".into(), "1.0 GiB".into()));
     }
 }

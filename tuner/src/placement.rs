@@ -5,7 +5,7 @@
 
 use crate::engine::Engine;
 use crate::worker::LoadReport;
-use search_space::size::format_size;
+use search_space::size::format_size_pair;
 use search_space::{Candidate, KvOffload};
 
 /// The most GPU layers [`Engine::trade_layers_for_batch`] gives up for a larger micro-batch.
@@ -62,11 +62,10 @@ impl Engine<'_> {
             {
                 if d.bytes > *budget {
                     let ram = if d.device == "CPU" { " (host RAM)" } else { "" };
+                    let (need, budget) = format_size_pair(d.bytes, *budget);
                     return Err(format!(
-                        "pruned: needs {} on {}{ram}, budget {}",
-                        format_size(d.bytes),
+                        "pruned: needs {need} on {}{ram}, budget {budget}",
                         d.device,
-                        format_size(*budget)
                     ));
                 }
             }

@@ -2,7 +2,7 @@
 //! out) and the resident set size; and whether a load fits the device memory free right now.
 
 use super::protocol::DeviceBytes;
-use search_space::size::format_size;
+use search_space::size::format_size_pair;
 
 /// Host memory this process holds for llama.cpp's buffers: private data (heap and anonymous
 /// mappings: KV cache, compute buffers, repacked weights — counted when allocated, touched or not,
@@ -72,12 +72,20 @@ pub fn short_of_device_memory(expect: &[DeviceBytes], free: &[(String, u64)]) ->
     expect.iter().find_map(|e| {
         let (_, f) = free.iter().find(|(name, _)| *name == e.device)?;
         (e.bytes.saturating_add(LOAD_GUARD) > *f).then(|| {
+            let (need, free) = format_size_pair(e.bytes, *f);
+            // Within the guard: say what is kept free beyond the prediction.
+            let guard = if e.bytes <= *f {
+                format!(
+                    " and {} kept spare",
+                    search_space::size::format_size(LOAD_GUARD)
+                )
+            } else {
+                String::new()
+            };
             format!(
-                "{SHORT_OF_MEMORY}: needs {} on {}, {} free now \
+                "{SHORT_OF_MEMORY}: needs {need}{guard} on {}, {free} free now \
                  (other processes, the tuner's own workers included, hold the rest)",
-                format_size(e.bytes),
                 e.device,
-                format_size(*f)
             )
         })
     })
@@ -183,7 +191,10 @@ Referenced:          100 kB
         );
         let why = short_of_device_memory(&expect, &free(20 * gib, 4 * gib + LOAD_GUARD - 1))
             .expect("refused");
-        assert!(why.contains("CUDA1") && why.contains("4.0 GiB"), "{why}");
+        assert!(
+            why.contains("needs 4.0 GiB and 64.0 MiB kept spare on CUDA1, 4.1 GiB free now"),
+            "{why}"
+        );
         // A device the worker does not see (an RPC server gone) is the load's problem, not this check's.
         assert_eq!(short_of_device_memory(&expect, &[]), None);
     }
