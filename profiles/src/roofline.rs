@@ -32,6 +32,11 @@ pub struct Roofline {
     pub kv_tokens: u32,
     /// KV-cache bytes of one cached token over all layers (K and V, the winner's cache types).
     pub kv_bytes_per_cached_token: u64,
+    /// Every layer reads K and V of every cached token (attention in each layer, no sliding window,
+    /// no compressed cache), so a token with `d` tokens cached reads `d × kv_bytes_per_cached_token`
+    /// of KV cache; false where that is not known (and in profiles written before it was recorded).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kv_grows: bool,
     /// Of `weight_bytes + kv_bytes`, what the CPU reads from RAM with the winner's placement (the rest
     /// sits on offload devices).
     pub cpu_bytes: u64,

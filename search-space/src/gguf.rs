@@ -66,6 +66,11 @@ pub struct GgufInfo {
     pub head_count: Option<u64>,
     /// `{arch}.attention.head_count_kv`; for models with per-layer counts, the largest.
     pub head_count_kv: Option<u64>,
+    /// `{arch}.attention.sliding_window`: layers that attend to the last this many tokens only
+    /// (all or some of them, by the architecture's pattern).
+    pub sliding_window: Option<u64>,
+    /// `{arch}.attention.kv_lora_rank`: a compressed (MLA) KV cache.
+    pub kv_lora_rank: Option<u64>,
     /// `{arch}.expert_count` (mixture-of-experts models).
     pub expert_count: Option<u32>,
     /// `{arch}.expert_used_count`.
@@ -255,6 +260,8 @@ impl GgufInfo {
             embedding_length: meta.uint(&arch_key("embedding_length"))?,
             head_count: meta.uint_or_per_layer(&arch_key("attention.head_count"))?,
             head_count_kv: meta.uint_or_per_layer(&arch_key("attention.head_count_kv"))?,
+            sliding_window: meta.uint(&arch_key("attention.sliding_window"))?,
+            kv_lora_rank: meta.uint(&arch_key("attention.kv_lora_rank"))?,
             expert_count: meta.uint(&arch_key("expert_count"))?,
             expert_used_count: meta.uint(&arch_key("expert_used_count"))?,
             vocab_size: meta.string_array_len("tokenizer.ggml.tokens")?,

@@ -1,6 +1,7 @@
 //! The diagnosis: one finding per question, in the order of their usual impact, each backed by a
 //! figure of the run. Does the model fit (and what spilling costs), is generation bandwidth-bound, is
-//! the model dense, is prefill the delay, is another device faster, and which setting mattered.
+//! what a full context costs, is the model dense, is prefill the delay, is another device faster,
+//! and which setting mattered.
 
 use super::{decimal_bytes, generation_tps, offload_devices, RooflineScope, RooflineView};
 use profiles::{LeaderboardEntry, Profile};
@@ -8,7 +9,10 @@ use search_space::size::format_size;
 use search_space::Candidate;
 use serde::Serialize;
 
+mod context;
 mod knobs;
+#[cfg(test)]
+pub use context::at_full_context;
 pub use knobs::{knob_effects, KnobEffect};
 
 /// Relative differences below this are within the default noise threshold of a run.
@@ -28,6 +32,7 @@ fn measured(profile: &Profile) -> impl Iterator<Item = (&LeaderboardEntry, &prof
 pub enum Topic {
     Fit,
     Bandwidth,
+    Context,
     Model,
     Prefill,
     Devices,
@@ -39,6 +44,7 @@ impl Topic {
         match self {
             Topic::Fit => "fit",
             Topic::Bandwidth => "bandwidth",
+            Topic::Context => "context",
             Topic::Model => "model",
             Topic::Prefill => "prefill",
             Topic::Devices => "devices",
@@ -114,14 +120,15 @@ pub fn findings(
     knobs: &[KnobEffect],
     placements: &[PlacementPoint],
 ) -> Vec<Finding> {
-    vec![
-        fit(profile, placements),
-        bandwidth(roofline),
+    let mut v = vec![fit(profile, placements), bandwidth(roofline)];
+    v.extend(context::context(profile, roofline));
+    v.extend([
         model(profile, roofline),
         prefill(profile),
         devices(profile),
         settings(knobs),
-    ]
+    ]);
+    v
 }
 
 fn finding(topic: Topic, text: String) -> Finding {

@@ -170,6 +170,21 @@ pub fn token_reads(info: &GgufInfo, c: &Candidate, w: &Workload, offload: bool) 
     r
 }
 
+/// Whether every layer reads K and V of every cached token: each layer has its `attn_k` and
+/// `attn_v` weights (no recurrent or attention-free layers), and the model has no sliding window
+/// and no compressed (MLA) cache. Then the KV cache a token reads grows with the context.
+pub fn kv_grows(info: &GgufInfo) -> bool {
+    let layers = info.block_count.unwrap_or(0);
+    let has = |i: u32, t: &str| {
+        let name = format!("blk.{i}.{t}.weight");
+        info.tensors.iter().any(|x| x.name == name)
+    };
+    layers > 0
+        && info.sliding_window.is_none()
+        && info.kv_lora_rank.is_none()
+        && (0..layers).all(|i| has(i, "attn_k") && has(i, "attn_v"))
+}
+
 /// The roofline record a profile keeps: the token's reads and the measured bandwidth (if any).
 pub fn roofline(
     info: &GgufInfo,
@@ -189,6 +204,7 @@ pub fn roofline(
         kv_bytes: r.kv_bytes,
         kv_tokens: r.kv_tokens,
         kv_bytes_per_cached_token: r.kv_bytes_per_cached_token,
+        kv_grows: kv_grows(info),
         cpu_bytes: r.cpu_bytes,
         cpu_bandwidth: bandwidth.map(|b| b.bytes_per_s),
         bandwidth_method: bandwidth.map_or_else(
@@ -248,6 +264,25 @@ mod tests {
             b = b.tensor("output.weight", ggml::Q6_K, &[256, 1024]);
         }
         b
+    }
+
+    #[test]
+    fn the_kv_cache_grows_with_the_context_only_where_every_layer_attends_to_all_of_it() {
+        assert!(kv_grows(&info_of(dense(true))));
+        // Sliding-window layers (Gemma 3, gpt-oss) and MLA caches (DeepSeek) read less.
+        assert!(!kv_grows(&info_of(
+            dense(true).kv_u32("llama.attention.sliding_window", 512)
+        )));
+        assert!(!kv_grows(&info_of(
+            dense(true).kv_u32("llama.attention.kv_lora_rank", 512)
+        )));
+        // A layer without attention (a recurrent or hybrid model's) caches no K and V.
+        let hybrid = GgufBuilder::new("llama")
+            .kv_u32("llama.block_count", 2)
+            .tensor("blk.0.attn_k.weight", ggml::Q4_K, &[256, 128])
+            .tensor("blk.0.attn_v.weight", ggml::Q4_K, &[256, 128])
+            .tensor("blk.1.ssm_in.weight", ggml::Q4_K, &[256, 512]);
+        assert!(!kv_grows(&info_of(hybrid)));
     }
 
     fn bytes_of(info: &GgufInfo, name: &str) -> u64 {

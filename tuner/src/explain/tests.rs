@@ -143,6 +143,7 @@ pub fn cpu_profile() -> profiles::Profile {
         kv_bytes: 2_372_000,
         kv_tokens: 64,
         kv_bytes_per_cached_token: 36_864,
+        kv_grows: false,
         cpu_bytes: 238_372_000,
         cpu_bandwidth: Some(14.2e9),
         bandwidth_method: "CPU: read of a 1.0 GiB buffer by 2 threads, best of 5 passes".into(),
@@ -258,6 +259,7 @@ fn moe_profile() -> profiles::Profile {
         kv_bytes: 6_291_456,
         kv_tokens: 64,
         kv_bytes_per_cached_token: 98_304,
+        kv_grows: false,
         cpu_bytes: 1_886_291_456,
         cpu_bandwidth: Some(19.0e9),
         bandwidth_method: "CPU: read of a 1.0 GiB buffer by 16 threads, best of 5 passes".into(),
@@ -265,6 +267,74 @@ fn moe_profile() -> profiles::Profile {
     });
     p.refresh_server_args();
     p
+}
+
+/// A dense llama-shaped 8B model (every layer attends to the whole cache) tuned on the CPU for a
+/// 32768-token context: the context finding's projection.
+fn long_context_profile() -> profiles::Profile {
+    let mut p = cpu_profile();
+    p.model.file_name = "Llama-3.1-8B-Q4_K_M.gguf".into();
+    p.model.architecture = "llama".into();
+    p.workload.n_ctx = 32768;
+    let w = p.workload.clone();
+    p.figures = figures(60.0, 5.6, &w, 9 << 30);
+    p.leaderboard = vec![entry(1, p.winner.clone(), Some(p.figures.clone()), "ok")];
+    p.baseline = None;
+    p.roofline = Some(Roofline {
+        layers: 32,
+        parameters: 8_030_261_248,
+        active_parameters: 7_504_924_672,
+        expert_count: None,
+        expert_used_count: None,
+        weight_bytes: 4_600_000_000,
+        kv_bytes: 8_388_608,
+        kv_tokens: 64,
+        kv_bytes_per_cached_token: 131_072,
+        kv_grows: true,
+        cpu_bytes: 4_608_388_608,
+        cpu_bandwidth: Some(40.0e9),
+        bandwidth_method: "CPU: read of a 1.0 GiB buffer by 16 threads, best of 5 passes".into(),
+        device_bandwidth: Vec::new(),
+    });
+    p.refresh_server_args();
+    p
+}
+
+#[test]
+fn a_full_context_lowers_the_ceiling_by_the_kv_cache_it_adds() {
+    let p = long_context_profile();
+    let e = Explanation::of(&p);
+    let r = e.roofline.as_ref().unwrap();
+    let (full_kv, full, at_full) = diagnosis::at_full_context(&p, r).unwrap();
+    // 32768 tokens of 128 KiB: 4.29 GB on top of the weights.
+    assert_eq!(full_kv, 32768 * 131_072);
+    assert_eq!(full, 4_600_000_000 + full_kv);
+    assert!((at_full - 40.0e9 / full as f64).abs() < 1e-9, "{at_full}");
+    let line = e
+        .findings
+        .iter()
+        .find(|f| f.topic == Topic::Context)
+        .unwrap();
+    assert!(
+        line.text.contains("a full 32768-token context adds 4.3 GB"),
+        "{}",
+        line.text
+    );
+    // Four slots: each reads its own quarter of the cache.
+    let mut four = p.clone();
+    four.workload.n_parallel = 4;
+    let (kv4, _, _) = diagnosis::at_full_context(&four, r).unwrap();
+    assert_eq!(kv4, full_kv / 4);
+    // A sliding window (the other fixtures' Gemma 3): no line.
+    assert!(Explanation::of(&cpu_profile())
+        .findings
+        .iter()
+        .all(|f| f.topic != Topic::Context));
+}
+
+#[test]
+fn long_context_run() {
+    insta::assert_snapshot!("long_context_run", text(&long_context_profile()));
 }
 
 fn text(p: &profiles::Profile) -> String {
