@@ -1,6 +1,7 @@
 //! End-to-end: a short real tuning run of the demo model, then `autotune explain` on its profile: the
 //! roofline and the diagnosis are printed, `--plot` writes SVG charts, `--export-markdown` a report,
-//! and a profile written before the roofline existed is explained from its model file.
+//! a profile written before the roofline existed is explained from its model file, and a llama gets
+//! the full-context line (the demo model, with sliding-window layers, does not).
 
 mod common;
 use common::*;
@@ -136,6 +137,14 @@ fn explains_a_tuned_profile_with_charts_and_a_report() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
     assert_eq!(v["findings"].as_array().unwrap().len(), TOPICS.len());
+    // Gemma 3's sliding-window layers read at most their window: no full-context line, and the
+    // roofline record says its KV reads are not known to grow with the context.
+    assert!(v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|f| f["topic"] != "context"));
+    assert!(!toml.contains("kv_grows"), "{toml}");
     assert!(
         v["roofline"]["percent_of_ceiling"].as_f64().unwrap() > 0.0,
         "{v}"
@@ -176,4 +185,30 @@ fn explaining_a_missing_profile_says_what_to_do() {
         "{}",
         stderr(&o)
     );
+}
+
+/// A llama (every layer attends to the whole cache): the explanation says what a full context
+/// costs, as a bound from the profile's roofline record.
+#[test]
+fn a_model_whose_kv_reads_grow_gets_the_full_context_line() {
+    let sb = Sandbox::new();
+    let model = tiny_model();
+    let m = model.to_str().unwrap();
+    let mut args = vec!["tune", m];
+    args.extend(ONE_CANDIDATE);
+    let o = sb.run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let profile = &sb.stored_profiles()[0];
+    assert!(std::fs::read_to_string(profile)
+        .unwrap()
+        .contains("kv_grows = true"));
+    let v = sb.run_json(&["explain", profile.to_str().unwrap(), "--json"]);
+    let findings = v["findings"].as_array().unwrap();
+    let context = findings
+        .iter()
+        .find(|f| f["topic"] == "context")
+        .unwrap_or_else(|| panic!("{findings:?}"));
+    let text = context["text"].as_str().unwrap();
+    assert!(text.starts_with("a full 256-token context adds"), "{text}");
+    assert!(text.contains("at least that much slower"), "{text}");
 }
