@@ -386,6 +386,49 @@ fn rpc0_need(sb: &Sandbox, model: &str, rpc: &str, ctx: u32) -> u64 {
         .unwrap_or_else(|| panic!("RPC0 in {r}"))
 }
 
+/// `tune MODEL --ctx max` on the RPC device under `budget`, one configuration's knobs, with
+/// `[prompt, gen]`: the JSON report.
+fn ctx_max_tune(
+    sb: &Sandbox,
+    model: &str,
+    rpc: &str,
+    budget: &str,
+    [prompt, gen]: [&str; 2],
+) -> serde_json::Value {
+    sb.run_json(&[
+        "tune",
+        model,
+        "--ctx",
+        "max",
+        "--rpc",
+        rpc,
+        "--mem-budget",
+        budget,
+        "--json",
+        "--no-save",
+        "--threads",
+        "2",
+        "--cache-types",
+        "f16",
+        "--kernels",
+        "plain",
+        "--flash-attn",
+        "auto",
+        "--ubatch",
+        "512",
+        "--prompt",
+        prompt,
+        "--gen",
+        gen,
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "2",
+        "--budget",
+        "60s",
+    ])
+}
+
 #[test]
 fn ctx_max_is_the_largest_context_that_keeps_every_layer_on_the_device() {
     let model = tiny_model();
@@ -404,38 +447,7 @@ fn ctx_max_is_the_largest_context_that_keeps_every_layer_on_the_device() {
         "the KV cache grows with the context: {low} vs {high}"
     );
     let budget = (low + high) / 2;
-    let r = sb.run_json(&[
-        "tune",
-        &m,
-        "--ctx",
-        "max",
-        "--rpc",
-        &rpc,
-        "--mem-budget",
-        &format!("RPC0={budget}"),
-        "--json",
-        "--no-save",
-        "--threads",
-        "2",
-        "--cache-types",
-        "f16",
-        "--kernels",
-        "plain",
-        "--flash-attn",
-        "auto",
-        "--ubatch",
-        "512",
-        "--prompt",
-        "64",
-        "--gen",
-        "16",
-        "--min-reps",
-        "2",
-        "--max-reps",
-        "2",
-        "--budget",
-        "60s",
-    ]);
+    let r = ctx_max_tune(&sb, &m, &rpc, &format!("RPC0={budget}"), ["64", "16"]);
     let n = r["context"]["n_ctx"].as_u64().expect("the context chosen") as u32;
     assert_eq!(r["workload"]["n_ctx"], n, "tuned at the context chosen");
     assert_eq!(r["context"]["ceiling"], 8192);
@@ -465,38 +477,7 @@ fn ctx_max_is_the_largest_context_that_keeps_every_layer_on_the_device() {
     // with every expert in RAM and the rest on the device. 30 MiB holds every layer at 2048 tokens
     // only without the experts (about 15 MiB; 44 MiB with them, by the dry run of `measure`).
     let moe = model_arg(&tiny_moe_model());
-    let r = sb.run_json(&[
-        "tune",
-        &moe,
-        "--ctx",
-        "max",
-        "--rpc",
-        &rpc,
-        "--mem-budget",
-        "RPC0=30M",
-        "--json",
-        "--no-save",
-        "--threads",
-        "2",
-        "--cache-types",
-        "f16",
-        "--kernels",
-        "plain",
-        "--flash-attn",
-        "auto",
-        "--ubatch",
-        "512",
-        "--prompt",
-        "32",
-        "--gen",
-        "8",
-        "--min-reps",
-        "2",
-        "--max-reps",
-        "2",
-        "--budget",
-        "60s",
-    ]);
+    let r = ctx_max_tune(&sb, &moe, &rpc, "RPC0=30M", ["32", "8"]);
     let c = &r["context"];
     assert_eq!(c["experts_on_host"], true, "{c}");
     assert_eq!(
