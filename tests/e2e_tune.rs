@@ -427,3 +427,45 @@ fn numa_strategies_asked_for_are_measured() {
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("distribute"), "{}", stderr(&bad));
 }
+
+/// `measure -d` takes several depths, as llama-bench does: a repetition at each per round, in one
+/// load, each depth's generation summarised on its own.
+#[test]
+fn measure_takes_several_depths_like_llama_bench() {
+    let sb = Sandbox::new();
+    let model = tiny_model();
+    let m = model.to_str().unwrap();
+    let v = sb.run_json(&[
+        "measure",
+        m,
+        "-c",
+        "2048",
+        "-p",
+        "32",
+        "-n",
+        "8",
+        "-d",
+        "0,1024,256",
+        "-r",
+        "2",
+        "-t",
+        "2",
+        "--json",
+    ]);
+    let depths = v["tg_depths"].as_array().unwrap();
+    let at: Vec<u64> = depths
+        .iter()
+        .map(|d| d["depth"].as_u64().unwrap())
+        .collect();
+    assert_eq!(at, [256, 1024], "{v}");
+    for d in depths {
+        assert_eq!(d["tg"]["n"], 2, "{d}");
+        assert!(d["tg"]["median"].as_f64().unwrap() > 0.0, "{d}");
+    }
+    assert_eq!(v["workload"]["depth"], 256);
+    assert_eq!(v["tg_depth"], depths[0]["tg"]);
+    // Every repetition measured the empty cache too.
+    assert_eq!(v["tg"]["n"], 4, "{v}");
+    let o = sb.run(&["measure", m, "-d", "256,512", "--twice"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}

@@ -18,9 +18,11 @@ pub struct MeasureArgs {
     /// Generated tokens (tg figure)
     #[arg(short = 'n', long, default_value_t = 128)]
     pub gen: u32,
-    /// Tokens in the KV cache before generation is measured again (tg at depth); 0 = skip
-    #[arg(short = 'd', long, default_value_t = 0)]
-    pub depth: u32,
+    /// Tokens in the KV cache before generation is measured again (tg at depth); several comma
+    /// separated, like llama-bench's -d 0,4096,16384 (each repetition of each depth interleaved);
+    /// 0 = skip
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    pub depth: Vec<u32>,
     /// Sequences decoded at once (-np): N prompts, then N tokens per step; aggregate t/s
     #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
     pub parallel: u32,

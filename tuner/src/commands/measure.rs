@@ -22,7 +22,11 @@ pub struct Measurement {
     pub workload: Workload,
     pub pp: Summary,
     pub tg: Summary,
+    /// Generation at the (first) depth: `workload.depth` when one was given.
     pub tg_depth: Option<Summary>,
+    /// Generation at each depth asked for, when several were (`-d 4096,16384`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tg_depths: Vec<DepthFigure>,
     pub load: Option<LoadReport>,
     /// The dry-run prediction (`--predict`): bytes per device before anything was allocated.
     pub predicted: Option<LoadReport>,
@@ -34,6 +38,21 @@ pub struct Measurement {
     pub llama_version: String,
     pub cpu_variant: Option<String>,
     pub devices: Vec<String>,
+}
+
+/// Generation speed with `depth` tokens in the KV cache.
+#[derive(Debug, Serialize)]
+pub struct DepthFigure {
+    pub depth: u32,
+    pub tg: Summary,
+}
+
+/// The depths to measure generation at: those above 0, in order, each once.
+fn depths_of(a: &MeasureArgs) -> Vec<u32> {
+    let mut d: Vec<u32> = a.depth.iter().copied().filter(|&d| d > 0).collect();
+    d.sort_unstable();
+    d.dedup();
+    d
 }
 
 /// `-ot PATTERN=BUFT` values as (pattern, buffer type) pairs; the pattern may itself contain `=`.
@@ -61,17 +80,43 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     request.expect = (predicted.iter())
         .flat_map(|p| p.per_device.clone())
         .collect();
+    let depths = depths_of(a);
     if a.twice {
+        if depths.len() > 1 {
+            return Err(Exit::new(exit::USAGE, "--twice measures one --depth"));
+        }
         return twice(a, &request, &candidate);
     }
     let predicted = predicted.filter(|_| a.predict);
-    let (reps, load) = repetitions(&request, &candidate, a.reps)?;
-    let workload = request.workload.clone();
+    let (reps, load) = repetitions(&request, &candidate, a.reps, &depths)?;
+    let mut workload = request.workload.clone();
+    workload.depth = depths.first().copied().unwrap_or(0);
     let summary = |v: Vec<f64>| Sample::new(v).ok().map(|s| s.summary());
+    let at = |d: u32| {
+        summary(
+            reps.iter()
+                .filter(|r| r.0 == d)
+                .filter_map(|r| r.1.tg_depth_tps)
+                .collect(),
+        )
+    };
+    let tg_depths = if depths.len() > 1 {
+        (depths.iter())
+            .filter_map(|&depth| {
+                Some(DepthFigure {
+                    depth,
+                    tg: at(depth)?,
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let m = Measurement {
-        pp: summary(reps.iter().map(|r| r.pp_tps).collect()).expect("at least 2 reps"),
-        tg: summary(reps.iter().map(|r| r.tg_tps).collect()).expect("at least 2 reps"),
-        tg_depth: summary(reps.iter().filter_map(|r| r.tg_depth_tps).collect()),
+        pp: summary(reps.iter().map(|r| r.1.pp_tps).collect()).expect("at least 2 reps"),
+        tg: summary(reps.iter().map(|r| r.1.tg_tps).collect()).expect("at least 2 reps"),
+        tg_depth: at(workload.depth),
+        tg_depths,
         candidate,
         workload,
         load,
@@ -135,7 +180,8 @@ fn request_of(
         n_ctx: a.ctx,
         n_prompt: a.prompt,
         n_gen: a.gen,
-        depth: a.depth,
+        // The deepest asked for must fit; each repetition sets its own.
+        depth: depths_of(a).last().copied().unwrap_or(0),
         n_parallel: a.parallel,
     };
     settings::check_workload(&workload)?;
@@ -173,21 +219,28 @@ fn predict(request: &MeasureRequest, candidate: &Candidate) -> anyhow::Result<Op
     Ok(r)
 }
 
-/// `n` repetitions in one worker (one load), and the load's report.
+/// `n` rounds of repetitions in one worker (one load): a repetition at each of `depths` per round
+/// (one without a depth when there is none), each tagged with its depth; and the load's report.
 fn repetitions(
     request: &MeasureRequest,
     candidate: &Candidate,
     n: u32,
-) -> anyhow::Result<(Vec<Repetition>, Option<LoadReport>)> {
+    depths: &[u32],
+) -> anyhow::Result<(Vec<(u32, Repetition)>, Option<LoadReport>)> {
     let mut pool = WorkerPool::new(1, Duration::from_secs(600));
     let mut reps = Vec::new();
     let mut load = None;
+    let depths = if depths.is_empty() { &[0][..] } else { depths };
+    let mut req = request.clone();
     for _ in 0..n {
-        let r = repetition(&mut pool, request, &candidate.label())?;
-        if r.load.is_some() {
-            load = r.load.clone();
+        for &d in depths {
+            req.workload.depth = d;
+            let r = repetition(&mut pool, &req, &candidate.label())?;
+            if r.load.is_some() {
+                load = r.load.clone();
+            }
+            reps.push((d, r));
         }
-        reps.push(r);
     }
     pool.shutdown();
     Ok((reps, load))
@@ -225,8 +278,13 @@ fn print_text(m: &Measurement) {
     };
     row(&format!("pp{}", m.workload.n_prompt), &m.pp);
     row(&format!("tg{}", m.workload.n_gen), &m.tg);
-    if let Some(t) = &m.tg_depth {
-        row(&format!("tg{}@d{}", m.workload.n_gen, m.workload.depth), t);
+    if m.tg_depths.is_empty() {
+        if let Some(t) = &m.tg_depth {
+            row(&format!("tg{}@d{}", m.workload.n_gen, m.workload.depth), t);
+        }
+    }
+    for d in &m.tg_depths {
+        row(&format!("tg{}@d{}", m.workload.n_gen, d.depth), &d.tg);
     }
     if let (Some(p), Some(l)) = (&m.predicted, &m.load) {
         for d in &p.per_device {
