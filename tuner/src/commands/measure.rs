@@ -219,6 +219,9 @@ fn predict(request: &MeasureRequest, candidate: &Candidate) -> anyhow::Result<Op
     Ok(r)
 }
 
+/// A repetition and the depth it measured generation at.
+type AtDepth = (u32, Repetition);
+
 /// `n` rounds of repetitions in one worker (one load): a repetition at each of `depths` per round
 /// (one without a depth when there is none), each tagged with its depth; and the load's report.
 fn repetitions(
@@ -226,7 +229,7 @@ fn repetitions(
     candidate: &Candidate,
     n: u32,
     depths: &[u32],
-) -> anyhow::Result<(Vec<(u32, Repetition)>, Option<LoadReport>)> {
+) -> anyhow::Result<(Vec<AtDepth>, Option<LoadReport>)> {
     let mut pool = WorkerPool::new(1, Duration::from_secs(600));
     let mut reps = Vec::new();
     let mut load = None;
