@@ -405,7 +405,6 @@ fn ctx_max_tune(
         "--mem-budget",
         budget,
         "--json",
-        "--no-save",
         "--threads",
         "2",
         "--cache-types",
@@ -453,6 +452,13 @@ fn ctx_max_is_the_largest_context_that_keeps_every_layer_on_the_device() {
     assert_eq!(r["context"]["ceiling"], 8192);
     assert_eq!(r["context"]["whole"], true, "{}", r["context"]);
     assert!(n > 4096 && n < 8192 && n.is_multiple_of(256), "{n}");
+    // The profile's server runs with it, and says why.
+    let profile = std::fs::read_to_string(&sb.stored_profiles()[0]).unwrap();
+    assert!(profile.contains(&format!("\"-c\", \"{n}\"")), "{profile}");
+    assert!(
+        profile.contains(&format!("--ctx max: {n} tokens, the most at which")),
+        "{profile}"
+    );
     // The largest: llama.cpp's dry run puts every layer within the budget at n, not at n + 256.
     assert!(rpc0_need(&sb, &m, &rpc, n) <= budget);
     assert!(rpc0_need(&sb, &m, &rpc, n + 256) > budget);

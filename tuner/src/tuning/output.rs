@@ -46,6 +46,17 @@ fn notes(t: &Tuned) -> Vec<String> {
     notes
 }
 
+/// The run's notes, and how `--ctx max` chose the context the profile's server runs with (the
+/// report says it in its header).
+fn profile_notes(t: &Tuned) -> Vec<String> {
+    let mut n = notes(t);
+    if let Some(c) = &t.context {
+        let offload = !t.probe.machine.offload_devices().is_empty();
+        n.push(format!("--ctx max: {}", c.describe(offload)));
+    }
+    n
+}
+
 fn figures_of(t: &Tuned, c: &Candidate) -> Option<Figures> {
     t.run
         .results
@@ -171,7 +182,7 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
         } else {
             Vec::new()
         },
-        notes: notes(t),
+        notes: profile_notes(t),
         model: profiles::ModelRef {
             path: t.model.clone(),
             file_name: id.file_name.clone(),
