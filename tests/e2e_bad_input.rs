@@ -50,6 +50,11 @@ fn out_of_range_flags_are_usage_errors() {
         (vec![m, "--threads-batch", "100000"], "logical CPUs"),
         (vec![m, "--ctx", "0"], "ctx"),
         (
+            vec![m, "--ctx", "99999999"],
+            "--ctx 99999999 must be between 1 and 16777216 tokens",
+        ),
+        (vec![m, "--ctx", "most"], "or max (the most that fits)"),
+        (
             vec![m, "--parallel", "0"],
             "--parallel 0 must be between 1 and 256",
         ),

@@ -507,11 +507,4 @@ fn ctx_max_is_the_largest_context_that_keeps_every_layer_on_the_device() {
         "{}",
         stderr(&o)
     );
-    let o = sb.run(&["tune", &m, "--ctx", "most"]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("or max (the most that fits)"),
-        "{}",
-        stderr(&o)
-    );
 }

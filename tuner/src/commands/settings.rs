@@ -48,8 +48,11 @@ pub fn workload(a: &WorkloadArgs, n_ctx: u32) -> (Workload, String) {
 /// generation) must fit its slot's share of the context.
 pub fn check_workload(w: &Workload) -> anyhow::Result<()> {
     let (ctx, prompt, gen, depth, np) = (w.n_ctx, w.n_prompt, w.n_gen, w.depth, w.n_parallel);
-    if ctx == 0 {
-        return Err(usage("--ctx must be at least 1".into()));
+    if ctx == 0 || ctx > profiles::MAX_CTX {
+        return Err(usage(format!(
+            "--ctx {ctx} must be between 1 and {} tokens",
+            profiles::MAX_CTX
+        )));
     }
     if prompt == 0 || gen == 0 {
         return Err(usage("--prompt and --gen must be at least 1 token".into()));
@@ -183,7 +186,9 @@ fn max_ctx_ceiling(model: &Path, parallel: u32) -> anyhow::Result<u32> {
             info.architecture
         ))
     })?;
-    Ok(trained.saturating_mul(parallel as u64).min(u32::MAX as u64) as u32)
+    Ok(trained
+        .saturating_mul(parallel as u64)
+        .min(profiles::MAX_CTX as u64) as u32)
 }
 
 /// `tune`'s choice among quantizations, when any of its flags was given.
