@@ -50,8 +50,8 @@ fn out_of_range_flags_are_usage_errors() {
         (vec![m, "--threads-batch", "100000"], "logical CPUs"),
         (vec![m, "--ctx", "0"], "ctx"),
         (
-            vec![m, "--ctx", "99999999"],
-            "--ctx 99999999 must be between 1 and 16777216 tokens",
+            vec![m, "--ctx", "2000000000"],
+            "--ctx 2000000000 must be between 1 and 1073741824 tokens",
         ),
         (vec![m, "--ctx", "most"], "or max (the most that fits)"),
         (

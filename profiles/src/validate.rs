@@ -11,7 +11,9 @@ use crate::profile::{Figures, Profile, SCHEMA_VERSION};
 pub const MAX_THREADS: u32 = 1024;
 pub const MAX_BATCH: u32 = 1 << 20;
 pub const MAX_GPU_LAYERS: u32 = 10_000;
-pub const MAX_CTX: u32 = 1 << 24;
+/// The most context a profile (and `--ctx`) may ask for: a sanity bound, 100 times today's longest
+/// trained contexts, and below llama.cpp's 32-bit `n_ctx`.
+pub const MAX_CTX: u32 = 1 << 30;
 /// llama.cpp's most sequences at once (`LLAMA_MAX_SEQ`): the most `--parallel` slots.
 pub const MAX_PARALLEL: u32 = 256;
 

@@ -135,8 +135,8 @@ fn numbers_out_of_range_are_refused() {
             "workload.n_parallel must be between 1 and 256",
         ),
         (
-            |p| p.workload.n_ctx = (1 << 24) + 1,
-            "workload.n_ctx must be between 1 and 16777216",
+            |p| p.workload.n_ctx = (1 << 30) + 1,
+            "workload.n_ctx must be between 1 and 1073741824",
         ),
     ];
     for (edit, expected) in cases {
