@@ -30,8 +30,8 @@ pub use export::{
 pub use mtp::{mtp_options, MtpSettings, DRAFT_MTP};
 pub use ngram::{ngram_options, NgramSettings, MAX_NGRAM_SIZE};
 pub use profile::{
-    DeviceRef, Figures, Judged, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef, Profile,
-    ProfileSummary, VersusDefaults, Workload, SCHEMA_VERSION,
+    slot_ctx, DeviceRef, Figures, Judged, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef,
+    Profile, ProfileSummary, VersusDefaults, Workload, SCHEMA_VERSION,
 };
 pub use roofline::{DeviceBandwidth, Roofline};
 pub use server_args::{draft_options, server_args, server_options, shell_quote, ServerOption};

@@ -206,6 +206,16 @@ pub struct Workload {
     pub name: String,
 }
 
+/// The context of one of `np` slots, as llama.cpp sizes it: `n_ctx / np`, rounded up to a multiple
+/// of 256 when there are several.
+pub fn slot_ctx(ctx: u32, np: u32) -> u32 {
+    if np <= 1 {
+        ctx
+    } else {
+        (ctx / np).div_ceil(256) * 256
+    }
+}
+
 /// The measured speed and memory of one configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Figures {

@@ -424,7 +424,7 @@ fn check_completion(
     let timeout = Duration::from_secs_f64(
         (60.0 + 10.0 * f64::from(n_gen) / p.figures.tg_tps.max(0.1)).min(3600.0),
     );
-    let slot = super::settings::slot_ctx(p.workload.n_ctx, p.workload.n_parallel);
+    let slot = profiles::slot_ctx(p.workload.n_ctx, p.workload.n_parallel);
     let prompt = &server::prompt_within(url, prompt, slot.saturating_sub(n_gen + 1), timeout)?;
     let warmup = server::complete(proc, url, prompt, n_gen.min(16), timeout, signal)?;
     let room = slot.saturating_sub(u32::try_from(warmup.timings.prompt_n).unwrap_or(u32::MAX) + 1);

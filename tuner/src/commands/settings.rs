@@ -58,7 +58,7 @@ pub fn check_workload(w: &Workload) -> anyhow::Result<()> {
         return Err(usage("--prompt and --gen must be at least 1 token".into()));
     }
     check_parallel(np)?;
-    let slot = slot_ctx(ctx, np);
+    let slot = profiles::slot_ctx(ctx, np);
     if prompt as u64 + depth as u64 > slot as u64 || gen as u64 + depth as u64 > slot as u64 {
         let room = if np > 1 {
             format!("each of --parallel {np} slots' {slot} tokens of --ctx {ctx}")
@@ -81,16 +81,6 @@ pub fn check_parallel(np: u32) -> anyhow::Result<()> {
         )));
     }
     Ok(())
-}
-
-/// The context of one of `np` slots, as llama.cpp sizes it: `n_ctx / np`, rounded up to a multiple
-/// of 256 when there are several.
-pub fn slot_ctx(ctx: u32, np: u32) -> u32 {
-    if np <= 1 {
-        ctx
-    } else {
-        (ctx / np).div_ceil(256) * 256
-    }
 }
 
 fn check_noise(noise: f64) -> anyhow::Result<()> {

@@ -89,22 +89,18 @@ fn winner(profile: &Profile) -> String {
 /// The run's verdict on the request rate, after the generation speeds' difference.
 fn verdict(v: &profiles::VersusDefaults) -> String {
     let pct = |x: f64| format!("{:+.1}%", x * 100.0);
-    let noise = format!("±{:.0}%", v.noise * 100.0);
-    match v.verdict {
-        profiles::Judged::Same => String::new(),
-        profiles::Judged::Tie => format!(
-            "; requests/s {} (95% CI [{}, {}]): a tie within the {noise} noise",
-            pct(v.ratio),
-            pct(v.ci[0]),
-            pct(v.ci[1])
-        ),
-        profiles::Judged::Faster | profiles::Judged::Slower => format!(
-            "; requests/s {} (95% CI [{}, {}]), beyond the {noise} noise",
-            pct(v.ratio),
-            pct(v.ci[0]),
-            pct(v.ci[1])
-        ),
-    }
+    let judged = match v.verdict {
+        profiles::Judged::Same => return String::new(),
+        profiles::Judged::Tie => ": a tie within",
+        profiles::Judged::Faster | profiles::Judged::Slower => ", beyond",
+    };
+    format!(
+        "; requests/s {} (95% CI [{}, {}]){judged} the ±{:.0}% noise",
+        pct(v.ratio),
+        pct(v.ci[0]),
+        pct(v.ci[1]),
+        v.noise * 100.0
+    )
 }
 
 /// The findings, then the roofline.

@@ -12,16 +12,6 @@ use search_space::CacheType;
 /// Below this share of a full context's reads the KV cache is not worth a line.
 const NEGLIGIBLE: f64 = 0.05;
 
-/// A slot's context as llama.cpp sizes it: the whole context, or with N slots `n_ctx / N` rounded
-/// up to a multiple of 256.
-fn slot_ctx(n_ctx: u32, slots: u32) -> u32 {
-    if slots <= 1 {
-        n_ctx
-    } else {
-        (n_ctx / slots).div_ceil(256) * 256
-    }
-}
-
 /// The roofline with a full slot's KV cache: (bytes a token then reads, its ceiling); `None` where
 /// the KV cache's growth is not known (sliding windows, compressed caches, recurrent layers) or the
 /// ceiling spans two memories.
@@ -32,7 +22,8 @@ pub fn at_full_context(profile: &Profile, r: &RooflineView) -> Option<(u64, u64,
         return None;
     }
     let w = &profile.workload;
-    let full_kv = rec.kv_bytes_per_cached_token * u64::from(slot_ctx(w.n_ctx, w.n_parallel));
+    let full_kv =
+        rec.kv_bytes_per_cached_token * u64::from(profiles::slot_ctx(w.n_ctx, w.n_parallel));
     let full = r.bytes_per_token.saturating_sub(r.kv_bytes) + full_kv;
     Some((
         full_kv,
@@ -50,7 +41,7 @@ pub fn context(profile: &Profile, roofline: Option<&RooflineView>) -> Option<Fin
     }
     let ceiling = r.ceiling_tps?;
     let w = &profile.workload;
-    let slot = slot_ctx(w.n_ctx, w.n_parallel);
+    let slot = profiles::slot_ctx(w.n_ctx, w.n_parallel);
     let per_slot = if w.n_parallel > 1 {
         format!(" (one of {} slots)", w.n_parallel)
     } else {
