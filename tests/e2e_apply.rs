@@ -366,3 +366,158 @@ fn a_numa_strategy_reaches_llama_server() {
     );
     assert!(v["completion"]["predicted_n"].as_u64().unwrap() > 0, "{v}");
 }
+
+/// `export --all`: every model tuned on this machine in one file for a runner that serves several
+/// (llama-server's router, llama-swap, a JSON array), a stale profile left out with a warning, and
+/// the presets file served by the real llama-server router, one model at a time, each on its own
+/// profile's settings.
+#[test]
+fn export_all_makes_one_router_file_that_llama_server_serves() {
+    let t = tuned();
+    let sb = Sandbox::new();
+    let o = sb.run(&["export", "--all"]);
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no usable profile"), "{}", stderr(&o));
+
+    // The demo model's profile from the shared run, and the tiny model tuned here.
+    std::fs::create_dir_all(sb.profiles()).unwrap();
+    let demo = t.sandbox.stored_profiles().remove(0);
+    std::fs::copy(&demo, sb.profiles().join(demo.file_name().unwrap())).unwrap();
+    let tiny = tiny_model();
+    let mut args = vec!["-q", "tune", s(&tiny)];
+    args.extend_from_slice(SHORT);
+    let o = sb.run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A profile of a model file that has changed since: stale, so left out.
+    let tiny_profile = sb
+        .stored_profiles()
+        .into_iter()
+        .find(|p| s(p).contains("tiny"))
+        .expect("the tiny model's profile");
+    let text = std::fs::read_to_string(&tiny_profile).unwrap();
+    let model_fp = profiles::StoredProfile::read(&tiny_profile)
+        .unwrap()
+        .profile
+        .model
+        .fingerprint;
+    let name = s(tiny_profile.file_name().unwrap().as_ref())
+        .replace(&model_fp[..12], &"e".repeat(12))
+        .replace("test-llama-tiny", "changed");
+    std::fs::write(
+        sb.profiles().join(&name),
+        text.replace(&model_fp, &"e".repeat(64)),
+    )
+    .unwrap();
+
+    let ini = sb.dir.path().join("models.ini");
+    let o = sb.run(&["export", "--all", "-f", "presets", "-o", s(&ini)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("left out {}", s(&sb.profiles().join(&name))))
+            && err.contains("stale"),
+        "{err}"
+    );
+    let presets = std::fs::read_to_string(&ini).unwrap();
+    assert_eq!(presets.matches("\n[").count(), 2, "{presets}");
+    assert!(presets.contains("--models-max 1"), "{presets}");
+
+    let v = sb.run_json(&["export", "--all", "-f", "json"]);
+    let exported: Vec<profiles::Profile> = serde_json::from_value(v).unwrap();
+    assert_eq!(exported.len(), 2);
+    let swap = stdout(&sb.run(&["export", "--all", "-f", "llama-swap"]));
+    assert_eq!(swap.matches("${PORT}").count(), 2, "{swap}");
+    let o = sb.run(&["export", "--all", "-f", "args"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("holds one profile, not 2"),
+        "{}",
+        stderr(&o)
+    );
+    // Named targets make the same file as --all.
+    let o = sb.run(&["export", s(&t.model), s(&tiny), "-f", "presets"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).matches("\n[").count(), 2);
+
+    router_serves(&ini, &exported);
+}
+
+/// llama-server's router started on the presets file answers a completion from each profile's model,
+/// each run with its profile's context size.
+fn router_serves(ini: &Path, exported: &[profiles::Profile]) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = std::process::Command::new(llama_server())
+        .args(["--models-preset", s(ini), "--models-max", "1"])
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start llama-server");
+    let _router = Router(child);
+    let base = format!("http://127.0.0.1:{port}");
+    let agent = ureq::AgentBuilder::new()
+        .timeout(std::time::Duration::from_secs(120))
+        .build();
+    let listed = (0..120)
+        .find_map(|_| {
+            let r = agent.get(&format!("{base}/models")).call().ok();
+            if r.is_none() {
+                std::thread::sleep(std::time::Duration::from_millis(250));
+            }
+            r
+        })
+        .expect("the router answers /models");
+    let listed: serde_json::Value = listed.into_json().unwrap();
+    for p in exported {
+        let name = p.model_stem();
+        let v: serde_json::Value = agent
+            .post(&format!("{base}/v1/completions"))
+            .send_json(serde_json::json!({
+                "model": name, "prompt": "The capital of France is", "max_tokens": 8
+            }))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .into_json()
+            .unwrap();
+        assert_eq!(v["model"], name.as_str(), "{v}");
+        assert!(v["usage"]["completion_tokens"].as_u64().unwrap() > 0, "{v}");
+        let entry = listed["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["id"] == name.as_str())
+            .unwrap_or_else(|| panic!("{name} listed: {listed}"));
+        let args: Vec<&str> = entry["status"]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let ctx = p.workload.n_ctx.to_string();
+        assert!(
+            args.windows(2).any(|w| w == ["--ctx-size", ctx.as_str()]),
+            "{name}: {args:?}"
+        );
+    }
+}
+
+/// The router, stopped as a user would (SIGTERM: it stops its model instances too) when the test ends.
+struct Router(std::process::Child);
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        // SAFETY: a signal to a child this test started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -65,6 +65,10 @@ pub enum ProfileError {
     #[error("cannot write the profile as TOML: {message}")]
     Serialize { message: String },
 
+    /// A format that holds one profile was asked for several.
+    #[error("the {format} format holds one profile, not {count}; presets, llama-swap and json take several")]
+    OneProfileOnly { format: &'static str, count: usize },
+
     /// There is no per-user data folder (no home directory).
     #[error("cannot find a per-user data folder for profiles; set AUTOTUNE_PROFILE_DIR to a writable folder")]
     NoDataDir,

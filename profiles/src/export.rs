@@ -35,6 +35,14 @@ impl ExportFormat {
         ExportFormat::Json,
     ];
 
+    /// Whether one file of this format can hold several profiles (a runner serving several models).
+    pub fn takes_several(self) -> bool {
+        matches!(
+            self,
+            ExportFormat::Presets | ExportFormat::LlamaSwap | ExportFormat::Json
+        )
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ExportFormat::Args => "args",
@@ -81,6 +89,32 @@ pub fn export(p: &Profile, f: ExportFormat) -> Result<String> {
     }
 }
 
+/// Several profiles in one file of format `f`, for a runner that serves several models: llama-server's
+/// router (presets), llama-swap, or a JSON array. One profile gives what [`export`] gives. Formats that
+/// hold one profile (args, ollama) refuse several.
+pub fn export_many(ps: &[&Profile], f: ExportFormat) -> Result<String> {
+    match ps {
+        [] => Err(ProfileError::invalid("export", "names no profile")),
+        [p] => export(p, f),
+        _ if !f.takes_several() => Err(ProfileError::OneProfileOnly {
+            format: f.as_str(),
+            count: ps.len(),
+        }),
+        _ => match f {
+            ExportFormat::Presets => Ok(presets(ps)),
+            ExportFormat::LlamaSwap => Ok(llama_swap(ps)),
+            _ => {
+                let mut s =
+                    serde_json::to_string_pretty(ps).map_err(|e| ProfileError::Serialize {
+                        message: e.to_string(),
+                    })?;
+                s.push('\n');
+                Ok(s)
+            }
+        },
+    }
+}
+
 fn options(p: &Profile) -> Vec<crate::server_args::ServerOption> {
     p.server_options()
 }
@@ -102,40 +136,92 @@ pub fn export_args(p: &Profile) -> String {
 /// A section for `llama-server --models-preset FILE`. Keys are llama-server's long option names without
 /// dashes; the file has no quoting, and `;` or `#` start a comment anywhere in a value.
 pub fn export_presets(p: &Profile) -> String {
+    presets(&[p])
+}
+
+/// One `--models-preset` file for llama-server's router, a section per profile. Several models get
+/// `--models-max 1` in the advice: each profile was measured with the machine to itself, and the
+/// router keeps up to 4 models loaded at once unless told otherwise.
+fn presets(ps: &[&Profile]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "; {}", origin(p));
-    let _ = writeln!(out, "; use with: llama-server --models-preset FILE");
-    let model = p.model.path.to_string_lossy();
-    if model.contains([';', '#']) {
+    let several = ps.len() > 1;
+    if !several {
+        let _ = writeln!(out, "; {}", origin(ps[0]));
+    }
+    if several {
         let _ = writeln!(
             out,
-            "; autotune: the model path contains ';' or '#', which this file format reads as a comment: \
-             rename the file or pass -m on the command line"
+            "; use with: llama-server --models-preset FILE --models-max 1\n\
+             ; (each profile was measured with the machine to itself: one model loaded at a time)"
         );
+    } else {
+        let _ = writeln!(out, "; use with: llama-server --models-preset FILE");
     }
-    let _ = writeln!(out, "version = 1\n\n[{}]", p.model_stem());
-    for o in options(p) {
-        let _ = writeln!(out, "{} = {}", o.long, o.value.as_deref().unwrap_or("true"));
+    let _ = writeln!(out, "version = 1");
+    for (p, name) in ps.iter().zip(section_names(ps)) {
+        let model = p.model.path.to_string_lossy();
+        let _ = writeln!(out);
+        if several {
+            let _ = writeln!(out, "; {}", origin(p));
+        }
+        if model.contains([';', '#']) {
+            let _ = writeln!(
+                out,
+                "; autotune: the model path contains ';' or '#', which this file format reads as a comment: \
+                 rename the file or pass -m on the command line"
+            );
+        }
+        let _ = writeln!(out, "[{name}]");
+        for o in options(p) {
+            let _ = writeln!(out, "{} = {}", o.long, o.value.as_deref().unwrap_or("true"));
+        }
     }
     out
 }
 
 /// A llama-swap `models:` entry; llama-swap fills in `${PORT}` and splits `cmd` like a shell.
 pub fn export_llama_swap(p: &Profile) -> String {
-    // ${PORT} stays unquoted for llama-swap to substitute it; the rest is quoted where needed.
-    let cmd = format!(
-        "llama-server --port ${{PORT}} {}",
-        shell_quote(&p.server_args)
-    );
+    llama_swap(&[p])
+}
+
+/// A llama-swap config's `models:` map, an entry per profile. llama-swap runs one model at a time
+/// unless its config groups them, which is how the profiles were measured.
+fn llama_swap(ps: &[&Profile]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "# {}", origin(p));
-    let _ = writeln!(
-        out,
-        "models:\n  \"{}\":\n    cmd: |\n      {}",
-        p.model_stem(),
-        cmd
-    );
+    let several = ps.len() > 1;
+    if !several {
+        let _ = writeln!(out, "# {}", origin(ps[0]));
+    }
+    let _ = writeln!(out, "models:");
+    for (p, name) in ps.iter().zip(section_names(ps)) {
+        if several {
+            let _ = writeln!(out, "  # {}", origin(p));
+        }
+        // ${PORT} stays unquoted for llama-swap to substitute it; the rest is quoted where needed.
+        let _ = writeln!(
+            out,
+            "  \"{name}\":\n    cmd: |\n      llama-server --port ${{PORT}} {}",
+            shell_quote(&p.server_args)
+        );
+    }
     out
+}
+
+/// The profiles' names in a file of several: each model's stem, with `-2`, `-3`, … after a stem that
+/// came before (the same file name in two folders).
+fn section_names(ps: &[&Profile]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::with_capacity(ps.len());
+    for p in ps {
+        let stem = p.model_stem();
+        let mut name = stem.clone();
+        let mut n = 1;
+        while names.contains(&name) {
+            n += 1;
+            name = format!("{stem}-{n}");
+        }
+        names.push(name);
+    }
+    names
 }
 
 /// An Ollama Modelfile. Ollama takes context, threads, batch and GPU layers per model; the KV cache type
@@ -407,6 +493,48 @@ mod tests {
         let back: Profile = serde_json::from_str(&json).unwrap();
         assert_eq!(back, p);
         insta::assert_snapshot!("json", json);
+    }
+
+    /// The example profile for another model file (`name`, in `dir`), on the CPU.
+    fn other(dir: &str, name: &str) -> Profile {
+        let mut p = cpu_only();
+        p.model.path = format!("{dir}/{name}").into();
+        p.model.file_name = name.into();
+        p.refresh_server_args();
+        p
+    }
+
+    #[test]
+    fn several_profiles_make_one_router_or_llama_swap_file() {
+        let a = example_profile();
+        let b = other("/models", "gemma-3-270m.gguf");
+        let c = other("/elsewhere", "gemma-3-270m.gguf");
+        let ps = [&a, &b, &c];
+        let presets = export_many(&ps, ExportFormat::Presets).unwrap();
+        insta::assert_snapshot!("presets_several", presets);
+        assert_eq!(presets.matches("version = 1").count(), 1, "{presets}");
+        assert!(presets.contains("--models-max 1"), "{presets}");
+        let swap = export_many(&ps, ExportFormat::LlamaSwap).unwrap();
+        insta::assert_snapshot!("llama_swap_several", swap);
+        assert_eq!(swap.matches("models:").count(), 1, "{swap}");
+        assert_eq!(swap.matches("${PORT}").count(), 3, "{swap}");
+
+        let json = export_many(&ps, ExportFormat::Json).unwrap();
+        let back: Vec<Profile> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, vec![a.clone(), b.clone(), c.clone()]);
+
+        // One profile is what `export` writes; formats of one profile refuse several.
+        for f in ExportFormat::ALL {
+            assert_eq!(export_many(&[&a], f).unwrap(), export(&a, f).unwrap());
+        }
+        for f in [ExportFormat::Args, ExportFormat::Ollama] {
+            let err = export_many(&ps, f).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("the {f} format holds one profile, not 3")),
+                "{err}"
+            );
+        }
+        assert!(export_many(&[], ExportFormat::Presets).is_err());
     }
 
     #[test]

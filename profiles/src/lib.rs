@@ -24,8 +24,8 @@ mod fixture;
 pub use draft::{DraftSettings, MAX_DRAFT};
 pub use error::{ProfileError, Result};
 pub use export::{
-    export, export_args, export_json, export_llama_swap, export_ollama, export_presets,
-    ExportFormat, UnknownExportFormat,
+    export, export_args, export_json, export_llama_swap, export_many, export_ollama,
+    export_presets, ExportFormat, UnknownExportFormat,
 };
 pub use mtp::{mtp_options, MtpSettings, DRAFT_MTP};
 pub use ngram::{ngram_options, NgramSettings, MAX_NGRAM_SIZE};
@@ -35,7 +35,9 @@ pub use profile::{
 };
 pub use roofline::{DeviceBandwidth, Roofline};
 pub use server_args::{draft_options, server_args, server_options, shell_quote, ServerOption};
-pub use store::{write_atomic, Store, StoreEntry, StoreLock, StoredProfile, PROFILE_DIR_ENV};
+pub use store::{
+    write_atomic, MachineProfiles, Store, StoreEntry, StoreLock, StoredProfile, PROFILE_DIR_ENV,
+};
 pub use validate::{is_device_name, MAX_BATCH, MAX_CTX, MAX_GPU_LAYERS, MAX_PARALLEL, MAX_THREADS};
 
 #[cfg(any(test, feature = "test-support"))]

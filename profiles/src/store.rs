@@ -39,6 +39,14 @@ pub struct StoreEntry {
     pub result: Result<ProfileSummary, String>,
 }
 
+/// What the store holds for one machine: the newest profile of each model, and the files that could not
+/// be read, with why.
+#[derive(Debug)]
+pub struct MachineProfiles {
+    pub profiles: Vec<StoredProfile>,
+    pub unreadable: Vec<(PathBuf, ProfileError)>,
+}
+
 /// Held while a tuning run uses the machine; dropping it lets the next run start.
 #[derive(Debug)]
 pub struct StoreLock {
@@ -168,6 +176,47 @@ impl Store {
             .filter(|s| s.profile.model.fingerprint == model_fp)
             .collect();
         found.sort_by_key(|s| std::cmp::Reverse(s.profile.created_unix));
+        Ok(found)
+    }
+
+    /// The newest profile of each model measured on this machine, by model file name (a runner's config
+    /// for every model tuned here). A file that cannot be parsed is moved aside, as `find` does, and
+    /// listed with the others that cannot be used.
+    pub fn for_machine(&self, machine_fp: &str) -> Result<MachineProfiles> {
+        let infix = format!("--{}--", short_fingerprint(machine_fp));
+        let mut found = MachineProfiles {
+            profiles: Vec::new(),
+            unreadable: Vec::new(),
+        };
+        for path in self
+            .profile_files()?
+            .into_iter()
+            .filter(|p| file_name_of(p).contains(&infix))
+        {
+            let stored = match self.read_or_set_aside(&path) {
+                Ok(stored) => stored,
+                Err(e) => {
+                    found.unreadable.push((path, e));
+                    continue;
+                }
+            };
+            let p = &stored.profile;
+            if p.machine.fingerprint != machine_fp {
+                continue;
+            }
+            let same_model = found
+                .profiles
+                .iter_mut()
+                .find(|s| s.profile.model.fingerprint == p.model.fingerprint);
+            match same_model {
+                Some(s) if s.profile.created_unix >= p.created_unix => {}
+                Some(s) => *s = stored,
+                None => found.profiles.push(stored),
+            }
+        }
+        found.profiles.sort_by(|a, b| {
+            (&a.profile.model.file_name, &a.path).cmp(&(&b.profile.model.file_name, &b.path))
+        });
         Ok(found)
     }
 
@@ -385,6 +434,47 @@ mod tests {
             .is_none());
         assert_eq!(store.find_for_model(&p.model.fingerprint).unwrap().len(), 1);
         assert!(store.find_for_model(&"0".repeat(64)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn for_machine_gives_the_newest_profile_of_each_model_measured_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let a = example_profile();
+        store.save(&a).unwrap();
+        // The same model under another file name, measured later: it replaces `a`.
+        let mut newer = a.clone();
+        newer.model.file_name = "renamed.gguf".into();
+        newer.created_unix += 60;
+        store.save(&newer).unwrap();
+        let mut b = a.clone();
+        b.model.fingerprint = "7".repeat(64);
+        b.model.file_name = "other.gguf".into();
+        store.save(&b).unwrap();
+        let mut elsewhere = b.clone();
+        elsewhere.machine.fingerprint = "5".repeat(64);
+        store.save(&elsewhere).unwrap();
+        let corrupt = dir
+            .path()
+            .join(Store::file_name(&a).replace("Qwen3", "broken"));
+        fs::write(&corrupt, "not = [a profile").unwrap();
+
+        let here = store.for_machine(&a.machine.fingerprint).unwrap();
+        let files: Vec<&str> = here
+            .profiles
+            .iter()
+            .map(|s| s.profile.model.file_name.as_str())
+            .collect();
+        assert_eq!(files, ["other.gguf", "renamed.gguf"]);
+        assert_eq!(here.unreadable.len(), 1);
+        assert_eq!(here.unreadable[0].0, corrupt);
+        assert!(matches!(here.unreadable[0].1, ProfileError::Corrupt { .. }));
+        assert!(!corrupt.exists(), "moved aside");
+        assert!(store
+            .for_machine(&"0".repeat(64))
+            .unwrap()
+            .profiles
+            .is_empty());
     }
 
     #[test]

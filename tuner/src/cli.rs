@@ -144,8 +144,14 @@ pub struct ApplyArgs {
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
-    /// A model file (its stored profile for this machine) or a profile file
-    pub target: PathBuf,
+    /// Model files (their stored profiles for this machine) or profile files; several make one file
+    /// for a runner that serves several models (presets, llama-swap, json)
+    #[arg(required_unless_present = "all")]
+    pub targets: Vec<PathBuf>,
+    /// Every model tuned on this machine (the newest profile of each; stale ones are left out, with
+    /// a warning, unless --force)
+    #[arg(long, conflicts_with = "targets")]
+    pub all: bool,
     /// args, presets, llama-swap, ollama or json
     #[arg(short, long, default_value = "args")]
     pub format: String,

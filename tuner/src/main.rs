@@ -19,11 +19,31 @@ mod session;
 mod speculative;
 mod split;
 mod stats;
+mod stored;
 mod term;
 mod tuning;
 mod worker;
 
 use clap::Parser;
+
+/// Clap's error message on one line: its first paragraph (up to the blank line before "Usage:").
+fn usage_error_line(text: &str) -> String {
+    let line = text
+        .trim_start()
+        .split("\n\n")
+        .next()
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if line.is_empty() {
+        "error: bad usage".into()
+    } else {
+        line
+    }
+}
 
 fn main() {
     let args = cli::with_default_subcommand(std::env::args_os().collect());
@@ -35,13 +55,13 @@ fn main() {
                 let _ = e.print();
                 std::process::exit(exit::OK);
             }
-            // One line: clap's own first line ("error: ..."), without the usage block.
+            // One line: clap's message ("error: ..." and, for a missing argument, the lines naming
+            // it), without the usage block.
             let text = e.render().to_string();
-            let first = text
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("error: bad usage");
-            eprintln!("autotune: {} (see autotune --help)", first.trim());
+            eprintln!(
+                "autotune: {} (see autotune --help)",
+                usage_error_line(&text)
+            );
             std::process::exit(exit::USAGE);
         }
     };
@@ -79,5 +99,25 @@ fn main() {
             eprintln!("autotune: error: {}", term::one_line(&format!("{e:#}")));
             std::process::exit(code);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage_error(args: &[&str]) -> String {
+        let e = cli::Cli::try_parse_from(args).expect_err("a usage error");
+        usage_error_line(&e.render().to_string())
+    }
+
+    #[test]
+    fn a_usage_error_is_one_line_that_names_what_is_missing() {
+        assert_eq!(
+            usage_error(&["autotune", "export"]),
+            "error: the following required arguments were not provided: <TARGETS>..."
+        );
+        let bogus = usage_error(&["autotune", "tune", "m.gguf", "--bogus"]);
+        assert_eq!(bogus, "error: unexpected argument '--bogus' found");
     }
 }

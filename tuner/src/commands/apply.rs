@@ -1,9 +1,6 @@
 //! `autotune apply`: the llama-server command a profile stands for, and with `--exec` that server
 //! started, asked for a completion and its generation speed compared with the profile's (and, when
 //! the profile speculates, the server's own acceptance figures shown beside the profile's).
-//!
-//! Also home of [`resolve`], which finds a profile (by model file or profile path) and refuses one that
-//! is invalid or stale; `export` uses it too.
 
 mod report;
 mod server;
@@ -11,12 +8,11 @@ mod speculation;
 
 use crate::cli::{ApplyArgs, Cli};
 use crate::exit::{self, Exit};
-use crate::probe::{self, Probe};
 use crate::session;
+use crate::stored;
 use anyhow::Context as _;
-use profiles::{Profile, Store, StoredProfile};
+use profiles::Profile;
 use report::{Check, Timings};
-use search_space::identity::ModelIdentity;
 use server::ServerProcess;
 use speculation::SpeculationCheck;
 use std::io::Read;
@@ -25,166 +21,6 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Finds the profile `target` names and checks that it may be used: a `.toml` file is read as a profile;
-/// anything else is a model file whose profile for this machine is looked up in the store.
-///
-/// The profile must validate with its model path (a hand-edited file cannot put more on llama-server's
-/// command line than its winner), and must not be stale: measured on another machine, with other
-/// devices, another llama.cpp build or another model file. A stale profile is refused unless `force`.
-/// Errors carry exit code 5 (bad profile) and fit on one line.
-pub fn resolve(target: &Path, force: bool, verbose: bool) -> anyhow::Result<StoredProfile> {
-    let is_profile_file = target
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("toml"));
-    if !is_profile_file {
-        session::inspect_model(target)?;
-    }
-    let mut here = probe::probe(verbose, &[])?;
-    let stored = if is_profile_file {
-        StoredProfile::read(target).map_err(bad_profile)?
-    } else {
-        let id = ModelIdentity::of_file(target)
-            .with_context(|| format!("{}: cannot read", target.display()))?;
-        let store = Store::open(Store::default_dir().map_err(bad_profile)?).map_err(bad_profile)?;
-        store
-            .find(&here.machine.fingerprint, &id.fingerprint)
-            .map_err(bad_profile)?
-            .ok_or_else(|| {
-                Exit::new(
-                    exit::BAD_PROFILE,
-                    format!(
-                        "{}: no profile for this model on this machine; run `autotune {}` first",
-                        target.display(),
-                        profiles::shell_quote(&[target.to_string_lossy()])
-                    ),
-                )
-            })?
-    };
-    for w in &stored.warnings {
-        eprintln!("autotune: warning: {}: {w}", stored.path.display());
-    }
-    stored
-        .profile
-        .validate(true)
-        .map_err(|e| bad_profile(e.with_path(&stored.path)))?;
-
-    if !stored.profile.rpc.is_empty() {
-        // The profile's layers live on RPC servers: connect them (a server that is down is an error
-        // naming it) and see their devices as llama-server will.
-        here = probe::probe(verbose, &stored.profile.rpc).map_err(|e| {
-            Exit::new(
-                exit::BAD_PROFILE,
-                format!(
-                    "profile {} runs layers on RPC servers ({}): {e:#}",
-                    stored.path.display(),
-                    stored.profile.rpc.join(", ")
-                ),
-            )
-        })?;
-    }
-    let changes = staleness(&stored.profile, &here);
-    if !changes.is_empty() {
-        let reason = format!(
-            "profile {} is stale: {}",
-            stored.path.display(),
-            changes.join("; ")
-        );
-        if !force {
-            return Err(Exit::new(
-                exit::BAD_PROFILE,
-                format!(
-                    "{reason}; tune again with `autotune {}`, or pass --force to use it anyway",
-                    profiles::shell_quote(&[stored.profile.model.path.to_string_lossy()])
-                ),
-            ));
-        }
-        eprintln!("autotune: warning: {reason} (used anyway: --force)");
-    }
-    Ok(stored)
-}
-
-/// What differs between the profile's measurement and this machine now; empty when nothing does.
-fn staleness(p: &Profile, here: &Probe) -> Vec<String> {
-    let mut changes = Vec::new();
-    if p.machine.fingerprint != here.machine.fingerprint {
-        changes.push(format!(
-            "measured on another machine (fingerprint {}, this one {})",
-            short(&p.machine.fingerprint),
-            short(&here.machine.fingerprint)
-        ));
-    }
-    // RPC devices count when the profile uses them (its `rpc` servers, connected by `resolve`); a run
-    // that merely had them connected left no trace in the winner.
-    let names = |devices: &mut dyn Iterator<Item = (&str, &str)>| -> Vec<String> {
-        devices
-            .filter(|(_, backend)| !p.rpc.is_empty() || !backend.eq_ignore_ascii_case("RPC"))
-            .map(|(name, _)| name.to_string())
-            .collect()
-    };
-    let was = names(
-        &mut p
-            .machine
-            .devices
-            .iter()
-            .map(|d| (d.name.as_str(), d.backend.as_str())),
-    );
-    let now = names(
-        &mut here
-            .machine
-            .devices
-            .iter()
-            .map(|d| (d.name.as_str(), d.backend.as_str())),
-    );
-    if was != now {
-        changes.push(format!(
-            "devices were [{}], now [{}]",
-            was.join(", "),
-            now.join(", ")
-        ));
-    }
-    let build = |version: &str, variant: Option<&str>| match variant {
-        Some(v) => format!("{version} ({v})"),
-        None => version.to_string(),
-    };
-    let was = build(&p.llama.version, p.llama.cpu_variant.as_deref());
-    let now = build(&here.llama_version, here.cpu_variant.as_deref());
-    if was != now {
-        changes.push(format!("llama.cpp was {was}, now {now}"));
-    }
-    match ModelIdentity::of_file(&p.model.path) {
-        Ok(id) if id.fingerprint == p.model.fingerprint => {}
-        Ok(id) => changes.push(format!(
-            "model file {} changed (fingerprint {}, now {})",
-            p.model.path.display(),
-            short(&p.model.fingerprint),
-            short(&id.fingerprint)
-        )),
-        Err(e) => changes.push(format!(
-            "model file {} cannot be read: {e}",
-            p.model.path.display()
-        )),
-    }
-    changes
-}
-
-fn short(fingerprint: &str) -> &str {
-    fingerprint.get(..12).unwrap_or(fingerprint)
-}
-
-/// A profile or store error as exit code 5, on one line (the profiles crate puts the offending line of
-/// the file and the advice on lines of their own).
-fn bad_profile(e: profiles::ProfileError) -> anyhow::Error {
-    Exit::new(exit::BAD_PROFILE, one_line(&e.to_string()))
-}
-
-fn one_line(text: &str) -> String {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
-}
 
 pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     if !(args.tolerance.is_finite() && args.tolerance > 0.0) {
@@ -196,7 +32,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
             ),
         ));
     }
-    let stored = resolve(&args.target, args.force, cli.verbose)?;
+    let stored = stored::resolve(&args.target, args.force, cli.verbose)?;
     let p = &stored.profile;
 
     let server = find_server(args.server.as_deref())?;
@@ -568,14 +404,6 @@ fn connect_host(host: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn profile_errors_become_one_line() {
-        assert_eq!(
-            one_line("cannot read profile p.toml: line 3, key `winner.threads`: bad\n  3 | threads = \"4\"\nfix it"),
-            "cannot read profile p.toml: line 3, key `winner.threads`: bad; 3 | threads = \"4\"; fix it"
-        );
-    }
 
     #[test]
     fn wildcard_and_ipv6_hosts_are_reached_by_loopback() {

@@ -1,29 +1,54 @@
-//! `autotune export`: a profile in another runner's format (a shell line, a llama-server preset, a
-//! llama-swap entry, an Ollama Modelfile or JSON), on stdout or written atomically to a file.
+//! `autotune export`: profiles in another runner's format (a shell line, llama-server presets for its
+//! router, a llama-swap config, an Ollama Modelfile or JSON), on stdout or written atomically to a
+//! file. Several profiles (several targets, or `--all` of this machine's) make one file for a runner
+//! that serves several models.
 
 use crate::cli::{Cli, ExportArgs};
 use crate::exit::{self, Exit};
+use crate::stored;
 use anyhow::Context as _;
 use profiles::ExportFormat;
 
 pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
-    // The format first: a typo is a usage error, whatever state the profile is in.
+    // The format first: a typo is a usage error, whatever state the profiles are in.
     let format: ExportFormat = args
         .format
         .parse()
         .map_err(|e: profiles::UnknownExportFormat| Exit::new(exit::USAGE, e.to_string()))?;
-    let stored = super::apply::resolve(&args.target, args.force, cli.verbose)?;
-    let text = profiles::export(&stored.profile, format)
-        .map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?;
+    if args.targets.len() > 1 && !format.takes_several() {
+        return Err(Exit::new(
+            exit::USAGE,
+            format!(
+                "--format {format} writes one profile, and {} were named; presets, llama-swap and json take several",
+                args.targets.len()
+            ),
+        ));
+    }
+    let found = if args.all {
+        stored::this_machines(args.force, cli.verbose)?
+    } else {
+        stored::resolve_all(&args.targets, args.force, cli.verbose)?
+    };
+    let profiles: Vec<&profiles::Profile> = found.iter().map(|s| &s.profile).collect();
+    let text = profiles::export_many(&profiles, format).map_err(|e| {
+        // `--all` found several for a format of one.
+        let code = match e {
+            profiles::ProfileError::OneProfileOnly { .. } => exit::USAGE,
+            _ => exit::BAD_PROFILE,
+        };
+        Exit::new(code, e.to_string())
+    })?;
     match &args.out {
         Some(out) => {
             profiles::write_atomic(out, &text)
                 .with_context(|| format!("cannot write {}", out.display()))?;
             if !cli.quiet {
+                let from: Vec<String> =
+                    found.iter().map(|s| s.path.display().to_string()).collect();
                 eprintln!(
                     "autotune: wrote {} ({format}) from {}",
                     out.display(),
-                    stored.path.display()
+                    from.join(", ")
                 );
             }
         }

@@ -2,8 +2,9 @@
 //! messages), waiting for `/health`, the check's completions, and stopping it or serving in the
 //! foreground with signals forwarded.
 
-use super::{one_line, Timings};
+use super::Timings;
 use crate::exit::{self, Exit};
+use crate::stored::one_line;
 use anyhow::Context as _;
 use serde::Deserialize;
 use std::collections::VecDeque;
