@@ -258,6 +258,12 @@ pub fn export_ollama(p: &Profile) -> String {
 /// The `# autotune:` lines for what Ollama sets server-wide or not at all: KV cache type, flash
 /// attention, ubatch, prompt threads, kernels, devices and tensor split.
 fn ollama_server_notes(c: &Candidate, out: &mut String) {
+    ollama_environment_notes(c, out);
+    ollama_unsupported_notes(c, out);
+}
+
+/// What Ollama sets server-wide, by environment variable: the KV cache type and flash attention.
+fn ollama_environment_notes(c: &Candidate, out: &mut String) {
     let ollama_kv = [CacheType::F16, CacheType::Q8_0, CacheType::Q4_0];
     if c.type_k == c.type_v && ollama_kv.contains(&c.type_k) {
         let _ = writeln!(
@@ -287,6 +293,11 @@ fn ollama_server_notes(c: &Candidate, out: &mut String) {
             );
         }
     }
+}
+
+/// What Ollama cannot set at all: micro-batch, prompt threads, kernels, offload switches, NUMA, devices
+/// and tensor split.
+fn ollama_unsupported_notes(c: &Candidate, out: &mut String) {
     let _ = writeln!(
         out,
         "# autotune: ubatch {} (llama.cpp -ub): Ollama cannot set this",
