@@ -125,4 +125,22 @@ fn ngram_speculation_is_measured_for_several_requests_at_once() {
     assert!(notes.contains("ngram-simple"), "{notes}");
     assert!(!notes.contains("not tried"), "{notes}");
     assert_eq!(v["workload"]["n_parallel"], 2, "{v}");
+    // The agent workload's requests come after 2048 tokens of conversation: each slot's prompt is
+    // processed, and its tokens generated, after that depth in its cache, and the score is theirs.
+    assert_eq!(v["workload"]["depth"], 2048, "{v}");
+    let f = &v["winner_figures"];
+    let (pp_d, tg_d) = (
+        f["pp_depth_tps"].as_f64().unwrap(),
+        f["tg_depth_tps"].as_f64().unwrap(),
+    );
+    assert!(pp_d > 0.0 && tg_d > 0.0, "{f}");
+    assert!(
+        v["leaderboard"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["status"] == "ok" || e["status"] == "tie")
+            .all(|e| e["figures"]["pp_depth_tps"].as_f64().is_some()),
+        "{v}"
+    );
 }

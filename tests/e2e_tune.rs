@@ -429,7 +429,8 @@ fn numa_strategies_asked_for_are_measured() {
 }
 
 /// `measure -d` takes several depths, as llama-bench does: a repetition at each per round, in one
-/// load, each depth's generation summarised on its own.
+/// load, each depth's prompt processing and generation (llama-bench's pp512 @ d and tg128 @ d)
+/// summarised on its own.
 #[test]
 fn measure_takes_several_depths_like_llama_bench() {
     let sb = Sandbox::new();
@@ -452,18 +453,21 @@ fn measure_takes_several_depths_like_llama_bench() {
         "2",
         "--json",
     ]);
-    let depths = v["tg_depths"].as_array().unwrap();
+    let depths = v["depths"].as_array().unwrap();
     let at: Vec<u64> = depths
         .iter()
         .map(|d| d["depth"].as_u64().unwrap())
         .collect();
     assert_eq!(at, [256, 1024], "{v}");
     for d in depths {
-        assert_eq!(d["tg"]["n"], 2, "{d}");
-        assert!(d["tg"]["median"].as_f64().unwrap() > 0.0, "{d}");
+        for figure in ["pp", "tg"] {
+            assert_eq!(d[figure]["n"], 2, "{d}");
+            assert!(d[figure]["median"].as_f64().unwrap() > 0.0, "{d}");
+        }
     }
     assert_eq!(v["workload"]["depth"], 256);
     assert_eq!(v["tg_depth"], depths[0]["tg"]);
+    assert_eq!(v["pp_depth"], depths[0]["pp"]);
     // Every repetition measured the empty cache too.
     assert_eq!(v["tg"]["n"], 4, "{v}");
     let o = sb.run(&["measure", m, "-d", "256,512", "--twice"]);

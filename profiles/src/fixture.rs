@@ -31,6 +31,7 @@ pub fn example_profile() -> Profile {
     let figures = Figures {
         pp_tps: 4210.5,
         tg_tps: 118.25,
+        pp_depth_tps: Some(3120.5),
         tg_depth_tps: Some(97.5),
         ttft_ms: Some(121.0),
         score_s: 1.625,
@@ -42,6 +43,7 @@ pub fn example_profile() -> Profile {
     let baseline = Figures {
         pp_tps: 3650.0,
         tg_tps: 104.0,
+        pp_depth_tps: Some(2650.0),
         tg_depth_tps: Some(80.25),
         ttft_ms: Some(140.5),
         score_s: 1.875,

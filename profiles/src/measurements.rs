@@ -89,6 +89,11 @@ pub struct DeviceBytes {
 pub struct Repetition {
     pub pp_tps: f64,
     pub tg_tps: f64,
+    /// Prompt processing after `depth` tokens in the cache (the workload's prompt in a long chat);
+    /// absent without a depth, and in records written before autotune timed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp_depth_tps: Option<f64>,
+    /// Generation after `depth` tokens in the cache.
     #[serde(default)]
     pub tg_depth_tps: Option<f64>,
     /// Present on the first repetition after a (re)load or new context.
@@ -260,12 +265,15 @@ impl MeasurementLog {
         self.previous.len()
     }
 
-    /// Repetitions earlier runs measured for this candidate.
+    /// Repetitions earlier runs measured for this candidate. With a depth, only those that timed the
+    /// prompt at depth too (older records timed generation alone there).
     pub fn previous_reps(&self, c: &Candidate) -> Vec<Repetition> {
+        let depth = self.context.workload.depth > 0;
         self.previous
             .iter()
             .filter(|r| &r.candidate == c)
             .filter_map(|r| r.rep.clone())
+            .filter(|r| !depth || r.pp_depth_tps.is_some())
             .collect()
     }
 
@@ -292,7 +300,8 @@ pub fn parse_line(line: &str) -> Option<Record> {
 
 #[cfg(test)]
 mod tests {
-    use super::{BufferReport, LoadReport};
+    use super::{BufferReport, Context, LoadReport, MeasurementLog, Record, Repetition, Workload};
+    use search_space::Candidate;
 
     fn buffer(buffer: &str, what: &str, bytes: u64) -> BufferReport {
         BufferReport {
@@ -322,5 +331,41 @@ mod tests {
         // Never more than the mapped buffer itself.
         l.mapped_in_use = Some(9 * gib);
         assert_eq!(l.held_bytes(), 8 * gib);
+    }
+
+    /// With a depth, a repetition reused from an earlier run must have timed the prompt at depth:
+    /// records from before that was measured are left out (their score would mix an empty-cache
+    /// prompt into a request at depth).
+    #[test]
+    fn reps_without_the_prompt_at_depth_are_not_reused_for_a_depth() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let context = |depth| Context {
+            model: "m".into(),
+            llama: "l".into(),
+            machine: "x".into(),
+            workload: Workload {
+                n_ctx: 8192,
+                n_prompt: 512,
+                n_gen: 128,
+                depth,
+                n_parallel: 1,
+            },
+        };
+        let c = Candidate::llama_default(4, 0);
+        let rep = |pp_depth| Repetition {
+            pp_tps: 100.0,
+            tg_tps: 10.0,
+            pp_depth_tps: pp_depth,
+            tg_depth_tps: Some(8.0),
+            load: None,
+        };
+        let mut log = MeasurementLog::open(&path, context(4096), true).unwrap();
+        log.append(&Record::rep(&c, &rep(None)));
+        log.append(&Record::rep(&c, &rep(Some(60.0))));
+        drop(log);
+        let log = MeasurementLog::open(&path, context(4096), true).unwrap();
+        assert_eq!(log.previous_count(), 2);
+        assert_eq!(log.previous_reps(&c), [rep(Some(60.0))]);
     }
 }

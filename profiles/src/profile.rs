@@ -223,6 +223,9 @@ pub struct Figures {
     pub pp_tps: f64,
     /// Generation, tokens per second.
     pub tg_tps: f64,
+    /// Prompt processing with `depth` tokens already in the context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pp_depth_tps: Option<f64>,
     /// Generation with `depth` tokens already in the context.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tg_depth_tps: Option<f64>,

@@ -4,7 +4,7 @@
 use crate::baseline::BaselinePlacement;
 use crate::engine::{score_seconds, CandidateResult};
 use crate::stats::{Comparison, Sample, Verdict};
-use crate::worker::Workload;
+use crate::worker::{Repetition, Workload};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use profiles::{Figures, LeaderboardEntry};
 use search_space::size::format_size;
@@ -212,18 +212,29 @@ pub fn figures(r: &CandidateResult, w: &Workload) -> Option<Figures> {
     }
     let pp = Sample::new(r.reps.iter().map(|x| x.pp_tps).collect()).ok()?;
     let tg = Sample::new(r.reps.iter().map(|x| x.tg_tps).collect()).ok()?;
-    let tg_depth = Sample::new(r.reps.iter().filter_map(|x| x.tg_depth_tps).collect()).ok();
+    let at_depth = |f: fn(&Repetition) -> Option<f64>| {
+        Sample::new(r.reps.iter().filter_map(f).collect())
+            .ok()
+            .map(|s| s.median())
+    };
+    let pp_depth = at_depth(|x| x.pp_depth_tps);
+    let tg_depth = at_depth(|x| x.tg_depth_tps);
     let score = Sample::new(r.reps.iter().map(|x| score_seconds(x, w)).collect()).ok()?;
     let (pp_lo, pp_hi) = pp.median_ci(0.95);
     let (tg_lo, tg_hi) = tg.median_ci(0.95);
-    // Time to first token of the workload's request: its prompt, then one generated token (with N
-    // requests at once: all N prompts, then one step of N tokens; the rates are theirs together).
+    // Time to first token of the workload's request: its prompt (after its depth), then one
+    // generated token (with N requests at once: all N prompts, then one step of N tokens; the rates
+    // are theirs together).
     let np = w.n_parallel.max(1) as f64;
-    let ttft_ms = np * (w.n_prompt as f64 / pp.median() + 1.0 / tg.median()) * 1000.0;
+    let ttft_ms = np
+        * (w.n_prompt as f64 / pp_depth.unwrap_or(pp.median())
+            + 1.0 / tg_depth.unwrap_or(tg.median()))
+        * 1000.0;
     Some(Figures {
         pp_tps: pp.median(),
         tg_tps: tg.median(),
-        tg_depth_tps: tg_depth.map(|s| s.median()),
+        pp_depth_tps: pp_depth,
+        tg_depth_tps: tg_depth,
         ttft_ms: Some(ttft_ms),
         score_s: score.median(),
         mem_bytes: r.mem_bytes(),
@@ -365,7 +376,7 @@ impl Report {
         let depth = self.workload.depth > 0;
         let mut header = vec!["#", "configuration", "pp t/s", "tg t/s"];
         if depth {
-            header.push("tg@depth");
+            header.extend(["pp@depth", "tg@depth"]);
         }
         header.extend(["s/request", "memory", "n", "status"]);
         t.set_header(header);
@@ -401,9 +412,12 @@ impl Report {
                         .set_alignment(CellAlignment::Right),
                 );
                 if depth {
-                    row.push(Cell::new(
-                        f.tg_depth_tps.map_or("-".into(), |v| format!("{v:.1}")),
-                    ));
+                    for v in [f.pp_depth_tps, f.tg_depth_tps] {
+                        row.push(
+                            Cell::new(v.map_or("-".into(), |v| format!("{v:.1}")))
+                                .set_alignment(CellAlignment::Right),
+                        );
+                    }
                 }
                 row.push(
                     Cell::new(format!("{:.3}", f.score_s)).set_alignment(CellAlignment::Right),
@@ -417,7 +431,7 @@ impl Report {
                 row.push(Cell::new(if e.tie_with_previous { "tie" } else { "ok" }));
             }
             None => {
-                let blanks = if depth { 6 } else { 5 };
+                let blanks = if depth { 7 } else { 5 };
                 for _ in 0..blanks {
                     row.push(Cell::new("-"));
                 }
@@ -506,6 +520,7 @@ mod tests {
             r.reps.push(Repetition {
                 pp_tps: 10.0 * tg * d,
                 tg_tps: tg * d,
+                pp_depth_tps: None,
                 tg_depth_tps: None,
                 load: None,
             });

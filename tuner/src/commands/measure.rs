@@ -22,11 +22,14 @@ pub struct Measurement {
     pub workload: Workload,
     pub pp: Summary,
     pub tg: Summary,
+    /// Prompt processing at the (first) depth: `workload.depth` when one was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pp_depth: Option<Summary>,
     /// Generation at the (first) depth: `workload.depth` when one was given.
     pub tg_depth: Option<Summary>,
-    /// Generation at each depth asked for, when several were (`-d 4096,16384`).
+    /// Prompt processing and generation at each depth asked for, when several were (`-d 4096,16384`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub tg_depths: Vec<DepthFigure>,
+    pub depths: Vec<DepthFigure>,
     pub load: Option<LoadReport>,
     /// The dry-run prediction (`--predict`): bytes per device before anything was allocated.
     pub predicted: Option<LoadReport>,
@@ -40,14 +43,15 @@ pub struct Measurement {
     pub devices: Vec<String>,
 }
 
-/// Generation speed with `depth` tokens in the KV cache.
+/// Prompt processing and generation speed with `depth` tokens in the KV cache.
 #[derive(Debug, Serialize)]
 pub struct DepthFigure {
     pub depth: u32,
+    pub pp: Summary,
     pub tg: Summary,
 }
 
-/// The depths to measure generation at: those above 0, in order, each once.
+/// The depths to measure at: those above 0, in order, each once.
 fn depths_of(a: &MeasureArgs) -> Vec<u32> {
     let mut d: Vec<u32> = a.depth.iter().copied().filter(|&d| d > 0).collect();
     d.sort_unstable();
@@ -92,20 +96,23 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     let mut workload = request.workload.clone();
     workload.depth = depths.first().copied().unwrap_or(0);
     let summary = |v: Vec<f64>| Sample::new(v).ok().map(|s| s.summary());
-    let at = |d: u32| {
+    let at = |d: u32, figure: fn(&Repetition) -> Option<f64>| {
         summary(
             reps.iter()
                 .filter(|r| r.0 == d)
-                .filter_map(|r| r.1.tg_depth_tps)
+                .filter_map(|r| figure(&r.1))
                 .collect(),
         )
     };
-    let tg_depths = if depths.len() > 1 {
+    let pp_at = |d: u32| at(d, |r| r.pp_depth_tps);
+    let tg_at = |d: u32| at(d, |r| r.tg_depth_tps);
+    let per_depth = if depths.len() > 1 {
         (depths.iter())
             .filter_map(|&depth| {
                 Some(DepthFigure {
                     depth,
-                    tg: at(depth)?,
+                    pp: pp_at(depth)?,
+                    tg: tg_at(depth)?,
                 })
             })
             .collect()
@@ -115,8 +122,9 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     let m = Measurement {
         pp: summary(reps.iter().map(|r| r.1.pp_tps).collect()).expect("at least 2 reps"),
         tg: summary(reps.iter().map(|r| r.1.tg_tps).collect()).expect("at least 2 reps"),
-        tg_depth: at(workload.depth),
-        tg_depths,
+        pp_depth: pp_at(workload.depth),
+        tg_depth: tg_at(workload.depth),
+        depths: per_depth,
         candidate,
         workload,
         load,
@@ -266,7 +274,7 @@ fn print_text(m: &Measurement) {
     }
     let row = |name: &str, s: &Summary| {
         println!(
-            "  {name:<10} median {:>8.2} t/s  mean {:>8.2} ± {:>6.2}  min {:>8.2}  max {:>8.2}  95% CI [{:.2}, {:.2}] (±{:.1}%)  n={}{}",
+            "  {name:<12} median {:>8.2} t/s  mean {:>8.2} ± {:>6.2}  min {:>8.2}  max {:>8.2}  95% CI [{:.2}, {:.2}] (±{:.1}%)  n={}{}",
             s.median,
             s.mean,
             s.sd,
@@ -281,13 +289,20 @@ fn print_text(m: &Measurement) {
     };
     row(&format!("pp{}", m.workload.n_prompt), &m.pp);
     row(&format!("tg{}", m.workload.n_gen), &m.tg);
-    if m.tg_depths.is_empty() {
-        if let Some(t) = &m.tg_depth {
-            row(&format!("tg{}@d{}", m.workload.n_gen, m.workload.depth), t);
+    // As llama-bench names them: pp512 @ d4096, tg128 @ d4096.
+    let (p, g) = (m.workload.n_prompt, m.workload.n_gen);
+    if m.depths.is_empty() {
+        let d = m.workload.depth;
+        if let Some(s) = &m.pp_depth {
+            row(&format!("pp{p}@d{d}"), s);
+        }
+        if let Some(s) = &m.tg_depth {
+            row(&format!("tg{g}@d{d}"), s);
         }
     }
-    for d in &m.tg_depths {
-        row(&format!("tg{}@d{}", m.workload.n_gen, d.depth), &d.tg);
+    for d in &m.depths {
+        row(&format!("pp{p}@d{}", d.depth), &d.pp);
+        row(&format!("tg{g}@d{}", d.depth), &d.tg);
     }
     if let (Some(p), Some(l)) = (&m.predicted, &m.load) {
         for d in &p.per_device {

@@ -92,14 +92,18 @@ impl CandidateResult {
 }
 
 /// The objective: expected seconds for one request of the workload,
-/// `n_prompt / pp + n_gen / tg`, with tg measured at depth when a depth is set.
+/// `n_prompt / pp + n_gen / tg`, with pp and tg measured at depth when a depth is set (a request in
+/// a long chat processes its prompt after what the cache holds, then generates).
 pub fn score_seconds(r: &Repetition, w: &Workload) -> f64 {
-    let tg = if w.depth > 0 {
-        r.tg_depth_tps.unwrap_or(r.tg_tps)
+    let (pp, tg) = if w.depth > 0 {
+        (
+            r.pp_depth_tps.unwrap_or(r.pp_tps),
+            r.tg_depth_tps.unwrap_or(r.tg_tps),
+        )
     } else {
-        r.tg_tps
+        (r.pp_tps, r.tg_tps)
     };
-    w.n_prompt as f64 / r.pp_tps.max(1e-9) + w.n_gen as f64 / tg.max(1e-9)
+    w.n_prompt as f64 / pp.max(1e-9) + w.n_gen as f64 / tg.max(1e-9)
 }
 
 /// Among tied candidates: less memory first, then fewer changed knobs, then the label (stable).

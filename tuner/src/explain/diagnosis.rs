@@ -357,10 +357,15 @@ fn prefill(profile: &Profile) -> Finding {
     // With N requests at once their prompts are processed together, then their generations: each
     // waits for all N (the rates are aggregate).
     let np = w.n_parallel.max(1);
+    // A request of a long chat processes its prompt after what the cache holds.
+    let (pp, at) = match f.pp_depth_tps.filter(|_| w.depth > 0) {
+        Some(pp) => (pp, format!(" at depth {}", w.depth)),
+        None => (f.pp_tps, String::new()),
+    };
     let first = f
         .ttft_ms
         .map(|ms| ms / 1000.0)
-        .unwrap_or(np as f64 * w.n_prompt as f64 / f.pp_tps.max(1e-12));
+        .unwrap_or(np as f64 * w.n_prompt as f64 / pp.max(1e-12));
     let gen = np as f64 * w.n_gen as f64 / generation_tps(profile).max(1e-12);
     let share = 100.0 * first / (first + gen);
     let (prompts, rate, each) = if np > 1 {
@@ -380,9 +385,9 @@ fn prefill(profile: &Profile) -> Finding {
         )
     };
     let figure = format!(
-        "{} to {prompts} (pp {:.1} t/s{rate}) vs {} to generate {} tokens{each}: {share:.0}% of the request",
+        "{} to {prompts} (pp {:.1} t/s{at}{rate}) vs {} to generate {} tokens{each}: {share:.0}% of the request",
         secs(first),
-        f.pp_tps,
+        pp,
         secs(gen),
         w.n_gen
     );

@@ -135,7 +135,7 @@ fn leaderboard(profile: &Profile) -> String {
     s.push_str("\n## Leaderboard\n\n");
     let depth = profile.workload.depth > 0;
     s.push_str(if depth {
-        "| # | configuration | pp t/s | tg t/s | tg@depth t/s | s/request | memory | n | status |\n|---:|---|---:|---:|---:|---:|---:|---:|---|\n"
+        "| # | configuration | pp t/s | tg t/s | pp@depth t/s | tg@depth t/s | s/request | memory | n | status |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n"
     } else {
         "| # | configuration | pp t/s | tg t/s | s/request | memory | n | status |\n|---:|---|---:|---:|---:|---:|---:|---|\n"
     });
@@ -174,7 +174,9 @@ fn leaderboard_row(profile: &Profile, e: &profiles::LeaderboardEntry, depth: boo
                 format!("{:.1}", f.tg_tps),
             ];
             if depth {
-                cols.push(f.tg_depth_tps.map_or("-".into(), |v| format!("{v:.1}")));
+                for v in [f.pp_depth_tps, f.tg_depth_tps] {
+                    cols.push(v.map_or("-".into(), |v| format!("{v:.1}")));
+                }
             }
             let mem = if f.mem_bytes > 0 {
                 format_size(f.mem_bytes)
@@ -193,7 +195,7 @@ fn leaderboard_row(profile: &Profile, e: &profiles::LeaderboardEntry, depth: boo
             let mut cols = vec![rank, label];
             cols.extend(std::iter::repeat_n(
                 "-".to_string(),
-                if depth { 6 } else { 5 },
+                if depth { 7 } else { 5 },
             ));
             cols.push(cell(&e.status));
             cols

@@ -11,6 +11,7 @@ fn figures(pp: f64, tg: f64, w: &profiles::Workload, mem: u64) -> Figures {
     Figures {
         pp_tps: pp,
         tg_tps: tg,
+        pp_depth_tps: None,
         tg_depth_tps: None,
         ttft_ms: Some((w.n_prompt as f64 / pp + 1.0 / tg) * 1000.0),
         score_s: score,

@@ -77,6 +77,19 @@ impl Model {
         unsafe { sys::llama_vocab_bos(sys::llama_model_get_vocab(self.ptr.as_ptr())) }
     }
 
+    /// Whether removing the end of a sequence from the KV cache leaves exactly what was there before
+    /// those positions were added: not for a sliding window (positions that left the window are gone)
+    /// or a recurrent state (which llama.cpp cannot cut).
+    pub fn cache_rewinds_exactly(&self) -> bool {
+        let m = self.ptr.as_ptr();
+        // SAFETY: model pointer is valid for self's lifetime; these only read its hyperparameters.
+        unsafe {
+            sys::llama_model_n_swa(m) == 0
+                && !sys::llama_model_is_recurrent(m)
+                && !sys::llama_model_is_hybrid(m)
+        }
+    }
+
     /// The text's tokens in this model's vocabulary, without BOS/EOS (the caller adds them).
     pub fn tokenize(&self, text: &str) -> Result<Vec<i32>, String> {
         let len = i32::try_from(text.len()).map_err(|_| "text too long to tokenize".to_string())?;

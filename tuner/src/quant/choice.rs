@@ -294,6 +294,7 @@ mod tests {
             figures: score.map(|s| Figures {
                 pp_tps: 1.0,
                 tg_tps: 1.0,
+                pp_depth_tps: None,
                 tg_depth_tps: None,
                 ttft_ms: None,
                 score_s: s,

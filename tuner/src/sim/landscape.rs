@@ -397,7 +397,12 @@ impl Landscape {
     /// offload). A device's efficiency grows with the tokens of a micro-batch (fixed costs per
     /// batch: kernel launches); the host's stops growing at 512 and is 7% lower past it (as the demo
     /// model measured on 2 cores: 373 t/s at -ub 2048, 400 at 512).
-    pub fn prompt_seconds(&self, c: &Candidate, n_ctx: u32, n: u32) -> f64 {
+    ///
+    /// After `depth` tokens in the cache, each prompt token also attends to them: 4 flops per
+    /// embedding value per cached token and layer, where the layer runs, half again without flash
+    /// attention (the attention matrix written out and read back) and a fifth more with a quantized
+    /// cache (dequantized as it is read).
+    pub fn prompt_seconds(&self, c: &Candidate, n_ctx: u32, n: u32, depth: u32) -> f64 {
         let ub = c.n_ubatch.max(1) as f64;
         let tokens = ub.min(n.max(1) as f64);
         let eff = tokens / (tokens + 96.0);
@@ -410,8 +415,22 @@ impl Landscape {
         let shares = self.shares(c, n_ctx);
         let used = self.used(c);
         let mut t = batches * 1e-3;
+        let attention_per_layer = 4.0 * self.model.n_embd as f64 * n as f64 * depth as f64;
+        let attention_cost = if c.flash_attn == FlashAttn::Off {
+            1.5
+        } else {
+            1.0
+        } * if c.type_k.is_quantized() { 1.2 } else { 1.0 };
         for s in &shares {
             let flops = 3.6 * s.read_per_token * n as f64;
+            let attention = attention_per_layer * s.layers as f64 * attention_cost;
+            t += match s.device {
+                Some(d) => attention / (self.devices[d].flops * eff),
+                None => {
+                    let cores = c.batch_threads().min(self.host.physical_cores).max(1) as f64;
+                    attention / (self.host.flops_per_core * cores * host_eff)
+                }
+            };
             t += match s.device {
                 Some(d) => {
                     let fa = if c.flash_attn == FlashAttn::Off {
@@ -446,8 +465,10 @@ impl Landscape {
         let prompt = w.n_prompt * np;
         let tg = np as f64 / self.step_seconds(c, w.n_ctx, 0, np);
         Repetition {
-            pp_tps: prompt as f64 / self.prompt_seconds(c, w.n_ctx, prompt),
+            pp_tps: prompt as f64 / self.prompt_seconds(c, w.n_ctx, prompt, 0),
             tg_tps: tg,
+            pp_depth_tps: (w.depth > 0)
+                .then(|| prompt as f64 / self.prompt_seconds(c, w.n_ctx, prompt, w.depth)),
             tg_depth_tps: (w.depth > 0)
                 .then(|| np as f64 / self.step_seconds(c, w.n_ctx, w.depth, np)),
             load: None,
@@ -459,11 +480,15 @@ impl Landscape {
         score_seconds(&self.ideal(c, w), w)
     }
 
-    /// Seconds one repetition occupies the machine (prompt, generation, generation at depth).
+    /// Seconds one repetition occupies the machine (prompt, generation, and at depth the cache filled,
+    /// the prompt and generation again).
     pub fn rep_seconds(&self, rep: &Repetition, w: &Workload) -> f64 {
         let mut s = w.n_prompt as f64 / rep.pp_tps + w.n_gen as f64 / rep.tg_tps;
         if let Some(d) = rep.tg_depth_tps {
             s += w.depth as f64 / rep.pp_tps + w.n_gen as f64 / d;
+        }
+        if let Some(p) = rep.pp_depth_tps {
+            s += w.n_prompt as f64 / p;
         }
         s * w.n_parallel.max(1) as f64 + 0.05
     }

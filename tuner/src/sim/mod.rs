@@ -13,6 +13,7 @@
 mod baseline_tests;
 mod bench;
 mod context_tests;
+mod depth_tests;
 pub mod harness;
 mod host_tests;
 pub mod landscape;
@@ -197,6 +198,7 @@ impl Measurer for SimMeasurer {
         let rep = Repetition {
             pp_tps: jitter(ideal.pp_tps, self),
             tg_tps: jitter(ideal.tg_tps, self),
+            pp_depth_tps: ideal.pp_depth_tps.map(|d| jitter(d, self)),
             tg_depth_tps: ideal.tg_depth_tps.map(|d| jitter(d, self)),
             load: fresh.then(|| self.land.footprint(&c, w.n_ctx)),
         };

@@ -282,15 +282,17 @@ impl WorkerState {
                 timing::warm_up(ctx, tokens, n, np)?;
             }
             let pp_tps = timing::prompt(ctx, tokens, w.n_prompt, np)?;
-            let tg_tps = timing::generation(ctx, tokens, 0, w.n_gen, np)?;
-            let tg_depth_tps = if w.depth > 0 {
-                Some(timing::generation(ctx, tokens, w.depth, w.n_gen, np)?)
+            let tg_tps = timing::generation(ctx, tokens, w.n_gen, np)?;
+            let (pp_depth_tps, tg_depth_tps) = if w.depth > 0 {
+                let (pp, tg) = timing::at_depth(ctx, tokens, w.depth, w.n_prompt, w.n_gen, np)?;
+                (Some(pp), Some(tg))
             } else {
-                None
+                (None, None)
             };
             Ok(Repetition {
                 pp_tps,
                 tg_tps,
+                pp_depth_tps,
                 tg_depth_tps,
                 load: load.clone(),
             })

@@ -1,5 +1,6 @@
 //! The timed parts of a repetition, as llama-bench times them: prompt processing on an empty cache
-//! and generation of single tokens, each synchronised before the clock stops; with several
+//! and generation of single tokens, and both again after `depth` tokens in the cache (llama-bench's
+//! `-d`), each synchronised before the clock stops; with several
 //! sequences (llama-server's slots), their prompts in shared batches and one token of each per
 //! step, timed together (aggregate tokens per second).
 
@@ -45,21 +46,53 @@ pub fn prompt(ctx: &mut Context, tokens: &mut TokenSource, n: u32, np: u32) -> R
     Ok(batch.len() as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Generation: `depth` tokens already in the cache of each sequence (filled untimed), then `n`
-/// steps of one token per sequence.
-pub fn generation(
+/// Generation on an empty cache: `n` steps of one token per sequence.
+pub fn generation(ctx: &mut Context, tokens: &mut TokenSource, n: u32, np: u32) -> Result<f64> {
+    ctx.clear();
+    steps(ctx, tokens, 0, n, np)
+}
+
+/// As llama-bench's `-d`: `depth` tokens already in each sequence's cache (filled untimed), then
+/// prompt processing of `n_prompt` tokens after them (pp at depth), then, with that prompt removed
+/// again, `n_gen` steps of generation (tg at depth). Where removing the prompt would not restore the
+/// cache as it was (a sliding window the prompt moved, a recurrent state), the depth is filled again
+/// instead.
+pub fn at_depth(
     ctx: &mut Context,
     tokens: &mut TokenSource,
     depth: u32,
-    n: u32,
+    n_prompt: u32,
+    n_gen: u32,
     np: u32,
-) -> Result<f64> {
+) -> Result<(f64, f64)> {
+    fill(ctx, tokens, depth, np)?;
+    let batch = prompts_from(tokens, depth, n_prompt, np);
+    let t = Instant::now();
+    ctx.decode_sequences(&batch)?;
+    ctx.synchronize();
+    let pp = batch.len() as f64 / t.elapsed().as_secs_f64();
+    let rewound = ctx.model().cache_rewinds_exactly()
+        && (0..np as i32).all(|seq| ctx.truncate_seq(seq, depth as i32));
+    if !rewound {
+        fill(ctx, tokens, depth, np)?;
+    }
+    let tg = steps(ctx, tokens, depth, n_gen, np)?;
+    Ok((pp, tg))
+}
+
+/// An empty cache, then `depth` tokens of each of `np` sequences, untimed.
+fn fill(ctx: &mut Context, tokens: &mut TokenSource, depth: u32, np: u32) -> Result<()> {
     ctx.clear();
+    if depth > 0 {
+        ctx.decode_sequences(&prompts_from(tokens, 0, depth, np))?;
+        ctx.synchronize();
+    }
+    Ok(())
+}
+
+/// `n` timed steps of one token per sequence, after `depth` tokens already in each one's cache.
+fn steps(ctx: &mut Context, tokens: &mut TokenSource, depth: u32, n: u32, np: u32) -> Result<f64> {
     if np <= 1 {
-        if depth > 0 {
-            ctx.decode(&mut tokens.prompt(depth))?;
-            ctx.synchronize();
-        }
         let t = Instant::now();
         for i in 0..n {
             let mut tok = [if depth == 0 && i == 0 {
@@ -71,10 +104,6 @@ pub fn generation(
         }
         ctx.synchronize();
         return Ok(n as f64 / t.elapsed().as_secs_f64());
-    }
-    if depth > 0 {
-        ctx.decode_sequences(&prompts(tokens, depth, np))?;
-        ctx.synchronize();
     }
     let steps: Vec<Vec<SeqToken>> = (0..n).map(|i| step_tokens(tokens, depth + i, np)).collect();
     let t = Instant::now();
@@ -88,16 +117,26 @@ pub fn generation(
 /// `np` prompts of `n` tokens, one sequence after another (as llama-server fills a batch from its
 /// slots), with an output on each one's last token.
 fn prompts(tokens: &mut TokenSource, n: u32, np: u32) -> Vec<SeqToken> {
-    (0..np as i32)
+    prompts_from(tokens, 0, n, np)
+}
+
+/// [`prompts`] at positions `start..start + n` of each sequence (after `start` tokens in its cache;
+/// only a prompt at 0 begins with BOS).
+fn prompts_from(tokens: &mut TokenSource, start: u32, n: u32, np: u32) -> Vec<SeqToken> {
+    (0..np.max(1) as i32)
         .flat_map(|seq| {
-            let prompt = tokens.prompt(n);
+            let prompt = if start == 0 {
+                tokens.prompt(n)
+            } else {
+                (0..n).map(|_| tokens.next()).collect()
+            };
             let last = prompt.len().saturating_sub(1);
             prompt
                 .into_iter()
                 .enumerate()
                 .map(move |(i, token)| SeqToken {
                     token,
-                    pos: i as i32,
+                    pos: (start as usize + i) as i32,
                     seq,
                     logits: i == last,
                 })
