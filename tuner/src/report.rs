@@ -441,6 +441,26 @@ impl Report {
         row
     }
 
+    /// With a depth, the winner's rates there (what the score counts), beside the defaults' when
+    /// the verdict line compares them.
+    fn at_depth_line(&self, wf: &Figures) -> String {
+        let (Some(pp), Some(tg)) = (wf.pp_depth_tps, wf.tg_depth_tps) else {
+            return String::new();
+        };
+        let d = self.workload.depth;
+        let same = (self.versus_defaults.as_ref()).is_some_and(|v| v.same_configuration);
+        match (&self.baseline_figures).as_ref().filter(|_| !same) {
+            Some(Figures {
+                pp_depth_tps: Some(bpp),
+                tg_depth_tps: Some(btg),
+                ..
+            }) => format!(
+                "        at depth {d}: tg {tg:.1} vs {btg:.1} t/s, pp {pp:.1} vs {bpp:.1} t/s\n"
+            ),
+            _ => format!("        at depth {d}: tg {tg:.1} t/s, pp {pp:.1} t/s\n"),
+        }
+    }
+
     /// The winner against the defaults, drift seen when confirming, notes, where the profile went.
     fn verdict(&self) -> String {
         let mut s = String::new();
@@ -471,6 +491,7 @@ impl Report {
                     wf.tg_tps, wf.pp_tps, wf.score_s
                 )),
             }
+            s.push_str(&self.at_depth_line(wf));
         }
         for (label, drift) in &self.confirm_drift {
             if drift.abs() > self.noise {
