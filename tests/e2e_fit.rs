@@ -17,23 +17,61 @@ fn meminfo_kib(key: &str) -> u64 {
         .unwrap_or_else(|| panic!("{key} in /proc/meminfo"))
 }
 
+/// The dry run's prediction of the demo model on the host at context `ctx` with a KV cache of
+/// `kv` (`autotune measure --predict`), in bytes.
+fn predicted_host_bytes(sb: &Sandbox, m: &str, ctx: &str, kv: &str) -> u64 {
+    let v = sb.run_json(&[
+        "measure",
+        m,
+        "-c",
+        ctx,
+        "-p",
+        "32",
+        "-n",
+        "8",
+        "-r",
+        "2",
+        "-t",
+        "2",
+        "-ctk",
+        kv,
+        "-ctv",
+        kv,
+        "--kernels",
+        "plain",
+        "--predict",
+        "--json",
+    ]);
+    v["predicted"]["per_device"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == "CPU")
+        .and_then(|d| d["bytes"].as_u64())
+        .unwrap_or_else(|| panic!("a CPU prediction: {v}"))
+}
+
 #[test]
 fn candidates_over_budget_are_pruned_not_loaded() {
     let model = demo_model();
     let sb = Sandbox::new();
     let m = model_arg(&model);
-    // The compute buffer grows with the ubatch (rows of a 262k-token vocabulary's logits): the dry run
-    // predicts ~588 MiB on the host at ubatch 512 and ~458 MiB at 128. A 520 MiB budget fits only the latter.
+    // At 32768 tokens the f16 KV cache takes about twice the q8_0 one: a host budget halfway
+    // between their predictions fits only q8_0.
+    let f16 = predicted_host_bytes(&sb, &m, "32768", "f16");
+    let q8 = predicted_host_bytes(&sb, &m, "32768", "q8_0");
+    assert!(f16 > q8 + (32 << 20), "f16 {f16} vs q8_0 {q8}");
+    let budget = (f16 + q8) / 2;
     let o = sb.run(&[
         "tune",
         &m,
         "--json",
         "--mem-budget",
-        "CPU=520M",
+        &format!("CPU={budget}"),
         "--ubatch",
-        "512,128",
+        "512",
         "--ctx",
-        "256",
+        "32768",
         "--prompt",
         "32",
         "--gen",
@@ -45,7 +83,7 @@ fn candidates_over_budget_are_pruned_not_loaded() {
         "--threads",
         "2",
         "--cache-types",
-        "f16",
+        "f16,q8_0",
         "--flash-attn",
         "auto",
         "--kernels",
@@ -64,8 +102,8 @@ fn candidates_over_budget_are_pruned_not_loaded() {
     assert!(!pruned.is_empty(), "{board:?}");
     assert!(pruned
         .iter()
-        .all(|e| e["candidate"]["n_ubatch"] == 512 && e["figures"].is_null()));
-    assert_eq!(r["winner"]["n_ubatch"], 128);
+        .all(|e| e["candidate"]["type_k"] == "f16" && e["figures"].is_null()));
+    assert_eq!(r["winner"]["type_k"], "q8_0");
     // Nothing that was loaded exceeded the budget by llama.cpp's own accounting.
     for row in r["memory"]
         .as_array()
@@ -75,7 +113,7 @@ fn candidates_over_budget_are_pruned_not_loaded() {
     {
         for d in row["reported"].as_array().unwrap() {
             if d["device"] == "CPU" {
-                assert!(d["bytes"].as_u64().unwrap() <= 520 * 1024 * 1024, "{row}");
+                assert!(d["bytes"].as_u64().unwrap() <= budget, "{row}");
             }
         }
     }

@@ -472,4 +472,15 @@ fn measure_takes_several_depths_like_llama_bench() {
     assert_eq!(v["tg"]["n"], 4, "{v}");
     let o = sb.run(&["measure", m, "-d", "256,512", "--twice"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    // The A/A test at one depth compares the figures a tune at that depth decides on.
+    let o = sb.run(&[
+        "measure", m, "-c", "2048", "-p", "32", "-n", "8", "-d", "256", "--twice", "-r", "2", "-t",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("pp32@d256") && out.contains("tg8@d256"),
+        "{out}"
+    );
 }

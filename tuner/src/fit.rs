@@ -116,6 +116,10 @@ fn fit_params(
     cparams.n_ctx = n_ctx;
     cparams.n_seq_max = sequences.max(1);
     cparams.kv_unified = false;
+    // The sliding-window cache and the outputs llama-server's context has (see `Context::like_server`).
+    cparams.swa_full = false;
+    cparams.n_outputs_max = llama::server_outputs(sequences.max(1));
+    cparams.n_outputs_max_per_seq = 1;
     llama::take_log();
     // SAFETY: every buffer has the length llama.cpp documents (llama_max_devices floats and margins,
     // llama_max_tensor_buft_overrides entries) and outlives the call; the override patterns it writes

@@ -359,7 +359,7 @@ struct Twice {
     noise: f64,
     a: [Summary; 2],
     b: [Summary; 2],
-    /// pp, then tg: A relative to B.
+    /// pp, then tg (at the workload's depth when it has one): A relative to B.
     comparisons: [Comparison; 2],
 }
 
@@ -417,7 +417,8 @@ fn twice(a: &MeasureArgs, request: &MeasureRequest, candidate: &Candidate) -> an
     Ok(exit::OK)
 }
 
-/// `rounds` rounds of A and B, the order alternating, each repetition on a fresh load: (pp, tg) each.
+/// `rounds` rounds of A and B, the order alternating, each repetition on a fresh load: (pp, tg) each,
+/// at the workload's depth when it has one.
 fn interleaved(
     request: &MeasureRequest,
     candidate: &Candidate,
@@ -435,7 +436,11 @@ fn interleaved(
             let r = repetition(&mut pool, request, &label);
             pool.shutdown();
             let r = r?;
-            reps[which].push((r.pp_tps, r.tg_tps));
+            // With a depth, the figures a tune at that depth decides on.
+            reps[which].push(match (r.pp_depth_tps, r.tg_depth_tps) {
+                (Some(pp), Some(tg)) => (pp, tg),
+                _ => (r.pp_tps, r.tg_tps),
+            });
         }
     }
     Ok(reps)
@@ -448,9 +453,13 @@ fn print_twice(t: &Twice, reps: u32) {
         t.candidate.label(),
         reps
     );
+    let at = match t.workload.depth {
+        0 => String::new(),
+        d => format!("@d{d}"),
+    };
     let names = [
-        format!("pp{}", t.workload.n_prompt),
-        format!("tg{}", t.workload.n_gen),
+        format!("pp{}{at}", t.workload.n_prompt),
+        format!("tg{}{at}", t.workload.n_gen),
     ];
     for (k, name) in names.iter().enumerate() {
         let c = &t.comparisons[k];
@@ -460,7 +469,7 @@ fn print_twice(t: &Twice, reps: u32) {
             Verdict::Slower => "B faster: this machine is noisier than --noise".to_string(),
         };
         println!(
-            "  {:<8} A {:>8.2} t/s  B {:>8.2} t/s  A/B {:+.1}%  95% CI [{:+.1}%, {:+.1}%]  noise ±{:.1}%  -> {verdict}",
+            "  {:<12} A {:>8.2} t/s  B {:>8.2} t/s  A/B {:+.1}%  95% CI [{:+.1}%, {:+.1}%]  noise ±{:.1}%  -> {verdict}",
             name,
             t.a[k].median,
             t.b[k].median,

@@ -38,12 +38,34 @@ pub struct Context {
     n_batch: u32,
 }
 
+/// The outputs (logits) per batch llama-server reserves for a target without speculation: one per
+/// slot, `-np` or its default 4 slots.
+pub fn server_outputs(sequences: u32) -> u32 {
+    if sequences > 1 {
+        sequences
+    } else {
+        4
+    }
+}
+
 // SAFETY: a context is used from one thread at a time (the worker's loop).
 unsafe impl Send for Context {}
 
 impl Context {
     pub fn new(model: &Arc<Model>, s: &ContextSettings) -> Result<Context, LlamaError> {
         Self::with_max_outputs(model, s, 0)
+    }
+
+    /// A context as llama-server makes its target's without speculation: at most one output (logits)
+    /// per sequence in a batch, for every slot (`server_output_limits`: `-np`, else its default 4).
+    /// Its compute and output buffers are then the server's: with llama.h's default (an output for
+    /// every token of a batch) a micro-batch's logits alone reserve `n_ubatch × n_vocab` floats,
+    /// 512 MiB for a 262k vocabulary at `-ub 512`, which the server never allocates. Measurements
+    /// ask for one output per sequence in a batch, as the server does.
+    pub fn like_server(model: &Arc<Model>, s: &ContextSettings) -> Result<Context, LlamaError> {
+        Self::with_params(model, s, server_outputs(s.sequences), |p| {
+            p.n_outputs_max_per_seq = 1;
+        })
     }
 
     /// A context whose batches have at most `n_outputs_max` outputs (logits) each, 0 = n_batch. A
@@ -72,6 +94,11 @@ impl Context {
         p.n_ubatch = s.n_ubatch;
         p.n_seq_max = s.sequences.max(1);
         p.kv_unified = false;
+        // A sliding-window cache of the window's size, as llama-server (common's default) and
+        // llama-bench make it: llama.h's own default keeps every position in those layers, which
+        // takes more memory and slows attention at depth on models with sliding windows (Gemma 2
+        // and 3, gpt-oss, ...), so neither the fit nor the speed would be the server's.
+        p.swa_full = false;
         p.n_threads = s.threads as i32;
         p.n_threads_batch = s.threads_batch.unwrap_or(s.threads) as i32;
         p.type_k = ggml_type(s.type_k);
@@ -256,6 +283,28 @@ impl Context {
     pub fn truncate_seq(&mut self, seq: i32, from: i32) -> bool {
         // SAFETY: context is valid; the memory handle belongs to it.
         unsafe { sys::llama_memory_seq_rm(sys::llama_get_memory(self.ptr.as_ptr()), seq, from, -1) }
+    }
+
+    /// llama.cpp's own copy of sequence `seq`'s state (its KV cache cells or recurrent state), for
+    /// [`Context::restore_seq`].
+    pub fn save_seq(&self, seq: i32) -> Vec<u8> {
+        let ctx = self.ptr.as_ptr();
+        // SAFETY: context is valid; the buffer is `size` bytes and llama.cpp writes at most that.
+        unsafe {
+            let size = sys::llama_state_seq_get_size(ctx, seq);
+            let mut buf = vec![0u8; size];
+            let n = sys::llama_state_seq_get_data(ctx, buf.as_mut_ptr(), size, seq);
+            buf.truncate(n);
+            buf
+        }
+    }
+
+    /// Puts a state from [`Context::save_seq`] into sequence `seq`; false when llama.cpp refuses it.
+    pub fn restore_seq(&mut self, state: &[u8], seq: i32) -> bool {
+        // SAFETY: context is valid; llama.cpp reads at most `state.len()` bytes.
+        unsafe {
+            sys::llama_state_seq_set_data(self.ptr.as_ptr(), state.as_ptr(), state.len(), seq) != 0
+        }
     }
 
     /// Decodes `tokens` (several sequences) as one batch, so that [`Context::logits_ith`] reads

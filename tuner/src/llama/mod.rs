@@ -23,7 +23,7 @@ pub use backend::{
 };
 pub use bandwidth::device_read_bandwidth;
 pub use breakdown::{breakdown_per_device, memory_breakdown};
-pub use context::{Context, SeqToken};
+pub use context::{server_outputs, Context, SeqToken};
 pub use devices::{device_free, device_view, devices, SkippedDevice};
 #[cfg(test)]
 pub use log::loaded_modules;

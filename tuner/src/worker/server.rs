@@ -157,7 +157,7 @@ impl WorkerState {
         if self.context.as_ref().map(|(c, _)| c) != Some(&m.context) {
             self.context = None;
             let model = &self.model.as_ref().expect("model loaded above").1;
-            let ctx = Context::new(model, &m.context).map_err(|e| Response::Failed {
+            let ctx = Context::like_server(model, &m.context).map_err(|e| Response::Failed {
                 stage: "context".into(),
                 message: e.to_string(),
             })?;

@@ -53,10 +53,11 @@ pub fn generation(ctx: &mut Context, tokens: &mut TokenSource, n: u32, np: u32) 
 }
 
 /// As llama-bench's `-d`: `depth` tokens already in each sequence's cache (filled untimed), then
-/// prompt processing of `n_prompt` tokens after them (pp at depth), then, with that prompt removed
-/// again, `n_gen` steps of generation (tg at depth). Where removing the prompt would not restore the
-/// cache as it was (a sliding window the prompt moved, a recurrent state), the depth is filled again
-/// instead.
+/// prompt processing of `n_prompt` tokens after them (pp at depth), then, the cache as it was before
+/// that prompt, `n_gen` steps of generation (tg at depth). The prompt is removed where that restores
+/// the cache exactly; where it would not (a sliding window the prompt moved on, a recurrent state),
+/// each sequence's state is saved after the fill and restored, as llama-bench does; failing both,
+/// the depth is filled again.
 pub fn at_depth(
     ctx: &mut Context,
     tokens: &mut TokenSource,
@@ -66,14 +67,26 @@ pub fn at_depth(
     np: u32,
 ) -> Result<(f64, f64)> {
     fill(ctx, tokens, depth, np)?;
+    let seqs = 0..np.max(1) as i32;
+    let rewinds = ctx.model().cache_rewinds_exactly();
+    let saved: Vec<Vec<u8>> = if rewinds {
+        Vec::new()
+    } else {
+        seqs.clone().map(|seq| ctx.save_seq(seq)).collect()
+    };
     let batch = prompts_from(tokens, depth, n_prompt, np);
     let t = Instant::now();
     ctx.decode_sequences(&batch)?;
     ctx.synchronize();
     let pp = batch.len() as f64 / t.elapsed().as_secs_f64();
-    let rewound = ctx.model().cache_rewinds_exactly()
-        && (0..np as i32).all(|seq| ctx.truncate_seq(seq, depth as i32));
-    if !rewound {
+    let restored = if rewinds {
+        seqs.clone().all(|seq| ctx.truncate_seq(seq, depth as i32))
+    } else {
+        ctx.clear();
+        seqs.zip(&saved)
+            .all(|(seq, state)| !state.is_empty() && ctx.restore_seq(state, seq))
+    };
+    if !restored {
         fill(ctx, tokens, depth, np)?;
     }
     let tg = steps(ctx, tokens, depth, n_gen, np)?;
