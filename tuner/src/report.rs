@@ -449,7 +449,7 @@ impl Report {
         };
         let d = self.workload.depth;
         let same = (self.versus_defaults.as_ref()).is_some_and(|v| v.same_configuration);
-        match (&self.baseline_figures).as_ref().filter(|_| !same) {
+        match self.baseline_figures.as_ref().filter(|_| !same) {
             Some(Figures {
                 pp_depth_tps: Some(bpp),
                 tg_depth_tps: Some(btg),
