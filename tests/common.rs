@@ -326,3 +326,25 @@ pub fn apply_check_args(profile: &Path, server: &Path) -> Vec<String> {
 pub fn strs(words: &[String]) -> Vec<&str> {
     words.iter().map(String::as_str).collect()
 }
+
+/// llama.cpp's fit placement of `model` at `ctx` tokens with RPC server `rpc` and no budget
+/// (`autotune fit --json`): its GPU layers and autotune's dry-run prediction of its bytes on RPC0.
+pub fn fit_on_rpc0(sb: &Sandbox, model: &Path, rpc: &str, ctx: &str) -> (u64, u64) {
+    let v = sb.run_json(&[
+        "fit",
+        model.to_str().unwrap(),
+        "--json",
+        "--rpc",
+        rpc,
+        "--ctx",
+        ctx,
+    ]);
+    let bytes = v["predicted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["device"] == "RPC0")
+        .and_then(|d| d["predicted_bytes"].as_u64())
+        .unwrap_or_else(|| panic!("no RPC0 prediction: {v:#}"));
+    (v["n_gpu_layers"].as_u64().unwrap(), bytes)
+}

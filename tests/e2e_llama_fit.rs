@@ -13,23 +13,8 @@ fn llama_fit_places_part_of_the_demo_model_on_a_small_rpc_device() {
     // What every layer on RPC0 needs at ctx 1024, by the fit's own placement with room to spare
     // (272 MiB here). Most of it does not shrink with the layers (the output layer and the compute
     // buffer: 3 layers need 195 MiB): a budget of 85% of it holds only some of the 19.
-    let whole = sb.run_json(&[
-        "fit",
-        model.to_str().unwrap(),
-        "--json",
-        "--rpc",
-        &rpc,
-        "--ctx",
-        "1024",
-    ]);
-    assert_eq!(whole["n_gpu_layers"].as_u64(), Some(19), "{whole:#}");
-    let all_on_rpc0 = whole["predicted"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["device"] == "RPC0")
-        .and_then(|d| d["predicted_bytes"].as_u64())
-        .unwrap_or_else(|| panic!("no RPC0 prediction: {whole:#}"));
+    let (ngl, all_on_rpc0) = fit_on_rpc0(&sb, &model, &rpc, "1024");
+    assert_eq!(ngl, 19);
     let budget: u64 = all_on_rpc0 * 85 / 100;
     let o = sb.run(&[
         "fit",

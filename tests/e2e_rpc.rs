@@ -222,23 +222,8 @@ fn the_kv_cache_on_the_host_lets_every_layer_fit_and_is_measured() {
     let rpc = server.endpoint();
     let sb = Sandbox::new();
     let model = demo_model();
-    let whole = sb.run_json(&[
-        "fit",
-        model.to_str().unwrap(),
-        "--json",
-        "--rpc",
-        &rpc,
-        "--ctx",
-        "32768",
-    ]);
-    assert_eq!(whole["n_gpu_layers"].as_u64(), Some(19), "{whole:#}");
-    let every_layer = whole["predicted"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["device"] == "RPC0")
-        .and_then(|d| d["predicted_bytes"].as_u64())
-        .unwrap_or_else(|| panic!("no RPC0 prediction: {whole:#}"));
+    let (ngl, every_layer) = fit_on_rpc0(&sb, &model, &rpc, "32768");
+    assert_eq!(ngl, 19);
     let budget = every_layer - (56 << 20);
     let r = sb.run_json(&[
         "tune",
