@@ -231,6 +231,10 @@ pub struct Tuned {
     pub elapsed_s: f64,
 }
 
+/// How the worker sets up a measurement; a change that alters what a repetition measures bumps it,
+/// so the measurement log does not mix the two.
+const MEASUREMENT_PROTOCOL: &str = "protocol 2 (server context)";
+
 /// Tunes `model` as `plan` says. Call with the profile store locked (the measurement log is shared
 /// with any other run of the same model).
 pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tuned> {
@@ -349,9 +353,11 @@ fn open_log(
     let context = measurements::Context {
         model: identity.fingerprint.clone(),
         // The build's identity includes how llama.cpp was compiled (in the commit string): an -O2
-        // build's figures are not an -O3 build's.
+        // build's figures are not an -O3 build's. The protocol tag marks how autotune sets up what
+        // it measures: repetitions from before llama-server's context (its sliding-window cache and
+        // output reservation) carry other memory figures and are not reused.
         llama: format!(
-            "{} {} {}",
+            "{} {} {} {MEASUREMENT_PROTOCOL}",
             llama.version,
             llama.commit,
             llama.cpu_variant.clone().unwrap_or_default()
