@@ -306,3 +306,129 @@ fn op_offload_off_wins_over_a_slow_device_and_applies() {
     assert!(command_of(&v).contains(&"--no-op-offload"), "{v}");
     assert!(v["completion"]["predicted_n"].as_u64().unwrap() > 0, "{v}");
 }
+
+/// Beside a device with pinned host memory (Vulkan's, as CUDA's) llama.cpp puts the host's weights
+/// in that memory first: mapped from the file by default (the pinned buffer set aside for the
+/// mapping: `CPU_Mapped`, and the CPU's repacked kernels unused although `--repack` is on), read
+/// into it with `--load-mode none` (`Vulkan_Host`), or in the CPU's own repacking buffers with
+/// `--no-host` (`CPU_REPACK`). `measure` loads each as asked (llama.cpp's own buffer names); `tune`
+/// measures all three where weights stay on the host; the profile's flag is what a real
+/// llama-server loads the same buffers with.
+#[test]
+fn host_weights_go_where_the_host_buffer_says_in_autotune_and_llama_server() {
+    let sb = Sandbox::new();
+    if !vulkan_device(&sb) {
+        return;
+    }
+    let model = tiny_model();
+    let model_buffers = |host_buffer: &str| -> Vec<String> {
+        let args = [
+            "measure",
+            model.to_str().unwrap(),
+            "--json",
+            "--n-gpu-layers",
+            "0",
+            "--op-offload",
+            "off",
+            "--kernels",
+            "repack",
+            "--host-buffer",
+            host_buffer,
+            "--reps",
+            "1",
+            "-c",
+            "1024",
+            "-p",
+            "32",
+            "-n",
+            "4",
+            "-t",
+            "2",
+        ];
+        let v = json(&retrying_crashes("measure", || vulkan(&sb, &args)));
+        (v["load"]["buffers"].as_array())
+            .unwrap_or_else(|| panic!("buffers: {v:#}"))
+            .iter()
+            .filter(|b| b["what"] == "model")
+            .map(|b| b["buffer"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let mapped = model_buffers("mapped");
+    assert!(mapped.iter().any(|b| b == "CPU_Mapped"), "{mapped:?}");
+    assert!(
+        !mapped
+            .iter()
+            .any(|b| b == "CPU_REPACK" || b == "Vulkan_Host"),
+        "{mapped:?}"
+    );
+    let pinned = model_buffers("pinned");
+    assert!(pinned.iter().any(|b| b == "Vulkan_Host"), "{pinned:?}");
+    let cpu = model_buffers("cpu");
+    assert!(cpu.iter().any(|b| b == "CPU_REPACK"), "{cpu:?}");
+
+    let mut args = vec![
+        "tune",
+        model.to_str().unwrap(),
+        "--json",
+        "--no-save",
+        "--budget",
+        "60s",
+        "--n-gpu-layers",
+        "2",
+        "--op-offload",
+        "off",
+        "--kernels",
+        "repack",
+        "--ubatch",
+        "512",
+        "--max-reps",
+        "3",
+    ];
+    args.extend_from_slice(WORKLOAD);
+    let r = json(&retrying_crashes("tune", || vulkan(&Sandbox::new(), &args)));
+    let board = r["leaderboard"].as_array().expect("leaderboard");
+    for h in ["mapped", "pinned", "cpu"] {
+        assert!(
+            board.iter().any(|e| e["status"] == "ok"
+                && e["candidate"]["host_buffer"].as_str().unwrap_or("mapped") == h),
+            "host buffer {h} measured: {r:#}"
+        );
+    }
+
+    // Held to --no-host, the profile says so, and llama-server repacks the host's weights too.
+    let profile = sb.dir.path().join("no-host.toml");
+    let mut args = vec![
+        "tune",
+        model.to_str().unwrap(),
+        "-o",
+        profile.to_str().unwrap(),
+        "--budget",
+        "20s",
+        "--n-gpu-layers",
+        "2",
+        "--op-offload",
+        "off",
+        "--host-buffer",
+        "cpu",
+        "--kernels",
+        "repack",
+        "--ubatch",
+        "512",
+    ];
+    args.extend_from_slice(WORKLOAD);
+    let o = retrying_crashes("tune", || vulkan(&Sandbox::new(), &args));
+    assert!(o.status.success(), "tune: {}\n{}", stderr(&o), stdout(&o));
+    let text = std::fs::read_to_string(&profile).unwrap();
+    assert!(text.contains("\"--no-host\""), "{text}");
+    let mut apply = vec!["--verbose".to_string()];
+    apply.extend(apply_check_args(&profile, &llama_server()));
+    let o = retrying_crashes("apply", || vulkan(&sb, &strs(&apply)));
+    let v = json(&o);
+    assert!(command_of(&v).contains(&"--no-host"), "{v}");
+    assert!(v["completion"]["predicted_n"].as_u64().unwrap() > 0, "{v}");
+    assert!(
+        stderr(&o).contains("CPU_REPACK model buffer size"),
+        "llama-server's log: {}",
+        stderr(&o)
+    );
+}

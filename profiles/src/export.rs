@@ -7,7 +7,7 @@
 use crate::error::{ProfileError, Result};
 use crate::profile::Profile;
 use crate::server_args::shell_quote;
-use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
+use search_space::{CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice};
 use std::fmt;
 use std::fmt::Write as _;
 use std::str::FromStr;
@@ -314,6 +314,21 @@ fn ollama_unsupported_notes(c: &Candidate, out: &mut String) {
             out,
             "# autotune: --no-repack (plain CPU kernels): Ollama cannot set this"
         );
+    }
+    match c.host_buffer {
+        HostBuffer::Mapped => {}
+        HostBuffer::Pinned => {
+            let _ = writeln!(
+                out,
+                "# autotune: --load-mode none (host weights in the GPU's pinned memory): Ollama cannot set this"
+            );
+        }
+        HostBuffer::Cpu => {
+            let _ = writeln!(
+                out,
+                "# autotune: --no-host (host weights in the CPU's repacked buffers): Ollama cannot set this"
+            );
+        }
     }
     if !c.kv_offload.is_on() {
         let _ = writeln!(

@@ -16,6 +16,7 @@ pub fn example_profile() -> Profile {
         tensor_split: Vec::new(),
         split_mode: Default::default(),
         kernels: KernelChoice::Plain,
+        host_buffer: Default::default(),
         threads: 8,
         threads_batch: None,
         n_batch: 2048,

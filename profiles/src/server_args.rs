@@ -4,7 +4,7 @@
 //! source of truth; `shell_quote` only renders it for a human to copy.
 
 use crate::profile::Workload;
-use search_space::{Candidate, KernelChoice};
+use search_space::{Candidate, HostBuffer, KernelChoice};
 use std::path::Path;
 
 /// One llama-server option: its short flag, its long name (the key in a `--models-preset` file) and its
@@ -55,6 +55,15 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
             value: None,
         });
     }
+    match c.host_buffer {
+        HostBuffer::Mapped => {}
+        HostBuffer::Pinned => opts.push(opt("-lm", "load-mode", "none".into())),
+        HostBuffer::Cpu => opts.push(ServerOption {
+            short: "--no-host",
+            long: "no-host",
+            value: None,
+        }),
+    }
     if !c.kv_offload.is_on() {
         opts.push(ServerOption {
             short: "-nkvo",
@@ -91,7 +100,7 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
 
 /// llama-server's arguments (without the program name) for `c` on `model` with the workload's context:
 /// `-m PATH -c N_CTX [-np N] -t T -tb T -b B -ub UB -ctk K -ctv V -fa on|off|auto -ngl N [--no-repack]
-/// [-nkvo] [--no-op-offload] [--device A,B] [-ts A,B] [-sm row] [--numa distribute|isolate]`.
+/// [-lm none | --no-host] [-nkvo] [--no-op-offload] [--device A,B] [-ts A,B] [-sm row] [--numa distribute|isolate]`.
 pub fn server_args(c: &Candidate, model: &Path, w: &Workload) -> Vec<String> {
     words(server_options(c, model, w))
 }
@@ -211,6 +220,26 @@ mod tests {
         );
         assert!(args.windows(2).any(|w| w == ["-fa", "on"]));
         assert!(args.windows(2).any(|w| w == ["-ctv", "q8_0"]));
+    }
+
+    #[test]
+    fn a_host_buffer_adds_llama_servers_flag_for_it() {
+        let mut c = Candidate::llama_default(4, 20);
+        let mapped = server_args(&c, Path::new("m.gguf"), &workload());
+        assert!(
+            !mapped.iter().any(|a| a == "-lm" || a == "--no-host"),
+            "{mapped:?}"
+        );
+        c.host_buffer = HostBuffer::Pinned;
+        let args = server_args(&c, Path::new("m.gguf"), &workload());
+        assert_eq!(&args[args.len() - 2..], ["-lm", "none"]);
+        c.host_buffer = HostBuffer::Cpu;
+        let options = server_options(&c, Path::new("m.gguf"), &workload());
+        let last = options.last().unwrap();
+        assert_eq!(
+            (last.short, last.long, &last.value),
+            ("--no-host", "no-host", &None)
+        );
     }
 
     #[test]

@@ -237,6 +237,68 @@ impl FromStr for KernelChoice {
     }
 }
 
+/// Where the weights left in host memory live when a device with a host buffer type (CUDA's and
+/// Vulkan's pinned memory) takes part. llama.cpp lists that pinned buffer before the CPU's own
+/// buffer types for host weights, so:
+///
+/// - `Mapped` (llama.cpp's default, `--load-mode auto`): the model file mapped; the pinned buffer
+///   is set aside for a mapping, so host weights are pageable memory, and the CPU's repacked and
+///   AMX kernels are not used for them whatever `--repack` says.
+/// - `Pinned` (`--load-mode none`): the weights read into the device's pinned host buffer: copies
+///   for op offload (each prompt batch brings the host's weights over) run at the link's full
+///   speed, where pageable memory goes through a staging buffer; plain CPU kernels.
+/// - `Cpu` (`--no-host`): the CPU's own buffer types first, so host weights are repacked for its
+///   faster kernels (generation and small batches on the CPU); repacked weights are not host memory
+///   to ggml's scheduler, so their prompt batches stay on the CPU instead of being offloaded.
+///
+/// Which is fastest depends on the prompt's length, the link and the CPU: measured. Without such a
+/// device (CPU alone, RPC servers) the three are the same but for `Pinned` not mapping the file.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum HostBuffer {
+    #[default]
+    Mapped,
+    Pinned,
+    Cpu,
+}
+
+impl HostBuffer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostBuffer::Mapped => "mapped",
+            HostBuffer::Pinned => "pinned",
+            HostBuffer::Cpu => "cpu",
+        }
+    }
+    pub fn is_mapped(&self) -> bool {
+        *self == HostBuffer::Mapped
+    }
+}
+
+impl fmt::Display for HostBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for HostBuffer {
+    type Err = ParseKnobError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "mapped" | "mmap" | "auto" => Ok(HostBuffer::Mapped),
+            "pinned" | "none" => Ok(HostBuffer::Pinned),
+            "cpu" | "no-host" => Ok(HostBuffer::Cpu),
+            _ => Err(ParseKnobError {
+                what: "host buffer",
+                value: s.to_string(),
+                expected: "mapped, pinned, cpu".into(),
+            }),
+        }
+    }
+}
+
 /// llama.cpp's NUMA strategy (`--numa`), set once per process before the model loads. On a
 /// machine with several NUMA nodes, `distribute` spreads threads over every node and `isolate`
 /// keeps them on the node the process started on; both also turn off llama.cpp's prefetch of the
@@ -384,6 +446,10 @@ pub struct Candidate {
     pub split_mode: SplitMode,
     /// Extra CPU buffer types (weight repack / AMX) or plain kernels (`--no-repack`).
     pub kernels: KernelChoice,
+    /// Where host weights live beside a device with pinned host memory (`--load-mode none`,
+    /// `--no-host`): see [`HostBuffer`].
+    #[serde(default, skip_serializing_if = "HostBuffer::is_mapped")]
+    pub host_buffer: HostBuffer,
     /// Generation threads (`-t`).
     pub threads: u32,
     /// Prompt-processing threads (`-tb`) where they differ from `threads`; `None`: the same count
@@ -444,6 +510,7 @@ impl Candidate {
             tensor_split: Vec::new(),
             split_mode: SplitMode::Layer,
             kernels: KernelChoice::Repack,
+            host_buffer: HostBuffer::Mapped,
             threads,
             threads_batch: None,
             n_batch: 2048,
@@ -489,7 +556,18 @@ impl Candidate {
 
     /// The settings that need a model (re)load: candidates equal in this key share a loaded model.
     #[allow(clippy::type_complexity)]
-    pub fn model_key(&self) -> (u32, u32, &[String], &[u32], SplitMode, KernelChoice, Numa) {
+    pub fn model_key(
+        &self,
+    ) -> (
+        u32,
+        u32,
+        &[String],
+        &[u32],
+        SplitMode,
+        KernelChoice,
+        HostBuffer,
+        Numa,
+    ) {
         (
             self.n_gpu_layers,
             self.n_cpu_moe,
@@ -497,6 +575,7 @@ impl Candidate {
             &self.tensor_split,
             self.split_mode,
             self.kernels,
+            self.host_buffer,
             self.numa,
         )
     }
@@ -540,8 +619,13 @@ impl Candidate {
         } else {
             format!(" numa={}", self.numa)
         };
+        let host = if self.host_buffer.is_mapped() {
+            String::new()
+        } else {
+            format!(" host={}", self.host_buffer)
+        };
         format!(
-            "ngl={}{moe}{} t={}{tb} b={}/{} kv={}/{} fa={} {}{op}{numa}",
+            "ngl={}{moe}{} t={}{tb} b={}/{} kv={}/{} fa={} {}{host}{op}{numa}",
             self.n_gpu_layers,
             dev,
             self.threads,
@@ -573,6 +657,7 @@ impl Candidate {
             !self.kv_offload.is_on(),
             self.threads_batch.is_some(),
             !self.numa.is_off(),
+            !self.host_buffer.is_mapped(),
         ]
         .iter()
         .filter(|b| **b)

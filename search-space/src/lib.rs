@@ -11,5 +11,6 @@ pub mod size;
 pub mod testfiles;
 
 pub use candidate::{
-    CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, Numa, OpOffload, SplitMode,
+    CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload,
+    SplitMode,
 };

@@ -16,7 +16,9 @@ use crate::worker::TrialFailure;
 use crate::worker::{LoadReport, MeasureRequest, Repetition, Workload};
 use crate::worker::{WorkerPool, Workers};
 use profiles::measurements::MeasurementLog;
-use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, Numa, OpOffload};
+use search_space::{
+    CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload,
+};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -60,6 +62,13 @@ pub struct TuneSettings {
     pub n_gpu_layers: u32,
     pub n_gpu_layers_pinned: bool,
     pub kernels: Vec<KernelChoice>,
+    /// Where host weights live (`mapped` alone unless a device with pinned host memory takes part
+    /// or the user asked for more): varied where weights stay in host memory.
+    pub host_buffers: Vec<HostBuffer>,
+    /// The offload devices with pinned host memory (CUDA, Vulkan; not RPC servers): beside any of
+    /// them llama.cpp puts host weights in that memory unless `--no-host`, so the CPU kernel choice
+    /// changes nothing there.
+    pub host_buffer_devices: Vec<String>,
     /// llama.cpp's NUMA strategies to try (`off` alone unless the machine has several NUMA nodes
     /// or the user asked for more).
     pub numa: Vec<Numa>,
@@ -197,6 +206,7 @@ impl<'a> Engine<'a> {
             Candidate::llama_default(self.settings.default_threads, self.settings.n_gpu_layers);
         // Model-level knobs the user excluded: the baseline loads what the user allowed.
         c.kernels = pick(&self.settings.kernels, c.kernels);
+        c.host_buffer = pick(&self.settings.host_buffers, c.host_buffer);
         c.numa = pick(&self.settings.numa, c.numa);
         let d = if self.settings.offload && !self.settings.n_gpu_layers_pinned {
             self.fit_defaults(c)
@@ -311,8 +321,9 @@ impl<'a> Engine<'a> {
         if let Some(b) = best.take() {
             best = Some(self.search_split(b));
         }
-        let axes: [(&str, Vary); 8] = [
+        let axes: [(&str, Vary); 9] = [
             ("op offload", vary_op_offload),
+            ("host buffer", vary_host_buffer),
             ("threads", vary_threads),
             // Right after the threads: on several nodes the strategy can double generation.
             ("numa", vary_numa),

@@ -264,6 +264,7 @@ mod tests {
             kind: "gpu".into(),
             memory_free: 1,
             memory_total: 1,
+            host_buffer: false,
         }
     }
 

@@ -138,6 +138,7 @@ mod tests {
             kind: "cpu".into(),
             memory_free: 8 << 30,
             memory_total: 16 << 30,
+            host_buffer: false,
         }]);
         let cpu = m.devices[0].clone();
         let margin = 1 << 20;

@@ -162,6 +162,17 @@ fn vet(
 }
 
 /// What differs between the profile's measurement and this machine now; empty when nothing does.
+/// The names of `(name, backend)` devices, RPC ones only when `uses_rpc`.
+fn device_names<'a>(
+    devices: impl Iterator<Item = (&'a str, &'a str)>,
+    uses_rpc: bool,
+) -> Vec<String> {
+    devices
+        .filter(|(_, backend)| uses_rpc || !backend.eq_ignore_ascii_case("RPC"))
+        .map(|(name, _)| name.to_string())
+        .collect()
+}
+
 fn staleness(p: &Profile, here: &Probe) -> Vec<String> {
     let mut changes = Vec::new();
     if p.machine.fingerprint != here.machine.fingerprint {
@@ -173,25 +184,14 @@ fn staleness(p: &Profile, here: &Probe) -> Vec<String> {
     }
     // RPC devices count when the profile uses them (its `rpc` servers, connected by `resolve`); a run
     // that merely had them connected left no trace in the winner.
-    let names = |devices: &mut dyn Iterator<Item = (&str, &str)>| -> Vec<String> {
-        devices
-            .filter(|(_, backend)| !p.rpc.is_empty() || !backend.eq_ignore_ascii_case("RPC"))
-            .map(|(name, _)| name.to_string())
-            .collect()
-    };
-    let was = names(
-        &mut p
-            .machine
-            .devices
-            .iter()
-            .map(|d| (d.name.as_str(), d.backend.as_str())),
+    let uses_rpc = !p.rpc.is_empty();
+    let was = device_names(
+        p.machine.devices.iter().map(|d| (&*d.name, &*d.backend)),
+        uses_rpc,
     );
-    let now = names(
-        &mut here
-            .machine
-            .devices
-            .iter()
-            .map(|d| (d.name.as_str(), d.backend.as_str())),
+    let now = device_names(
+        here.machine.devices.iter().map(|d| (&*d.name, &*d.backend)),
+        uses_rpc,
     );
     if was != now {
         changes.push(format!(

@@ -3,7 +3,9 @@
 use super::*;
 use crate::example_profile;
 use proptest::prelude::*;
-use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, OpOffload};
+use search_space::{
+    CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, OpOffload,
+};
 
 fn invalid(p: &Profile) -> String {
     let err = p.validate(false).unwrap_err();
@@ -200,6 +202,11 @@ fn candidate() -> impl Strategy<Value = Candidate> {
     let cache = proptest::sample::select(CacheType::ALL.to_vec());
     let flash = proptest::sample::select(vec![FlashAttn::Off, FlashAttn::On, FlashAttn::Auto]);
     let kernels = proptest::sample::select(vec![KernelChoice::Repack, KernelChoice::Plain]);
+    let host = proptest::sample::select(vec![
+        HostBuffer::Mapped,
+        HostBuffer::Pinned,
+        HostBuffer::Cpu,
+    ]);
     let device = "[A-Za-z][A-Za-z0-9_.:/-]{0,12}";
     (
         0..=MAX_GPU_LAYERS,
@@ -209,6 +216,7 @@ fn candidate() -> impl Strategy<Value = Candidate> {
         1..=MAX_BATCH,
         any::<u32>(),
         (cache.clone(), cache, flash, any::<bool>(), any::<bool>()),
+        host,
     )
         .prop_map(
             |(
@@ -219,6 +227,7 @@ fn candidate() -> impl Strategy<Value = Candidate> {
                 n_batch,
                 ub,
                 (type_k, type_v, flash_attn, op, kv),
+                host_buffer,
             )| {
                 let flash_attn = if type_v.is_quantized() && flash_attn == FlashAttn::Off {
                     FlashAttn::On
@@ -232,6 +241,7 @@ fn candidate() -> impl Strategy<Value = Candidate> {
                     tensor_split: Vec::new(),
                     split_mode: Default::default(),
                     kernels,
+                    host_buffer,
                     threads,
                     threads_batch: None,
                     n_batch,

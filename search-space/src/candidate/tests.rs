@@ -102,3 +102,24 @@ fn a_numa_strategy_is_labelled_a_changed_knob_and_a_model_setting() {
     let back: Candidate = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
     assert_eq!(back.numa, Numa::Distribute);
 }
+
+#[test]
+fn a_host_buffer_is_labelled_a_changed_knob_and_a_model_setting() {
+    let d = Candidate::llama_default(2, 10);
+    assert_eq!("no-host".parse::<HostBuffer>().unwrap(), HostBuffer::Cpu);
+    assert_eq!("Pinned".parse::<HostBuffer>().unwrap(), HostBuffer::Pinned);
+    let e = "locked".parse::<HostBuffer>().unwrap_err().to_string();
+    assert!(e.contains("mapped, pinned, cpu"), "{e}");
+    let mut c = d.clone();
+    c.host_buffer = HostBuffer::Pinned;
+    assert!(c.label().ends_with(" repack host=pinned"), "{}", c.label());
+    assert_eq!(c.complexity(), 1);
+    // Chosen at the load: candidates that differ in it never share a model.
+    assert_ne!(c.model_key(), d.model_key());
+    // Mapped is llama.cpp's default and not written, so older profiles and logs read the same.
+    let json = serde_json::to_string(&d).unwrap();
+    assert!(!json.contains("host_buffer"), "{json}");
+    c.host_buffer = HostBuffer::Cpu;
+    let back: Candidate = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+    assert_eq!(back.host_buffer, HostBuffer::Cpu);
+}

@@ -2,7 +2,9 @@
 
 use super::RpcArgs;
 use clap::Args;
-use search_space::{CacheType, FlashAttn, KernelChoice, KvOffload, Numa, OpOffload, SplitMode};
+use search_space::{
+    CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload, SplitMode,
+};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -50,6 +52,10 @@ pub struct MeasureArgs {
     /// CPU kernels: repack (llama.cpp's default) or plain (--no-repack)
     #[arg(long, default_value = "repack")]
     pub kernels: KernelChoice,
+    /// Where host weights live: mapped (llama.cpp's default), pinned (a GPU's pinned host memory:
+    /// --load-mode none) or cpu (the CPU's repacking buffers: --no-host)
+    #[arg(long = "host-buffer", default_value = "mapped")]
+    pub host_buffer: HostBuffer,
     /// llama.cpp's NUMA strategy: off (its default), distribute or isolate (--numa); on a machine
     /// with one NUMA node llama.cpp treats them all as off
     #[arg(long, default_value = "off")]

@@ -4,7 +4,7 @@
 use super::{parse_duration, parse_size, DraftSearchArgs};
 use crate::session::DeviceBudget;
 use clap::Args;
-use search_space::{CacheType, FlashAttn, KernelChoice, KvOffload, Numa, OpOffload};
+use search_space::{CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -46,6 +46,13 @@ pub struct TuneArgs {
     /// plain (llama-server's --no-repack)
     #[arg(long, value_delimiter = ',', default_value = "repack,plain")]
     pub kernels: Vec<KernelChoice>,
+
+    /// Where host weights live, choices to try where weights stay in host memory: mapped
+    /// (llama.cpp's default), pinned (a GPU's pinned host memory: --load-mode none) and cpu (the
+    /// CPU's repacking buffers: --no-host) [default: all three beside a CUDA or Vulkan device, else
+    /// mapped]
+    #[arg(long = "host-buffer", value_delimiter = ',')]
+    pub host_buffer: Option<Vec<HostBuffer>>,
 
     /// llama.cpp's NUMA strategies to try (--numa): off (its default), distribute (threads spread
     /// over every node), isolate (threads on the node the server starts on) [default: all three on

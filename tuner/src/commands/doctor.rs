@@ -50,13 +50,18 @@ pub fn run(cli: &Cli, args: &DoctorArgs) -> anyhow::Result<i32> {
     println!("devices");
     for dev in &m.devices {
         println!(
-            "  {:<12} {:<6} {:<5} {} free of {}  {}",
+            "  {:<12} {:<6} {:<5} {} free of {}  {}{}",
             dev.name,
             dev.backend,
             dev.kind,
             format_size(dev.memory_free),
             format_size(dev.memory_total),
-            dev.description
+            dev.description,
+            if dev.host_buffer {
+                "  (pinned host memory)"
+            } else {
+                ""
+            }
         );
     }
     for s in &d.skipped_devices {

@@ -102,6 +102,7 @@ fn setup(
             tensor_split: Vec::new(),
             split_mode: Default::default(),
             numa: Default::default(),
+            host_buffer: Default::default(),
         },
         context: context(a, threads, longest),
         grid: search.grid,

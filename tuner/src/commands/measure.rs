@@ -156,6 +156,7 @@ fn request_of(
         tensor_split: a.tensor_split.clone(),
         split_mode: a.split_mode,
         kernels: a.kernels,
+        host_buffer: a.host_buffer,
         threads: match a.threads {
             Some(t) => {
                 inputs::threads("-t", &[t], inputs::logical_cpus())?;

@@ -146,6 +146,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         threads_batch: a.threads_batch.clone(),
         n_gpu_layers: a.n_gpu_layers,
         kernels: a.kernels.clone(),
+        host_buffers: a.host_buffer.clone(),
         numa: a.numa.clone(),
         op_offload: a.op_offload.clone(),
         kv_offload: a.kv_offload.clone(),

@@ -2,7 +2,7 @@
 //! space the user allowed, and the full grid for `--exhaustive`.
 
 use super::TuneSettings;
-use search_space::{Candidate, FlashAttn, OpOffload};
+use search_space::{Candidate, FlashAttn, HostBuffer, OpOffload};
 
 /// `v` when the user allowed it (or allowed anything), else the first value the user gave.
 pub(super) fn pick<T: Copy + PartialEq>(options: &[T], v: T) -> T {
@@ -20,6 +20,7 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
     let kv = pick(&s.cache_types, c.type_k);
     let mut out = Candidate {
         kernels: pick(&s.kernels, c.kernels),
+        host_buffer: pick(&s.host_buffers, c.host_buffer),
         numa: pick(&s.numa, c.numa),
         op_offload: pick(&s.op_offload, c.op_offload),
         kv_offload: pick(&s.kv_offload, c.kv_offload),
@@ -70,9 +71,10 @@ pub(super) fn vary_threads_batch(s: &TuneSettings, from: &Candidate) -> Vec<Cand
         .map(|&tb| from.with_threads(from.threads, tb))
         .collect()
 }
-/// CPU kernels (weight repack or plain), where the host multiplies weights.
+/// CPU kernels (weight repack or plain), where the host multiplies weights in its own buffers
+/// (beside a device's pinned host memory, only with `--no-host`: see [`pinned_memory_in_use`]).
 pub(super) fn vary_kernels(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
-    if !host_computes(s, from) {
+    if !host_computes(s, from) || pinned_memory_in_use(s, from) {
         return Vec::new();
     }
     s.kernels
@@ -114,6 +116,29 @@ pub(super) fn host_weights(s: &TuneSettings, c: &Candidate) -> bool {
 pub(super) fn host_computes(s: &TuneSettings, c: &Candidate) -> bool {
     !s.offload || host_weights(s, c)
 }
+/// Whether llama.cpp puts `c`'s host weights in a device's pinned host memory instead of the CPU's
+/// own buffer types (which alone repack): a device of `c`'s that has such memory takes part and
+/// `--no-host` is not set. The CPU kernel choice then changes nothing.
+pub(crate) fn pinned_memory_in_use(s: &TuneSettings, c: &Candidate) -> bool {
+    c.host_buffer != HostBuffer::Cpu
+        && s.offload
+        && (s.host_buffer_devices.iter()).any(|d| c.devices.is_empty() || c.devices.contains(d))
+}
+
+/// Where host weights live (mapped, pinned, the CPU's buffers), where weights stay in host memory.
+pub(super) fn vary_host_buffer(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+    if !host_weights(s, from) {
+        return Vec::new();
+    }
+    s.host_buffers
+        .iter()
+        .map(|&host_buffer| Candidate {
+            host_buffer,
+            ..from.clone()
+        })
+        .collect()
+}
+
 pub(super) fn vary_op_offload(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
     if !host_weights(s, from) {
         return Vec::new();
@@ -161,21 +186,34 @@ pub(super) fn vary_cache(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
 /// Micro-batch sizes; where weights stay on the host, those above the current one also with the
 /// other op offload setting: op offload copies the host's weights once per micro-batch, so over a
 /// slow link it can lose at 512 (where the op offload axis chose) and win at 2048, with a quarter
-/// of the copies.
+/// of the copies. Turned on from host weights in the CPU's repacked buffers (which are never
+/// offloaded), it comes with each other host buffer allowed.
 pub(super) fn vary_batch(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
-    let at = |ub: u32, op_offload: OpOffload| Candidate {
+    let at = |ub: u32, op_offload: OpOffload, host_buffer: HostBuffer| Candidate {
         op_offload,
+        host_buffer,
         ..from.with_ubatch(ub)
     };
     let mut out: Vec<Candidate> = s
         .ubatch_options
         .iter()
-        .map(|&ub| at(ub, from.op_offload))
+        .map(|&ub| at(ub, from.op_offload, from.host_buffer))
         .collect();
     if host_weights(s, from) {
+        let hosts: Vec<HostBuffer> = if from.host_buffer == HostBuffer::Cpu {
+            let others = s.host_buffers.iter().filter(|&&h| h != HostBuffer::Cpu);
+            others.copied().collect()
+        } else {
+            vec![from.host_buffer]
+        };
         for &ub in s.ubatch_options.iter().filter(|&&ub| ub > from.n_ubatch) {
-            let other = s.op_offload.iter().filter(|&&o| o != from.op_offload);
-            out.extend(other.map(|&o| at(ub, o)));
+            for &o in s.op_offload.iter().filter(|&&o| o != from.op_offload) {
+                let with = |h: &HostBuffer| at(ub, o, *h);
+                match o {
+                    OpOffload::On => out.extend(hosts.iter().map(with)),
+                    OpOffload::Off => out.push(at(ub, o, from.host_buffer)),
+                }
+            }
         }
     }
     out
@@ -215,16 +253,25 @@ pub fn grid(s: &TuneSettings, base: &Candidate) -> Vec<Candidate> {
             })
             .collect();
     }
-    // Op offload only where weights stay on the host: elsewhere both settings are the same run.
-    let ops = if host_weights(s, base) {
-        s.op_offload.clone()
+    // Op offload and host buffers only where weights stay on the host: elsewhere their settings
+    // are the same run.
+    let (ops, hosts) = if host_weights(s, base) {
+        (s.op_offload.clone(), s.host_buffers.clone())
     } else {
-        vec![base.op_offload]
+        (vec![base.op_offload], vec![base.host_buffer])
     };
-    ops.iter()
+    let out: Vec<Candidate> = (ops.iter())
         .flat_map(|&op_offload| {
             out.iter().map(move |c| Candidate {
                 op_offload,
+                ..c.clone()
+            })
+        })
+        .collect();
+    (hosts.iter())
+        .flat_map(|&host_buffer| {
+            out.iter().map(move |c| Candidate {
+                host_buffer,
                 ..c.clone()
             })
         })

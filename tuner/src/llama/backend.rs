@@ -22,6 +22,12 @@ pub struct DeviceInfo {
     pub kind: String,
     pub memory_free: u64,
     pub memory_total: u64,
+    /// The device offers pinned host memory (`ggml_backend_dev_host_buffer_type`: CUDA, Vulkan),
+    /// which llama.cpp puts host weights in before the CPU's own buffer types ([`HostBuffer`]).
+    ///
+    /// [`HostBuffer`]: search_space::HostBuffer
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_buffer: bool,
 }
 
 impl DeviceInfo {

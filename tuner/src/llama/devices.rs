@@ -67,6 +67,7 @@ fn registered() -> Vec<Registered> {
                         kind: kind_name(props.type_).to_string(),
                         memory_free: host_free(props.type_, props.memory_free as u64),
                         memory_total: props.memory_total as u64,
+                        host_buffer: !sys::ggml_backend_dev_host_buffer_type(dev).is_null(),
                     },
                     device_id: (!id.is_empty()).then_some(id),
                 }
@@ -193,6 +194,7 @@ mod tests {
                 kind: kind.into(),
                 memory_free: 1 << 30,
                 memory_total: 2 << 30,
+                host_buffer: false,
             },
             device_id: id.map(String::from),
         }

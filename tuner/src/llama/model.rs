@@ -41,8 +41,10 @@ impl Model {
         p.use_extra_bufts = s.use_extra_bufts;
         p.no_alloc = s.no_alloc;
         p.load_mtp = load_mtp;
-        if s.no_alloc {
+        p.no_host = s.host_buffer == search_space::HostBuffer::Cpu;
+        if s.no_alloc || s.host_buffer == search_space::HostBuffer::Pinned {
             // As llama.cpp's own fit routine does: no mmap in a dry run, so host buffers are counted.
+            // A real load without mmap puts host weights in a device's pinned host buffer.
             p.load_mode = sys::LLAMA_LOAD_MODE_NONE;
         }
         if !s.devices.is_empty() {

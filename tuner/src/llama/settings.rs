@@ -1,7 +1,7 @@
 //! The settings a model is loaded with and a context is created with (they travel in the worker
 //! protocol), and how a search-space candidate becomes them.
 
-use search_space::{CacheType, Candidate, FlashAttn, KvOffload, OpOffload};
+use search_space::{CacheType, Candidate, FlashAttn, HostBuffer, KvOffload, OpOffload};
 use serde::{Deserialize, Serialize};
 
 /// Model-side settings: a change here needs a new model load.
@@ -32,6 +32,10 @@ pub struct ModelSettings {
     /// llama.cpp's NUMA strategy (`--numa`): set once per process, before its first load.
     #[serde(default, skip_serializing_if = "search_space::Numa::is_off")]
     pub numa: search_space::Numa,
+    /// Host weights mapped (llama.cpp's default), read into a device's pinned host memory
+    /// (`--load-mode none`) or in the CPU's own buffer types (`--no-host`).
+    #[serde(default, skip_serializing_if = "HostBuffer::is_mapped")]
+    pub host_buffer: HostBuffer,
 }
 
 impl Default for ModelSettings {
@@ -49,6 +53,7 @@ impl Default for ModelSettings {
             tensor_split: Vec::new(),
             split_mode: search_space::SplitMode::Layer,
             numa: search_space::Numa::Off,
+            host_buffer: HostBuffer::Mapped,
         }
     }
 }
@@ -102,6 +107,7 @@ impl ModelSettings {
             tensor_split: c.tensor_split.clone(),
             split_mode: c.split_mode,
             numa: c.numa,
+            host_buffer: c.host_buffer,
         }
     }
 }

@@ -42,6 +42,7 @@ fn landscape(seed: u64) -> Landscape {
                 bandwidth: *[450e9, 900e9, 3000e9].choose(&mut r).unwrap(),
                 flops: 80e12,
                 link: 25e9,
+                host_buffer: true,
             })
             .collect(),
         model,

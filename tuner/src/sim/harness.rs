@@ -7,7 +7,9 @@ use crate::engine::{self, CandidateResult, Engine, Progress, TuneSettings};
 use crate::fit::FitRequest;
 use crate::report;
 use crate::worker::{Repetition, Workload};
-use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, OpOffload};
+use search_space::{
+    CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, OpOffload,
+};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
@@ -42,6 +44,7 @@ pub fn gpus(n: usize, mem: u64) -> Landscape {
                 bandwidth: 900e9,
                 flops: 80e12,
                 link: 25e9,
+                host_buffer: true,
             })
             .collect(),
         model: SimModel::llama_70b(),
@@ -80,6 +83,15 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         n_gpu_layers: if offload { land.model.n_layers + 1 } else { 0 },
         n_gpu_layers_pinned: false,
         kernels: vec![KernelChoice::Repack, KernelChoice::Plain],
+        host_buffers: if land.devices.iter().any(|d| d.host_buffer) {
+            vec![HostBuffer::Mapped, HostBuffer::Pinned, HostBuffer::Cpu]
+        } else {
+            vec![HostBuffer::Mapped]
+        },
+        host_buffer_devices: (land.devices.iter())
+            .filter(|d| d.host_buffer)
+            .map(|d| d.name.clone())
+            .collect(),
         numa: vec![search_space::Numa::Off],
         kv_offload: vec![KvOffload::On, KvOffload::Off],
         op_offload: if offload {

@@ -8,7 +8,7 @@
 
 use crate::engine::score_seconds;
 use crate::worker::{DeviceBytes, LoadReport, MeasureRequest, Repetition, Workload};
-use search_space::{Candidate, FlashAttn, KernelChoice, Numa};
+use search_space::{Candidate, FlashAttn, HostBuffer, KernelChoice, Numa};
 
 pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
@@ -22,6 +22,8 @@ pub struct Device {
     pub bandwidth: f64,
     pub flops: f64,
     pub link: f64,
+    /// Pinned host memory (CUDA's, Vulkan's): llama.cpp puts host weights there unless `--no-host`.
+    pub host_buffer: bool,
 }
 
 /// The host: memory bandwidth (reached with about half the physical cores), compute per core.
@@ -152,6 +154,7 @@ pub fn candidate_of(req: &MeasureRequest) -> Candidate {
         op_offload: req.context.op_offload,
         kv_offload: req.context.kv_offload,
         numa: req.settings.numa,
+        host_buffer: req.settings.host_buffer,
     }
 }
 
@@ -161,6 +164,23 @@ impl Landscape {
         (0..self.devices.len())
             .filter(|&d| c.devices.is_empty() || c.devices.contains(&self.devices[d].name))
             .collect()
+    }
+
+    /// Whether the host's weights are in the CPU's repacked layout: repack kernels, in the CPU's own
+    /// buffers (llama.cpp puts host weights in a used device's pinned memory first, unless
+    /// `--no-host`).
+    fn host_repacked(&self, c: &Candidate) -> bool {
+        let pinned_first = self.used(c).iter().any(|&d| self.devices[d].host_buffer);
+        c.kernels == KernelChoice::Repack && (!pinned_first || c.host_buffer == HostBuffer::Cpu)
+    }
+
+    /// The link's speed for the host's weights copied over by op offload: the whole link from
+    /// pinned memory, about 60% of it from pageable memory (through a staging buffer).
+    fn link_from_host(&self, c: &Candidate, d: usize) -> f64 {
+        let dev = &self.devices[d];
+        let pinned = c.host_buffer == HostBuffer::Pinned
+            && self.used(c).iter().any(|&u| self.devices[u].host_buffer);
+        dev.link * if pinned { 1.0 } else { 0.6 }
     }
 
     /// Where every byte goes: the last `-ngl` layers on the devices (split by `-ts`, else by their
@@ -363,11 +383,7 @@ impl Landscape {
                     )
                 }
                 None => {
-                    let plain = if c.kernels == KernelChoice::Plain {
-                        1.03
-                    } else {
-                        1.0
-                    };
+                    let plain = if self.host_repacked(c) { 1.0 } else { 1.03 };
                     let cores = c.threads.min(self.host.physical_cores).max(1) as f64;
                     (
                         bytes / (self.host_bandwidth(c.threads) * self.numa_share(c.numa))
@@ -440,17 +456,19 @@ impl Landscape {
                     };
                     flops / (self.devices[d].flops * eff) * fa
                 }
-                None if !used.is_empty() && c.n_ubatch >= 32 && c.op_offload.is_on() => {
-                    let d = &self.devices[used[0]];
-                    batches * s.weights as f64 / d.link + flops / (d.flops * eff)
+                // Repacked weights are not host memory to ggml's scheduler: never offloaded.
+                None if !used.is_empty()
+                    && c.n_ubatch >= 32
+                    && c.op_offload.is_on()
+                    && !self.host_repacked(c) =>
+                {
+                    let d = used[0];
+                    batches * s.weights as f64 / self.link_from_host(c, d)
+                        + flops / (self.devices[d].flops * eff)
                 }
                 None => {
                     let cores = c.batch_threads().min(self.host.physical_cores).max(1) as f64;
-                    let repack = if c.kernels == KernelChoice::Repack {
-                        1.3
-                    } else {
-                        1.0
-                    };
+                    let repack = if self.host_repacked(c) { 1.3 } else { 1.0 };
                     flops / (self.host.flops_per_core * cores * repack * host_eff)
                 }
             };

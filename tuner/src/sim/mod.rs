@@ -15,6 +15,7 @@ mod bench;
 mod context_tests;
 mod depth_tests;
 pub mod harness;
+mod host_buffer_tests;
 mod host_tests;
 pub mod landscape;
 mod llama_fit;

@@ -85,8 +85,10 @@ pub fn draft_model(
             devices: target.devices.clone(),
             use_extra_bufts: target.use_extra_bufts,
             rpc: target.rpc.clone(),
-            // One process runs both models: its NUMA strategy is the target's.
+            // One process runs both models: its NUMA strategy is the target's, and llama-server
+            // loads the draft the way it loads the target.
             numa: target.numa,
+            host_buffer: target.host_buffer,
             ..Default::default()
         },
         context: context.clone(),

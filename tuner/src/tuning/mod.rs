@@ -19,7 +19,7 @@ use anyhow::Context as _;
 use profiles::measurements::{self, MeasurementLog};
 use search_space::gguf::GgufInfo;
 use search_space::identity::ModelIdentity;
-use search_space::{CacheType, FlashAttn, KernelChoice, KvOffload, Numa, OpOffload};
+use search_space::{CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -51,6 +51,8 @@ pub struct Plan {
     /// Pinned GPU layers; `None`: all when a non-CPU device exists, else 0.
     pub n_gpu_layers: Option<u32>,
     pub kernels: Vec<KernelChoice>,
+    /// Host buffers to try; `None`: see [`host_buffer_options`].
+    pub host_buffers: Option<Vec<HostBuffer>>,
     /// NUMA strategies to try; `None`: see [`numa_options`].
     pub numa: Option<Vec<Numa>>,
     /// Op offload settings to try (only `on` is measured without a GPU: see [`op_offload_options`]).
@@ -129,6 +131,11 @@ impl Plan {
                 .unwrap_or(if offload { n_layers + 1 } else { 0 }),
             n_gpu_layers_pinned: self.n_gpu_layers.is_some(),
             kernels: self.kernels.clone(),
+            host_buffers: host_buffer_options(self.host_buffers.as_deref(), machine),
+            host_buffer_devices: (machine.offload_devices().into_iter())
+                .filter(|d| d.host_buffer)
+                .map(|d| d.name.clone())
+                .collect(),
             numa: numa_options(self.numa.as_deref(), machine.numa_nodes),
             op_offload: op_offload_options(&self.op_offload, machine),
             kv_offload: self.kv_offload.clone(),
@@ -154,6 +161,20 @@ fn op_offload_options(asked: &[OpOffload], machine: &Machine) -> Vec<OpOffload> 
         asked.to_vec()
     } else {
         vec![OpOffload::On]
+    }
+}
+
+/// Where host weights may live: those asked for, else beside an offload device with pinned host
+/// memory (CUDA, Vulkan) llama.cpp's default (mapped), its pinned memory (`--load-mode none`) and the
+/// CPU's repacking buffers (`--no-host`), else mapped alone (without such a device the three differ
+/// only in whether the file is mapped).
+fn host_buffer_options(asked: Option<&[HostBuffer]>, machine: &Machine) -> Vec<HostBuffer> {
+    match asked {
+        Some(a) => a.to_vec(),
+        None if machine.offload_devices().iter().any(|d| d.host_buffer) => {
+            vec![HostBuffer::Mapped, HostBuffer::Pinned, HostBuffer::Cpu]
+        }
+        None => vec![HostBuffer::Mapped],
     }
 }
 
@@ -402,6 +423,8 @@ mod tests {
                     kind: kind.to_string(),
                     memory_free: 1 << 30,
                     memory_total: 1 << 30,
+                    // As ggml's CUDA and Vulkan backends offer pinned host memory.
+                    host_buffer: ["CUDA", "Vulkan"].contains(backend),
                 })
                 .collect(),
         )
@@ -429,6 +452,25 @@ mod tests {
         m.performance_cores = Some(8);
         assert_eq!(thread_options(&m), [1, 8, 12, 24, 32]);
         assert_eq!(m.llama_default_threads(), 8);
+    }
+
+    #[test]
+    fn host_buffers_are_varied_beside_a_device_with_pinned_host_memory_or_when_asked() {
+        let all = [HostBuffer::Mapped, HostBuffer::Pinned, HostBuffer::Cpu];
+        let cpu = machine(&[("CPU", "CPU", "cpu")]);
+        let rpc = machine(&[("CPU", "CPU", "cpu"), ("RPC0", "RPC", "gpu")]);
+        let gpu = machine(&[
+            ("CPU", "CPU", "cpu"),
+            ("RPC0", "RPC", "gpu"),
+            ("CUDA0", "CUDA", "gpu"),
+        ]);
+        assert_eq!(host_buffer_options(None, &cpu), [HostBuffer::Mapped]);
+        assert_eq!(host_buffer_options(None, &rpc), [HostBuffer::Mapped]);
+        assert_eq!(host_buffer_options(None, &gpu), all);
+        assert_eq!(
+            host_buffer_options(Some(&[HostBuffer::Cpu]), &cpu),
+            [HostBuffer::Cpu]
+        );
     }
 
     #[test]

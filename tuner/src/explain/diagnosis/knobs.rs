@@ -35,6 +35,7 @@ enum Knob {
     Threads,
     ThreadsBatch,
     Kernels,
+    HostBuffer,
     Numa,
     OpOffload,
     KvOffload,
@@ -44,12 +45,13 @@ enum Knob {
     Batch,
 }
 
-const KNOBS: [Knob; 12] = [
+const KNOBS: [Knob; 13] = [
     Knob::GpuLayers,
     Knob::Devices,
     Knob::Threads,
     Knob::ThreadsBatch,
     Knob::Kernels,
+    Knob::HostBuffer,
     Knob::Numa,
     Knob::OpOffload,
     Knob::KvOffload,
@@ -67,6 +69,7 @@ impl Knob {
             Knob::Threads => "threads",
             Knob::ThreadsBatch => "prompt threads",
             Knob::Kernels => "kernels",
+            Knob::HostBuffer => "host buffer",
             Knob::Numa => "NUMA",
             Knob::OpOffload => "op offload",
             Knob::KvOffload => "KV offload",
@@ -85,6 +88,7 @@ impl Knob {
             Knob::Threads => format!("t={}", c.threads),
             Knob::ThreadsBatch => format!("tb={}", c.batch_threads()),
             Knob::Kernels => c.kernels.to_string(),
+            Knob::HostBuffer => format!("host={}", c.host_buffer),
             Knob::Numa => format!("numa={}", c.numa),
             Knob::OpOffload => format!("op-offload={}", c.op_offload),
             Knob::KvOffload => format!("kv-offload={}", c.kv_offload),
@@ -108,6 +112,7 @@ impl Knob {
             }
             Knob::ThreadsBatch => c.threads_batch = None,
             Knob::Kernels => c.kernels = search_space::KernelChoice::Repack,
+            Knob::HostBuffer => c.host_buffer = search_space::HostBuffer::Mapped,
             Knob::Numa => c.numa = search_space::Numa::Off,
             Knob::OpOffload => c.op_offload = search_space::OpOffload::On,
             Knob::KvOffload => c.kv_offload = search_space::KvOffload::On,
