@@ -78,12 +78,13 @@ fn true_optimum(land: &Landscape, s: &TuneSettings) -> f64 {
 }
 
 /// One mode's figures on one landscape: hit (within the threshold of the optimum), regret,
-/// simulated seconds, repetitions measured.
+/// simulated seconds, repetitions measured; whether its choice loads at the run's context.
 struct Score {
     hit: bool,
     regret: f64,
     seconds: f64,
     reps: usize,
+    loads: bool,
 }
 
 fn score(run: &SimRun, land: &Landscape, s: &TuneSettings, opt: f64) -> Score {
@@ -96,6 +97,7 @@ fn score(run: &SimRun, land: &Landscape, s: &TuneSettings, opt: f64) -> Score {
         regret: got / opt - 1.0,
         seconds: run.seconds,
         reps: run.trace.borrow().count(Outcome::Measured),
+        loads: true,
     }
 }
 
@@ -111,7 +113,9 @@ fn summary(name: &str, scores: &[Score]) -> (f64, f64, f64) {
     let n = scores.len() as f64;
     let hits = scores.iter().filter(|x| x.hit).count() as f64 / n;
     let regret = median(scores.iter().map(|x| x.regret).collect());
-    let worst = scores.iter().map(|x| x.regret).fold(0.0, f64::max);
+    let worst = (scores.iter().filter(|x| x.loads))
+        .map(|x| x.regret)
+        .fold(0.0, f64::max);
     let secs = median(scores.iter().map(|x| x.seconds).collect());
     let reps = median(scores.iter().map(|x| x.reps as f64).collect());
     println!(
@@ -164,4 +168,174 @@ fn search_sim_bench() {
         ss / sg,
         rs / rg
     );
+}
+
+/// One tool's choice on a landscape: the configuration (none when it chose nothing), the
+/// simulated seconds it spent choosing and the repetitions it measured.
+struct Choice {
+    candidate: Option<Candidate>,
+    seconds: f64,
+    reps: usize,
+}
+
+/// Every tool's choice on one landscape scored at the run's workload, against the best
+/// configuration known there: the grid's optimum or any tool's choice, whichever is faster (the
+/// grid holds every layer count with every device, not device subsets or uneven splits, which the
+/// search also measures). A choice that exceeds a device's memory at the run's context does not
+/// load (llama-server would fail to start with it).
+fn score_choices(land: &Landscape, s: &TuneSettings, choices: &[Choice]) -> Vec<Score> {
+    let got: Vec<Option<f64>> = choices
+        .iter()
+        .map(|ch| {
+            let c = ch.candidate.as_ref()?;
+            let loads = land.out_of_memory(c, s.workload.n_ctx, false).is_none();
+            loads.then(|| land.true_seconds(c, &s.workload))
+        })
+        .collect();
+    let best = got
+        .iter()
+        .flatten()
+        .fold(true_optimum(land, s), |a, &b| a.min(b));
+    choices
+        .iter()
+        .zip(got)
+        .map(|(ch, g)| {
+            let t = g.unwrap_or(f64::INFINITY);
+            Score {
+                hit: t <= best * (1.0 + s.noise),
+                regret: t / best - 1.0,
+                seconds: ch.seconds,
+                reps: ch.reps,
+                loads: g.is_some(),
+            }
+        })
+        .collect()
+}
+
+/// The five tools' choices on one landscape: autotune's search, llama-server unasked, Ollama's
+/// estimate, llama-optimus with its default metric and with `--metric mean`.
+fn choices(land: &Landscape, s: &TuneSettings, seed: u64) -> Vec<Choice> {
+    use super::rivals::{llama_optimus, ollama, Optimus, OptimusMetric};
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let decided = |c: Candidate| Choice {
+        candidate: Some(c),
+        seconds: 0.0,
+        reps: 0,
+    };
+    let mut out = vec![
+        Choice {
+            reps: run.trace.borrow().count(Outcome::Measured),
+            candidate: run.winner,
+            seconds: run.seconds,
+        },
+        decided(super::harness::llama_fit(land, s)),
+        decided(ollama(land, s)),
+    ];
+    for metric in [OptimusMetric::Tg, OptimusMetric::Mean] {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x0071_6d75_73);
+        let o = llama_optimus(land, &Optimus::new(metric), &mut rng);
+        out.push(Choice {
+            candidate: Some(o.pick),
+            seconds: o.seconds,
+            reps: (o.trials * 3) as usize,
+        });
+    }
+    out
+}
+
+/// One row of the rivals' table: how often within noise of the optimum, the median regret, the
+/// worst regret of a choice that loads, how many choices do not load, the median tuning time, and
+/// against autotune's choice on the same landscape: how often it is slower or faster beyond the
+/// noise threshold.
+fn rival_row(name: &str, scores: &[Score], autotune: &[Score]) {
+    let n = scores.len() as f64;
+    let hits = scores.iter().filter(|x| x.hit).count() as f64 / n;
+    let fails = scores.iter().filter(|x| !x.loads).count();
+    let regret = median(scores.iter().map(|x| x.regret).collect());
+    let worst = (scores.iter().filter(|x| x.loads))
+        .map(|x| x.regret)
+        .fold(0.0, f64::max);
+    let secs = median(scores.iter().map(|x| x.seconds).collect());
+    let time = if secs > 0.0 {
+        format!("{:>7.0} s", secs)
+    } else {
+        format!("{:>9}", "-")
+    };
+    let ratio = |x: &Score, a: &Score| (1.0 + x.regret) / (1.0 + a.regret);
+    let pairs = || scores.iter().zip(autotune);
+    let slower = pairs().filter(|(x, a)| ratio(x, a) > 1.02).count();
+    let faster = pairs().filter(|(x, a)| ratio(x, a) < 1.0 / 1.02).count();
+    println!(
+        "{name:<34} {:>5.1}%   {:>+8.2}%   {:>+8.2}%   {:>3}/{:<3}   {time}   {slower:>3} / {faster:<3}",
+        100.0 * hits,
+        100.0 * regret,
+        100.0 * worst,
+        fails,
+        scores.len(),
+    );
+}
+
+#[test]
+#[ignore = "the bench behind bench/vs-tuners; run with --ignored"]
+fn vs_tuners_bench() {
+    use super::rivals::{llama_optimus, ollama, Optimus, OptimusMetric};
+    let n: u64 = std::env::var("SEARCH_SIM_LANDSCAPES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    println!(
+        "vs-tuners: decision procedures on a SIMULATED roofline model of devices and a model,"
+    );
+    println!("NOT real hardware, llama.cpp or the other tools' real speed. {n} seeded landscapes");
+    println!(
+        "(those of bench/search-sim). Every choice is scored at the same workload: a 4096-token"
+    );
+    println!("context, 512-token prompts, 128 generated tokens.");
+    let names = [
+        "autotune (10 min budget)",
+        "llama-server unasked (its --fit)",
+        "Ollama's estimate + its defaults",
+        "llama-optimus (tg, its default)",
+        "llama-optimus --metric mean",
+    ];
+    let mut rows: Vec<Vec<Score>> = names.iter().map(|_| Vec::new()).collect();
+    for seed in 0..n {
+        let land = landscape(seed);
+        let s = TuneSettings {
+            budget: Duration::from_secs(600),
+            ..settings(&land, seed)
+        };
+        let choices = choices(&land, &s, seed);
+        let scores = score_choices(&land, &s, &choices);
+        if std::env::var_os("VS_TUNERS_DEBUG").is_some() {
+            for ((name, ch), sc) in names.iter().zip(&choices).zip(&scores) {
+                let label = ch.candidate.as_ref().map(|c| c.label());
+                println!(
+                    "seed {seed} {name:<34} {:+7.2}% {label:?}",
+                    100.0 * sc.regret
+                );
+            }
+        }
+        for (row, sc) in rows.iter_mut().zip(scores) {
+            row.push(sc);
+        }
+    }
+    println!(
+        "{:<34} {:>6}   {:>9}   {:>9}   {:>7}   {:>9}   {}",
+        "", "hits", "median", "worst", "no load", "tuning", "vs autotune: slower / faster"
+    );
+    for (name, scores) in names.iter().zip(&rows) {
+        rival_row(name, scores, &rows[0]);
+    }
+    println!(
+        "hits: within the ±2% noise threshold of the best configuration known (the grid's optimum"
+    );
+    println!(
+        "or any tool's choice); median/worst: regret, seconds per request over the best's (worst:"
+    );
+    println!("of the choices that load); no load: choices that exceed a device's memory at the");
+    println!(
+        "4096-token context; tuning: median simulated seconds spent; slower / faster: landscapes"
+    );
+    println!("where its choice is more than 2% slower / faster than autotune's.");
 }

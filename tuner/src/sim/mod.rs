@@ -19,6 +19,7 @@ mod host_buffer_tests;
 mod host_tests;
 pub mod landscape;
 mod llama_fit;
+mod rivals;
 mod tests;
 
 pub use landscape::{candidate_of, Device, Host, Landscape, Moe, SimModel, GIB, MIB};
