@@ -8,7 +8,8 @@
 //! a configuration that exceeds a device's memory fails to load like llama.cpp's out-of-memory, and
 //! the clock is simulated: every dry run, load, warm-up and repetition advances it by the seconds it
 //! would take, so the budget logic runs in microseconds. llama.cpp's own fit, asked for the baseline,
-//! is emulated on the landscape (`llama_fit.rs`). Deterministic for a seed.
+//! is emulated on the landscape (`llama_fit.rs`), and so are other tools' ways of choosing, for
+//! `bench/vs-tuners` (`rivals.rs`). Deterministic for a seed.
 
 mod baseline_tests;
 mod bench;
