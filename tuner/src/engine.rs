@@ -146,6 +146,8 @@ pub struct Engine<'a> {
     progress: &'a dyn Progress,
     pub interrupted: bool,
     pub budget_spent: bool,
+    /// The axes the search had candidates for but did not reach before the budget ran out.
+    pub not_reached: Vec<String>,
     /// The baseline as this run measures it (llama.cpp's fit placement with an offload device), and
     /// where its placement came from.
     defaults: Option<(Candidate, BaselinePlacement)>,
@@ -181,6 +183,7 @@ impl<'a> Engine<'a> {
             progress,
             interrupted: false,
             budget_spent: false,
+            not_reached: Vec::new(),
             defaults: None,
         }
     }
@@ -351,8 +354,10 @@ impl<'a> Engine<'a> {
             ("kv cache", vary_cache),
             ("batch", vary_batch),
         ];
-        for (axis, vary) in axes {
+        for (k, (axis, vary)) in axes.iter().enumerate() {
             if self.out_of_time() {
+                let from = in_space(&self.settings, best.as_ref().unwrap_or(&base));
+                self.not_reached = self.axes_with_candidates(&axes[k..], &from);
                 break;
             }
             // Varied from inside the user's space: the defaults are the reference, not a start
@@ -393,6 +398,18 @@ impl<'a> Engine<'a> {
             }
             other => other,
         }
+    }
+
+    /// Which of `axes` would vary `from` (what a run cut short by its budget left unmeasured).
+    fn axes_with_candidates(&self, axes: &[(&str, Vary)], from: &Candidate) -> Vec<String> {
+        axes.iter()
+            .filter(|(_, vary)| {
+                vary(&self.settings, from)
+                    .iter()
+                    .any(|c| c != from && c.validate().is_ok())
+            })
+            .map(|(axis, _)| axis.to_string())
+            .collect()
     }
 
     /// After the other axes: when the best's settings (a smaller KV cache or micro-batch chosen
@@ -512,6 +529,8 @@ pub struct Run {
     pub confirmed: Vec<Candidate>,
     pub interrupted: bool,
     pub budget_spent: bool,
+    /// The search's axes the budget left unmeasured.
+    pub not_reached: Vec<String>,
 }
 
 impl Engine<'_> {
@@ -558,6 +577,7 @@ impl Engine<'_> {
             confirmed,
             interrupted: self.interrupted,
             budget_spent: self.budget_spent,
+            not_reached: std::mem::take(&mut self.not_reached),
         }
     }
 }

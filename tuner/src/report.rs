@@ -32,6 +32,9 @@ pub struct Report {
     pub budget_s: f64,
     pub interrupted: bool,
     pub budget_spent: bool,
+    /// The search's axes the time budget ran out before (each had candidates to measure).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub axes_not_reached: Vec<String>,
     pub measured: usize,
     pub failed: usize,
     pub reused_repetitions: usize,

@@ -126,6 +126,8 @@ pub struct SimRun {
     pub drift: Vec<(Candidate, f64)>,
     pub trace: Rc<RefCell<Trace>>,
     pub budget_spent: bool,
+    /// The axes the budget ran out before.
+    pub not_reached: Vec<String>,
     pub seconds: f64,
 }
 
@@ -178,6 +180,7 @@ pub fn tune_with(m: SimMeasurer, s: TuneSettings, mode: Mode) -> SimRun {
         baseline,
         baseline_placement,
         budget_spent: e.budget_spent,
+        not_reached: std::mem::take(&mut e.not_reached),
         seconds: e.measurer.elapsed().as_secs_f64(),
         results: std::mem::take(&mut e.results),
         winner,

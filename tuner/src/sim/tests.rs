@@ -241,6 +241,44 @@ fn a_tiny_budget_still_measures_the_first_visited_candidate() {
         .all(|r| r.skipped.as_deref() == Some(crate::engine::BUDGET_SPENT)));
 }
 
+/// A budget that ends before the search reaches its later axes says which ones it did not reach,
+/// only those with something to measure; a run that reaches them all names none.
+#[test]
+fn a_budget_that_ends_early_names_the_axes_it_did_not_reach() {
+    let land = gpus(2, 24 * GIB);
+    let mut s = settings(&land, 5);
+    let full = tune(land.clone(), s.clone(), None, Mode::Search);
+    assert!(full.not_reached.is_empty(), "{:?}", full.not_reached);
+    // About a third of the full run: the placement and the split are measured, the axes after
+    // them are not.
+    s.budget = Duration::from_secs_f64(full.seconds / 3.0);
+    let run = tune(land, s.clone(), None, Mode::Search);
+    assert!(run.budget_spent);
+    assert!(
+        run.not_reached.iter().any(|a| a == "kv cache"),
+        "{:?}",
+        run.not_reached
+    );
+    // Every layer is on the GPUs: the host's axes have nothing to vary and are not listed.
+    for host_axis in ["prompt threads", "kernels", "op offload", "host buffer"] {
+        assert!(
+            !run.not_reached.iter().any(|a| a == host_axis),
+            "{:?}",
+            run.not_reached
+        );
+    }
+    let measured_axes: Vec<&str> = run
+        .results
+        .iter()
+        .filter(|r| r.ok())
+        .map(|r| r.candidate.type_k.as_str())
+        .collect();
+    assert!(
+        measured_axes.iter().all(|t| *t == "f16"),
+        "no KV type was measured"
+    );
+}
+
 /// The confirmation re-measures the search's winner and runner-up, twice each, interleaved, each
 /// repetition on a fresh load.
 #[test]

@@ -34,16 +34,30 @@ fn notes(t: &Tuned) -> Vec<String> {
     }
     // Only the time budget's own skips: a candidate pruned on a memory budget ("needs 10.0 MiB on
     // Vulkan0, budget 8.0 MiB") would not be measured with more time either.
-    if results
+    let budget = t.run.settings.budget.as_secs();
+    if !t.run.not_reached.is_empty() {
+        notes.push(format!(
+            "the time budget ({budget} s) ran out before the search reached {} (settings left at the best so far); raise --budget",
+            axis_list(&t.run.not_reached)
+        ));
+    } else if results
         .iter()
         .any(|r| r.skipped.as_deref() == Some(crate::engine::BUDGET_SPENT))
     {
         notes.push(format!(
-            "the time budget ({} s) ran out before every candidate was measured; raise --budget",
-            t.run.settings.budget.as_secs()
+            "the time budget ({budget} s) ran out before every candidate was measured; raise --budget"
         ));
     }
     notes
+}
+
+/// "the kv cache axis", "the kv cache and batch axes", "the threads, kv cache and batch axes".
+fn axis_list(axes: &[String]) -> String {
+    match axes {
+        [one] => format!("the {one} axis"),
+        [rest @ .., last] => format!("the {} and {last} axes", rest.join(", ")),
+        [] => String::new(),
+    }
 }
 
 /// The run's notes, and how `--ctx max` chose the context the profile's server runs with (the
@@ -103,6 +117,7 @@ pub fn report_of(t: &Tuned) -> Report {
         budget_s: s.budget.as_secs_f64(),
         interrupted: t.interrupted,
         budget_spent: run.budget_spent,
+        axes_not_reached: run.not_reached.clone(),
         measured: run.results.iter().filter(|r| r.ok()).count(),
         failed: run.results.iter().filter(|r| r.failure.is_some()).count(),
         reused_repetitions: t.reused,
