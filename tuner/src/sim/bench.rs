@@ -118,13 +118,18 @@ fn summary(name: &str, scores: &[Score]) -> (f64, f64, f64) {
     (hits, secs, reps)
 }
 
+/// How many landscapes a bench runs: `SEARCH_SIM_LANDSCAPES`, 100 unless set.
+fn landscape_count() -> u64 {
+    std::env::var("SEARCH_SIM_LANDSCAPES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100)
+}
+
 #[test]
 #[ignore = "the bench behind bench/search-sim; run with --ignored"]
 fn search_sim_bench() {
-    let n: u64 = std::env::var("SEARCH_SIM_LANDSCAPES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
+    let n = landscape_count();
     println!(
         "search-sim: tests the search LOGIC on a simulated roofline model of devices and a model,"
     );
@@ -281,10 +286,7 @@ fn rival_row(name: &str, scores: &[Score], autotune: &[Score]) {
 #[test]
 #[ignore = "the bench behind bench/vs-tuners; run with --ignored"]
 fn vs_tuners_bench() {
-    let n: u64 = std::env::var("SEARCH_SIM_LANDSCAPES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
+    let n = landscape_count();
     println!(
         "vs-tuners: decision procedures on a SIMULATED roofline model of devices and a model,"
     );
