@@ -296,9 +296,9 @@ impl<'a> Engine<'a> {
 
     /// The run's final choice among every measured candidate: as [`Engine::choose`], but a tie
     /// wins the tie-break only where its median is within half the noise threshold of the best
-    /// (a tie further below is more likely slower than not; left to the tie-break, such ties
-    /// compound over the axes: on `bench/vs-tuners`' simulated landscapes that cost more than 2%
-    /// on 7 of 100).
+    /// (a tie further below is more likely slower than not, and such ties compound over the axes:
+    /// on `bench/vs-tuners`' 100 simulated landscapes, llama-server's unasked choice beat the
+    /// run's by more than 2% on 8 with every tie left to the tie-break, on 1 with this rule).
     pub fn choose_final(&self, among: &[Candidate]) -> Option<Candidate> {
         self.choose_within(among, self.settings.noise / 2.0)
     }
