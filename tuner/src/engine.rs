@@ -356,8 +356,11 @@ impl<'a> Engine<'a> {
         ];
         for (k, (axis, vary)) in axes.iter().enumerate() {
             if self.out_of_time() {
-                let from = in_space(&self.settings, best.as_ref().unwrap_or(&base));
-                self.not_reached = self.axes_with_candidates(&axes[k..], &from);
+                // The budget's doing, not an interruption's (that run resumes where it stopped).
+                if !self.interrupted {
+                    let from = in_space(&self.settings, best.as_ref().unwrap_or(&base));
+                    self.not_reached = self.axes_with_candidates(&axes[k..], &from);
+                }
                 break;
             }
             // Varied from inside the user's space: the defaults are the reference, not a start
