@@ -287,6 +287,13 @@ fn rival_row(name: &str, scores: &[Score], autotune: &[Score]) {
 #[ignore = "the bench behind bench/vs-tuners; run with --ignored"]
 fn vs_tuners_bench() {
     let n = landscape_count();
+    // autotune's default, or VS_TUNERS_BUDGET seconds.
+    let budget = Duration::from_secs(
+        std::env::var("VS_TUNERS_BUDGET")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(600),
+    );
     println!(
         "vs-tuners: decision procedures on a SIMULATED roofline model of devices and a model,"
     );
@@ -296,18 +303,18 @@ fn vs_tuners_bench() {
     );
     println!("context, 512-token prompts, 128 generated tokens.");
     let names = [
-        "autotune (10 min budget)",
-        "autotune (no budget)",
-        "llama-server unasked (its --fit)",
-        "Ollama's estimate + its defaults",
-        "llama-optimus (tg, its default)",
-        "llama-optimus --metric mean",
+        format!("autotune ({} s budget)", budget.as_secs()),
+        "autotune (no budget)".into(),
+        "llama-server unasked (its --fit)".into(),
+        "Ollama's estimate + its defaults".into(),
+        "llama-optimus (tg, its default)".into(),
+        "llama-optimus --metric mean".into(),
     ];
     let mut rows: Vec<Vec<Score>> = names.iter().map(|_| Vec::new()).collect();
     for seed in 0..n {
         let land = landscape(seed);
         let s = TuneSettings {
-            budget: Duration::from_secs(600),
+            budget,
             ..settings(&land, seed)
         };
         let choices = choices(&land, &s, seed);
