@@ -91,6 +91,12 @@ fn model_key(req: &MeasureRequest) -> String {
     serde_json::to_string(&s).expect("serialises")
 }
 
+/// A standard normal draw (Box–Muller), clipped at ±3: a repetition's noise.
+pub fn standard_normal(rng: &mut StdRng) -> f64 {
+    let (u1, u2): (f64, f64) = (rng.gen_range(1e-12..1.0), rng.gen());
+    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()).clamp(-3.0, 3.0)
+}
+
 impl SimMeasurer {
     pub fn new(land: Landscape, seed: u64) -> Self {
         SimMeasurer {
@@ -106,10 +112,8 @@ impl SimMeasurer {
         }
     }
 
-    /// A standard normal draw (Box–Muller), clipped at ±3.
     fn normal(&mut self) -> f64 {
-        let (u1, u2): (f64, f64) = (self.rng.gen_range(1e-12..1.0), self.rng.gen());
-        ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()).clamp(-3.0, 3.0)
+        standard_normal(&mut self.rng)
     }
 
     fn record(&mut self, c: &Candidate, outcome: Outcome) {

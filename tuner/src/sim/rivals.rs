@@ -334,8 +334,6 @@ impl Emulation<'_> {
 
     /// One repetition's multiplicative noise, as the simulated measurer draws it.
     fn jitter(&mut self) -> f64 {
-        let (u1, u2): (f64, f64) = (self.rng.gen_range(1e-12..1.0), self.rng.gen());
-        let z = ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()).clamp(-3.0, 3.0);
-        (1.0 + self.land.noise * z).max(0.5)
+        (1.0 + self.land.noise * super::standard_normal(self.rng)).max(0.5)
     }
 }
