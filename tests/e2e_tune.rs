@@ -396,6 +396,60 @@ fn the_time_budget_is_respected() {
     assert!(took < 15.0 + 12.0, "took {took:.1} s for a 15 s budget");
 }
 
+/// A micro-batch of one token takes a prompt token by token, several times slower than -ub 512: its
+/// first repetition stops mid-prompt (llama.cpp's abort callback, between the graph's operations)
+/// once its own time proves a request more than twice the best's, and the run goes on to a winner
+/// at -ub 512. The stopped candidate is on the leaderboard with its limit, not as a failure.
+#[test]
+fn a_configuration_several_times_slower_stops_mid_repetition() {
+    let model = demo_model();
+    let sb = Sandbox::new();
+    let v = sb.run_json(&[
+        "tune",
+        model.to_str().unwrap(),
+        "--ctx",
+        "1024",
+        "--prompt",
+        "512",
+        "--gen",
+        "8",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "3",
+        "--seed",
+        "7",
+        "--threads",
+        "2",
+        "--cache-types",
+        "f16",
+        "--flash-attn",
+        "auto",
+        "--kernels",
+        "repack",
+        "--ubatch",
+        "512,1",
+        "--budget",
+        "3m",
+        "--no-save",
+        "--json",
+    ]);
+    let board = v["leaderboard"].as_array().expect("a leaderboard");
+    let one = board
+        .iter()
+        .find(|e| e["candidate"]["n_ubatch"] == 1)
+        .unwrap_or_else(|| panic!("-ub 1 was tried: {v}"));
+    let status = one["status"].as_str().unwrap();
+    assert!(
+        status.starts_with("stopped mid-repetition: slower than"),
+        "{status}"
+    );
+    assert!(one["figures"].is_null(), "{one}");
+    assert!(v["stopped_early"].as_u64().unwrap() >= 1, "{v}");
+    assert_eq!(v["failed"], 0, "{v}");
+    assert_eq!(v["winner"]["n_ubatch"], 512, "{}", v["winner"]);
+}
+
 /// `--numa`: each strategy asked for is measured (in a worker process of its own: llama.cpp sets it
 /// once per process), labelled, and `measure` takes one. On this project's one-node VM llama.cpp
 /// treats them all as off, so their speeds are not compared here.

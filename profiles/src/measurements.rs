@@ -134,6 +134,17 @@ pub enum TrialFailure {
     TimedOut { seconds: u64 },
     /// The run was interrupted (Ctrl-C / SIGTERM) while this trial was in flight.
     Interrupted,
+    /// Stopped mid-repetition by autotune, the worker alive: the time it had taken already proved
+    /// a request slower than `limit_ms`, a multiple of `best_ms` (the best median measured so
+    /// far), so it could not win. A figure of the configuration, not a fault of it.
+    GaveUp { limit_ms: u64, best_ms: u64 },
+}
+
+impl TrialFailure {
+    /// Stopped as too slow ([`TrialFailure::GaveUp`]): a figure, not a fault.
+    pub fn gave_up(&self) -> bool {
+        matches!(self, TrialFailure::GaveUp { .. })
+    }
 }
 
 impl std::fmt::Display for TrialFailure {
@@ -161,6 +172,13 @@ impl std::fmt::Display for TrialFailure {
                 write!(f, "no answer within {seconds} s; worker killed")
             }
             TrialFailure::Interrupted => write!(f, "interrupted"),
+            TrialFailure::GaveUp { limit_ms, best_ms } => write!(
+                f,
+                "stopped mid-repetition: slower than {:.2} s per request ({:.1}x the best so far, {:.2} s)",
+                *limit_ms as f64 / 1e3,
+                *limit_ms as f64 / (*best_ms).max(1) as f64,
+                *best_ms as f64 / 1e3
+            ),
         }
     }
 }

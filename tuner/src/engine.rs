@@ -32,6 +32,8 @@ mod axes;
 pub mod context;
 mod result;
 mod rounds;
+#[cfg(test)]
+pub use rounds::GIVE_UP_FACTOR;
 
 pub use axes::grid;
 pub(crate) use axes::in_space;
@@ -101,6 +103,10 @@ pub trait Progress {
     fn candidate_started(&self, label: &str, axis: &str);
     fn repetition(&self, label: &str, rep: &Repetition);
     fn failed(&self, label: &str, failure: &str);
+    /// A first repetition stopped as several times slower than the best (not a failure).
+    fn stopped(&self, label: &str, why: &str) {
+        self.failed(label, why)
+    }
     fn best(&self, label: &str, margin: Option<f64>, elapsed: Duration, budget: Duration);
 }
 
@@ -283,6 +289,7 @@ impl<'a> Engine<'a> {
             workload: self.settings.workload.clone(),
             seed: self.settings.seed ^ (self.round.wrapping_mul(0x100_0000_01B3)),
             expect: Vec::new(),
+            give_up: None,
         }
     }
 

@@ -4,7 +4,7 @@
 //! GPU-layer axis starts from the most layers that fit and walks down, so the offload cliff shows.
 
 use crate::engine::Engine;
-use crate::worker::LoadReport;
+use crate::worker::{LoadReport, TrialFailure};
 use search_space::size::format_size_pair;
 use search_space::{Candidate, KvOffload};
 
@@ -174,12 +174,20 @@ impl Engine<'_> {
         Some(best)
     }
 
-    /// Whether `a` was measured slower than `b` by more than the noise (the decision rule's verdict).
+    /// Whether `a` was measured slower than `b` by more than the noise (the decision rule's verdict),
+    /// or `a` stopped mid-repetition as several times slower than the best measured (the walk's `b`
+    /// is that best or ties with it).
     fn slower(&self, a: &Candidate, b: &Candidate) -> bool {
-        let find = |c: &Candidate| self.results.iter().find(|r| &r.candidate == c && r.ok());
+        let find = |c: &Candidate| self.results.iter().find(|r| &r.candidate == c);
         let (Some(ra), Some(rb)) = (find(a), find(b)) else {
             return false;
         };
+        if matches!(ra.failure, Some(TrialFailure::GaveUp { .. })) {
+            return true;
+        }
+        if !ra.ok() || !rb.ok() {
+            return false;
+        }
         let w = &self.settings.workload;
         ra.compare_with(rb, w, self.settings.noise, self.settings.seed)
             .is_some_and(|c| c.verdict == crate::stats::Verdict::Slower)

@@ -4,7 +4,7 @@
 use crate::baseline::BaselinePlacement;
 use crate::engine::{score_seconds, CandidateResult};
 use crate::stats::{Comparison, Sample, Verdict};
-use crate::worker::{Repetition, Workload};
+use crate::worker::{Repetition, TrialFailure, Workload};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use profiles::{Figures, LeaderboardEntry};
 use search_space::size::format_size;
@@ -37,6 +37,8 @@ pub struct Report {
     pub axes_not_reached: Vec<String>,
     pub measured: usize,
     pub failed: usize,
+    /// Candidates whose first repetition was stopped as several times slower than the best.
+    pub stopped_early: usize,
     pub reused_repetitions: usize,
     pub leaderboard: Vec<LeaderboardEntry>,
     pub winner: Option<Candidate>,
@@ -277,7 +279,9 @@ pub fn leaderboard(
         });
     }
     for r in results.iter().filter(|r| !r.ok()) {
-        let status = if let Some(f) = &r.failure {
+        let status = if let Some(f @ TrialFailure::GaveUp { .. }) = &r.failure {
+            f.to_string()
+        } else if let Some(f) = &r.failure {
             format!("failed: {f}")
         } else if let Some(s) = &r.skipped {
             s.clone()

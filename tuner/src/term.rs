@@ -76,6 +76,12 @@ impl Progress for Bar {
             None => eprintln!("autotune: trial failed: {label}: {failure}"),
         }
     }
+    fn stopped(&self, label: &str, why: &str) {
+        match &self.0 {
+            Some(b) => b.println(format!("{label}: {why}")),
+            None => eprintln!("autotune: {label}: {why}"),
+        }
+    }
     fn best(&self, label: &str, margin: Option<f64>, elapsed: Duration, budget: Duration) {
         let left = budget.saturating_sub(elapsed).as_secs();
         let m = margin

@@ -171,6 +171,7 @@ fn predict(
 ) -> (Vec<DeviceFit>, Option<String>) {
     let dry = MeasureRequest {
         expect: Vec::new(),
+        give_up: None,
         model: model.to_path_buf(),
         settings,
         context: ContextSettings {

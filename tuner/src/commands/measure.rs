@@ -196,6 +196,7 @@ fn request_of(
     settings::check_workload(&workload)?;
     let request = MeasureRequest {
         expect: Vec::new(),
+        give_up: None,
         model,
         // The candidate's settings, with the `-ot` overrides a candidate does not carry.
         settings: ModelSettings {

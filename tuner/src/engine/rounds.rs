@@ -4,10 +4,15 @@
 
 use super::{Engine, BUDGET_SPENT};
 use crate::stats::{self, Sample};
-use crate::worker::TrialFailure;
+use crate::worker::{GiveUp, TrialFailure};
 use profiles::measurements::Record;
 use search_space::Candidate;
 use std::time::Duration;
+
+/// A candidate's first repetition stops once its own time proves a request this many times slower
+/// than the best median measured so far: it cannot win, and finishing it (the CPU-only point of a
+/// model that belongs on a GPU takes minutes) would spend the budget the axes after it need.
+pub const GIVE_UP_FACTOR: f64 = 2.0;
 
 impl Engine<'_> {
     /// Whether a candidate needs more repetitions.
@@ -148,6 +153,25 @@ impl Engine<'_> {
         }
     }
 
+    /// The limit of candidate `i`'s first repetition: [`GIVE_UP_FACTOR`] times the best median
+    /// measured so far (none before anything is). Only a first repetition: a candidate with figures
+    /// keeps them, whatever one slow repetition later says.
+    fn give_up(&self, i: usize) -> Option<GiveUp> {
+        let w = &self.settings.workload;
+        let best = self
+            .results
+            .iter()
+            .enumerate()
+            .filter(|&(j, r)| j != i && r.ok())
+            .filter_map(|(_, r)| r.rate_sample(w))
+            .map(|s| 1.0 / s.median())
+            .fold(f64::INFINITY, f64::min);
+        best.is_finite().then(|| GiveUp {
+            limit_ms: (best * GIVE_UP_FACTOR * 1e3).ceil() as u64,
+            best_ms: (best * 1e3).round() as u64,
+        })
+    }
+
     pub(super) fn measure_once(&mut self, i: usize, axis: &str) {
         let c = self.results[i].candidate.clone();
         let label = c.label();
@@ -156,6 +180,9 @@ impl Engine<'_> {
         // RAM included.
         if let Some(p) = &self.results[i].predicted {
             req.expect = p.per_device.clone();
+        }
+        if self.results[i].reps.is_empty() && axis != "confirm" {
+            req.give_up = self.give_up(i);
         }
         if self.measurer.crashes_for(&req) >= 2 {
             self.results[i].skipped =
@@ -178,7 +205,11 @@ impl Engine<'_> {
             }
             Err(TrialFailure::Interrupted) => self.interrupted = true,
             Err(f) => {
-                self.progress.failed(&label, &f.to_string());
+                if f.gave_up() {
+                    self.progress.stopped(&label, &f.to_string());
+                } else {
+                    self.progress.failed(&label, &f.to_string());
+                }
                 if let Some(log) = self.log.as_deref_mut() {
                     log.append(&Record::failure(&c, &f));
                 }

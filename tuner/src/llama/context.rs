@@ -5,7 +5,9 @@ use super::{log_tail, take_log, ContextSettings, LlamaError, Model};
 use llama_cpp_sys_2 as sys;
 use search_space::{CacheType, FlashAttn};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 fn ggml_type(t: CacheType) -> sys::ggml_type {
     match t {
@@ -36,6 +38,30 @@ pub struct Context {
     pub(super) ptr: NonNull<sys::llama_context>,
     model: Arc<Model>,
     n_batch: u32,
+    /// Read by llama.cpp's abort callback while a deadline is set (boxed: its address is the
+    /// callback's data, and must not move with the context).
+    deadline: Box<Deadline>,
+}
+
+/// A point in time the abort callback compares with the clock: nanoseconds from `epoch`, or
+/// `u64::MAX` for none (the callback may be called from the CPU backend's threads at once).
+struct Deadline {
+    epoch: Instant,
+    at_ns: AtomicU64,
+}
+
+impl Deadline {
+    fn passed(&self) -> bool {
+        let at = self.at_ns.load(Ordering::Relaxed);
+        at != u64::MAX && self.epoch.elapsed().as_nanos() >= u128::from(at)
+    }
+}
+
+/// llama.cpp's abort callback: true once the context's deadline has passed. The CPU backend asks
+/// between the graph's operations; llama_decode then returns 2 (aborted).
+unsafe extern "C" fn abort_at_deadline(data: *mut std::ffi::c_void) -> bool {
+    // SAFETY: `data` is the context's boxed `Deadline`, registered only while the context lives.
+    unsafe { &*(data as *const Deadline) }.passed()
 }
 
 /// The outputs (logits) per batch llama-server reserves for a target without speculation: one per
@@ -120,6 +146,10 @@ impl Context {
                 ptr,
                 model: Arc::clone(model),
                 n_batch: s.n_batch,
+                deadline: Box::new(Deadline {
+                    epoch: Instant::now(),
+                    at_ns: AtomicU64::new(u64::MAX),
+                }),
             })
             .ok_or_else(|| LlamaError::Context(log_tail(&take_log())))
     }
@@ -134,9 +164,54 @@ impl Context {
         unsafe { sys::llama_memory_clear(sys::llama_get_memory(self.ptr.as_ptr()), true) }
     }
 
+    /// Decoding stops with [`LlamaError::Aborted`] once `at` has passed: between batches, and
+    /// inside one where the backend asks llama.cpp's abort callback (the CPU backend does, between
+    /// operations; a GPU backend finishes the batch it has). `None` removes the deadline and the
+    /// callback (a measurement without one runs exactly as llama-bench's).
+    pub fn set_deadline(&mut self, at: Option<Instant>) {
+        let ns = at.map_or(u64::MAX, |t| {
+            let d = t.saturating_duration_since(self.deadline.epoch);
+            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX - 1)
+        });
+        self.deadline.at_ns.store(ns, Ordering::Relaxed);
+        let data = &*self.deadline as *const Deadline as *mut std::ffi::c_void;
+        // SAFETY: the context is valid; the data outlives it (dropped after llama_free).
+        unsafe {
+            match at {
+                Some(_) => {
+                    sys::llama_set_abort_callback(self.ptr.as_ptr(), Some(abort_at_deadline), data)
+                }
+                None => {
+                    sys::llama_set_abort_callback(self.ptr.as_ptr(), None, std::ptr::null_mut())
+                }
+            }
+        }
+    }
+
+    /// The error of a decode that returned `status`: [`LlamaError::Aborted`] when the deadline
+    /// stopped it.
+    fn decode_error(&self, status: i32) -> LlamaError {
+        if self.deadline.passed() {
+            take_log();
+            return LlamaError::Aborted;
+        }
+        LlamaError::Decode {
+            status,
+            log: log_tail(&take_log()),
+        }
+    }
+
+    fn check_deadline(&self) -> Result<(), LlamaError> {
+        if self.deadline.passed() {
+            return Err(LlamaError::Aborted);
+        }
+        Ok(())
+    }
+
     /// Decodes `tokens` in chunks of n_batch, continuing the sequence in the KV cache.
     pub fn decode(&mut self, tokens: &mut [i32]) -> Result<(), LlamaError> {
         for chunk in tokens.chunks_mut(self.n_batch.max(1) as usize) {
+            self.check_deadline()?;
             // SAFETY: the batch views `chunk`, which outlives the call; positions are assigned by
             // llama.cpp from the memory's current end.
             let status = unsafe {
@@ -146,10 +221,7 @@ impl Context {
                 )
             };
             if status != 0 {
-                return Err(LlamaError::Decode {
-                    status,
-                    log: log_tail(&take_log()),
-                });
+                return Err(self.decode_error(status));
             }
         }
         Ok(())
@@ -246,6 +318,7 @@ impl Context {
     pub fn decode_sequences(&mut self, tokens: &[SeqToken]) -> Result<(), LlamaError> {
         let n_batch = self.n_batch.max(1) as usize;
         for chunk in tokens.chunks(n_batch) {
+            self.check_deadline()?;
             let n = chunk.len() as i32;
             // SAFETY: the batch is allocated for n tokens with one sequence id each; every field set
             // is within those sizes, and it is freed after the decode.
@@ -263,10 +336,7 @@ impl Context {
                 let status = sys::llama_decode(self.ptr.as_ptr(), b);
                 sys::llama_batch_free(batch);
                 if status != 0 {
-                    return Err(LlamaError::Decode {
-                        status,
-                        log: log_tail(&take_log()),
-                    });
+                    return Err(self.decode_error(status));
                 }
             }
         }

@@ -44,6 +44,9 @@ pub enum LlamaError {
     Context(String),
     #[error("llama_decode failed with status {status}: {log}")]
     Decode { status: i32, log: String },
+    /// Stopped at the deadline [`Context::set_deadline`] set.
+    #[error("stopped at its deadline")]
+    Aborted,
     #[error("unknown device '{0}' (see `autotune doctor` for the device names)")]
     UnknownDevice(String),
     #[error("rpc: {0}")]

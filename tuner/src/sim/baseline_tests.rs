@@ -48,10 +48,12 @@ fn on_two_unequal_gpus_the_baseline_is_llama_cpps_fit_and_the_winner_beats_it() 
     assert_eq!(verdict(&run, &s), Some(Verdict::Faster), "{}", win.label());
 }
 
-/// A long context on one GPU: at f16 llama.cpp's fit offloads what fits; a quantized KV cache
-/// (a lever the fit never moves) holds several more layers, and that wins beyond the noise.
+/// A long context on one GPU: at f16 llama.cpp's fit offloads what fits; a fit lever the fit never
+/// moves (a quantized KV cache, or the cache in host memory) holds several more layers, and that
+/// wins beyond the noise. (Here the cache on the host with 50 layers, 31.9 s per request, beats a
+/// q4_0 cache with 46, 37.7 s.)
 #[test]
-fn a_quantized_kv_cache_fits_more_layers_than_llama_cpps_fit_at_f16_and_wins() {
+fn a_fit_lever_fits_more_layers_than_llama_cpps_fit_at_f16_and_wins() {
     let land = gpus(1, 24 * GIB);
     let mut s = settings(&land, 2);
     s.workload.n_ctx = 32768;
@@ -66,7 +68,8 @@ fn a_quantized_kv_cache_fits_more_layers_than_llama_cpps_fit_at_f16_and_wins() {
     let win = run.winner.clone().expect("a winner");
     assert!(fits(&land, &s, &win), "{}", win.label());
     assert!(
-        win.type_k.is_quantized() && win.n_gpu_layers > base.n_gpu_layers + 3,
+        (win.type_k.is_quantized() || !win.kv_offload.is_on())
+            && win.n_gpu_layers > base.n_gpu_layers + 3,
         "{} vs {}",
         win.label(),
         base.label()

@@ -25,7 +25,7 @@ mod tests;
 
 pub use landscape::{candidate_of, Device, Host, Landscape, Moe, SimModel, GIB, MIB};
 
-use crate::engine::Measurer;
+use crate::engine::{score_seconds, Measurer};
 use crate::fit::{FitAnswer, FitRequest};
 use crate::worker::TrialFailure;
 use crate::worker::{LoadReport, MeasureRequest, Repetition};
@@ -43,6 +43,8 @@ pub enum Outcome {
     Measured,
     OutOfMemory,
     Crashed,
+    /// Stopped at its `give_up` limit.
+    GaveUp,
 }
 
 /// Everything the simulator saw, shared with the test that reads it after the run.
@@ -122,6 +124,25 @@ impl SimMeasurer {
             .borrow_mut()
             .calls
             .push((c.clone(), outcome, now));
+    }
+
+    /// As the worker stops a repetition at its limit: the phases the score counts run until their
+    /// time passes the limit (per request), the others run whole; the clock is charged that.
+    fn give_up(&mut self, req: &MeasureRequest, rep: &Repetition) -> Option<TrialFailure> {
+        let g = req.give_up?;
+        let w = &req.workload;
+        let limit = g.limit_ms as f64 / 1e3;
+        let score = score_seconds(rep, w);
+        if score <= limit {
+            return None;
+        }
+        let np = f64::from(w.n_parallel.max(1));
+        let unscored = (self.land.rep_seconds(rep, w) - score * np).max(0.0);
+        self.clock += unscored + limit * np;
+        Some(TrialFailure::GaveUp {
+            limit_ms: g.limit_ms,
+            best_ms: g.best_ms,
+        })
     }
 
     fn oom(&mut self, c: &Candidate, stage: &str, message: String) -> TrialFailure {
@@ -209,6 +230,10 @@ impl Measurer for SimMeasurer {
             tg_depth_tps: ideal.tg_depth_tps.map(|d| jitter(d, self)),
             load: fresh.then(|| self.land.footprint(&c, w.n_ctx)),
         };
+        if let Some(stopped) = self.give_up(req, &rep) {
+            self.record(&c, Outcome::GaveUp);
+            return Err(stopped);
+        }
         self.clock += self.land.rep_seconds(&rep, w);
         self.record(&c, Outcome::Measured);
         Ok(rep)

@@ -4,9 +4,10 @@
 
 use super::harness::{self, fits, gpus, max_fit, settings, tune, Mode, Quiet, SimRun, MARGIN};
 use super::{Landscape, Outcome, SimMeasurer, SimModel, GIB, MIB};
-use crate::engine::{CandidateResult, Engine, TuneSettings};
+use crate::engine::{CandidateResult, Engine, TuneSettings, GIVE_UP_FACTOR};
 use crate::report;
 use crate::stats::Verdict;
+use crate::worker::TrialFailure;
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, OpOffload};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -169,11 +170,15 @@ fn a_clearly_slower_candidate_stops_getting_repetitions() {
             .fold(f64::INFINITY, f64::min);
         for c in &group {
             let r = e.results.iter().find(|r| &r.candidate == c).unwrap();
-            // Beyond 4× the noise: dropped after one visit; within the noise: measured on. In
-            // between the rule (its best repetition 2× the noise behind the leader) may go either way.
+            // Beyond 4× the noise: dropped after one visit (or stopped during it, more than twice
+            // as slow as the best measured before it); within the noise: measured on. In between
+            // the rule (its best repetition 2× the noise behind the leader) may go either way.
             let t = land.true_seconds(c, &w);
+            let stopped = r.failure.as_ref().is_some_and(|f| f.gave_up());
+            assert!(!stopped || t > 1.8 * best, "{} stopped", c.label());
             if t > best * (1.0 + 4.0 * noise) {
-                assert_eq!(r.reps.len(), 2, "{} dropped after one visit", c.label());
+                let reps = if stopped { 0 } else { 2 };
+                assert_eq!(r.reps.len(), reps, "{} dropped after one visit", c.label());
             } else if t <= best * (1.0 + noise) {
                 assert!(r.reps.len() >= min_reps, "{} measured on", c.label());
             }
@@ -202,7 +207,13 @@ fn every_candidate_gets_its_first_repetitions_before_any_gets_more() {
             }
         }
         assert!(third.is_some(), "the leaders got more repetitions");
-        assert_eq!(third.unwrap(), 2 * group.len(), "{results:?}");
+        // (A candidate stopped during its first repetition, more than twice as slow as the best
+        // measured before it, has none.)
+        let visited = (e.results.iter())
+            .filter(|r| group.contains(&r.candidate) && !r.reps.is_empty())
+            .count();
+        assert!(visited < group.len(), "the CPU-only point was stopped");
+        assert_eq!(third.unwrap(), 2 * visited, "{results:?}");
     });
 }
 
@@ -279,6 +290,49 @@ fn a_budget_that_ends_early_names_the_axes_it_did_not_reach() {
     );
 }
 
+/// The CPU-only point of a model that belongs on the GPUs is several times slower than the
+/// placements measured before it: its first repetition stops once its own time proves a request
+/// more than twice the best's, the run goes on without it (at less than a full repetition's cost),
+/// and nothing that could win is stopped.
+#[test]
+fn a_first_repetition_several_times_slower_than_the_best_stops_early() {
+    let land = gpus(2, 24 * GIB);
+    let s = settings(&land, 5);
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let w = &s.workload;
+    let cpu = run
+        .results
+        .iter()
+        .find(|r| r.candidate.n_gpu_layers == 0)
+        .expect("the CPU-only point was tried");
+    let Some(TrialFailure::GaveUp { limit_ms, best_ms }) = cpu.failure.clone() else {
+        panic!("{:?}", cpu.failure);
+    };
+    assert!(cpu.reps.is_empty());
+    assert!((limit_ms as f64 - best_ms as f64 * GIVE_UP_FACTOR).abs() <= GIVE_UP_FACTOR);
+    assert!(land.true_seconds(&cpu.candidate, w) > limit_ms as f64 / 1e3);
+    // Its load, the warm-up (a repetition here) and the time to the limit: not a second repetition.
+    let rep = land.rep_seconds(&land.ideal(&cpu.candidate, w), w);
+    let load = land.load_seconds(&cpu.candidate, w.n_ctx);
+    assert!(cpu.seconds < load + 1.5 * rep, "{} s", cpu.seconds);
+    // Every configuration stopped was slower than the limit it was given, and the winner is
+    // measured in full.
+    let best = land.true_seconds(run.winner.as_ref().expect("a winner"), w);
+    for r in &run.results {
+        if let Some(TrialFailure::GaveUp { limit_ms, .. }) = r.failure {
+            let t = land.true_seconds(&r.candidate, w);
+            assert!(
+                t > 1.8 * best && t * 1.1 > limit_ms as f64 / 1e3,
+                "{}",
+                r.candidate.label()
+            );
+        }
+    }
+    let won = result(&run, run.winner.as_ref().unwrap()).unwrap();
+    assert!(won.ok() && won.failure.is_none());
+    assert!(run.trace.borrow().count(Outcome::GaveUp) >= 1);
+}
+
 /// The confirmation re-measures the search's winner and runner-up, twice each, interleaved, each
 /// repetition on a fresh load.
 #[test]
@@ -328,7 +382,9 @@ fn a_crash_is_recorded_and_the_run_goes_on() {
         Some(|c| c.flash_attn == FlashAttn::Off),
         Mode::Search,
     );
-    let crashed: Vec<_> = run.results.iter().filter(|r| r.failure.is_some()).collect();
+    let crashed: Vec<_> = (run.results.iter())
+        .filter(|r| r.failure.as_ref().is_some_and(|f| !f.gave_up()))
+        .collect();
     assert!(!crashed.is_empty());
     assert!(crashed
         .iter()

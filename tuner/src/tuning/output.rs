@@ -119,7 +119,12 @@ pub fn report_of(t: &Tuned) -> Report {
         budget_spent: run.budget_spent,
         axes_not_reached: run.not_reached.clone(),
         measured: run.results.iter().filter(|r| r.ok()).count(),
-        failed: run.results.iter().filter(|r| r.failure.is_some()).count(),
+        failed: (run.results.iter())
+            .filter(|r| r.failure.as_ref().is_some_and(|f| !f.gave_up()))
+            .count(),
+        stopped_early: (run.results.iter())
+            .filter(|r| r.failure.as_ref().is_some_and(TrialFailure::gave_up))
+            .count(),
         reused_repetitions: t.reused,
         leaderboard: leaderboard(t),
         winner: run.winner.clone(),

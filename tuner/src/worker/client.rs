@@ -83,7 +83,7 @@ impl Worker {
     }
 
     /// Sends one request and waits for its answer. `stop` is polled so an interrupt ends the wait.
-    /// On any failure other than `Refused` the worker is gone and must be replaced.
+    /// On any failure other than `Refused` and `GaveUp` the worker is gone and must be replaced.
     pub fn call(
         &mut self,
         request: &Request,
@@ -105,6 +105,10 @@ impl Worker {
                         Ok(Response::Failed { stage, message }) => {
                             Err(TrialFailure::Refused { stage, message })
                         }
+                        Ok(Response::GaveUp(g)) => Err(TrialFailure::GaveUp {
+                            limit_ms: g.limit_ms,
+                            best_ms: g.best_ms,
+                        }),
                         Ok(r) => Ok(r),
                         // A stray line on stdout (llama.cpp printing there) is skipped.
                         Err(_) => continue,

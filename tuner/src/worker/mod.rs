@@ -16,6 +16,6 @@ mod timing;
 pub use client::{TrialFailure, Worker};
 pub use pool::{WorkerPool, Workers};
 pub use protocol::{
-    BandwidthRequest, DeviceBytes, LoadReport, MeasureRequest, Repetition, Request, Response,
-    Workload,
+    BandwidthRequest, DeviceBytes, GiveUp, LoadReport, MeasureRequest, Repetition, Request,
+    Response, Workload,
 };

@@ -101,7 +101,7 @@ impl WorkerPool {
         let timeout = self.timeout;
         let result = self.workers[idx].1.call(request, timeout, stop);
         match &result {
-            Ok(_) | Err(TrialFailure::Refused { .. }) => {
+            Ok(_) | Err(TrialFailure::Refused { .. } | TrialFailure::GaveUp { .. }) => {
                 // Most recently used last, so eviction takes the oldest.
                 let w = self.workers.remove(idx);
                 self.workers.push(w);

@@ -21,6 +21,18 @@ pub struct MeasureRequest {
     /// tuner's own included, may hold memory the budgets did not see). Empty: no check.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub expect: Vec<DeviceBytes>,
+    /// Where the repetition stops ([`Response::GaveUp`]) once its own time proves it slower.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub give_up: Option<GiveUp>,
+}
+
+/// A repetition's limit: more than `limit_ms` per request of the workload (its timed phases, the
+/// warm-up not counted) and it cannot win, `limit_ms` being a multiple of `best_ms`, the best median
+/// measured so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GiveUp {
+    pub limit_ms: u64,
+    pub best_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -68,6 +80,9 @@ pub enum Response {
         stage: String,
         message: String,
     },
+    /// The repetition passed its [`MeasureRequest::give_up`] limit and was stopped; the worker and
+    /// its model live on.
+    GaveUp(GiveUp),
     Quantized(QuantizeAnswer),
     Quality(QualityAnswer),
     DraftCheck(CheckAnswer),

@@ -11,7 +11,7 @@ use super::memory::{self, committed_bytes, rss_bytes, short_of_device_memory};
 use super::protocol::{
     BandwidthRequest, DeviceBytes, LoadReport, MeasureRequest, Repetition, Request, Response,
 };
-use super::timing::{self, TokenSource};
+use super::timing::{self, Cutoff, TokenSource};
 use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -281,10 +281,18 @@ impl WorkerState {
                     .max(1);
                 timing::warm_up(ctx, tokens, n, np)?;
             }
-            let pp_tps = timing::prompt(ctx, tokens, w.n_prompt, np)?;
-            let tg_tps = timing::generation(ctx, tokens, w.n_gen, np)?;
+            // The score counts the phases at depth when there is one, else the others.
+            let limit = m.give_up.map(|g| g.limit_ms as f64 / 1e3);
+            let (mut shallow, mut deep) = if w.depth > 0 {
+                (Cutoff::off(), Cutoff::new(limit, np))
+            } else {
+                (Cutoff::new(limit, np), Cutoff::off())
+            };
+            let pp_tps = timing::prompt(ctx, tokens, w.n_prompt, np, &mut shallow)?;
+            let tg_tps = timing::generation(ctx, tokens, w.n_gen, np, &mut shallow)?;
             let (pp_depth_tps, tg_depth_tps) = if w.depth > 0 {
-                let (pp, tg) = timing::at_depth(ctx, tokens, w.depth, w.n_prompt, w.n_gen, np)?;
+                let (pp, tg) =
+                    timing::at_depth(ctx, tokens, w.depth, w.n_prompt, w.n_gen, np, &mut deep)?;
                 (Some(pp), Some(tg))
             } else {
                 (None, None)
@@ -304,6 +312,16 @@ impl WorkerState {
                     self.fill_actual_after_inference(l);
                 }
                 Response::Measured(Box::new(r))
+            }
+            Err(llama::LlamaError::Aborted) => {
+                ctx.set_deadline(None);
+                match m.give_up {
+                    Some(g) => Response::GaveUp(g),
+                    None => Response::Failed {
+                        stage: "decode".into(),
+                        message: "stopped without a deadline".into(),
+                    },
+                }
             }
             Err(e) => Response::Failed {
                 stage: "decode".into(),

@@ -5,9 +5,52 @@
 //! step, timed together (aggregate tokens per second).
 
 use crate::llama::{self, Context, SeqToken};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 type Result<T> = std::result::Result<T, llama::LlamaError>;
+
+/// A repetition's stopping rule (`MeasureRequest::give_up`): each timed phase the score counts is
+/// charged its seconds per request (its time over the sequences sharing it), and runs with the
+/// deadline what is left of the limit sets, so a repetition stops as soon as its own time proves
+/// a request slower than the limit. The warm-up and untimed fills are not charged.
+pub struct Cutoff {
+    /// Seconds per request; `None`: no deadline.
+    limit: Option<f64>,
+    np: f64,
+    spent: f64,
+}
+
+impl Cutoff {
+    pub fn new(limit: Option<f64>, np: u32) -> Self {
+        Cutoff {
+            limit,
+            np: f64::from(np.max(1)),
+            spent: 0.0,
+        }
+    }
+
+    /// No deadline: phases the score does not count (without depth every phase counts; with one,
+    /// only those at depth).
+    pub fn off() -> Self {
+        Self::new(None, 1)
+    }
+
+    /// Right before a timed phase: the deadline the rest of the limit allows.
+    fn arm(&self, ctx: &mut Context) {
+        if let Some(limit) = self.limit {
+            let left = ((limit - self.spent) * self.np).max(0.0);
+            ctx.set_deadline(Some(Instant::now() + Duration::from_secs_f64(left)));
+        }
+    }
+
+    /// Right after a timed phase of `elapsed`.
+    fn charge(&mut self, ctx: &mut Context, elapsed: Duration) {
+        if self.limit.is_some() {
+            ctx.set_deadline(None);
+            self.spent += elapsed.as_secs_f64() / self.np;
+        }
+    }
+}
 
 /// The discarded warm-up: first touches of weights and buffers, the thread pool's start. An
 /// `n`-token prompt per sequence, then 4 generation steps.
@@ -30,26 +73,49 @@ pub fn warm_up(ctx: &mut Context, tokens: &mut TokenSource, n: u32, np: u32) -> 
 
 /// Prompt processing: an empty cache, `n` tokens (of each of `np` sequences) in batches of
 /// n_batch, synchronised before the clock stops.
-pub fn prompt(ctx: &mut Context, tokens: &mut TokenSource, n: u32, np: u32) -> Result<f64> {
+pub fn prompt(
+    ctx: &mut Context,
+    tokens: &mut TokenSource,
+    n: u32,
+    np: u32,
+    cut: &mut Cutoff,
+) -> Result<f64> {
     ctx.clear();
     if np <= 1 {
         let mut prompt = tokens.prompt(n);
+        cut.arm(ctx);
         let t = Instant::now();
         ctx.decode(&mut prompt)?;
         ctx.synchronize();
-        return Ok(n as f64 / t.elapsed().as_secs_f64());
+        let elapsed = t.elapsed();
+        cut.charge(ctx, elapsed);
+        return Ok(n as f64 / elapsed.as_secs_f64());
     }
     let batch = prompts(tokens, n, np);
+    timed_batch(ctx, &batch, cut)
+}
+
+/// One batch of several sequences' tokens, timed: tokens per second.
+fn timed_batch(ctx: &mut Context, batch: &[SeqToken], cut: &mut Cutoff) -> Result<f64> {
+    cut.arm(ctx);
     let t = Instant::now();
-    ctx.decode_sequences(&batch)?;
+    ctx.decode_sequences(batch)?;
     ctx.synchronize();
-    Ok(batch.len() as f64 / t.elapsed().as_secs_f64())
+    let elapsed = t.elapsed();
+    cut.charge(ctx, elapsed);
+    Ok(batch.len() as f64 / elapsed.as_secs_f64())
 }
 
 /// Generation on an empty cache: `n` steps of one token per sequence.
-pub fn generation(ctx: &mut Context, tokens: &mut TokenSource, n: u32, np: u32) -> Result<f64> {
+pub fn generation(
+    ctx: &mut Context,
+    tokens: &mut TokenSource,
+    n: u32,
+    np: u32,
+    cut: &mut Cutoff,
+) -> Result<f64> {
     ctx.clear();
-    steps(ctx, tokens, 0, n, np)
+    steps(ctx, tokens, 0, n, np, cut)
 }
 
 /// As llama-bench's `-d`: `depth` tokens already in each sequence's cache (filled untimed), then
@@ -65,6 +131,7 @@ pub fn at_depth(
     n_prompt: u32,
     n_gen: u32,
     np: u32,
+    cut: &mut Cutoff,
 ) -> Result<(f64, f64)> {
     fill(ctx, tokens, depth, np)?;
     let seqs = 0..np.max(1) as i32;
@@ -75,10 +142,7 @@ pub fn at_depth(
         seqs.clone().map(|seq| ctx.save_seq(seq)).collect()
     };
     let batch = prompts_from(tokens, depth, n_prompt, np);
-    let t = Instant::now();
-    ctx.decode_sequences(&batch)?;
-    ctx.synchronize();
-    let pp = batch.len() as f64 / t.elapsed().as_secs_f64();
+    let pp = timed_batch(ctx, &batch, cut)?;
     let restored = if rewinds {
         seqs.clone().all(|seq| ctx.truncate_seq(seq, depth as i32))
     } else {
@@ -89,7 +153,7 @@ pub fn at_depth(
     if !restored {
         fill(ctx, tokens, depth, np)?;
     }
-    let tg = steps(ctx, tokens, depth, n_gen, np)?;
+    let tg = steps(ctx, tokens, depth, n_gen, np, cut)?;
     Ok((pp, tg))
 }
 
@@ -104,8 +168,16 @@ fn fill(ctx: &mut Context, tokens: &mut TokenSource, depth: u32, np: u32) -> Res
 }
 
 /// `n` timed steps of one token per sequence, after `depth` tokens already in each one's cache.
-fn steps(ctx: &mut Context, tokens: &mut TokenSource, depth: u32, n: u32, np: u32) -> Result<f64> {
+fn steps(
+    ctx: &mut Context,
+    tokens: &mut TokenSource,
+    depth: u32,
+    n: u32,
+    np: u32,
+    cut: &mut Cutoff,
+) -> Result<f64> {
     if np <= 1 {
+        cut.arm(ctx);
         let t = Instant::now();
         for i in 0..n {
             let mut tok = [if depth == 0 && i == 0 {
@@ -116,15 +188,20 @@ fn steps(ctx: &mut Context, tokens: &mut TokenSource, depth: u32, n: u32, np: u3
             ctx.decode(&mut tok)?;
         }
         ctx.synchronize();
-        return Ok(n as f64 / t.elapsed().as_secs_f64());
+        let elapsed = t.elapsed();
+        cut.charge(ctx, elapsed);
+        return Ok(n as f64 / elapsed.as_secs_f64());
     }
     let steps: Vec<Vec<SeqToken>> = (0..n).map(|i| step_tokens(tokens, depth + i, np)).collect();
+    cut.arm(ctx);
     let t = Instant::now();
     for step in &steps {
         ctx.decode_sequences(step)?;
     }
     ctx.synchronize();
-    Ok((n * np) as f64 / t.elapsed().as_secs_f64())
+    let elapsed = t.elapsed();
+    cut.charge(ctx, elapsed);
+    Ok((n * np) as f64 / elapsed.as_secs_f64())
 }
 
 /// `np` prompts of `n` tokens, one sequence after another (as llama-server fills a batch from its
