@@ -396,10 +396,10 @@ fn the_time_budget_is_respected() {
     assert!(took < 15.0 + 12.0, "took {took:.1} s for a 15 s budget");
 }
 
-/// A micro-batch of one token takes a prompt token by token, several times slower than -ub 512: its
+/// A micro-batch of one token takes a prompt token by token, several times slower than -ub 256: its
 /// first repetition stops mid-prompt (llama.cpp's abort callback, between the graph's operations)
 /// once its own time proves a request more than twice the best's, and the run goes on to a winner
-/// at -ub 512. The stopped candidate is on the leaderboard with its limit, not as a failure.
+/// without it. The stopped candidate is on the leaderboard with its limit, not as a failure.
 #[test]
 fn a_configuration_several_times_slower_stops_mid_repetition() {
     let model = demo_model();
@@ -408,15 +408,15 @@ fn a_configuration_several_times_slower_stops_mid_repetition() {
         "tune",
         model.to_str().unwrap(),
         "--ctx",
-        "1024",
-        "--prompt",
         "512",
+        "--prompt",
+        "256",
         "--gen",
         "8",
         "--min-reps",
         "2",
         "--max-reps",
-        "3",
+        "2",
         "--seed",
         "7",
         "--threads",
@@ -428,7 +428,7 @@ fn a_configuration_several_times_slower_stops_mid_repetition() {
         "--kernels",
         "repack",
         "--ubatch",
-        "512,1",
+        "256,1",
         "--budget",
         "3m",
         "--no-save",
@@ -447,7 +447,7 @@ fn a_configuration_several_times_slower_stops_mid_repetition() {
     assert!(one["figures"].is_null(), "{one}");
     assert!(v["stopped_early"].as_u64().unwrap() >= 1, "{v}");
     assert_eq!(v["failed"], 0, "{v}");
-    assert_eq!(v["winner"]["n_ubatch"], 512, "{}", v["winner"]);
+    assert_ne!(v["winner"]["n_ubatch"], 1, "{}", v["winner"]);
 }
 
 /// `--numa`: each strategy asked for is measured (in a worker process of its own: llama.cpp sets it
