@@ -511,6 +511,16 @@ impl Landscape {
         s * w.n_parallel.max(1) as f64 + 0.05
     }
 
+    /// Seconds the discarded warm-up on a fresh context takes, as the worker runs it: a prompt of
+    /// at most a batch per sequence, then 4 generation steps.
+    pub fn warm_up_seconds(&self, ideal: &Repetition, w: &Workload, n_batch: u32) -> f64 {
+        let np = w.n_parallel.max(1);
+        let n = (w.n_prompt.min(n_batch / np))
+            .min((w.n_ctx / np).saturating_sub(4))
+            .max(1);
+        (n as f64 / ideal.pp_tps + 4.0 / ideal.tg_tps) * np as f64 + 0.05
+    }
+
     /// Seconds one load takes: the file from disk (3 GB/s) and each device's share over its link.
     pub fn load_seconds(&self, c: &Candidate, n_ctx: u32) -> f64 {
         let shares = self.shares(c, n_ctx);

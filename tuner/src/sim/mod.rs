@@ -205,7 +205,7 @@ impl Measurer for SimMeasurer {
                 return Err(self.oom(&c, "context", why));
             }
             // The discarded warm-up.
-            self.clock += self.land.rep_seconds(&ideal, w);
+            self.clock += self.land.warm_up_seconds(&ideal, w, req.context.n_batch);
             self.loaded[i].context = Some(context);
         }
         let crash = self.rng.gen::<f64>() < self.land.crash_rate;

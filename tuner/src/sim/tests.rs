@@ -311,7 +311,8 @@ fn a_first_repetition_several_times_slower_than_the_best_stops_early() {
     assert!(cpu.reps.is_empty());
     assert!((limit_ms as f64 - best_ms as f64 * GIVE_UP_FACTOR).abs() <= GIVE_UP_FACTOR);
     assert!(land.true_seconds(&cpu.candidate, w) > limit_ms as f64 / 1e3);
-    // Its load, the warm-up (a repetition here) and the time to the limit: not a second repetition.
+    // Its load, the warm-up (a prompt and 4 tokens) and the time to the limit: not a second
+    // repetition.
     let rep = land.rep_seconds(&land.ideal(&cpu.candidate, w), w);
     let load = land.load_seconds(&cpu.candidate, w.n_ctx);
     assert!(cpu.seconds < load + 1.5 * rep, "{} s", cpu.seconds);
