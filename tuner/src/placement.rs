@@ -44,7 +44,7 @@ impl Engine<'_> {
         self.check_fit_of(c, false)
     }
 
-    fn check_fit_of(&mut self, c: &Candidate, host: bool) -> Result<LoadReport, String> {
+    pub(crate) fn check_fit_of(&mut self, c: &Candidate, host: bool) -> Result<LoadReport, String> {
         if self.settings.budgets.is_empty() {
             return Ok(LoadReport::default());
         }

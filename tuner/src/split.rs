@@ -3,7 +3,9 @@
 //! The search measures the split in proportion to the budgets, that split moved a step toward each
 //! device, each device alone, each backend's devices alone (the same GPU can appear as CUDA0 and
 //! Vulkan0) and `-sm row` where every device is CUDA — each at the most layers it lets fit — and
-//! then keeps moving the split in the direction that won while the measurements say it pays.
+//! then keeps moving the split in the direction that won while the measurements say it pays, each
+//! step as long as the split has moved so far (10, 20, 40 points) and no longer than still holds
+//! every layer.
 
 use crate::engine::Engine;
 use search_space::{Candidate, SplitMode};
@@ -152,24 +154,76 @@ impl Engine<'_> {
         out
     }
 
-    /// One more step in the direction `c`'s split already moved from the budgets' split.
-    fn split_step(&mut self, c: &Candidate) -> Option<Candidate> {
+    /// One more step in the direction `c`'s split already moved from the budgets' split: as far
+    /// again as it has moved (10, 20, 40 points), so a device far faster than its share of the
+    /// budgets says is reached in a few steps; `half` instead steps half as far (after a step that
+    /// went too far).
+    fn split_step(&mut self, c: &Candidate, half: bool) -> Option<Candidate> {
         if c.tensor_split.is_empty() || !c.devices.is_empty() {
             return None;
         }
         let (_, base) = self.budget_split();
         let to =
             (0..c.tensor_split.len().min(base.len())).find(|&k| c.tensor_split[k] > base[k])?;
-        let ts = shifted(&c.tensor_split, to, STEP)?;
-        let next = Candidate {
+        let moved = self.split_moved(c).max(STEP);
+        let step = if half { moved / 2 } else { moved };
+        let at = |ts: Vec<u32>| Candidate {
             tensor_split: ts,
             ..c.clone()
         };
-        self.fitted(vec![next]).into_iter().next()
+        let step = self.longest_step_that_holds(c, to, step);
+        if step < 2 {
+            return None;
+        }
+        let ts = shifted(&c.tensor_split, to, step)?;
+        self.fitted(vec![at(ts)]).into_iter().next()
+    }
+
+    /// `step`, or where moving that far would push layers off the devices (the device `to` full), the
+    /// longest step (bisected on dry runs) that still holds all of `c`'s layers; 0 where not even
+    /// one point does.
+    fn longest_step_that_holds(&mut self, c: &Candidate, to: usize, step: u32) -> u32 {
+        let holds = |s: u32, e: &mut Self| {
+            shifted(&c.tensor_split, to, s).is_some_and(|ts| {
+                e.check_fit_of(
+                    &Candidate {
+                        tensor_split: ts,
+                        ..c.clone()
+                    },
+                    false,
+                )
+                .is_ok()
+            })
+        };
+        if holds(step, self) {
+            return step;
+        }
+        if !holds(1, self) {
+            return 0;
+        }
+        let (mut lo, mut hi) = (1, step);
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if holds(mid, self) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// Points `c`'s split has moved toward one device from the budgets' split (0 for none).
+    fn split_moved(&self, c: &Candidate) -> u32 {
+        let (_, base) = self.budget_split();
+        (c.tensor_split.iter().zip(&base))
+            .find(|(v, b)| v > b)
+            .map_or(0, |(v, b)| v - b)
     }
 
     /// The split search around `best` (the placement group's winner): the split group, then steps in
-    /// the winning direction while each step wins. Returns the new best.
+    /// the winning direction, each as far as the split has moved, while each step wins; a step that
+    /// loses after a longer one is followed by one half as long. Returns the new best.
     pub fn search_split(&mut self, best: Candidate) -> Candidate {
         if !self.settings.offload || self.out_of_time() {
             return best;
@@ -182,17 +236,21 @@ impl Engine<'_> {
         group.insert(0, best.clone());
         self.measure_group(&group, "split");
         let mut best = self.choose(&group).unwrap_or(best);
+        let mut half = false;
         for _ in 0..MAX_STEPS {
             if self.out_of_time() {
                 break;
             }
-            let Some(next) = self.split_step(&best) else {
+            let Some(next) = self.split_step(&best, half) else {
                 break;
             };
             let pair = [best.clone(), next];
             self.measure_group(&pair, "split");
             match self.choose(&pair) {
-                Some(c) if c == pair[1] => best = c,
+                Some(c) if c == pair[1] && !half => best = c,
+                Some(c) if c == pair[1] => return c,
+                // Too far: half as far from the best, once, where the step was longer than one.
+                _ if !half && self.split_moved(&best) > STEP => half = true,
                 _ => break,
             }
         }

@@ -228,7 +228,7 @@ fn failed_marks(chart: &mut LayersChart, points: &[PlacementPoint]) -> anyhow::R
                     .map(|&x| Cross::new((x, 0.0), 6, FAILED_COLOR.stroke_width(2))),
             )
             .map_err(err)?
-            .label("not measured (did not fit or failed)")
+            .label("not measured (did not fit, failed or stopped as too slow)")
             .legend(|(x, y)| Cross::new((x + 10, y), 5, FAILED_COLOR.stroke_width(2)));
     }
     Ok(())

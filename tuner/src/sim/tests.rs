@@ -470,6 +470,26 @@ fn the_split_moves_toward_the_faster_device_by_measurement() {
     assert!(got < llama * 0.97, "{got} vs {llama}");
 }
 
+/// One GPU of four three times as fast as the others: the steps toward it grow (10, 20, 40 points
+/// of the split) while they win, each as long as still holds every layer (bisected on dry runs
+/// where the fast GPU fills up), so the run gets as much onto it as it holds (58% at f16 here, 60%
+/// with the q4_0 cache chosen later), never a split that pushes layers off the GPUs.
+#[test]
+fn the_split_steps_grow_toward_a_much_faster_device_as_far_as_it_holds() {
+    let mut land = gpus(4, 24 * GIB);
+    land.devices[3].bandwidth = 3000e9;
+    let s = settings(&land, 5);
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let win = run.winner.clone().expect("a winner");
+    assert!(fits(&land, &s, &win), "{}", win.label());
+    assert_eq!(win.tensor_split.len(), 4, "{}", win.label());
+    assert!(win.tensor_split[3] >= 58, "{}", win.label());
+    assert!(run.not_reached.is_empty(), "{:?}", run.not_reached);
+    for r in (run.results.iter()).filter(|r| !r.candidate.tensor_split.is_empty()) {
+        assert_eq!(r.candidate.n_gpu_layers, 81, "{}", r.candidate.label());
+    }
+}
+
 /// A budget smaller than free memory: llama.cpp's own fit is told the margin and fills each device
 /// to its budget, the last first, in whole layers (its split becomes those counts), so the baseline
 /// holds the layers the budgets hold — far more than llama.cpp's split by free memory lets fit.
