@@ -54,6 +54,11 @@ pub struct TuneSettings {
     pub candidate_cap: Duration,
     /// Total time for the run; what is not measured by then is reported as such.
     pub budget: Duration,
+    /// `Some(cap)` for the default budget: once the baseline's first visit (its load, warm-up and
+    /// two repetitions) shows what one configuration costs, the budget grows to [`VISITS`] such
+    /// visits where that is more, up to `cap` (a 70B model on four GPUs takes half a minute a
+    /// visit, and 10 minutes then end before the KV-cache axis).
+    pub budget_cap: Option<Duration>,
     pub seed: u64,
     pub threads_options: Vec<u32>,
     /// Prompt-processing thread counts (`-tb`) for the prompt-threads axis.
@@ -97,6 +102,10 @@ pub struct TuneSettings {
     /// `--quick`: fewer placements (the most layers that fit, half, none).
     pub quick: bool,
 }
+
+/// Visits (a load, its warm-up and two repetitions) a default budget leaves time for: about what
+/// the search needs on a model split over several GPUs (`bench/vs-tuners`).
+pub const VISITS: f64 = 40.0;
 
 /// Progress callbacks, so the CLI can draw a bar without the engine knowing about terminals.
 pub trait Progress {
@@ -154,6 +163,8 @@ pub struct Engine<'a> {
     pub budget_spent: bool,
     /// The axes the search had candidates for but did not reach before the budget ran out.
     pub not_reached: Vec<String>,
+    /// The seconds the baseline's first visit took, once the default budget was sized on it.
+    pub visit_seconds: Option<f64>,
     /// The baseline as this run measures it (llama.cpp's fit placement with an offload device), and
     /// where its placement came from.
     defaults: Option<(Candidate, BaselinePlacement)>,
@@ -190,6 +201,7 @@ impl<'a> Engine<'a> {
             interrupted: false,
             budget_spent: false,
             not_reached: Vec::new(),
+            visit_seconds: None,
             defaults: None,
         }
     }
@@ -271,6 +283,7 @@ impl<'a> Engine<'a> {
     }
 
     pub(crate) fn out_of_time(&mut self) -> bool {
+        self.size_default_budget();
         if (self.stop)() {
             self.interrupted = true;
         }
@@ -278,6 +291,28 @@ impl<'a> Engine<'a> {
             self.budget_spent = true;
         }
         self.interrupted || self.budget_spent
+    }
+
+    /// The default budget, once the baseline's first visit is measured: [`VISITS`] visits of
+    /// what that one cost, where that is more than the budget, up to its cap.
+    fn size_default_budget(&mut self) {
+        let (Some(cap), None) = (self.settings.budget_cap, self.visit_seconds) else {
+            return;
+        };
+        let Some((base, _)) = &self.defaults else {
+            return;
+        };
+        let Some(r) = (self.results.iter()).find(|r| &r.candidate == base && r.reps.len() >= 2)
+        else {
+            return;
+        };
+        // Repetitions reused from an earlier run cost nothing now: no size to go by.
+        if r.seconds <= 0.0 {
+            return;
+        }
+        self.visit_seconds = Some(r.seconds);
+        let want = Duration::from_secs_f64(r.seconds * VISITS).min(cap);
+        self.settings.budget = self.settings.budget.max(want);
     }
 
     pub(crate) fn request(&self, c: &Candidate) -> MeasureRequest {
@@ -541,6 +576,8 @@ pub struct Run {
     pub budget_spent: bool,
     /// The search's axes the budget left unmeasured.
     pub not_reached: Vec<String>,
+    /// Where the default budget grew: the seconds one visit of the baseline took.
+    pub visit_seconds: Option<f64>,
 }
 
 impl Engine<'_> {
@@ -588,6 +625,7 @@ impl Engine<'_> {
             interrupted: self.interrupted,
             budget_spent: self.budget_spent,
             not_reached: std::mem::take(&mut self.not_reached),
+            visit_seconds: self.visit_seconds,
         }
     }
 }

@@ -87,9 +87,10 @@ pub struct TuneArgs {
     #[arg(long)]
     pub exhaustive: bool,
 
-    /// Time budget for the whole run, e.g. 90s, 5m, 1h
-    #[arg(long, default_value = "10m", allow_hyphen_values = true, value_parser = parse_duration)]
-    pub budget: Duration,
+    /// Time budget for the whole run, e.g. 90s, 5m, 1h [default: 10m, growing up to 30m for a
+    /// model whose every configuration takes long to load and measure: 40 times the first's cost]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_duration)]
+    pub budget: Option<Duration>,
 
     /// About a minute: fewer repetitions, shorter generation
     #[arg(long, conflicts_with = "thorough")]

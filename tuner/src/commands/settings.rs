@@ -140,7 +140,8 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         min_reps,
         max_reps,
         candidate_cap: Duration::from_secs(per_candidate),
-        budget: a.budget,
+        budget: a.budget.unwrap_or(crate::tuning::DEFAULT_BUDGET),
+        budget_grows: a.budget.is_none(),
         seed: a.trial.seed.unwrap_or_else(time_seed),
         threads: a.threads.clone(),
         threads_batch: a.threads_batch.clone(),
@@ -206,7 +207,7 @@ pub fn joint(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Option<Joint>> {
         max_kld,
         reference: a.reference.clone(),
         eval: eval_settings(None, a.quality_tokens, 512, None, false, cli.quiet)?,
-        budget: a.budget,
+        budget: a.budget.unwrap_or(crate::tuning::DEFAULT_BUDGET),
         json: a.json,
     }))
 }

@@ -233,8 +233,15 @@ fn choices(land: &Landscape, s: &TuneSettings, seed: u64) -> Vec<Choice> {
         budget: Duration::from_secs(1000 * 3600),
         ..s.clone()
     };
+    // `tune`'s default: 10 minutes, growing to 40 visits of the baseline up to 30.
+    let default = TuneSettings {
+        budget: crate::tuning::DEFAULT_BUDGET,
+        budget_cap: Some(crate::tuning::GROWN_BUDGET_CAP),
+        ..s.clone()
+    };
     let mut out = vec![
         run_choice(land, s.clone(), Mode::Search),
+        run_choice(land, default, Mode::Search),
         run_choice(land, unbounded, Mode::Search),
         decided(super::harness::llama_fit(land, s)),
         decided(ollama(land, s)),
@@ -304,6 +311,7 @@ fn vs_tuners_bench() {
     println!("context, 512-token prompts, 128 generated tokens.");
     let names = [
         format!("autotune ({} s budget)", budget.as_secs()),
+        "autotune (default budget, grows)".into(),
         "autotune (no budget)".into(),
         "llama-server unasked (its --fit)".into(),
         "Ollama's estimate + its defaults".into(),

@@ -76,6 +76,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         max_reps: 10,
         candidate_cap: Duration::from_secs(40 * 60),
         budget: Duration::from_secs(4 * 3600),
+        budget_cap: None,
         seed,
         threads_options: vec![1, 8, 16, 32],
         threads_batch_options: vec![1, 8, 16, 32],
@@ -129,6 +130,9 @@ pub struct SimRun {
     /// The axes the budget ran out before.
     pub not_reached: Vec<String>,
     pub seconds: f64,
+    /// The budget at the end (a default one may have grown) and the visit it grew on.
+    pub budget: Duration,
+    pub visit_seconds: Option<f64>,
 }
 
 /// How the run searches: coordinate descent, or every placement × every knob value.
@@ -182,6 +186,8 @@ pub fn tune_with(m: SimMeasurer, s: TuneSettings, mode: Mode) -> SimRun {
         budget_spent: e.budget_spent,
         not_reached: std::mem::take(&mut e.not_reached),
         seconds: e.measurer.elapsed().as_secs_f64(),
+        budget: e.settings.budget,
+        visit_seconds: e.visit_seconds,
         results: std::mem::take(&mut e.results),
         winner,
         searched,

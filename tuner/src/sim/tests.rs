@@ -334,6 +334,47 @@ fn a_first_repetition_several_times_slower_than_the_best_stops_early() {
     assert!(run.trace.borrow().count(Outcome::GaveUp) >= 1);
 }
 
+/// `tune`'s default budget grows for a model whose every configuration takes long to measure: to
+/// 40 visits of what the baseline's first (its load, warm-up and two repetitions) cost, at most 30
+/// minutes; it reaches axes 10 minutes left unreached. A budget given stays.
+#[test]
+fn the_default_budget_grows_with_what_a_visit_costs_and_a_given_one_stays() {
+    let land = gpus(2, 24 * GIB);
+    let given = TuneSettings {
+        budget: crate::tuning::DEFAULT_BUDGET,
+        ..settings(&land, 5)
+    };
+    let fixed = tune(land.clone(), given.clone(), None, Mode::Search);
+    assert_eq!(fixed.budget, crate::tuning::DEFAULT_BUDGET);
+    assert!(fixed.visit_seconds.is_none());
+    assert!(!fixed.not_reached.is_empty(), "{:?}", fixed.not_reached);
+    let default = TuneSettings {
+        budget_cap: Some(crate::tuning::GROWN_BUDGET_CAP),
+        ..given
+    };
+    let run = tune(land.clone(), default, None, Mode::Search);
+    let visit = run.visit_seconds.expect("the budget was sized");
+    let base = result(&run, &run.baseline).expect("the baseline was measured");
+    assert!(visit > 0.0 && visit <= base.seconds, "{visit} s");
+    let want = Duration::from_secs_f64(visit * crate::engine::VISITS)
+        .min(crate::tuning::GROWN_BUDGET_CAP)
+        .max(crate::tuning::DEFAULT_BUDGET);
+    assert_eq!(run.budget, want);
+    assert!(run.budget > crate::tuning::DEFAULT_BUDGET);
+    assert!(
+        run.not_reached.len() < fixed.not_reached.len(),
+        "{:?} vs {:?}",
+        run.not_reached,
+        fixed.not_reached
+    );
+    let w = &settings(&land, 5).workload;
+    let (got, before) = (
+        land.true_seconds(run.winner.as_ref().unwrap(), w),
+        land.true_seconds(fixed.winner.as_ref().unwrap(), w),
+    );
+    assert!(got <= before * 1.02, "{got} vs {before}");
+}
+
 /// The confirmation re-measures the search's winner and runner-up, twice each, interleaved, each
 /// repetition on a fresh load.
 #[test]

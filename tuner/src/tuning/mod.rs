@@ -27,6 +27,13 @@ use std::time::{Duration, Instant};
 /// The search budget of `--quick` (a ceiling: a shorter budget still wins).
 const QUICK_BUDGET: Duration = Duration::from_secs(50);
 
+/// `--budget`'s default: 10 minutes, growing (see [`crate::engine::TuneSettings::budget_cap`]) up
+/// to [`GROWN_BUDGET_CAP`].
+pub const DEFAULT_BUDGET: Duration = Duration::from_secs(600);
+
+/// The most a default budget grows to, for a model whose configurations take long to measure.
+pub const GROWN_BUDGET_CAP: Duration = Duration::from_secs(1800);
+
 /// What to tune for and how, validated (built from the flags in `commands/`); what depends on the
 /// machine and the model (thread counts, layers, budgets per device) is resolved by [`Plan::settings`].
 #[derive(Debug, Clone)]
@@ -43,6 +50,8 @@ pub struct Plan {
     pub candidate_cap: Duration,
     /// The whole run's time (`--quick` caps it at [`QUICK_BUDGET`]).
     pub budget: Duration,
+    /// The budget is the default (no `--budget`): it may grow for a slow model.
+    pub budget_grows: bool,
     pub seed: u64,
     /// Thread counts to try; `None`: 1, half the cores, the cores, all CPUs.
     pub threads: Option<Vec<u32>>,
@@ -122,6 +131,8 @@ impl Plan {
             } else {
                 self.budget
             },
+            budget_cap: (self.budget_grows && !self.quick && !self.exhaustive)
+                .then_some(GROWN_BUDGET_CAP),
             seed: self.seed,
             threads_options,
             threads_batch_options,

@@ -16,6 +16,19 @@ use search_space::Candidate;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
+/// Why the default budget grew, where it did.
+fn grown_budget_note(run: &crate::engine::Run) -> Option<String> {
+    let visit = run.visit_seconds?;
+    let budget = run.settings.budget;
+    (budget > crate::tuning::DEFAULT_BUDGET).then(|| {
+        format!(
+            "the default budget grew to {:.0} min: one configuration of this model took {visit:.0} s to load, warm up and measure twice (llama.cpp's defaults), and the search needs about {:.0} of those; --budget sets it",
+            budget.as_secs_f64() / 60.0,
+            crate::engine::VISITS
+        )
+    })
+}
+
 /// The notes of the run: GPU warnings, crashed candidates, a budget that ran out.
 fn notes(t: &Tuned) -> Vec<String> {
     let results = &t.run.results;
@@ -31,6 +44,9 @@ fn notes(t: &Tuned) -> Vec<String> {
                 r.candidate.label()
             )));
         }
+    }
+    if let Some(n) = grown_budget_note(&t.run) {
+        notes.push(n);
     }
     // Only the time budget's own skips: a candidate pruned on a memory budget ("needs 10.0 MiB on
     // Vulkan0, budget 8.0 MiB") would not be measured with more time either.
