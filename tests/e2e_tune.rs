@@ -404,36 +404,12 @@ fn the_time_budget_is_respected() {
 fn a_configuration_several_times_slower_stops_mid_repetition() {
     let model = demo_model();
     let sb = Sandbox::new();
-    let v = sb.run_json(&[
-        "tune",
-        model.to_str().unwrap(),
-        "--ctx",
-        "512",
-        "--prompt",
-        "256",
-        "--gen",
-        "8",
-        "--min-reps",
-        "2",
-        "--max-reps",
-        "2",
-        "--seed",
-        "7",
-        "--threads",
-        "2",
-        "--cache-types",
-        "f16",
-        "--flash-attn",
-        "auto",
-        "--kernels",
-        "repack",
-        "--ubatch",
-        "256,1",
-        "--budget",
-        "3m",
-        "--no-save",
-        "--json",
-    ]);
+    // A 256-token prompt: one micro-batch at -ub 256, 256 of them at -ub 1.
+    let knobs = "--ctx 512 --prompt 256 --gen 8 --min-reps 2 --max-reps 2 --seed 7 --threads 2 \
+                 --cache-types f16 --flash-attn auto --kernels repack --ubatch 256,1 --budget 3m";
+    let mut args = vec!["tune", model.to_str().unwrap(), "--no-save", "--json"];
+    args.extend(knobs.split_whitespace());
+    let v = sb.run_json(&args);
     let board = v["leaderboard"].as_array().expect("a leaderboard");
     let one = board
         .iter()

@@ -8,6 +8,20 @@ use crate::worker::{LoadReport, TrialFailure};
 use search_space::size::format_size_pair;
 use search_space::{Candidate, KvOffload};
 
+/// The largest `x` in `lo..hi` for which `holds(x)`, bisected, where it holds at `lo` and not at
+/// `hi` (and so, memory being monotone, nowhere above the answer).
+pub(crate) fn last_that_holds(mut lo: u32, mut hi: u32, mut holds: impl FnMut(u32) -> bool) -> u32 {
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if holds(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
 /// The most GPU layers [`Engine::trade_layers_for_batch`] gives up for a larger micro-batch.
 const BATCH_FOR_LAYERS: u32 = 2;
 
@@ -40,11 +54,11 @@ impl Engine<'_> {
     /// with the layers (and expert layers) placed on them, while the host's shrinks: the searches
     /// for the most layers that fit bisect on this, and the host's budget prunes the candidates they
     /// lead to (too few layers offloaded for the rest to fit in RAM).
-    fn check_device_fit(&mut self, c: &Candidate) -> Result<LoadReport, String> {
+    pub(crate) fn check_device_fit(&mut self, c: &Candidate) -> Result<LoadReport, String> {
         self.check_fit_of(c, false)
     }
 
-    pub(crate) fn check_fit_of(&mut self, c: &Candidate, host: bool) -> Result<LoadReport, String> {
+    fn check_fit_of(&mut self, c: &Candidate, host: bool) -> Result<LoadReport, String> {
         if self.settings.budgets.is_empty() {
             return Ok(LoadReport::default());
         }
@@ -96,16 +110,8 @@ impl Engine<'_> {
         if known == 0 && !fits(self, 0) {
             return None;
         }
-        let (mut lo, mut hi) = (known.min(all - 1), all); // lo fits, hi does not
-        while hi - lo > 1 {
-            let mid = (lo + hi) / 2;
-            if fits(self, mid) {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        Some(lo)
+        // known.min(all - 1) fits, all does not.
+        Some(last_that_holds(known.min(all - 1), all, |n| fits(self, n)))
     }
 
     /// GPU-layer counts to measure first: the most that fit, one fewer, and none (CPU only); with

@@ -8,6 +8,7 @@
 //! every layer.
 
 use crate::engine::Engine;
+use crate::placement::last_that_holds;
 use search_space::{Candidate, SplitMode};
 
 /// Percentage points one step of the split moves.
@@ -185,13 +186,10 @@ impl Engine<'_> {
     fn longest_step_that_holds(&mut self, c: &Candidate, to: usize, step: u32) -> u32 {
         let holds = |s: u32, e: &mut Self| {
             shifted(&c.tensor_split, to, s).is_some_and(|ts| {
-                e.check_fit_of(
-                    &Candidate {
-                        tensor_split: ts,
-                        ..c.clone()
-                    },
-                    false,
-                )
+                e.check_device_fit(&Candidate {
+                    tensor_split: ts,
+                    ..c.clone()
+                })
                 .is_ok()
             })
         };
@@ -201,16 +199,7 @@ impl Engine<'_> {
         if !holds(1, self) {
             return 0;
         }
-        let (mut lo, mut hi) = (1, step);
-        while hi - lo > 1 {
-            let mid = (lo + hi) / 2;
-            if holds(mid, self) {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        lo
+        last_that_holds(1, step, |s| holds(s, self))
     }
 
     /// Points `c`'s split has moved toward one device from the budgets' split (0 for none).

@@ -35,20 +35,26 @@ impl Cutoff {
         Self::new(None, 1)
     }
 
-    /// Right before a timed phase: the deadline the rest of the limit allows.
-    fn arm(&self, ctx: &mut Context) {
+    /// Runs one timed phase: armed with the deadline what is left of the limit allows, clocked
+    /// until the device has finished (synchronised), charged its seconds per request. Seconds.
+    fn timed(
+        &mut self,
+        ctx: &mut Context,
+        phase: impl FnOnce(&mut Context) -> Result<()>,
+    ) -> Result<f64> {
         if let Some(limit) = self.limit {
             let left = ((limit - self.spent) * self.np).max(0.0);
             ctx.set_deadline(Some(Instant::now() + Duration::from_secs_f64(left)));
         }
-    }
-
-    /// Right after a timed phase of `elapsed`.
-    fn charge(&mut self, ctx: &mut Context, elapsed: Duration) {
+        let t = Instant::now();
+        phase(ctx)?;
+        ctx.synchronize();
+        let elapsed = t.elapsed().as_secs_f64();
         if self.limit.is_some() {
             ctx.set_deadline(None);
-            self.spent += elapsed.as_secs_f64() / self.np;
+            self.spent += elapsed / self.np;
         }
+        Ok(elapsed)
     }
 }
 
@@ -83,13 +89,8 @@ pub fn prompt(
     ctx.clear();
     if np <= 1 {
         let mut prompt = tokens.prompt(n);
-        cut.arm(ctx);
-        let t = Instant::now();
-        ctx.decode(&mut prompt)?;
-        ctx.synchronize();
-        let elapsed = t.elapsed();
-        cut.charge(ctx, elapsed);
-        return Ok(n as f64 / elapsed.as_secs_f64());
+        let seconds = cut.timed(ctx, |ctx| ctx.decode(&mut prompt))?;
+        return Ok(n as f64 / seconds);
     }
     let batch = prompts(tokens, n, np);
     timed_batch(ctx, &batch, cut)
@@ -97,13 +98,8 @@ pub fn prompt(
 
 /// One batch of several sequences' tokens, timed: tokens per second.
 fn timed_batch(ctx: &mut Context, batch: &[SeqToken], cut: &mut Cutoff) -> Result<f64> {
-    cut.arm(ctx);
-    let t = Instant::now();
-    ctx.decode_sequences(batch)?;
-    ctx.synchronize();
-    let elapsed = t.elapsed();
-    cut.charge(ctx, elapsed);
-    Ok(batch.len() as f64 / elapsed.as_secs_f64())
+    let seconds = cut.timed(ctx, |ctx| ctx.decode_sequences(batch))?;
+    Ok(batch.len() as f64 / seconds)
 }
 
 /// Generation on an empty cache: `n` steps of one token per sequence.
@@ -177,31 +173,24 @@ fn steps(
     cut: &mut Cutoff,
 ) -> Result<f64> {
     if np <= 1 {
-        cut.arm(ctx);
-        let t = Instant::now();
-        for i in 0..n {
-            let mut tok = [if depth == 0 && i == 0 {
-                tokens.bos
-            } else {
-                tokens.next()
-            }];
-            ctx.decode(&mut tok)?;
-        }
-        ctx.synchronize();
-        let elapsed = t.elapsed();
-        cut.charge(ctx, elapsed);
-        return Ok(n as f64 / elapsed.as_secs_f64());
+        let seconds = cut.timed(ctx, |ctx| {
+            for i in 0..n {
+                let mut tok = [if depth == 0 && i == 0 {
+                    tokens.bos
+                } else {
+                    tokens.next()
+                }];
+                ctx.decode(&mut tok)?;
+            }
+            Ok(())
+        })?;
+        return Ok(n as f64 / seconds);
     }
     let steps: Vec<Vec<SeqToken>> = (0..n).map(|i| step_tokens(tokens, depth + i, np)).collect();
-    cut.arm(ctx);
-    let t = Instant::now();
-    for step in &steps {
-        ctx.decode_sequences(step)?;
-    }
-    ctx.synchronize();
-    let elapsed = t.elapsed();
-    cut.charge(ctx, elapsed);
-    Ok((n * np) as f64 / elapsed.as_secs_f64())
+    let seconds = cut.timed(ctx, |ctx| {
+        steps.iter().try_for_each(|step| ctx.decode_sequences(step))
+    })?;
+    Ok((n * np) as f64 / seconds)
 }
 
 /// `np` prompts of `n` tokens, one sequence after another (as llama-server fills a batch from its
