@@ -349,11 +349,14 @@ fn repacked_weights_count_once_in_the_memory_a_configuration_holds() {
     let model = test_model("1b");
     let sb = Sandbox::new();
     let m = model_arg(&model);
+    // The grid: both rows measured in full (the search would stop plain kernels early where they
+    // are more than twice as slow, and report no memory for them).
     let mut args = vec![
         "tune",
         &m,
         "--json",
         "--no-save",
+        "--exhaustive",
         "--kernels",
         "repack,plain",
     ];
@@ -506,13 +509,17 @@ fn ctx_max_is_the_largest_context_that_keeps_every_layer_on_the_device() {
         "{limit}"
     );
     // And at that context every layer on the device is measured, not pruned (on this machine's
-    // loopback RPC device the host may still be faster: the winner is the measurements' to pick).
+    // loopback RPC device the host may still be faster: the winner is the measurements' to pick,
+    // and a placement more than twice as slow as the best is stopped mid-repetition).
     let layers = r["model"]["layers"].as_u64().unwrap();
     let board = r["leaderboard"].as_array().unwrap();
     assert!(
         board.iter().any(
             |e| e["candidate"]["n_gpu_layers"].as_u64() == Some(layers + 1)
-                && !e["figures"].is_null()
+                && (!e["figures"].is_null()
+                    || e["status"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with("stopped mid-repetition")))
         ),
         "{board:?}"
     );

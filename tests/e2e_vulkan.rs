@@ -312,7 +312,8 @@ fn op_offload_off_wins_over_a_slow_device_and_applies() {
 /// mapping: `CPU_Mapped`, and the CPU's repacked kernels unused although `--repack` is on), read
 /// into it with `--load-mode none` (`Vulkan_Host`), or in the CPU's own repacking buffers with
 /// `--no-host` (`CPU_REPACK`). `measure` loads each as asked (llama.cpp's own buffer names); `tune`
-/// measures all three where weights stay on the host; the profile's flag is what a real
+/// measures all three where weights stay on the host (a first repetition more than twice as slow
+/// as the best is stopped); the profile's flag is what a real
 /// llama-server loads the same buffers with.
 #[test]
 fn host_weights_go_where_the_host_buffer_says_in_autotune_and_llama_server() {
@@ -390,10 +391,18 @@ fn host_weights_go_where_the_host_buffer_says_in_autotune_and_llama_server() {
         "3",
     ]));
     let board = r["leaderboard"].as_array().expect("leaderboard");
+    // Measured in full, or loaded and stopped mid-repetition as more than twice as slow as the
+    // best (on llvmpipe one of them can be).
+    let measured = |e: &serde_json::Value| {
+        let status = e["status"].as_str().unwrap_or("");
+        status == "ok" || status.starts_with("stopped mid-repetition")
+    };
     for h in ["mapped", "pinned", "cpu"] {
         assert!(
-            board.iter().any(|e| e["status"] == "ok"
-                && e["candidate"]["host_buffer"].as_str().unwrap_or("mapped") == h),
+            board
+                .iter()
+                .any(|e| measured(e)
+                    && e["candidate"]["host_buffer"].as_str().unwrap_or("mapped") == h),
             "host buffer {h} measured: {r:#}"
         );
     }

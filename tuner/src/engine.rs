@@ -306,7 +306,8 @@ impl<'a> Engine<'a> {
         else {
             return;
         };
-        // Repetitions reused from an earlier run cost nothing now: no size to go by.
+        // Repetitions reused from an earlier run cost nothing now: no size to go by (a resumed
+        // run keeps the budget it has).
         if r.seconds <= 0.0 {
             return;
         }

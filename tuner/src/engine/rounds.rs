@@ -181,7 +181,9 @@ impl Engine<'_> {
         if let Some(p) = &self.results[i].predicted {
             req.expect = p.per_device.clone();
         }
-        if self.results[i].reps.is_empty() && axis != "confirm" {
+        // Not in the confirmation, nor in grid mode (`--exhaustive`: every combination measured
+        // in full, for those who want the whole grid).
+        if self.results[i].reps.is_empty() && axis != "confirm" && axis != "grid" {
             req.give_up = self.give_up(i);
         }
         if self.measurer.crashes_for(&req) >= 2 {

@@ -94,11 +94,11 @@ pub fn parse_breakdown(text: &str) -> Vec<BreakdownRow> {
     rows
 }
 
-/// Bytes per device from a breakdown: host rows (`Host`, CPU buffer types) count for the CPU.
+/// Bytes per device from a breakdown: host rows (`Host`, CPU buffer types, `AMX`) count for the CPU.
 pub fn breakdown_per_device(rows: &[BreakdownRow]) -> Vec<profiles::measurements::DeviceBytes> {
     let mut map: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     for r in rows {
-        let dev = if r.name == "Host" || r.name.starts_with("CPU") {
+        let dev = if super::log::is_host_buffer(&r.name) {
             "CPU".to_string()
         } else {
             r.name.clone()

@@ -123,9 +123,11 @@ pub fn parse_buffer_reports(log: &[String]) -> Vec<BufferReport> {
 }
 
 /// Which device a llama.cpp buffer lives on: device-named buffers (`CUDA0`, `RPC0[host:port]`) belong
-/// to that device; host buffers (`CPU`, `CPU_Mapped`, `CPU_REPACK`, `CUDA_Host`, ...) to the CPU.
+/// to that device; host buffers (`CPU`, `CPU_Mapped`, `CPU_REPACK`, `CUDA_Host`, ...) to the CPU, and
+/// so does `AMX`, the CPU backend's buffer type for Intel AMX kernels (repacked weights in host
+/// memory, on CPUs with AMX tiles).
 pub fn buffer_device(buffer: &str, devices: &[DeviceInfo]) -> String {
-    if buffer.starts_with("CPU") || buffer.ends_with("_Host") {
+    if is_host_buffer(buffer) {
         return "CPU".to_string();
     }
     devices
@@ -135,6 +137,13 @@ pub fn buffer_device(buffer: &str, devices: &[DeviceInfo]) -> String {
         .max_by_key(|d| d.name.len())
         .map(|d| d.name.clone())
         .unwrap_or_else(|| buffer.split('[').next().unwrap_or(buffer).to_string())
+}
+
+/// Whether a buffer (type) name, or a memory breakdown's row, is host memory: llama.cpp's `Host`
+/// row, the CPU backend's buffer types (`CPU…`, `AMX`) and GPU backends' pinned host buffers
+/// (`…_Host`).
+pub fn is_host_buffer(name: &str) -> bool {
+    name == "Host" || name.starts_with("CPU") || name.ends_with("_Host") || name == "AMX"
 }
 
 /// Sums buffer reports per device.
@@ -179,6 +188,23 @@ pub fn cpu_variant(log: &[String]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Host memory whatever the buffer type's name: the CPU backend's own (the mapped file, its
+    /// repacked weights, Intel AMX's) and a GPU backend's pinned host buffers.
+    #[test]
+    fn host_buffer_types_count_as_the_cpus_memory() {
+        for b in [
+            "CPU",
+            "CPU_Mapped",
+            "CPU_REPACK",
+            "AMX",
+            "CUDA_Host",
+            "Vulkan_Host",
+        ] {
+            assert_eq!(buffer_device(b, &[]), "CPU", "{b}");
+        }
+        assert_eq!(buffer_device("RPC0[127.0.0.1:50052]", &[]), "RPC0");
+    }
 
     #[test]
     fn parses_llama_buffer_lines() {

@@ -203,6 +203,8 @@ fn tune_rungs(
     let per_rung = (j.budget / to_tune.len() as u32).max(MIN_BUDGET_PER_RUNG);
     let rung_plan = Plan {
         budget: per_rung,
+        // The rungs share the joint budget: none grows its share.
+        budget_grows: false,
         cache_types: kv_allowed.to_vec(),
         ..plan.clone()
     };
