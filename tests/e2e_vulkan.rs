@@ -311,10 +311,16 @@ fn op_offload_off_wins_over_a_slow_device_and_applies() {
 /// in that memory first: mapped from the file by default (the pinned buffer set aside for the
 /// mapping: `CPU_Mapped`, and the CPU's repacked kernels unused although `--repack` is on), read
 /// into it with `--load-mode none` (`Vulkan_Host`), or in the CPU's own repacking buffers with
-/// `--no-host` (`CPU_REPACK`). `measure` loads each as asked (llama.cpp's own buffer names); `tune`
+/// `--no-host` (`CPU_REPACK`, or `AMX` on a CPU with AMX). `measure` loads each as asked (llama.cpp's own buffer names); `tune`
 /// measures all three where weights stay on the host (a first repetition more than twice as slow
 /// as the best is stopped); the profile's flag is what a real
 /// llama-server loads the same buffers with.
+/// The CPU backend's buffers for weights it repacks: `AMX` where the CPU has AMX (it is asked
+/// first), `CPU_REPACK` elsewhere.
+fn is_cpu_extra_buffer(name: &str) -> bool {
+    name == "CPU_REPACK" || name == "AMX"
+}
+
 #[test]
 fn host_weights_go_where_the_host_buffer_says_in_autotune_and_llama_server() {
     let sb = Sandbox::new();
@@ -359,13 +365,13 @@ fn host_weights_go_where_the_host_buffer_says_in_autotune_and_llama_server() {
     assert!(
         !mapped
             .iter()
-            .any(|b| b == "CPU_REPACK" || b == "Vulkan_Host"),
+            .any(|b| is_cpu_extra_buffer(b) || b == "Vulkan_Host"),
         "{mapped:?}"
     );
     let pinned = model_buffers("pinned");
     assert!(pinned.iter().any(|b| b == "Vulkan_Host"), "{pinned:?}");
     let cpu = model_buffers("cpu");
-    assert!(cpu.iter().any(|b| b == "CPU_REPACK"), "{cpu:?}");
+    assert!(cpu.iter().any(|b| is_cpu_extra_buffer(b)), "{cpu:?}");
 
     // Half the layers on Vulkan0, op offload off (on llvmpipe it is hundreds of times slower).
     let tune = |extra: &[&str]| {
@@ -422,8 +428,11 @@ fn host_weights_go_where_the_host_buffer_says_in_autotune_and_llama_server() {
     let v = json(&o);
     assert!(command_of(&v).contains(&"--no-host"), "{v}");
     assert!(v["completion"]["predicted_n"].as_u64().unwrap() > 0, "{v}");
+    let log = stderr(&o);
     assert!(
-        stderr(&o).contains("CPU_REPACK model buffer size"),
+        ["CPU_REPACK", "AMX"]
+            .iter()
+            .any(|b| log.contains(&format!("{b} model buffer size"))),
         "llama-server's log: {}",
         stderr(&o)
     );
