@@ -514,3 +514,72 @@ fn measure_takes_several_depths_like_llama_bench() {
         "{out}"
     );
 }
+
+/// Busy-loop processes, one per CPU, until dropped: a machine that other programs keep busy.
+struct Hogs(Vec<std::process::Child>);
+
+impl Hogs {
+    fn start() -> Hogs {
+        let n = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Hogs(
+            (0..n)
+                .map(|_| {
+                    std::process::Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .expect("sh")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Other programs' CPU time while autotune measures (from /proc/stat, less autotune's own and its
+/// workers') is reported: `measure` and `tune` warn, `tune` notes it in the report and the profile.
+#[test]
+fn a_machine_busy_with_other_programs_is_said_to_be_busy() {
+    let model = demo_model();
+    let sb = Sandbox::new();
+    let _hogs = Hogs::start();
+    let args = ["measure", model.to_str().unwrap(), "--json", "--reps", "2"];
+    let knobs = ["-c", "512", "-p", "32", "-n", "4", "-t", "2"];
+    let o = sb.run(&[&args[..], &knobs[..]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let share = v["others_cpu_share"].as_f64().expect("others_cpu_share");
+    assert!(share > 0.15, "{share}");
+    assert!(
+        stderr(&o).contains("the machine was busy: other programs took"),
+        "{}",
+        stderr(&o)
+    );
+
+    let profile = sb.dir.path().join("busy.toml");
+    let knobs = "--ctx 512 --prompt 32 --gen 4 --threads 2 --cache-types f16 --flash-attn auto \
+                 --kernels repack --min-reps 2 --max-reps 2 --budget 20s";
+    let mut args = vec!["tune", model.to_str().unwrap(), "--json", "-o"];
+    args.push(profile.to_str().unwrap());
+    args.extend(knobs.split_whitespace());
+    let o = sb.run(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["others_cpu_share"].as_f64().unwrap() > 0.15, "{v}");
+    let busy = "the machine was busy: other programs took";
+    assert!(v["notes"].to_string().contains(busy), "{}", v["notes"]);
+    assert!(
+        stderr(&o).contains("time as autotune started"),
+        "{}",
+        stderr(&o)
+    );
+    let text = std::fs::read_to_string(&profile).unwrap();
+    assert!(text.contains(busy), "{text}");
+}

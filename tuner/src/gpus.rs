@@ -227,6 +227,36 @@ pub fn unused(gpus: &[Gpu], backends: &[String], devices: &[DeviceInfo]) -> Vec<
     out
 }
 
+/// Memory a discrete GPU already has in use above which the run says so: [`IN_USE_FLOOR`] or this
+/// share of the GPU, whichever is more (a driver's context and a desktop take some).
+const IN_USE_SHARE: f64 = 0.05;
+const IN_USE_FLOOR: u64 = 3 << 29; // 1.5 GiB
+
+/// One warning per discrete GPU whose memory other programs already hold (a desktop, a game, a
+/// model another server keeps loaded): the search fits what is free, so a profile tuned now leaves
+/// that memory to them. Integrated GPUs (the host's RAM) and RPC devices (another host's RAM, where
+/// other programs live) are not judged.
+pub fn memory_in_use(devices: &[DeviceInfo]) -> Vec<String> {
+    use search_space::size::format_size;
+    devices
+        .iter()
+        .filter(|d| d.kind.eq_ignore_ascii_case("gpu") && !d.is_rpc())
+        .filter_map(|d| {
+            let used = d.memory_total.saturating_sub(d.memory_free);
+            let floor = IN_USE_FLOOR.max((d.memory_total as f64 * IN_USE_SHARE) as u64);
+            (used > floor).then(|| {
+                format!(
+                    "{}: {} of its {} is already in use (other programs: a desktop, another server's model); the search fits the {} free, so a profile tuned now leaves the rest to them: stop them and tune again to use the whole GPU, or keep them and this profile",
+                    d.name,
+                    format_size(used),
+                    format_size(d.memory_total),
+                    format_size(d.memory_free)
+                )
+            })
+        })
+        .collect()
+}
+
 fn display_backend(b: &str) -> String {
     match b {
         "cuda" => "CUDA".into(),
@@ -312,6 +342,35 @@ mod tests {
     fn an_empty_machine_has_no_gpus() {
         let root = tempfile::tempdir().unwrap();
         assert!(scan(root.path()).is_empty());
+    }
+
+    #[test]
+    fn a_discrete_gpus_memory_held_by_others_gets_a_warning() {
+        let gib = 1u64 << 30;
+        let gpu = |name: &str, backend: &str, kind: &str, free: u64, total: u64| DeviceInfo {
+            name: name.into(),
+            backend: backend.into(),
+            kind: kind.into(),
+            memory_free: free,
+            memory_total: total,
+            ..device(backend)
+        };
+        let devices = [
+            gpu("CUDA0", "CUDA", "gpu", 14 * gib, 24 * gib), // 10 GiB held: said
+            gpu("CUDA1", "CUDA", "gpu", 23 * gib, 24 * gib), // a context and a desktop: not
+            gpu("CUDA2", "CUDA", "gpu", 133 * gib, 140 * gib), // 7 GiB of 140: 5%, not
+            gpu("Vulkan0", "Vulkan", "igpu", gib, 16 * gib), // the host's RAM
+            gpu("RPC0", "RPC", "gpu", gib, 16 * gib),        // another host's RAM
+            gpu("CPU", "CPU", "cpu", gib, 16 * gib),
+        ];
+        let w = memory_in_use(&devices);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("CUDA0: 10.0 GiB of its 24.0 GiB is already in use"),
+            "{}",
+            w[0]
+        );
+        assert!(w[0].contains("fits the 14.0 GiB free"), "{}", w[0]);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `autotune`: finds the fastest way to run a GGUF model with llama.cpp on this machine.
 
 mod baseline;
+mod busy;
 mod cli;
 mod commands;
 mod engine;

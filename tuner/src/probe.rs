@@ -62,7 +62,8 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
         .cloned()
         .chain(skipped_devices.iter().map(|s| s.device.clone()))
         .collect();
-    let gpu_warnings = gpus::unused(&found, &backends, &registered);
+    let mut gpu_warnings = gpus::unused(&found, &backends, &registered);
+    gpu_warnings.extend(gpus::memory_in_use(&devices));
     Ok(Probe {
         machine: Machine::probe(devices),
         skipped_devices,

@@ -57,6 +57,9 @@ pub struct Report {
     pub profile_path: Option<PathBuf>,
     pub measurement_log: Option<PathBuf>,
     pub notes: Vec<String>,
+    /// Other programs' share of the CPUs' time while the run measured (0 to 1; absent where `/proc`
+    /// cannot say). Above 15% the notes say the machine was busy.
+    pub others_cpu_share: Option<f64>,
     /// Memory per device of every candidate: predicted by the dry run, reported by llama.cpp after
     /// the real load, and measured (device free-memory drop; on the host the worker's private memory
     /// grown plus the model file's pages inference read).

@@ -2,6 +2,7 @@
 //! warm-up, then repetitions), through the same worker process and code path as tuning. The fidelity
 //! benchmark compares these figures with llama-bench's.
 
+use crate::busy::{self, CpuSnapshot};
 use crate::cli::{Cli, MeasureArgs};
 use crate::commands::settings;
 use crate::exit::{self, Exit};
@@ -41,6 +42,8 @@ pub struct Measurement {
     pub llama_version: String,
     pub cpu_variant: Option<String>,
     pub devices: Vec<String>,
+    /// Other programs' share of the CPUs' time while it measured (absent where `/proc` cannot say).
+    pub others_cpu_share: Option<f64>,
 }
 
 /// Prompt processing and generation speed with `depth` tokens in the KV cache.
@@ -85,14 +88,19 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         .flat_map(|p| p.per_device.clone())
         .collect();
     let depths = depths_of(a);
+    let cpus = d.machine.logical_cpus;
+    let cpu_at_start = CpuSnapshot::now();
     if a.twice {
         if depths.len() > 1 {
             return Err(Exit::new(exit::USAGE, "--twice measures one --depth"));
         }
-        return twice(a, &request, &candidate);
+        let code = twice(a, &request, &candidate)?;
+        warn_if_busy(cpu_at_start, cpus);
+        return Ok(code);
     }
     let predicted = predicted.filter(|_| a.predict);
     let (reps, load) = repetitions(&request, &candidate, a.reps, &depths)?;
+    let others_cpu_share = warn_if_busy(cpu_at_start, cpus);
     let mut workload = request.workload.clone();
     workload.depth = depths.first().copied().unwrap_or(0);
     let summary = |v: Vec<f64>| Sample::new(v).ok().map(|s| s.summary());
@@ -134,6 +142,7 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         llama_version: d.llama_version,
         cpu_variant: d.cpu_variant,
         devices: d.machine.devices.iter().map(|x| x.name.clone()).collect(),
+        others_cpu_share,
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&m)?);
@@ -141,6 +150,18 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     }
     print_text(&m);
     Ok(exit::OK)
+}
+
+/// Other programs' share of the CPUs' time since `start`; a warning on stderr above
+/// [`busy::BUSY_SHARE`].
+fn warn_if_busy(start: Option<CpuSnapshot>, cpus: u32) -> Option<f64> {
+    let share = CpuSnapshot::now()
+        .zip(start)
+        .and_then(|(now, start)| now.others_since(&start));
+    if let Some(n) = busy::note(share, cpus, "while autotune measured") {
+        eprintln!("autotune: warning: {n}");
+    }
+    share
 }
 
 /// The configuration the flags describe, and its measurement request.

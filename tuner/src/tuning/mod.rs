@@ -7,6 +7,7 @@ mod output;
 
 pub use output::{complete, nothing_measured, profile_from_run, report_of, save, After};
 
+use crate::busy::{self, CpuSnapshot};
 use crate::engine::context::{self, ContextChoice};
 use crate::engine::{Engine, Run, TuneSettings};
 use crate::exit::{self, Exit};
@@ -261,6 +262,8 @@ pub struct Tuned {
     pub reused: usize,
     pub appended: usize,
     pub elapsed_s: f64,
+    /// Other programs' share of the CPUs' time while the engine measured ([`busy`]).
+    pub others_cpu: Option<f64>,
 }
 
 /// How the worker sets up a measurement; a change that alters what a repetition measures bumps it,
@@ -275,9 +278,18 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         .with_context(|| format!("{}: cannot resolve path", model.display()))?;
     let identity = ModelIdentity::of_file(&model)
         .with_context(|| format!("{}: cannot read", model.display()))?;
+    let before_probe = CpuSnapshot::now();
     let probe = probe::probe(plan.verbose, &plan.rpc)?;
     for w in &probe.gpu_warnings {
         eprintln!("autotune: warning: {w}");
+    }
+    // Said before minutes of measuring, while the user can still do something about it.
+    let cpus = probe.machine.logical_cpus;
+    let share = CpuSnapshot::now()
+        .zip(before_probe)
+        .and_then(|(n, b)| n.others_since(&b));
+    if let Some(n) = busy::note(share, cpus, "as autotune started") {
+        eprintln!("autotune: warning: {n}");
     }
     let mut settings = plan.settings(&model, &probe.machine, &info)?;
     let context = if plan.ctx_max {
@@ -319,7 +331,11 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     let stop_fn = || stop.load(Ordering::Relaxed);
     let bar = Bar::new(plan.quiet);
     let started = Instant::now();
+    let cpu_at_start = CpuSnapshot::now();
     let run = Engine::new(settings, pool, Some(&mut log), &stop_fn, &bar).tune(plan.exhaustive);
+    let others_cpu = CpuSnapshot::now()
+        .zip(cpu_at_start)
+        .and_then(|(n, b)| n.others_since(&b));
     bar.finish();
     Ok(Tuned {
         interrupted: run.interrupted || stop.load(Ordering::Relaxed),
@@ -336,6 +352,7 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         rpc: plan.rpc.clone(),
         context,
         run,
+        others_cpu,
     })
 }
 

@@ -4,6 +4,7 @@
 
 use super::Tuned;
 use crate::baseline::BaselineSource;
+use crate::busy;
 use crate::exit::{self, Exit};
 use crate::explain::outputs::{roofline_for_run, Asked};
 use crate::report::{self, ModelSummary, Report};
@@ -48,6 +49,8 @@ fn notes(t: &Tuned) -> Vec<String> {
     if let Some(n) = grown_budget_note(&t.run) {
         notes.push(n);
     }
+    let cpus = t.probe.machine.logical_cpus;
+    notes.extend(busy::note(t.others_cpu, cpus, "while autotune measured"));
     // Only the time budget's own skips: a candidate pruned on a memory budget ("needs 10.0 MiB on
     // Vulkan0, budget 8.0 MiB") would not be measured with more time either.
     let budget = t.run.settings.budget.as_secs();
@@ -156,6 +159,7 @@ pub fn report_of(t: &Tuned) -> Report {
         profile_path: None,
         measurement_log: Some(t.log_path.clone()),
         notes: notes(t),
+        others_cpu_share: t.others_cpu,
         memory: report::memory_rows(&run.results),
     }
 }
