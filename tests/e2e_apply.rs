@@ -321,6 +321,19 @@ fn a_stale_profile_is_refused_unless_forced() {
     assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
     let o = t.sandbox.run(&["export", s(&stale), "--force"]);
     assert!(o.status.success(), "{}", stderr(&o));
+
+    // `show` shows it, and says why it is stale; the fresh one it shows without a word.
+    let o = t.sandbox.run(&["show", s(&stale)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("[winner]"), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("stale: measured on another machine") && err.contains("tune again"),
+        "{err}"
+    );
+    let o = t.sandbox.run(&["show", s(&t.profile)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("stale"), "{}", stderr(&o));
 }
 
 #[test]

@@ -161,7 +161,19 @@ fn vet(
     Ok(stored)
 }
 
-/// What differs between the profile's measurement and this machine now; empty when nothing does.
+/// Why a profile is stale here, in one line, or `None` when it is not (for `show`, which shows it
+/// either way). `here` is this machine with the profile's RPC servers connected, if it has any.
+pub fn stale_note(p: &Profile, here: &Probe) -> Option<String> {
+    let changes = staleness(p, here);
+    (!changes.is_empty()).then(|| {
+        format!(
+            "stale: {}; apply and export refuse it without --force: tune again with `autotune {}`",
+            changes.join("; "),
+            profiles::shell_quote(&[p.model.path.to_string_lossy()])
+        )
+    })
+}
+
 /// The names of `(name, backend)` devices, RPC ones only when `uses_rpc`.
 fn device_names<'a>(
     devices: impl Iterator<Item = (&'a str, &'a str)>,

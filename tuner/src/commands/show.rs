@@ -47,14 +47,14 @@ pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
         }
         return Ok(exit::OK);
     };
+    let here = crate::probe::probe(cli.verbose, &[])?;
     let stored = if target.extension().is_some_and(|e| e == "toml") {
         StoredProfile::read(target).map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?
     } else {
         crate::session::inspect_model(target)?;
         let id = ModelIdentity::of_file(target)?;
-        let doctor = crate::probe::probe(cli.verbose, &[])?;
         match store
-            .find(&doctor.machine.fingerprint, &id.fingerprint)
+            .find(&here.machine.fingerprint, &id.fingerprint)
             .map_err(|e| Exit::new(exit::BAD_PROFILE, e.to_string()))?
         {
             Some(p) => p,
@@ -73,6 +73,9 @@ pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
     for w in &stored.warnings {
         eprintln!("autotune: warning: {}: {w}", stored.path.display());
     }
+    if let Some(why) = stale(&stored.profile, &here, cli.verbose) {
+        eprintln!("autotune: warning: {}: {why}", stored.path.display());
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&stored.profile)?);
     } else {
@@ -80,6 +83,23 @@ pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
         print!("{}", stored.profile.to_toml()?);
     }
     Ok(exit::OK)
+}
+
+/// Why the profile is stale on this machine (`here`, without RPC servers), if it is: one whose
+/// layers live on RPC servers is judged with them connected, and servers that cannot be reached are
+/// said as such.
+fn stale(p: &profiles::Profile, here: &crate::probe::Probe, verbose: bool) -> Option<String> {
+    if p.rpc.is_empty() {
+        return crate::stored::stale_note(p, here);
+    }
+    match crate::probe::probe(verbose, &p.rpc) {
+        Ok(with_rpc) => crate::stored::stale_note(p, &with_rpc),
+        Err(e) => Some(format!(
+            "its RPC servers ({}) cannot be reached: {}",
+            p.rpc.join(", "),
+            crate::report::one_line(&format!("{e:#}"))
+        )),
+    }
 }
 
 /// The winner against the defaults in a listing: the run's verdict where the profile records it
