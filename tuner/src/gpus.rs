@@ -235,23 +235,82 @@ const IN_USE_FLOOR: u64 = 3 << 29; // 1.5 GiB
 /// One warning per discrete GPU whose memory other programs already hold (a desktop, a game, a
 /// model another server keeps loaded): the search fits what is free, so a profile tuned now leaves
 /// that memory to them. Integrated GPUs (the host's RAM) and RPC devices (another host's RAM, where
-/// other programs live) are not judged.
-pub fn memory_in_use(devices: &[DeviceInfo]) -> Vec<String> {
+/// other programs live) are not judged. `holders` names the programs on a CUDA device's line
+/// (NVIDIA's list of processes on its GPUs, [`nvidia_compute_apps`]).
+pub fn memory_in_use(devices: &[DeviceInfo], holders: impl Fn() -> Vec<GpuApp>) -> Vec<String> {
     use search_space::size::format_size;
+    let mut apps = None;
     devices
         .iter()
         .filter(|d| d.kind.eq_ignore_ascii_case("gpu") && !d.is_rpc())
         .filter_map(|d| {
             let used = d.memory_total.saturating_sub(d.memory_free);
             let floor = IN_USE_FLOOR.max((d.memory_total as f64 * IN_USE_SHARE) as u64);
-            (used > floor).then(|| {
-                format!(
-                    "{}: {} of its {} is already in use (other programs: a desktop, another server's model); the search fits the {} free, so a profile tuned now leaves the rest to them: stop them and tune again to use the whole GPU, or keep them and this profile",
-                    d.name,
-                    format_size(used),
-                    format_size(d.memory_total),
-                    format_size(d.memory_free)
-                )
+            if used <= floor {
+                return None;
+            }
+            let apps = apps.get_or_insert_with(&holders);
+            let named = if d.backend.eq_ignore_ascii_case("CUDA") && !apps.is_empty() {
+                let list: Vec<String> = (apps.iter())
+                    .map(|a| format!("{} (pid {}, {})", a.name, a.pid, format_size(a.bytes)))
+                    .collect();
+                format!(" (nvidia-smi: {})", list.join(", "))
+            } else {
+                String::new()
+            };
+            Some(format!(
+                "{}: {} of its {} is already in use{named}; the search fits the {} free, so a profile tuned now leaves the rest to them: stop them and tune again to use the whole GPU, or keep them and this profile",
+                d.name,
+                format_size(used),
+                format_size(d.memory_total),
+                format_size(d.memory_free)
+            ))
+        })
+        .collect()
+}
+
+/// A process holding memory on an NVIDIA GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuApp {
+    pub pid: u32,
+    /// The executable's file name.
+    pub name: String,
+    pub bytes: u64,
+}
+
+/// The processes on this machine's NVIDIA GPUs, other than this one (none without `nvidia-smi`).
+pub fn nvidia_compute_apps() -> Vec<GpuApp> {
+    let Ok(out) = std::process::Command::new("nvidia-smi")
+        .args([
+            "--query-compute-apps=pid,process_name,used_memory",
+            "--format=csv,noheader,nounits",
+        ])
+        .stderr(std::process::Stdio::null())
+        .output()
+    else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    parse_compute_apps(&String::from_utf8_lossy(&out.stdout))
+        .into_iter()
+        .filter(|a| a.pid != me)
+        .collect()
+}
+
+/// `nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits`
+/// lines: `1234, /usr/bin/ollama, 9830` (MiB). Lines that do not parse (`[N/A]`) are left out.
+fn parse_compute_apps(text: &str) -> Vec<GpuApp> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split(", ");
+            let pid = f.next()?.trim().parse().ok()?;
+            let path = f.next()?.trim();
+            let mib: u64 = f.next()?.trim().parse().ok()?;
+            let name = path.rsplit('/').next().unwrap_or(path).to_string();
+            Some(GpuApp {
+                pid,
+                name,
+                bytes: mib << 20,
             })
         })
         .collect()
@@ -363,14 +422,25 @@ mod tests {
             gpu("RPC0", "RPC", "gpu", gib, 16 * gib),        // another host's RAM
             gpu("CPU", "CPU", "cpu", gib, 16 * gib),
         ];
-        let w = memory_in_use(&devices);
+        let asked = std::cell::Cell::new(0);
+        let holders = || {
+            asked.set(asked.get() + 1);
+            parse_compute_apps("4242, /usr/local/bin/ollama, 9830\n77, [N/A], [N/A]\n")
+        };
+        let w = memory_in_use(&devices, holders);
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(
-            w[0].starts_with("CUDA0: 10.0 GiB of its 24.0 GiB is already in use"),
+            w[0].starts_with(
+                "CUDA0: 10.0 GiB of its 24.0 GiB is already in use (nvidia-smi: ollama (pid 4242, 9.6 GiB))"
+            ),
             "{}",
             w[0]
         );
         assert!(w[0].contains("fits the 14.0 GiB free"), "{}", w[0]);
+        assert_eq!(asked.get(), 1);
+        // No GPU over the line: nvidia-smi is not asked.
+        assert!(memory_in_use(&devices[1..], holders).is_empty());
+        assert_eq!(asked.get(), 1);
     }
 
     #[test]

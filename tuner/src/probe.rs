@@ -63,7 +63,7 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
         .chain(skipped_devices.iter().map(|s| s.device.clone()))
         .collect();
     let mut gpu_warnings = gpus::unused(&found, &backends, &registered);
-    gpu_warnings.extend(gpus::memory_in_use(&devices));
+    gpu_warnings.extend(gpus::memory_in_use(&devices, gpus::nvidia_compute_apps));
     Ok(Probe {
         machine: Machine::probe(devices),
         skipped_devices,
