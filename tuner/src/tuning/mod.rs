@@ -283,14 +283,7 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     for w in &probe.gpu_warnings {
         eprintln!("autotune: warning: {w}");
     }
-    // Said before minutes of measuring, while the user can still do something about it.
-    let cpus = probe.machine.logical_cpus;
-    let share = CpuSnapshot::now()
-        .zip(before_probe)
-        .and_then(|(n, b)| n.others_since(&b));
-    if let Some(n) = busy::note(share, cpus, "as autotune started") {
-        eprintln!("autotune: warning: {n}");
-    }
+    warn_if_busy(before_probe, probe.machine.logical_cpus);
     let mut settings = plan.settings(&model, &probe.machine, &info)?;
     let context = if plan.ctx_max {
         let choice = choose_context(plan, &settings, stop)?;
@@ -354,6 +347,17 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         run,
         others_cpu,
     })
+}
+
+/// Said before minutes of measuring, while the user can still do something about it: other
+/// programs' share of the CPUs since `start` (autotune's start-up), when above [`busy::BUSY_SHARE`].
+fn warn_if_busy(start: Option<CpuSnapshot>, cpus: u32) {
+    let share = CpuSnapshot::now()
+        .zip(start)
+        .and_then(|(n, b)| n.others_since(&b));
+    if let Some(n) = busy::note(share, cpus, "as autotune started") {
+        eprintln!("autotune: warning: {n}");
+    }
 }
 
 /// `--ctx max`: the largest context from the workload's least to its most (`settings`' context) at
