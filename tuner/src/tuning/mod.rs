@@ -278,7 +278,7 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         .with_context(|| format!("{}: cannot resolve path", model.display()))?;
     let identity = ModelIdentity::of_file(&model)
         .with_context(|| format!("{}: cannot read", model.display()))?;
-    let before_probe = CpuSnapshot::now();
+    let before_probe = (CpuSnapshot::now(), Instant::now());
     let probe = probe::probe(plan.verbose, &plan.rpc)?;
     for w in &probe.gpu_warnings {
         eprintln!("autotune: warning: {w}");
@@ -349,9 +349,15 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     })
 }
 
+/// How long the start-up's look at the CPUs lasts at least: a probe can take a few hundredths of a
+/// second, fewer clock ticks than a share can be told from.
+const START_WINDOW: Duration = Duration::from_millis(500);
+
 /// Said before minutes of measuring, while the user can still do something about it: other
-/// programs' share of the CPUs since `start` (autotune's start-up), when above [`busy::BUSY_SHARE`].
-fn warn_if_busy(start: Option<CpuSnapshot>, cpus: u32) {
+/// programs' share of the CPUs since `start` (autotune's start-up, at least [`START_WINDOW`]), when
+/// above [`busy::BUSY_SHARE`].
+fn warn_if_busy((start, at): (Option<CpuSnapshot>, Instant), cpus: u32) {
+    std::thread::sleep(START_WINDOW.saturating_sub(at.elapsed()));
     let share = CpuSnapshot::now()
         .zip(start)
         .and_then(|(n, b)| n.others_since(&b));
