@@ -4,14 +4,47 @@
 //! idle machine badly. Linux only; elsewhere nothing is said.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// Other programs' share of the CPUs' time above which the run says the machine was busy. An idle
 /// desktop's background stays well below it; one other busy thread on two cores is 50%.
 pub const BUSY_SHARE: f64 = 0.15;
 
+/// Other programs' CPU time from one moment on: [`Watch::start`], then [`Watch::share`].
+pub struct Watch {
+    start: Option<CpuSnapshot>,
+    at: Instant,
+}
+
+impl Watch {
+    pub fn start() -> Watch {
+        Watch {
+            start: CpuSnapshot::now(),
+            at: Instant::now(),
+        }
+    }
+
+    /// Other programs' share of all CPUs' time since the start (0 to 1), looked at for `at_least`
+    /// (slept out where less has passed: a short span has too few clock ticks to tell a share
+    /// from); `None` where `/proc` cannot say.
+    pub fn share(&self, at_least: Duration) -> Option<f64> {
+        std::thread::sleep(at_least.saturating_sub(self.at.elapsed()));
+        CpuSnapshot::now()
+            .zip(self.start)
+            .and_then(|(now, start)| now.others_since(&start))
+    }
+}
+
+/// [`note`] as a warning on stderr.
+pub fn warn(share: Option<f64>, cpus: u32, when: &str) {
+    if let Some(n) = note(share, cpus, when) {
+        eprintln!("autotune: warning: {n}");
+    }
+}
+
 /// CPU time at one moment, in clock ticks: the whole machine's and this process tree's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CpuSnapshot {
+struct CpuSnapshot {
     /// Ticks the CPUs spent busy (user, nice, system, irq, softirq) or stolen by the hypervisor.
     busy: u64,
     /// Every tick of every CPU (busy, idle and waiting for I/O).
@@ -22,7 +55,7 @@ pub struct CpuSnapshot {
 
 impl CpuSnapshot {
     /// This machine's, now; `None` where `/proc` cannot say (not Linux).
-    pub fn now() -> Option<CpuSnapshot> {
+    fn now() -> Option<CpuSnapshot> {
         let (busy, total) = system_ticks(&std::fs::read_to_string("/proc/stat").ok()?)?;
         Some(CpuSnapshot {
             busy,
@@ -33,7 +66,7 @@ impl CpuSnapshot {
 
     /// Other programs' share of all CPUs' time since `earlier` (0 to 1); `None` when too little time
     /// passed to say.
-    pub fn others_since(&self, earlier: &CpuSnapshot) -> Option<f64> {
+    fn others_since(&self, earlier: &CpuSnapshot) -> Option<f64> {
         let total = self.total.checked_sub(earlier.total)?;
         // A tenth of a second of one CPU's ticks (USER_HZ is 100): less says nothing.
         if total < 10 {

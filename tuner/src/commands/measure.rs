@@ -2,7 +2,7 @@
 //! warm-up, then repetitions), through the same worker process and code path as tuning. The fidelity
 //! benchmark compares these figures with llama-bench's.
 
-use crate::busy::{self, CpuSnapshot};
+use crate::busy::{self, Watch};
 use crate::cli::{Cli, MeasureArgs};
 use crate::commands::settings;
 use crate::exit::{self, Exit};
@@ -89,18 +89,20 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         .collect();
     let depths = depths_of(a);
     let cpus = d.machine.logical_cpus;
-    let cpu_at_start = CpuSnapshot::now();
+    let watch = Watch::start();
+    let when = "while autotune measured";
     if a.twice {
         if depths.len() > 1 {
             return Err(Exit::new(exit::USAGE, "--twice measures one --depth"));
         }
         let code = twice(a, &request, &candidate)?;
-        warn_if_busy(cpu_at_start, cpus);
+        busy::warn(watch.share(Duration::ZERO), cpus, when);
         return Ok(code);
     }
     let predicted = predicted.filter(|_| a.predict);
     let (reps, load) = repetitions(&request, &candidate, a.reps, &depths)?;
-    let others_cpu_share = warn_if_busy(cpu_at_start, cpus);
+    let others_cpu_share = watch.share(Duration::ZERO);
+    busy::warn(others_cpu_share, cpus, when);
     let mut workload = request.workload.clone();
     workload.depth = depths.first().copied().unwrap_or(0);
     let summary = |v: Vec<f64>| Sample::new(v).ok().map(|s| s.summary());
@@ -150,18 +152,6 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     }
     print_text(&m);
     Ok(exit::OK)
-}
-
-/// Other programs' share of the CPUs' time since `start`; a warning on stderr above
-/// [`busy::BUSY_SHARE`].
-fn warn_if_busy(start: Option<CpuSnapshot>, cpus: u32) -> Option<f64> {
-    let share = CpuSnapshot::now()
-        .zip(start)
-        .and_then(|(now, start)| now.others_since(&start));
-    if let Some(n) = busy::note(share, cpus, "while autotune measured") {
-        eprintln!("autotune: warning: {n}");
-    }
-    share
 }
 
 /// The configuration the flags describe, and its measurement request.

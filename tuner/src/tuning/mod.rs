@@ -7,7 +7,7 @@ mod output;
 
 pub use output::{complete, nothing_measured, profile_from_run, report_of, save, After};
 
-use crate::busy::{self, CpuSnapshot};
+use crate::busy::{self, Watch};
 use crate::engine::context::{self, ContextChoice};
 use crate::engine::{Engine, Run, TuneSettings};
 use crate::exit::{self, Exit};
@@ -278,12 +278,14 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         .with_context(|| format!("{}: cannot resolve path", model.display()))?;
     let identity = ModelIdentity::of_file(&model)
         .with_context(|| format!("{}: cannot read", model.display()))?;
-    let before_probe = (CpuSnapshot::now(), Instant::now());
+    let start_up = Watch::start();
     let probe = probe::probe(plan.verbose, &plan.rpc)?;
     for w in &probe.gpu_warnings {
         eprintln!("autotune: warning: {w}");
     }
-    warn_if_busy(before_probe, probe.machine.logical_cpus);
+    // Said before minutes of measuring, while the user can still do something about it.
+    let cpus = probe.machine.logical_cpus;
+    busy::warn(start_up.share(START_WINDOW), cpus, "as autotune started");
     let mut settings = plan.settings(&model, &probe.machine, &info)?;
     let context = if plan.ctx_max {
         let choice = choose_context(plan, &settings, stop)?;
@@ -324,11 +326,9 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     let stop_fn = || stop.load(Ordering::Relaxed);
     let bar = Bar::new(plan.quiet);
     let started = Instant::now();
-    let cpu_at_start = CpuSnapshot::now();
+    let measuring = Watch::start();
     let run = Engine::new(settings, pool, Some(&mut log), &stop_fn, &bar).tune(plan.exhaustive);
-    let others_cpu = CpuSnapshot::now()
-        .zip(cpu_at_start)
-        .and_then(|(n, b)| n.others_since(&b));
+    let others_cpu = measuring.share(Duration::ZERO);
     bar.finish();
     Ok(Tuned {
         interrupted: run.interrupted || stop.load(Ordering::Relaxed),
@@ -352,19 +352,6 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
 /// How long the start-up's look at the CPUs lasts at least: a probe can take a few hundredths of a
 /// second, fewer clock ticks than a share can be told from.
 const START_WINDOW: Duration = Duration::from_millis(500);
-
-/// Said before minutes of measuring, while the user can still do something about it: other
-/// programs' share of the CPUs since `start` (autotune's start-up, at least [`START_WINDOW`]), when
-/// above [`busy::BUSY_SHARE`].
-fn warn_if_busy((start, at): (Option<CpuSnapshot>, Instant), cpus: u32) {
-    std::thread::sleep(START_WINDOW.saturating_sub(at.elapsed()));
-    let share = CpuSnapshot::now()
-        .zip(start)
-        .and_then(|(n, b)| n.others_since(&b));
-    if let Some(n) = busy::note(share, cpus, "as autotune started") {
-        eprintln!("autotune: warning: {n}");
-    }
-}
 
 /// `--ctx max`: the largest context from the workload's least to its most (`settings`' context) at
 /// which every layer fits the budgets, by dry runs in a worker of their own.
