@@ -50,6 +50,11 @@ fn a_profile_offloading_to_two_rpc_devices_applies_with_both_servers() {
         text.contains(&e0) && text.contains(&e1),
         "the profile keeps both RPC servers: {text}"
     );
+    // The loopback servers compute autotune's own trials: their time is not other programs'.
+    assert!(
+        !text.contains("the machine was busy"),
+        "loopback RPC servers counted as other programs: {text}"
+    );
 
     let o = sb.run(&strs(&apply_check_args(&profile, &llama_server())));
     assert!(o.status.success(), "apply: {}\n{}", stderr(&o), stdout(&o));
@@ -258,10 +263,16 @@ fn the_kv_cache_on_the_host_lets_every_layer_fit_and_is_measured() {
         "120s",
     ]);
     let board = r["leaderboard"].as_array().unwrap();
+    // Measured: in full, or loaded and stopped once its time proved it more than twice as slow as
+    // the best (on 2 cores the CPU alone can be that best, when it is measured first).
     let measured = |host_kv: bool| -> Vec<u64> {
         board
             .iter()
-            .filter(|e| (e["candidate"]["kv_offload"] == "off") == host_kv && e["status"] == "ok")
+            .filter(|e| (e["candidate"]["kv_offload"] == "off") == host_kv)
+            .filter(|e| {
+                let status = e["status"].as_str().unwrap();
+                status == "ok" || status.starts_with("stopped mid-repetition")
+            })
             .map(|e| e["candidate"]["n_gpu_layers"].as_u64().unwrap())
             .collect()
     };
@@ -271,13 +282,23 @@ fn the_kv_cache_on_the_host_lets_every_layer_fit_and_is_measured() {
         on_device.iter().all(|&n| n < 19),
         "with the KV cache on RPC0 not every layer fits: {on_device:?}"
     );
-    for row in r["memory"].as_array().unwrap() {
+    let rows = r["memory"].as_array().unwrap();
+    for row in rows {
         for d in row["reported"].as_array().into_iter().flatten() {
             if d["device"] == "RPC0" {
                 assert!(d["bytes"].as_u64().unwrap() <= budget, "{row}");
             }
         }
     }
+    // What llama.cpp allocated for the -nkvo placement is kept whether it ran in full or stopped.
+    let host_kv = (rows.iter())
+        .find(|row| row["candidate"]["kv_offload"] == "off")
+        .expect("a memory row for the -nkvo placement");
+    assert_eq!(host_kv["loaded"], true, "{host_kv}");
+    assert!(
+        (host_kv["reported"].as_array().unwrap().iter()).any(|d| d["device"] == "RPC0"),
+        "{host_kv}"
+    );
 }
 
 /// A prompt longer than 512 tokens with a device to offload to: micro-batches above 512 are tried

@@ -115,7 +115,7 @@ pub struct BufferReport {
 pub const MEMORY_CHECK: &str = "memory check";
 
 /// How a trial ended when it did not produce a figure.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum TrialFailure {
     /// llama.cpp returned an error (the worker survived); at stage [`MEMORY_CHECK`], autotune's own
@@ -136,8 +136,14 @@ pub enum TrialFailure {
     Interrupted,
     /// Stopped mid-repetition by autotune, the worker alive: the time it had taken already proved
     /// a request slower than `limit_ms`, a multiple of `best_ms` (the best median measured so
-    /// far), so it could not win. A figure of the configuration, not a fault of it.
-    GaveUp { limit_ms: u64, best_ms: u64 },
+    /// far), so it could not win. A figure of the configuration, not a fault of it. `load`: the
+    /// memory of the load it stopped on (absent in records written before it was kept).
+    GaveUp {
+        limit_ms: u64,
+        best_ms: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        load: Option<Box<LoadReport>>,
+    },
 }
 
 impl TrialFailure {
@@ -172,7 +178,9 @@ impl std::fmt::Display for TrialFailure {
                 write!(f, "no answer within {seconds} s; worker killed")
             }
             TrialFailure::Interrupted => write!(f, "interrupted"),
-            TrialFailure::GaveUp { limit_ms, best_ms } => write!(
+            TrialFailure::GaveUp {
+                limit_ms, best_ms, ..
+            } => write!(
                 f,
                 "stopped mid-repetition: slower than {:.2} s per request ({:.1}x the best so far, {:.2} s)",
                 *limit_ms as f64 / 1e3,

@@ -1,8 +1,10 @@
 //! How much of the CPUs other programs took while autotune measured: the machine's CPU time from
 //! `/proc/stat` (the hypervisor's steal included) less this process's and its workers' own. A tune
 //! on a busy machine measures the machine's leftovers: slower, noisier, and a profile that fits an
-//! idle machine badly. Linux only; elsewhere nothing is said.
+//! idle machine badly. Linux only; elsewhere nothing is said. RPC servers on this machine (loopback
+//! endpoints) compute autotune's own trials: their time counts as autotune's.
 
+use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -14,13 +16,20 @@ pub const BUSY_SHARE: f64 = 0.15;
 pub struct Watch {
     start: Option<CpuSnapshot>,
     at: Instant,
+    /// This process and the RPC servers on this machine that autotune measures with.
+    ours: Vec<u32>,
 }
 
 impl Watch {
-    pub fn start() -> Watch {
+    /// From now on; `rpc`: the run's RPC endpoints (those on this machine count as autotune's).
+    pub fn start(rpc: &[String]) -> Watch {
+        let ours: Vec<u32> = std::iter::once(std::process::id())
+            .chain(local_servers(Path::new("/proc"), rpc))
+            .collect();
         Watch {
-            start: CpuSnapshot::now(),
+            start: CpuSnapshot::now(&ours),
             at: Instant::now(),
+            ours,
         }
     }
 
@@ -29,7 +38,7 @@ impl Watch {
     /// from); `None` where `/proc` cannot say.
     pub fn share(&self, at_least: Duration) -> Option<f64> {
         std::thread::sleep(at_least.saturating_sub(self.at.elapsed()));
-        CpuSnapshot::now()
+        CpuSnapshot::now(&self.ours)
             .zip(self.start)
             .and_then(|(now, start)| now.others_since(&start))
     }
@@ -49,18 +58,19 @@ struct CpuSnapshot {
     busy: u64,
     /// Every tick of every CPU (busy, idle and waiting for I/O).
     total: u64,
-    /// Ticks of this process and its children (workers alive or reaped).
+    /// Ticks of autotune's processes and their children (workers alive or reaped).
     own: u64,
 }
 
 impl CpuSnapshot {
-    /// This machine's, now; `None` where `/proc` cannot say (not Linux).
-    fn now() -> Option<CpuSnapshot> {
+    /// This machine's, now, with `ours` (process ids) as autotune's; `None` where `/proc` cannot say
+    /// (not Linux).
+    fn now(ours: &[u32]) -> Option<CpuSnapshot> {
         let (busy, total) = system_ticks(&std::fs::read_to_string("/proc/stat").ok()?)?;
         Some(CpuSnapshot {
             busy,
             total,
-            own: own_ticks(Path::new("/proc"), std::process::id()),
+            own: own_ticks(Path::new("/proc"), ours),
         })
     }
 
@@ -117,26 +127,79 @@ fn process_ticks(stat: &str) -> Option<(u32, u64)> {
     Some((ppid, ticks))
 }
 
-/// Ticks of process `pid` (its reaped children included) and of its living children (workers) under
-/// the `/proc` at `proc`.
-fn own_ticks(proc: &Path, pid: u32) -> u64 {
+/// Ticks of the processes `pids` (their reaped children included) and of their living children
+/// (workers) under the `/proc` at `proc`.
+fn own_ticks(proc: &Path, pids: &[u32]) -> u64 {
     let read = |dir: &Path| process_ticks(&std::fs::read_to_string(dir.join("stat")).ok()?);
-    let mine = read(&proc.join(pid.to_string())).map_or(0, |(_, t)| t);
-    let Ok(entries) = std::fs::read_dir(proc) else {
-        return mine;
-    };
-    let children: u64 = entries
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_str()
-                .is_some_and(|n| n.parse::<u32>().is_ok())
-        })
-        .filter_map(|e| read(&e.path()))
-        .filter(|&(ppid, _)| ppid == pid)
+    let mine: u64 = (pids.iter())
+        .filter_map(|p| read(&proc.join(p.to_string())))
+        .map(|(_, t)| t)
+        .sum();
+    let children: u64 = process_dirs(proc)
+        .filter_map(|(_, dir)| read(&dir))
+        .filter(|(ppid, _)| pids.contains(ppid))
         .map(|(_, t)| t)
         .sum();
     mine + children
+}
+
+/// Every process's directory under the `/proc` at `proc`, with its id.
+fn process_dirs(proc: &Path) -> impl Iterator<Item = (u32, std::path::PathBuf)> {
+    (std::fs::read_dir(proc).into_iter().flatten().flatten())
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path())))
+}
+
+/// The processes listening on this machine on the ports of those `endpoints` (`host:port`) that
+/// name this machine: loopback RPC servers.
+fn local_servers(proc: &Path, endpoints: &[String]) -> Vec<u32> {
+    let ports: Vec<u16> = endpoints.iter().filter_map(|e| loopback_port(e)).collect();
+    if ports.is_empty() {
+        return Vec::new();
+    }
+    let sockets: Vec<String> = ["net/tcp", "net/tcp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(proc.join(t)).ok())
+        .flat_map(|table| listening_inodes(&table, &ports))
+        .map(|inode| format!("socket:[{inode}]"))
+        .collect();
+    if sockets.is_empty() {
+        return Vec::new();
+    }
+    let holds = |dir: &Path| {
+        (std::fs::read_dir(dir.join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten())
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .any(|l| l.to_str().is_some_and(|l| sockets.iter().any(|s| s == l)))
+    };
+    let me = std::process::id();
+    process_dirs(proc)
+        .filter(|(pid, dir)| *pid != me && holds(dir))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// The port of an endpoint on this machine (`127.0.0.1:50052`, `localhost:50052`, `[::1]:50052`).
+fn loopback_port(endpoint: &str) -> Option<u16> {
+    let (host, port) = endpoint.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let here = host.eq_ignore_ascii_case("localhost")
+        || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    here.then(|| port.parse().ok()).flatten()
+}
+
+/// Inodes of the listening sockets on `ports` in a `/proc/net/tcp` or `tcp6` table (`sl
+/// local_address rem_address st … uid timeout inode`, addresses `HEX:PORT`, state `0A` = LISTEN).
+fn listening_inodes(table: &str, ports: &[u16]) -> Vec<u64> {
+    (table.lines().skip(1))
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let port = u16::from_str_radix(f.get(1)?.rsplit_once(':')?.1, 16).ok()?;
+            let listening = *f.get(3)? == "0A" && ports.contains(&port);
+            listening.then(|| f.get(9)?.parse().ok()).flatten()
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -172,7 +235,51 @@ mod tests {
         proc("11", 10, 20); // its worker: 23
         proc("12", 1, 500); // another program
         std::fs::create_dir(dir.path().join("self")).unwrap();
-        assert_eq!(own_ticks(dir.path(), 10), 126);
+        assert_eq!(own_ticks(dir.path(), &[10]), 126);
+        // A loopback RPC server counts as ours too.
+        assert_eq!(own_ticks(dir.path(), &[10, 12]), 126 + 503);
+    }
+
+    #[test]
+    fn the_rpc_servers_on_this_machine_are_found_by_their_listening_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let net = dir.path().join("net");
+        std::fs::create_dir(&net).unwrap();
+        // 127.0.0.1:50071 (0xC397) listening, inode 111; :50072 connected, not listening (222);
+        // [::]:50073 listening (333).
+        std::fs::write(
+            net.join("tcp"),
+            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:C397 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0 100 0 0 10 0\n   1: 0100007F:C398 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 222 1 0 100 0 0 10 0\n",
+        )
+        .unwrap();
+        std::fs::write(
+            net.join("tcp6"),
+            "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 00000000000000000000000000000000:C399 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 333 1 0 100 0 0 10 0\n",
+        )
+        .unwrap();
+        let process = |pid: &str, sockets: &[&str]| {
+            let fd = dir.path().join(pid).join("fd");
+            std::fs::create_dir_all(&fd).unwrap();
+            for (k, s) in sockets.iter().enumerate() {
+                std::os::unix::fs::symlink(s, fd.join(k.to_string())).unwrap();
+            }
+        };
+        process("40", &["socket:[111]", "/dev/null"]);
+        process("41", &["socket:[222]"]);
+        process("42", &["socket:[333]"]);
+        process("43", &["socket:[999]"]);
+        let endpoints = |e: &[&str]| e.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut found = local_servers(
+            dir.path(),
+            &endpoints(&["127.0.0.1:50071", "127.0.0.1:50072", "[::1]:50073"]),
+        );
+        found.sort();
+        assert_eq!(found, vec![40, 42]);
+        // A remote machine's server is not this machine's.
+        let remote = endpoints(&["192.168.1.7:50071", "gpu-box:50073"]);
+        assert_eq!(local_servers(dir.path(), &remote), Vec::<u32>::new());
+        assert_eq!(loopback_port("localhost:50052"), Some(50052));
+        assert_eq!(loopback_port("127.0.0.1"), None);
     }
 
     #[test]

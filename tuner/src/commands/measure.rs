@@ -89,7 +89,7 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
         .collect();
     let depths = depths_of(a);
     let cpus = d.machine.logical_cpus;
-    let watch = Watch::start();
+    let watch = Watch::start(&a.rpc.servers);
     let when = "while autotune measured";
     if a.twice {
         if depths.len() > 1 {

@@ -207,6 +207,10 @@ impl Engine<'_> {
             }
             Err(TrialFailure::Interrupted) => self.interrupted = true,
             Err(f) => {
+                // A stopped repetition still loaded: its memory is a figure of the configuration.
+                if let TrialFailure::GaveUp { load: Some(l), .. } = &f {
+                    self.results[i].load = Some((**l).clone());
+                }
                 if f.gave_up() {
                     self.progress.stopped(&label, &f.to_string());
                 } else {

@@ -142,6 +142,7 @@ impl SimMeasurer {
         Some(TrialFailure::GaveUp {
             limit_ms: g.limit_ms,
             best_ms: g.best_ms,
+            load: rep.load.clone().map(Box::new),
         })
     }
 

@@ -305,10 +305,15 @@ fn a_first_repetition_several_times_slower_than_the_best_stops_early() {
         .iter()
         .find(|r| r.candidate.n_gpu_layers == 0)
         .expect("the CPU-only point was tried");
-    let Some(TrialFailure::GaveUp { limit_ms, best_ms }) = cpu.failure.clone() else {
+    let Some(TrialFailure::GaveUp {
+        limit_ms, best_ms, ..
+    }) = cpu.failure.clone()
+    else {
         panic!("{:?}", cpu.failure);
     };
     assert!(cpu.reps.is_empty());
+    // It loaded: its memory is kept, as a measured candidate's is.
+    assert!(cpu.load.is_some(), "the stopped candidate's load report");
     assert!((limit_ms as f64 - best_ms as f64 * GIVE_UP_FACTOR).abs() <= GIVE_UP_FACTOR);
     assert!(land.true_seconds(&cpu.candidate, w) > limit_ms as f64 / 1e3);
     // Its load, the warm-up (a prompt and 4 tokens) and the time to the limit: not a second

@@ -278,7 +278,7 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         .with_context(|| format!("{}: cannot resolve path", model.display()))?;
     let identity = ModelIdentity::of_file(&model)
         .with_context(|| format!("{}: cannot read", model.display()))?;
-    let start_up = Watch::start();
+    let start_up = Watch::start(&plan.rpc);
     let probe = probe::probe(plan.verbose, &plan.rpc)?;
     for w in &probe.gpu_warnings {
         eprintln!("autotune: warning: {w}");
@@ -326,7 +326,7 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     let stop_fn = || stop.load(Ordering::Relaxed);
     let bar = Bar::new(plan.quiet);
     let started = Instant::now();
-    let measuring = Watch::start();
+    let measuring = Watch::start(&plan.rpc);
     let run = Engine::new(settings, pool, Some(&mut log), &stop_fn, &bar).tune(plan.exhaustive);
     let others_cpu = measuring.share(Duration::ZERO);
     bar.finish();

@@ -105,9 +105,10 @@ impl Worker {
                         Ok(Response::Failed { stage, message }) => {
                             Err(TrialFailure::Refused { stage, message })
                         }
-                        Ok(Response::GaveUp(g)) => Err(TrialFailure::GaveUp {
-                            limit_ms: g.limit_ms,
-                            best_ms: g.best_ms,
+                        Ok(Response::GaveUp { limit, load }) => Err(TrialFailure::GaveUp {
+                            limit_ms: limit.limit_ms,
+                            best_ms: limit.best_ms,
+                            load,
                         }),
                         Ok(r) => Ok(r),
                         // A stray line on stdout (llama.cpp printing there) is skipped.

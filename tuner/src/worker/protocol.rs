@@ -81,8 +81,11 @@ pub enum Response {
         message: String,
     },
     /// The repetition passed its [`MeasureRequest::give_up`] limit and was stopped; the worker and
-    /// its model live on.
-    GaveUp(GiveUp),
+    /// its model live on. `load`: the memory of the load it stopped on, when it loaded for it.
+    GaveUp {
+        limit: GiveUp,
+        load: Option<Box<LoadReport>>,
+    },
     Quantized(QuantizeAnswer),
     Quality(QualityAnswer),
     DraftCheck(CheckAnswer),

@@ -316,7 +316,16 @@ impl WorkerState {
             Err(llama::LlamaError::Aborted) => {
                 ctx.set_deadline(None);
                 match m.give_up {
-                    Some(g) => Response::GaveUp(g),
+                    Some(limit) => {
+                        let mut load = load.clone();
+                        if let Some(l) = load.as_mut() {
+                            self.fill_actual_after_inference(l);
+                        }
+                        Response::GaveUp {
+                            limit,
+                            load: load.map(Box::new),
+                        }
+                    }
                     None => Response::Failed {
                         stage: "decode".into(),
                         message: "stopped without a deadline".into(),
