@@ -582,4 +582,14 @@ fn a_machine_busy_with_other_programs_is_said_to_be_busy() {
     );
     let text = std::fs::read_to_string(&profile).unwrap();
     assert!(text.contains(busy), "{text}");
+
+    // `doctor` says so before anyone tunes.
+    let v = sb.run_json(&["doctor", "--json"]);
+    assert!(v["others_cpu_share"].as_f64().unwrap() > 0.15, "{v}");
+    let o = sb.run(&["doctor"]);
+    assert!(
+        stdout(&o).contains("warning      the machine is busy: other programs take"),
+        "{}",
+        stdout(&o)
+    );
 }

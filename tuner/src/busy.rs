@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 /// desktop's background stays well below it; one other busy thread on two cores is 50%.
 pub const BUSY_SHARE: f64 = 0.15;
 
+/// How long a look at the CPUs lasts at least: a probe can take a few hundredths of a second, fewer
+/// clock ticks than a share can be told from.
+pub const SHORTEST_LOOK: Duration = Duration::from_millis(500);
+
 /// Other programs' CPU time from one moment on: [`Watch::start`], then [`Watch::share`].
 pub struct Watch {
     start: Option<CpuSnapshot>,
@@ -93,6 +97,15 @@ pub fn note(share: Option<f64>, cpus: u32, when: &str) -> Option<String> {
     let share = share.filter(|&s| s > BUSY_SHARE)?;
     Some(format!(
         "the machine was busy: other programs took {:.0}% of its {cpus} CPUs' time {when} (the hypervisor's steal included); the figures are slower and noisier than this machine's own, so tune again when it is idle",
+        share * 100.0
+    ))
+}
+
+/// `doctor`'s line for a machine busy right now, or `None` below [`BUSY_SHARE`].
+pub fn now_note(share: Option<f64>, cpus: u32) -> Option<String> {
+    let share = share.filter(|&s| s > BUSY_SHARE)?;
+    Some(format!(
+        "the machine is busy: other programs take {:.0}% of its {cpus} CPUs' time (the hypervisor's steal included); a tune now measures what they leave, slower and noisier than this machine's own",
         share * 100.0
     ))
 }
@@ -300,5 +313,11 @@ mod tests {
         assert_eq!(note(None, 2, "while autotune measured"), None);
         let n = note(Some(0.48), 2, "while autotune measured").unwrap();
         assert!(n.starts_with("the machine was busy: other programs took 48% of its 2 CPUs' time while autotune measured"), "{n}");
+        assert_eq!(now_note(Some(0.1), 2), None);
+        let n = now_note(Some(0.5), 4).unwrap();
+        assert!(
+            n.starts_with("the machine is busy: other programs take 50% of its 4 CPUs' time"),
+            "{n}"
+        );
     }
 }

@@ -1,15 +1,49 @@
 //! `autotune doctor`: prints what llama.cpp sees on this machine ([`crate::probe`]) as text or JSON.
 
+use crate::busy::{self, Watch};
 use crate::cli::{Cli, DoctorArgs};
 use crate::{exit, probe};
 use search_space::size::format_size;
+use serde::Serialize;
+
+/// The probe, and how busy other programs keep the CPUs while doctor looks.
+#[derive(Serialize)]
+struct Doctor {
+    #[serde(flatten)]
+    probe: probe::Probe,
+    /// Other programs' share of the CPUs' time while doctor looked ([`busy`]); absent where
+    /// `/proc` cannot say.
+    others_cpu_share: Option<f64>,
+}
 
 pub fn run(cli: &Cli, args: &DoctorArgs) -> anyhow::Result<i32> {
+    let watch = Watch::start(&args.rpc.servers);
     let d = probe::probe(cli.verbose, &args.rpc.servers)?;
+    let others = watch.share(busy::SHORTEST_LOOK);
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&d)?);
+        let doctor = Doctor {
+            probe: d,
+            others_cpu_share: others,
+        };
+        println!("{}", serde_json::to_string_pretty(&doctor)?);
         return Ok(exit::OK);
     }
+    print_probe(&d);
+    if let Some(share) = others {
+        println!(
+            "others       other programs took {:.0}% of the CPUs' time while doctor looked",
+            share * 100.0
+        );
+    }
+    if let Some(n) = busy::now_note(others, d.machine.logical_cpus) {
+        println!("warning      {n}");
+    }
+    println!("fingerprint  {}", &d.machine.fingerprint[..16]);
+    Ok(exit::OK)
+}
+
+/// What llama.cpp and the operating system see, as text.
+fn print_probe(d: &probe::Probe) {
     let m = &d.machine;
     let numa = if m.numa_nodes > 1 {
         format!(
@@ -79,6 +113,4 @@ pub fn run(cli: &Cli, args: &DoctorArgs) -> anyhow::Result<i32> {
     for w in &d.gpu_warnings {
         println!("warning      {w}");
     }
-    println!("fingerprint  {}", &m.fingerprint[..16]);
-    Ok(exit::OK)
 }

@@ -285,7 +285,11 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     }
     // Said before minutes of measuring, while the user can still do something about it.
     let cpus = probe.machine.logical_cpus;
-    busy::warn(start_up.share(START_WINDOW), cpus, "as autotune started");
+    busy::warn(
+        start_up.share(busy::SHORTEST_LOOK),
+        cpus,
+        "as autotune started",
+    );
     let mut settings = plan.settings(&model, &probe.machine, &info)?;
     let context = if plan.ctx_max {
         let choice = choose_context(plan, &settings, stop)?;
@@ -348,10 +352,6 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         others_cpu,
     })
 }
-
-/// How long the start-up's look at the CPUs lasts at least: a probe can take a few hundredths of a
-/// second, fewer clock ticks than a share can be told from.
-const START_WINDOW: Duration = Duration::from_millis(500);
 
 /// `--ctx max`: the largest context from the workload's least to its most (`settings`' context) at
 /// which every layer fits the budgets, by dry runs in a worker of their own.
