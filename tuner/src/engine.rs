@@ -306,13 +306,18 @@ impl<'a> Engine<'a> {
         else {
             return;
         };
-        // Repetitions reused from an earlier run cost nothing now: no size to go by (a resumed
-        // run keeps the budget it has).
-        if r.seconds <= 0.0 {
+        // Repetitions reused from an earlier run cost nothing now: a resumed run sizes its budget
+        // by what they took, told from their figures, as the run that measured them did.
+        let seconds = if r.seconds > 0.0 {
+            r.seconds
+        } else {
+            r.visit_seconds_from_figures(&self.settings.workload)
+        };
+        if seconds <= 0.0 {
             return;
         }
-        self.visit_seconds = Some(r.seconds);
-        let want = Duration::from_secs_f64(r.seconds * VISITS).min(cap);
+        self.visit_seconds = Some(seconds);
+        let want = Duration::from_secs_f64(seconds * VISITS).min(cap);
         self.settings.budget = self.settings.budget.max(want);
     }
 

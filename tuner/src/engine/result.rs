@@ -47,6 +47,16 @@ impl CandidateResult {
         self.failure.is_none() && self.skipped.is_none() && self.reps.len() >= 2
     }
 
+    /// What a first visit (the load, then two repetitions) took, told from the figures of
+    /// repetitions reused from an earlier run (which cost nothing now): the load's seconds and
+    /// each repetition's phases at its rates. The warm-up is not counted: a little short.
+    pub(crate) fn visit_seconds_from_figures(&self, w: &Workload) -> f64 {
+        let load = self.load.as_ref().map_or(0.0, |l| l.load_seconds);
+        load + (self.reps.iter().take(2))
+            .map(|r| rep_seconds(r, w))
+            .sum::<f64>()
+    }
+
     /// Seconds per request of the workload, per repetition (the objective, lower is better).
     pub fn scores(&self, w: &Workload) -> Vec<f64> {
         self.reps.iter().map(|r| score_seconds(r, w)).collect()
@@ -104,6 +114,19 @@ pub fn score_seconds(r: &Repetition, w: &Workload) -> f64 {
         (r.pp_tps, r.tg_tps)
     };
     w.n_prompt as f64 / pp.max(1e-9) + w.n_gen as f64 / tg.max(1e-9)
+}
+
+/// What a repetition's phases took, at its rates: the prompt and the generated tokens, and with a
+/// depth the cache filled to it (at the shallow prompt rate) and both again there; every sequence's
+/// (the rates are all sequences' together).
+fn rep_seconds(r: &Repetition, w: &Workload) -> f64 {
+    let at = |tokens: u32, rate: f64| f64::from(tokens) / rate.max(1e-9);
+    let np = w.n_parallel.max(1);
+    let mut s = at(w.n_prompt * np, r.pp_tps) + at(w.n_gen * np, r.tg_tps);
+    if let (true, Some(pp), Some(tg)) = (w.depth > 0, r.pp_depth_tps, r.tg_depth_tps) {
+        s += at(w.depth * np, r.pp_tps) + at(w.n_prompt * np, pp) + at(w.n_gen * np, tg);
+    }
+    s
 }
 
 /// Among tied candidates: less memory first, then fewer changed knobs, then the label (stable).

@@ -157,10 +157,20 @@ pub fn tune(
 
 /// [`tune`] through a measurer set up by the caller (a failing llama.cpp fit, say).
 pub fn tune_with(m: SimMeasurer, s: TuneSettings, mode: Mode) -> SimRun {
+    tune_logged(m, s, mode, None)
+}
+
+/// [`tune_with`], appending to (and reusing what is in) a measurement log, as `tune` does.
+pub fn tune_logged(
+    m: SimMeasurer,
+    s: TuneSettings,
+    mode: Mode,
+    log: Option<&mut profiles::measurements::MeasurementLog>,
+) -> SimRun {
     let (w, noise, seed) = (s.workload.clone(), s.noise, s.seed);
     let trace = Rc::clone(&m.trace);
     let stop = || false;
-    let mut e = Engine::with_measurer(s, Box::new(m), None, &stop, &Quiet);
+    let mut e = Engine::with_measurer(s, Box::new(m), log, &stop, &Quiet);
     let searched = match mode {
         Mode::Search => e.run(),
         Mode::Grid => full_grid(&mut e),

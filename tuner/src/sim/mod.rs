@@ -229,7 +229,10 @@ impl Measurer for SimMeasurer {
             tg_tps: jitter(ideal.tg_tps, self),
             pp_depth_tps: ideal.pp_depth_tps.map(|d| jitter(d, self)),
             tg_depth_tps: ideal.tg_depth_tps.map(|d| jitter(d, self)),
-            load: fresh.then(|| self.land.footprint(&c, w.n_ctx)),
+            load: fresh.then(|| LoadReport {
+                load_seconds: self.land.load_seconds(&c, w.n_ctx),
+                ..self.land.footprint(&c, w.n_ctx)
+            }),
         };
         if let Some(stopped) = self.give_up(req, &rep) {
             self.record(&c, Outcome::GaveUp);

@@ -2,7 +2,9 @@
 //! offload cliff, the fit levers, the tie-break, early drop, how the budget is spread, the
 //! confirmation and crashes. Fast and deterministic (simulated time).
 
-use super::harness::{self, fits, gpus, max_fit, settings, tune, Mode, Quiet, SimRun, MARGIN};
+use super::harness::{
+    self, fits, gpus, max_fit, settings, tune, tune_logged, Mode, Quiet, SimRun, MARGIN,
+};
 use super::{Landscape, Outcome, SimMeasurer, SimModel, GIB, MIB};
 use crate::engine::{CandidateResult, Engine, TuneSettings, GIVE_UP_FACTOR};
 use crate::report;
@@ -337,6 +339,48 @@ fn a_first_repetition_several_times_slower_than_the_best_stops_early() {
     let won = result(&run, run.winner.as_ref().unwrap()).unwrap();
     assert!(won.ok() && won.failure.is_none());
     assert!(run.trace.borrow().count(Outcome::GaveUp) >= 1);
+}
+
+/// A resumed run (the repetitions of the first reused from its measurement log) grows its default
+/// budget as the first did: the baseline's visit costs nothing now, so what it took is told from
+/// its figures.
+#[test]
+fn a_resumed_run_grows_its_default_budget_as_the_first_did() {
+    use profiles::measurements::{Context, MeasurementLog};
+    let land = gpus(2, 24 * GIB);
+    let s = TuneSettings {
+        budget: crate::tuning::DEFAULT_BUDGET,
+        budget_cap: Some(crate::tuning::GROWN_BUDGET_CAP),
+        ..settings(&land, 5)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("log.jsonl");
+    let context = Context {
+        model: "sim".into(),
+        llama: "sim".into(),
+        machine: "sim".into(),
+        workload: s.workload.clone(),
+    };
+    let run = |reuse: bool| {
+        let mut log = MeasurementLog::open(&path, context.clone(), reuse).unwrap();
+        let m = SimMeasurer::new(land.clone(), s.seed);
+        tune_logged(m, s.clone(), Mode::Search, Some(&mut log))
+    };
+    let first = run(false);
+    let resumed = run(true);
+    let (a, b) = (first.visit_seconds.unwrap(), resumed.visit_seconds.unwrap());
+    // The figures leave out the warm-up: a little short.
+    assert!(
+        b > 0.8 * a && b <= a,
+        "first {a} s, told from the figures {b} s"
+    );
+    assert!(
+        resumed.budget > crate::tuning::DEFAULT_BUDGET,
+        "{:?}",
+        resumed.budget
+    );
+    let base = result(&resumed, &resumed.baseline).unwrap();
+    assert_eq!(base.seconds, 0.0, "the baseline's repetitions were reused");
 }
 
 /// `tune`'s default budget grows for a model whose every configuration takes long to measure: to
