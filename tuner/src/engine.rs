@@ -582,7 +582,8 @@ pub struct Run {
     pub budget_spent: bool,
     /// The search's axes the budget left unmeasured.
     pub not_reached: Vec<String>,
-    /// Where the default budget grew: the seconds one visit of the baseline took.
+    /// Where the default budget grew: the seconds one visit of the baseline took (told from its
+    /// figures where its repetitions were reused).
     pub visit_seconds: Option<f64>,
 }
 

@@ -23,7 +23,7 @@ fn grown_budget_note(run: &crate::engine::Run) -> Option<String> {
     let budget = run.settings.budget;
     (budget > crate::tuning::DEFAULT_BUDGET).then(|| {
         format!(
-            "the default budget grew to {:.0} min: one configuration of this model took {visit:.0} s to load, warm up and measure twice (llama.cpp's defaults), and the search needs about {:.0} of those; --budget sets it",
+            "the default budget grew to {:.0} min: one configuration of this model takes about {visit:.0} s to load, warm up and measure twice (llama.cpp's defaults), and the search needs about {:.0} of those; --budget sets it",
             budget.as_secs_f64() / 60.0,
             crate::engine::VISITS
         )
