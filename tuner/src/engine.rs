@@ -139,6 +139,14 @@ pub trait Measurer {
     /// placement under the request's budgets and context; `Err` with the reason when it gave none.
     fn llama_fit(&mut self, req: &FitRequest, stop: &dyn Fn() -> bool)
         -> Result<FitAnswer, String>;
+    /// Each device's memory read bandwidth in bytes per second (its own kernels over a matrix in
+    /// its memory, as `explain` measures it, within half the device's budget in bytes; through
+    /// `rpc`'s servers where those are the devices); a device whose probe failed is left out.
+    fn device_bandwidths(
+        &mut self,
+        devices: &[(String, u64)],
+        rpc: &[String],
+    ) -> Vec<(String, f64)>;
     /// How often the placement of this request has crashed its worker.
     fn crashes_for(&self, req: &MeasureRequest) -> u32;
     /// Lets go of every loaded model, so the next repetition runs on a fresh load.
@@ -158,7 +166,7 @@ pub struct Engine<'a> {
     log: Option<&'a mut MeasurementLog>,
     round: u64,
     stop: &'a dyn Fn() -> bool,
-    progress: &'a dyn Progress,
+    pub(crate) progress: &'a dyn Progress,
     pub interrupted: bool,
     pub budget_spent: bool,
     /// The axes the search had candidates for but did not reach before the budget ran out.
@@ -168,6 +176,12 @@ pub struct Engine<'a> {
     /// The baseline as this run measures it (llama.cpp's fit placement with an offload device), and
     /// where its placement came from.
     defaults: Option<(Candidate, BaselinePlacement)>,
+    /// The offload devices' memory read bandwidths, probed once when the split search first
+    /// needs them ([`Engine::fastest_device`]).
+    pub(crate) device_bandwidths: Option<Vec<(String, f64)>>,
+    /// A candidate whose first visit comes right after the baseline's in the group being measured
+    /// (the roofline's split): where the budget ends within the group, it is measured.
+    pub(crate) promising: Option<Candidate>,
 }
 
 impl<'a> Engine<'a> {
@@ -203,6 +217,8 @@ impl<'a> Engine<'a> {
             not_reached: Vec::new(),
             visit_seconds: None,
             defaults: None,
+            device_bandwidths: None,
+            promising: None,
         }
     }
 
@@ -379,6 +395,7 @@ impl<'a> Engine<'a> {
 
     /// The coordinate-descent search. Returns the winner (if anything was measured).
     pub fn run(&mut self) -> Option<Candidate> {
+        self.probe_device_bandwidths();
         let base = self.baseline();
         let (group, axis) = self.first_group(&base);
         self.measure_group(&group, axis);

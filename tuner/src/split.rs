@@ -15,6 +15,9 @@ use search_space::{Candidate, SplitMode};
 const STEP: u32 = 10;
 /// Steps taken beyond the first group, at most.
 const MAX_STEPS: usize = 4;
+/// A device this much faster (memory read bandwidth) than the slowest of the run's devices gets the
+/// split that fills it first; below, the devices count as alike.
+const FASTER: f64 = 1.15;
 
 /// Shares in percent (summing to 100, each at least 1) in proportion to `weights`.
 pub fn shares_of(weights: &[u64]) -> Vec<u32> {
@@ -60,6 +63,14 @@ pub fn shifted(ts: &[u32], to: usize, step: u32) -> Option<Vec<u32>> {
         }
     }
     Some(out)
+}
+
+/// The index of the largest of `bandwidths` where it is [`FASTER`] than the smallest.
+fn clearly_fastest(bandwidths: &[f64]) -> Option<usize> {
+    let slowest = bandwidths.iter().copied().fold(f64::INFINITY, f64::min);
+    let (to, fastest) =
+        (bandwidths.iter().copied().enumerate()).max_by(|a, b| a.1.total_cmp(&b.1))?;
+    (fastest > FASTER * slowest).then_some(to)
 }
 
 fn fix_total(v: &mut [u32]) {
@@ -202,6 +213,57 @@ impl Engine<'_> {
         last_that_holds(1, step, |s| holds(s, self))
     }
 
+    /// The split that moves as much of `from`'s layers to the clearly fastest device (memory read
+    /// bandwidth, [`Engine::fastest_device`]) as still holds them all: generation reads every
+    /// layer once per token, one device after the other, so each byte there costs the least (a
+    /// step search from the budgets' split takes several measured steps to get there). `None`
+    /// where the devices are alike or that device cannot take more than a step.
+    fn fill_fastest(&mut self, from: &Candidate) -> Option<Candidate> {
+        let (names, by_budget) = self.budget_split();
+        if names.len() < 2 || !from.devices.is_empty() {
+            return None;
+        }
+        let to = self.fastest_device(&names)?;
+        let at = |tensor_split: Vec<u32>| Candidate {
+            devices: Vec::new(),
+            tensor_split,
+            split_mode: SplitMode::Layer,
+            ..from.clone()
+        };
+        let step = self.longest_step_that_holds(&at(by_budget.clone()), to, 100);
+        let ts = shifted(&by_budget, to, step).filter(|_| step > STEP)?;
+        self.fitted(vec![at(ts)]).into_iter().next()
+    }
+
+    /// The device of `names` clearly fastest at reading its memory ([`FASTER`] than the slowest),
+    /// by a probe of each, run once; `None` where they are alike or a probe failed.
+    fn fastest_device(&mut self, names: &[String]) -> Option<usize> {
+        self.probe_device_bandwidths();
+        let measured = self.device_bandwidths.as_ref()?;
+        let bw: Vec<f64> = (names.iter())
+            .map(|n| measured.iter().find(|(d, _)| d == n).map(|(_, b)| *b))
+            .collect::<Option<_>>()?;
+        clearly_fastest(&bw)
+    }
+
+    /// Probes the offload devices' memory read bandwidths, once, where the run may split layers
+    /// over two or more. Called before anything is loaded: the probe's workers hold the devices, so
+    /// later it would cost a reload of the model being measured.
+    pub(crate) fn probe_device_bandwidths(&mut self) {
+        let devices: Vec<(String, u64)> = (self.settings.budgets.iter())
+            .filter(|(name, _)| name != "CPU")
+            .cloned()
+            .collect();
+        if self.device_bandwidths.is_some() || !self.settings.offload || devices.len() < 2 {
+            return;
+        }
+        let rpc = self.settings.rpc.clone();
+        let names: Vec<&str> = devices.iter().map(|(n, _)| n.as_str()).collect();
+        let label = format!("memory bandwidth of {}", names.join(", "));
+        self.progress.candidate_started(&label, "split");
+        self.device_bandwidths = Some(self.measurer.device_bandwidths(&devices, &rpc));
+    }
+
     /// Points `c`'s split has moved toward one device from the budgets' split (0 for none).
     fn split_moved(&self, c: &Candidate) -> u32 {
         let (_, base) = self.budget_split();
@@ -222,8 +284,14 @@ impl Engine<'_> {
         if group.is_empty() {
             return best;
         }
+        // The roofline's split is visited first: where the budget ends within the group (a large
+        // model on several GPUs), it is the one measured.
+        let fill = self.fill_fastest(&from);
+        group.extend(fill.clone());
         group.insert(0, best.clone());
+        self.promising = fill;
         self.measure_group(&group, "split");
+        self.promising = None;
         let mut best = self.choose(&group).unwrap_or(best);
         let mut half = false;
         for _ in 0..MAX_STEPS {
@@ -267,6 +335,13 @@ mod tests {
         assert_eq!(three[2], 40);
         assert_eq!(shifted(&[100, 0], 0, 10), None);
         assert_eq!(shifted(&[95, 5], 0, 10), Some(vec![100, 0]));
+    }
+
+    #[test]
+    fn only_a_clearly_faster_device_is_filled_first() {
+        assert_eq!(clearly_fastest(&[900e9, 3000e9, 900e9]), Some(1));
+        assert_eq!(clearly_fastest(&[900e9, 950e9]), None, "within 15%: alike");
+        assert_eq!(clearly_fastest(&[]), None);
     }
 
     #[test]

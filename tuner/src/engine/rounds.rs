@@ -113,16 +113,17 @@ impl Engine<'_> {
     /// with it, so a budget that ends in the first round still leaves it measured. Later rounds stay
     /// shuffled.
     pub(super) fn baseline_first(&self, order: &mut Vec<usize>, pending: &[usize], idx: &[usize]) {
-        let Some((base, _)) = &self.defaults else {
-            return;
-        };
-        let first_visit = |o: &usize| {
+        let base = self.defaults.as_ref().map(|(b, _)| b);
+        // Then the group's most promising candidate ([`Engine::promising`]), where it has one.
+        let first_visit = |o: &usize, c: Option<&Candidate>| {
             let r = &self.results[idx[pending[*o]]];
-            &r.candidate == base && r.reps.is_empty()
+            Some(&r.candidate) == c && r.reps.is_empty()
         };
-        if let Some(k) = order.iter().position(first_visit) {
-            let o = order.remove(k);
-            order.insert(0, o);
+        for c in [self.promising.as_ref(), base] {
+            if let Some(k) = order.iter().position(|o| first_visit(o, c)) {
+                let o = order.remove(k);
+                order.insert(0, o);
+            }
         }
     }
 

@@ -23,6 +23,16 @@ const DEVICE_TIME: Duration = Duration::from_secs(3);
 /// Measures each device's memory read bandwidth (connecting the run's RPC servers first), one
 /// worker for all; a device whose probe fails is left out with a warning on stderr.
 pub fn measure_devices(devices: &[String], rpc: &[String]) -> Vec<profiles::DeviceBandwidth> {
+    let full: Vec<(String, u64)> = devices.iter().map(|d| (d.clone(), u64::MAX)).collect();
+    measure_devices_within(&full, rpc)
+}
+
+/// [`measure_devices`] with each device's budget (bytes): the probe's matrix takes at most half of
+/// it (a budget holds what else the device runs), and no more than the probe's usual size.
+pub fn measure_devices_within(
+    devices: &[(String, u64)],
+    rpc: &[String],
+) -> Vec<profiles::DeviceBandwidth> {
     use crate::worker::{BandwidthRequest, Request, Response};
     if devices.is_empty() {
         return Vec::new();
@@ -35,11 +45,11 @@ pub fn measure_devices(devices: &[String], rpc: &[String]) -> Vec<profiles::Devi
         }
     };
     let mut out = Vec::new();
-    for device in devices {
+    for (device, budget) in devices {
         let request = Request::Bandwidth(BandwidthRequest {
             device: device.clone(),
             rpc: rpc.to_vec(),
-            bytes: DEVICE_MATRIX,
+            bytes: DEVICE_MATRIX.min(budget / 2),
             passes: DEVICE_PASSES,
             time_limit_ms: DEVICE_TIME.as_millis() as u64,
         });

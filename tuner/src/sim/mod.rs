@@ -268,6 +268,27 @@ impl Measurer for SimMeasurer {
         Ok(answer)
     }
 
+    /// As `explain`'s probe: about 3 s a device, the device's bandwidth within the noise (drawn
+    /// apart from the repetitions' noise, which stays as it was without the probe). The models in
+    /// memory are let go, as the real probe's workers let go of theirs.
+    fn device_bandwidths(
+        &mut self,
+        devices: &[(String, u64)],
+        _rpc: &[String],
+    ) -> Vec<(String, f64)> {
+        self.loaded.clear();
+        let mut out = Vec::new();
+        for (k, d) in self.land.devices.iter().enumerate() {
+            if devices.iter().any(|(name, _)| *name == d.name) {
+                self.clock += 3.0;
+                let mut rng = StdRng::seed_from_u64(0xBA4D ^ k as u64);
+                let noise = self.land.noise * standard_normal(&mut rng);
+                out.push((d.name.clone(), d.bandwidth * (1.0 + noise)));
+            }
+        }
+        out
+    }
+
     fn crashes_for(&self, req: &MeasureRequest) -> u32 {
         self.crashes.get(&model_key(req)).copied().unwrap_or(0)
     }

@@ -580,6 +580,24 @@ fn the_split_steps_grow_toward_a_much_faster_device_as_far_as_it_holds() {
     }
 }
 
+/// The devices' bandwidths are probed before anything loads, and the split that fills the clearly
+/// fastest one as far as it holds every layer (the roofline's best for generation) is the first
+/// split measured: a budget that ends within the split group still has it.
+#[test]
+fn the_split_that_fills_a_much_faster_device_is_measured_first() {
+    let mut land = gpus(4, 24 * GIB);
+    land.devices[3].bandwidth = 3000e9;
+    let s = settings(&land, 5);
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let first_split = (run.trace.borrow().calls.iter())
+        .map(|(c, _, _)| c.clone())
+        .find(|c| !c.tensor_split.is_empty() && *c != run.baseline)
+        .expect("a split was measured");
+    assert!(first_split.tensor_split[3] >= 58, "{}", first_split.label());
+    assert!(fits(&land, &s, &first_split), "{}", first_split.label());
+    assert_eq!(first_split.n_gpu_layers, 81, "{}", first_split.label());
+}
+
 /// A budget smaller than free memory: llama.cpp's own fit is told the margin and fills each device
 /// to its budget, the last first, in whole layers (its split becomes those counts), so the baseline
 /// holds the layers the budgets hold — far more than llama.cpp's split by free memory lets fit.

@@ -207,6 +207,23 @@ impl Measurer for Workers {
         llama_fit(req, self.pool.timeout, stop).map_err(|f| format!("llama.cpp's fit failed: {f}"))
     }
 
+    fn device_bandwidths(
+        &mut self,
+        devices: &[(String, u64)],
+        rpc: &[String],
+    ) -> Vec<(String, f64)> {
+        // The probe allocates on each device in a worker of its own: no trial worker may hold a
+        // device meanwhile, and a ggml RPC server serves one client at a time.
+        self.pool.shutdown();
+        if !rpc.is_empty() {
+            self.dry.shutdown();
+        }
+        crate::explain::bandwidth::measure_devices_within(devices, rpc)
+            .into_iter()
+            .map(|d| (d.device, d.bytes_per_s))
+            .collect()
+    }
+
     fn crashes_for(&self, req: &MeasureRequest) -> u32 {
         self.pool.crashes_for(req)
     }
