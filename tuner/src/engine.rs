@@ -176,8 +176,8 @@ pub struct Engine<'a> {
     /// The baseline as this run measures it (llama.cpp's fit placement with an offload device), and
     /// where its placement came from.
     defaults: Option<(Candidate, BaselinePlacement)>,
-    /// The offload devices' memory read bandwidths, probed once when the split search first
-    /// needs them ([`Engine::fastest_device`]).
+    /// The offload devices' memory read bandwidths, probed once before anything loads where the
+    /// run may split layers over two or more ([`Engine::probe_device_bandwidths`]).
     pub(crate) device_bandwidths: Option<Vec<(String, f64)>>,
     /// A candidate whose first visit comes right after the baseline's in the group being measured
     /// (the roofline's split): where the budget ends within the group, it is measured.

@@ -89,15 +89,17 @@ impl Engine<'_> {
     /// The non-CPU devices the run may offload to, in llama.cpp's order, and their shares of the
     /// layers in proportion to their budgets.
     pub(crate) fn budget_split(&self) -> (Vec<String>, Vec<u32>) {
-        let (names, bytes): (Vec<String>, Vec<u64>) = self
-            .settings
-            .budgets
-            .iter()
-            .filter(|(name, _)| name != "CPU")
-            .cloned()
-            .unzip();
+        let (names, bytes): (Vec<String>, Vec<u64>) = self.offload_budgets().into_iter().unzip();
         let shares = shares_of(&bytes);
         (names, shares)
+    }
+
+    /// The non-CPU devices' budgets in bytes, in llama.cpp's order.
+    fn offload_budgets(&self) -> Vec<(String, u64)> {
+        (self.settings.budgets.iter())
+            .filter(|(name, _)| name != "CPU")
+            .cloned()
+            .collect()
     }
 
     /// The other ways to spread `from`'s layers over two or more devices (empty with fewer).
@@ -250,10 +252,7 @@ impl Engine<'_> {
     /// over two or more. Called before anything is loaded: the probe's workers hold the devices, so
     /// later it would cost a reload of the model being measured.
     pub(crate) fn probe_device_bandwidths(&mut self) {
-        let devices: Vec<(String, u64)> = (self.settings.budgets.iter())
-            .filter(|(name, _)| name != "CPU")
-            .cloned()
-            .collect();
+        let devices = self.offload_budgets();
         if self.device_bandwidths.is_some() || !self.settings.offload || devices.len() < 2 {
             return;
         }

@@ -116,17 +116,19 @@ pub fn score_seconds(r: &Repetition, w: &Workload) -> f64 {
     w.n_prompt as f64 / pp.max(1e-9) + w.n_gen as f64 / tg.max(1e-9)
 }
 
-/// What a repetition's phases took, at its rates: the prompt and the generated tokens, and with a
-/// depth the cache filled to it (at the shallow prompt rate) and both again there; every sequence's
+/// What a repetition's phases took, at its rates: the request at no depth, and with a depth the
+/// cache filled to it (at the shallow prompt rate) and the request again there; every sequence's
 /// (the rates are all sequences' together).
 fn rep_seconds(r: &Repetition, w: &Workload) -> f64 {
-    let at = |tokens: u32, rate: f64| f64::from(tokens) / rate.max(1e-9);
-    let np = w.n_parallel.max(1);
-    let mut s = at(w.n_prompt * np, r.pp_tps) + at(w.n_gen * np, r.tg_tps);
-    if let (true, Some(pp), Some(tg)) = (w.depth > 0, r.pp_depth_tps, r.tg_depth_tps) {
-        s += at(w.depth * np, r.pp_tps) + at(w.n_prompt * np, pp) + at(w.n_gen * np, tg);
+    let shallow = Workload {
+        depth: 0,
+        ..w.clone()
+    };
+    let mut s = score_seconds(r, &shallow);
+    if w.depth > 0 && r.tg_depth_tps.is_some() {
+        s += f64::from(w.depth) / r.pp_tps.max(1e-9) + score_seconds(r, w);
     }
-    s
+    s * f64::from(w.n_parallel.max(1))
 }
 
 /// Among tied candidates: less memory first, then fewer changed knobs, then the label (stable).

@@ -109,12 +109,11 @@ impl Engine<'_> {
         }
     }
 
-    /// Moves the baseline's first visit to the front of a round: the headline compares the winner
-    /// with it, so a budget that ends in the first round still leaves it measured. Later rounds stay
-    /// shuffled.
+    /// Moves the baseline's first visit to the front of a round (the headline compares the winner
+    /// with it), then the group's most promising candidate's ([`Engine::promising`]): a budget that
+    /// ends in the first round still leaves them measured. Later rounds stay shuffled.
     pub(super) fn baseline_first(&self, order: &mut Vec<usize>, pending: &[usize], idx: &[usize]) {
         let base = self.defaults.as_ref().map(|(b, _)| b);
-        // Then the group's most promising candidate ([`Engine::promising`]), where it has one.
         let first_visit = |o: &usize, c: Option<&Candidate>| {
             let r = &self.results[idx[pending[*o]]];
             Some(&r.candidate) == c && r.reps.is_empty()
