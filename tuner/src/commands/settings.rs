@@ -127,7 +127,8 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
             120,
         )
     } else {
-        (a.min_reps, a.max_reps, a.trial.noise, 40)
+        let cap = crate::tuning::CANDIDATE_CAP.as_secs();
+        (a.min_reps, a.max_reps, a.trial.noise, cap)
     };
     if a.quick {
         workload.n_gen = workload.n_gen.min(64);

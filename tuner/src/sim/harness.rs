@@ -74,7 +74,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         noise: 0.02,
         min_reps: 3,
         max_reps: 10,
-        candidate_cap: Duration::from_secs(40 * 60),
+        candidate_cap: crate::tuning::CANDIDATE_CAP,
         budget: Duration::from_secs(4 * 3600),
         budget_cap: None,
         seed,

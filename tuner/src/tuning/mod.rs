@@ -32,6 +32,10 @@ const QUICK_BUDGET: Duration = Duration::from_secs(50);
 /// to [`GROWN_BUDGET_CAP`].
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(600);
 
+/// A candidate with its minimum repetitions gets more only while its time in the group (loads
+/// included) is under this (`--thorough`: 120 s, `--quick`: 8 s).
+pub const CANDIDATE_CAP: Duration = Duration::from_secs(40);
+
 /// The most a default budget grows to, for a model whose configurations take long to measure.
 pub const GROWN_BUDGET_CAP: Duration = Duration::from_secs(1800);
 
