@@ -290,17 +290,59 @@ fn rival_row(name: &str, scores: &[Score], autotune: &[Score]) {
     );
 }
 
+/// `VS_TUNERS_TRACE=SEED`: every simulated measurement of autotune's run on that landscape (with
+/// tune's default budget, or `budget` when VS_TUNERS_BUDGET is set), the time it ended, its
+/// outcome and the configuration's noise-free seconds per request; then each candidate's outcome.
+fn trace_landscape(seed: u64, budget: Option<Duration>) {
+    let land = landscape(seed);
+    let s = TuneSettings {
+        budget: budget.unwrap_or(crate::tuning::DEFAULT_BUDGET),
+        budget_cap: budget.is_none().then_some(crate::tuning::GROWN_BUDGET_CAP),
+        ..settings(&land, seed)
+    };
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let w = &s.workload;
+    println!(
+        "trace seed {seed}: budget {} s, ran {:.0} s, axes not reached {:?}",
+        run.budget.as_secs(),
+        run.seconds,
+        run.not_reached
+    );
+    for (c, outcome, t) in run.trace.borrow().calls.iter() {
+        let truth = land.true_seconds(c, w);
+        println!("trace {t:8.1} s {outcome:?} {} ({truth:.3} s)", c.label());
+    }
+    for r in &run.results {
+        let why = r
+            .failure
+            .as_ref()
+            .map(|f| f.to_string())
+            .or(r.skipped.clone());
+        println!(
+            "trace result {}: {} reps {}",
+            r.candidate.label(),
+            r.reps.len(),
+            why.unwrap_or_default()
+        );
+    }
+    println!("trace winner {:?}", run.winner.map(|c| c.label()));
+}
+
 #[test]
 #[ignore = "the bench behind bench/vs-tuners; run with --ignored"]
 fn vs_tuners_bench() {
     let n = landscape_count();
     // autotune's default, or VS_TUNERS_BUDGET seconds.
-    let budget = Duration::from_secs(
-        std::env::var("VS_TUNERS_BUDGET")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(600),
-    );
+    let asked: Option<u64> = std::env::var("VS_TUNERS_BUDGET")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    if let Some(seed) = std::env::var("VS_TUNERS_TRACE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return trace_landscape(seed, asked.map(Duration::from_secs));
+    }
+    let budget = Duration::from_secs(asked.unwrap_or(600));
     println!(
         "vs-tuners: decision procedures on a SIMULATED roofline model of devices and a model,"
     );
