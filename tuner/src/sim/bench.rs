@@ -219,6 +219,15 @@ fn run_choice(land: &Landscape, s: TuneSettings, mode: Mode) -> Choice {
     }
 }
 
+/// `s` with `tune`'s default budget: 10 minutes, growing to 40 visits of the baseline up to 30.
+fn default_budget(s: &TuneSettings) -> TuneSettings {
+    TuneSettings {
+        budget: crate::tuning::DEFAULT_BUDGET,
+        budget_cap: Some(crate::tuning::GROWN_BUDGET_CAP),
+        ..s.clone()
+    }
+}
+
 /// The tools' choices on one landscape: autotune's search (with the run's budget and without
 /// one), llama-server unasked, Ollama's estimate, llama-optimus with its default metric and with
 /// `--metric mean`.
@@ -233,12 +242,7 @@ fn choices(land: &Landscape, s: &TuneSettings, seed: u64) -> Vec<Choice> {
         budget: Duration::from_secs(1000 * 3600),
         ..s.clone()
     };
-    // `tune`'s default: 10 minutes, growing to 40 visits of the baseline up to 30.
-    let default = TuneSettings {
-        budget: crate::tuning::DEFAULT_BUDGET,
-        budget_cap: Some(crate::tuning::GROWN_BUDGET_CAP),
-        ..s.clone()
-    };
+    let default = default_budget(s);
     let mut out = vec![
         run_choice(land, s.clone(), Mode::Search),
         run_choice(land, default, Mode::Search),
@@ -295,10 +299,12 @@ fn rival_row(name: &str, scores: &[Score], autotune: &[Score]) {
 /// outcome and the configuration's noise-free seconds per request; then each candidate's outcome.
 fn trace_landscape(seed: u64, budget: Option<Duration>) {
     let land = landscape(seed);
-    let s = TuneSettings {
-        budget: budget.unwrap_or(crate::tuning::DEFAULT_BUDGET),
-        budget_cap: budget.is_none().then_some(crate::tuning::GROWN_BUDGET_CAP),
-        ..settings(&land, seed)
+    let s = match budget {
+        Some(budget) => TuneSettings {
+            budget,
+            ..settings(&land, seed)
+        },
+        None => default_budget(&settings(&land, seed)),
     };
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let w = &s.workload;

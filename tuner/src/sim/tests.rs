@@ -1079,9 +1079,8 @@ fn the_prompt_thread_counts_given_are_the_only_ones_measured() {
 
 /// A group's last pending candidate is not measured on alone: once its rivals are done (dropped as
 /// clear losers or precise), its repetitions share no round with another candidate and change no
-/// decision. Before, on a model slow to measure, the leader of the first group took eight more
-/// repetitions back to back (a fifth of a 10-minute budget). Now no candidate is measured four
-/// times in a row (at most a first visit's two repetitions and its next round's, first in the
+/// decision. Before, on this landscape (seed 2), `ngl=81 t=16 …` was measured four and more
+/// times in a row. Now no candidate is measured four times in a row (at most a first visit's two repetitions and its next round's, first in the
 /// shuffle), and the run still finds the best known.
 #[test]
 fn a_groups_last_candidate_is_not_measured_on_alone() {
