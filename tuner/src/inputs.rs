@@ -62,6 +62,48 @@ pub fn threads(flag: &str, values: &[u32], cpus: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A file written at the end of a run (`-o`, `--export-markdown`): its folder must exist and be
+/// writable before anything is measured, so a typo costs a one-line error (exit 2), not a finished
+/// run whose result cannot be written.
+pub fn output_file(flag: &str, path: Option<&Path>) -> anyhow::Result<()> {
+    let Some(p) = path else {
+        return Ok(());
+    };
+    let bad = |why: String| {
+        Err(Exit::new(
+            exit::USAGE,
+            format!("{flag} {}: {why}", p.display()),
+        ))
+    };
+    if p.is_dir() {
+        return bad("is a folder; name a file in it".into());
+    }
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return bad(format!(
+            "the folder {} does not exist; create it first",
+            dir.display()
+        ));
+    }
+    if !writable(dir) {
+        return bad(format!("the folder {} is not writable", dir.display()));
+    }
+    Ok(())
+}
+
+/// Whether this process may create files in `dir` (access(2) with W_OK).
+fn writable(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: a valid NUL-terminated path; access only reads it.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK) == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,5 +160,26 @@ mod tests {
             msg.starts_with("--draft ") && msg.contains("passwd"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn an_output_file_needs_an_existing_writable_folder() {
+        let dir = std::env::temp_dir();
+        let file = dir.join("autotune-output-file-check.toml");
+        assert!(output_file("-o", None).is_ok());
+        assert!(output_file("-o", Some(&file)).is_ok());
+        assert!(output_file("-o", Some(Path::new("profile.toml"))).is_ok());
+        let missing = dir.join("autotune-no-such-folder").join("p.toml");
+        let r = output_file("-o", Some(&missing));
+        let msg = r.as_ref().unwrap_err().to_string();
+        assert!(
+            msg.starts_with("-o ") && msg.contains("does not exist"),
+            "{msg}"
+        );
+        assert_eq!(code(r), exit::USAGE);
+        let msg = output_file("--export-markdown", Some(&dir))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("is a folder"), "{msg}");
     }
 }

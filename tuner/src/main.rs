@@ -97,7 +97,7 @@ fn main() {
                 .downcast_ref::<exit::Exit>()
                 .map_or(exit::ERROR, |x| x.code);
             // One line, whatever the error carries (a quoted line of a bad file, a source chain).
-            eprintln!("autotune: error: {}", term::one_line(&format!("{e:#}")));
+            eprintln!("autotune: error: {}", term::error_line(&e));
             std::process::exit(code);
         }
     }

@@ -39,6 +39,23 @@ pub fn one_line(s: &str) -> String {
         .join(" | ")
 }
 
+/// An error and its causes on one line (anyhow's `{:#}`), each cause once: a message that already
+/// quotes its source (as `ProfileError::Io` and tempfile's errors do) is not followed by it again.
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if text.contains(&s) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&s);
+    }
+    one_line(&text)
+}
+
 /// The tuning run's progress bar: repetitions counted, the candidate and the best so far.
 pub struct Bar(Option<ProgressBar>);
 
@@ -90,5 +107,29 @@ impl Progress for Bar {
         if let Some(b) = &self.0 {
             b.println(format!("best so far: {label}{m} ({left} s of budget left)"));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot create a temporary file in /x: {source}; check the folder")]
+    struct Quoting {
+        #[source]
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn an_error_line_names_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let e = anyhow::Error::new(Quoting { source: io }).context("cannot write /x/p.toml");
+        assert_eq!(
+            error_line(&e),
+            "cannot write /x/p.toml: cannot create a temporary file in /x: no such file; check the folder"
+        );
+        let plain = anyhow::anyhow!("first\nsecond").context("outer");
+        assert_eq!(error_line(&plain), "outer: first | second");
     }
 }

@@ -103,7 +103,7 @@ pub struct MeasureArgs {
     #[arg(long)]
     pub twice: bool,
     /// Noise threshold of --twice's decision rule, as a fraction like `tune --noise` (0.02 = 2%)
-    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE)]
+    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE, allow_negative_numbers = true)]
     pub noise: f64,
     /// Seed of the random prompt tokens
     #[arg(long, default_value_t = 1)]

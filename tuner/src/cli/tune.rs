@@ -275,7 +275,7 @@ pub struct DeviceArgs {
 #[derive(Debug, Args)]
 pub struct TrialArgs {
     /// Relative difference below which two configurations are called a tie
-    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE)]
+    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE, allow_negative_numbers = true)]
     pub noise: f64,
 
     /// Seed of the candidate order shuffle and the prompt tokens (recorded in the report)

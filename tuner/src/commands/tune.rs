@@ -10,14 +10,16 @@ use crate::report::Report;
 use crate::tuning::{self, After};
 use crate::{quant, session, term};
 
-/// Files named for later stages (quantizations, a reference, drafts) are checked first, not after
-/// minutes of tuning.
+/// Files named for later stages (quantizations, a reference, drafts) and the files written at the end
+/// (`--out`, `--export-markdown`) are checked first, not after minutes of tuning.
 fn check_named_files(args: &TuneArgs) -> anyhow::Result<()> {
     session::inspect_model(&args.model)?;
     inputs::model_files("--quants", &args.quants, Also::Folders)?;
     inputs::model_files("--draft", &args.speculative.draft, Also::Auto)?;
     let reference: Vec<_> = args.reference.iter().cloned().collect();
-    inputs::model_files("--reference", &reference, Also::Nothing)
+    inputs::model_files("--reference", &reference, Also::Nothing)?;
+    inputs::output_file("--out", args.out.as_deref())?;
+    inputs::output_file("--export-markdown", args.export_markdown.as_deref())
 }
 
 /// What becomes of the winner's profile, from the flags.
