@@ -368,6 +368,7 @@ impl SpeculationReport {
             "accepted",
             "tok/decode",
             "tg t/s",
+            "passes",
             "vs alone",
             "same output",
             "status",
@@ -520,6 +521,12 @@ impl SpeculationReport {
                     "-".into()
                 }),
                 Cell::new(tg.map_or("-".into(), |v| format!("{v:.1}"))),
+                // One pass for most settings; the finalists' count includes the final rounds.
+                Cell::new(if measured {
+                    trial.tg_tps.len().to_string()
+                } else {
+                    "-".into()
+                }),
                 Cell::new(vs),
                 Cell::new(if !measured {
                     "-".to_string()
