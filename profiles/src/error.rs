@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
     /// A file-system operation failed.
-    #[error("cannot {action} {}: {source}; check that the folder exists and is writable (or set AUTOTUNE_PROFILE_DIR)", path.display())]
+    #[error("cannot {action} {}: {source}; {}", path.display(), io_hint(action, source))]
     Io {
         action: &'static str,
         path: PathBuf,
@@ -74,6 +74,16 @@ pub enum ProfileError {
     NoDataDir,
 }
 
+/// What to do about a failed file-system operation: a profile named on the command line that is not
+/// there is a path to check; anything else is the folder's (the store's, or `--out`'s).
+fn io_hint(action: &str, source: &io::Error) -> &'static str {
+    if action == "read" && source.kind() == io::ErrorKind::NotFound {
+        "check the path"
+    } else {
+        "check that the folder exists and is writable (or set AUTOTUNE_PROFILE_DIR)"
+    }
+}
+
 impl ProfileError {
     pub(crate) fn io(action: &'static str, path: &Path, source: io::Error) -> Self {
         ProfileError::Io {
@@ -115,3 +125,25 @@ fn at(path: &Option<PathBuf>) -> String {
 }
 
 pub type Result<T, E = ProfileError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_file_to_read_asks_for_the_path_not_the_folder() {
+        let missing = io::Error::new(io::ErrorKind::NotFound, "no such file");
+        let e = ProfileError::io("read", Path::new("/x/p.toml"), missing);
+        assert_eq!(
+            e.to_string(),
+            "cannot read /x/p.toml: no such file; check the path"
+        );
+        let denied = io::Error::new(io::ErrorKind::PermissionDenied, "denied");
+        let e = ProfileError::io("replace", Path::new("/x/p.toml"), denied);
+        assert!(
+            e.to_string()
+                .ends_with("writable (or set AUTOTUNE_PROFILE_DIR)"),
+            "{e}"
+        );
+    }
+}
