@@ -294,22 +294,23 @@ fn rival_row(name: &str, scores: &[Score], autotune: &[Score]) {
     );
 }
 
-/// `VS_TUNERS_TRACE=SEED`: every simulated measurement of autotune's run on that landscape (with
+/// `VS_TUNERS_TRACE=SEED[/R]`: every simulated measurement of autotune's run on that landscape (with
 /// tune's default budget, or `budget` when VS_TUNERS_BUDGET is set), the time it ended, its
 /// outcome and the configuration's noise-free seconds per request; then each candidate's outcome.
-fn trace_landscape(seed: u64, budget: Option<Duration>) {
+fn trace_landscape(seed: u64, r: u64, budget: Option<Duration>) {
     let land = landscape(seed);
+    let run_seed = seed + (r << 32);
     let s = match budget {
         Some(budget) => TuneSettings {
             budget,
-            ..settings(&land, seed)
+            ..settings(&land, run_seed)
         },
-        None => default_budget(&settings(&land, seed)),
+        None => default_budget(&settings(&land, run_seed)),
     };
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let w = &s.workload;
     println!(
-        "trace seed {seed}: budget {} s, ran {:.0} s, axes not reached {:?}",
+        "trace seed {seed}/{r}: budget {} s, ran {:.0} s, axes not reached {:?}",
         run.budget.as_secs(),
         run.seconds,
         run.not_reached
@@ -334,6 +335,26 @@ fn trace_landscape(seed: u64, budget: Option<Duration>) {
     println!("trace winner {:?}", run.winner.map(|c| c.label()));
 }
 
+/// `VS_TUNERS_TRACE`'s landscape and run: `SEED` (the first run) or `SEED/R` (run R of
+/// `VS_TUNERS_REPLICAS`).
+fn trace_target(v: &str) -> Option<(u64, u64)> {
+    match v.split_once('/') {
+        Some((seed, r)) => Some((seed.parse().ok()?, r.parse().ok()?)),
+        None => Some((v.parse().ok()?, 0)),
+    }
+}
+
+/// `VS_TUNERS_REPLICAS=R`: runs of each landscape (default 1). One run per landscape decides a
+/// landscape's hit on one draw of the noise; a change to the search that moves the hits by one or
+/// two in 100 needs several draws to tell from chance.
+fn replica_count() -> u64 {
+    std::env::var("VS_TUNERS_REPLICAS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&r| r >= 1)
+        .unwrap_or(1)
+}
+
 #[test]
 #[ignore = "the bench behind bench/vs-tuners; run with --ignored"]
 fn vs_tuners_bench() {
@@ -342,11 +363,11 @@ fn vs_tuners_bench() {
     let asked: Option<u64> = std::env::var("VS_TUNERS_BUDGET")
         .ok()
         .and_then(|v| v.parse().ok());
-    if let Some(seed) = std::env::var("VS_TUNERS_TRACE")
+    if let Some((seed, r)) = std::env::var("VS_TUNERS_TRACE")
         .ok()
-        .and_then(|v| v.parse().ok())
+        .and_then(|v| trace_target(&v))
     {
-        return trace_landscape(seed, asked.map(Duration::from_secs));
+        return trace_landscape(seed, r, asked.map(Duration::from_secs));
     }
     let budget = Duration::from_secs(asked.unwrap_or(600));
     println!(
@@ -366,26 +387,34 @@ fn vs_tuners_bench() {
         "llama-optimus (tg, its default)".into(),
         "llama-optimus --metric mean".into(),
     ];
+    let replicas = replica_count();
+    if replicas > 1 {
+        println!("Each landscape {replicas} times, with other noise and shuffle seeds (run r: seed + r x 2^32).");
+    }
     let mut rows: Vec<Vec<Score>> = names.iter().map(|_| Vec::new()).collect();
     for seed in 0..n {
         let land = landscape(seed);
-        let s = TuneSettings {
-            budget,
-            ..settings(&land, seed)
-        };
-        let choices = choices(&land, &s, seed);
-        let scores = score_choices(&land, &s, &choices);
-        if std::env::var_os("VS_TUNERS_DEBUG").is_some() {
-            for ((name, ch), sc) in names.iter().zip(&choices).zip(&scores) {
-                let label = ch.candidate.as_ref().map(|c| c.label());
-                println!(
-                    "seed {seed} {name:<34} {:+7.2}% {label:?}",
-                    100.0 * sc.regret
-                );
+        for r in 0..replicas {
+            // The landscape stays; the measurements' noise and the candidates' order change.
+            let run_seed = seed + (r << 32);
+            let s = TuneSettings {
+                budget,
+                ..settings(&land, run_seed)
+            };
+            let choices = choices(&land, &s, run_seed);
+            let scores = score_choices(&land, &s, &choices);
+            if std::env::var_os("VS_TUNERS_DEBUG").is_some() {
+                for ((name, ch), sc) in names.iter().zip(&choices).zip(&scores) {
+                    let label = ch.candidate.as_ref().map(|c| c.label());
+                    println!(
+                        "seed {seed}/{r} {name:<34} {:+7.2}% {label:?}",
+                        100.0 * sc.regret
+                    );
+                }
             }
-        }
-        for (row, sc) in rows.iter_mut().zip(scores) {
-            row.push(sc);
+            for (row, sc) in rows.iter_mut().zip(scores) {
+                row.push(sc);
+            }
         }
     }
     println!(
