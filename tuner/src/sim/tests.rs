@@ -127,15 +127,21 @@ fn the_micro_batch_lever_appears_and_wins_when_it_lets_every_layer_fit() {
     assert_eq!(run.trace.borrow().count(Outcome::OutOfMemory), 0);
 }
 
-/// 1% slower and less memory (a q8_0 KV cache with every layer on four GPUs): a tie within the
-/// 2% threshold, so the smaller one wins, and the report calls it a tie with the defaults.
+/// Ties on an axis go to less memory only within half the noise threshold of the best. A q8_0 KV
+/// cache with 2048 tokens in it (0.3% slower than f16 on this landscape, every layer on four GPUs,
+/// less memory) wins its tie, and the report calls it a tie with the defaults. `-ub 256` (3% slower,
+/// less memory) is a tie too under a 4% threshold, but 3% below the best: the faster `-ub 512`
+/// stays (a tie that far below is more likely slower than not, and such choices compound over the
+/// axes: on `bench/vs-tuners`, 8 runs of each landscape, 87.2% -> 90.6% within noise of the best
+/// with the default budget when ties beyond half the threshold stopped winning).
 #[test]
-fn a_tie_goes_to_less_memory_and_the_report_says_tie() {
+fn a_tie_goes_to_less_memory_within_half_the_noise_threshold() {
     let mut land = gpus(4, 16 * GIB);
     land.noise = 0.003;
-    let s = settings(&land, 11);
+    let mut s = settings(&land, 11);
+    s.workload.depth = 2048;
     let w = s.workload.clone();
-    with_engine(land, s, |e| {
+    with_engine(land.clone(), s, |e| {
         let base = e.baseline();
         let q8 = Candidate {
             type_k: CacheType::Q8_0,
@@ -152,6 +158,22 @@ fn a_tie_goes_to_less_memory_and_the_report_says_tie() {
         let v = report::versus_defaults(&e.results, &q8, &base, &w, 0.02, 11).unwrap();
         assert_eq!(v.comparison.unwrap().verdict, Verdict::Tie);
         assert!(v.chosen_for.unwrap().contains("less memory"));
+    });
+    let s = TuneSettings {
+        noise: 0.04,
+        ..settings(&land, 11)
+    };
+    let w = s.workload.clone();
+    with_engine(land, s, |e| {
+        let base = e.baseline();
+        let ub256 = base.with_ubatch(256);
+        e.measure_group(&[base.clone(), ub256.clone()], "batch");
+        let r = |c: &Candidate| e.results.iter().find(|r| &r.candidate == c).unwrap();
+        let cmp = r(&ub256).compare_with(r(&base), &w, 0.04, 11).unwrap();
+        assert_eq!(cmp.verdict, Verdict::Tie, "{cmp:?}");
+        assert!(cmp.ratio < -0.02, "{cmp:?}");
+        assert!(r(&ub256).mem_bytes() < r(&base).mem_bytes());
+        assert_eq!(e.choose(&[base.clone(), ub256]), Some(base));
     });
 }
 
@@ -379,8 +401,16 @@ fn a_resumed_run_grows_its_default_budget_as_the_first_did() {
         "{:?}",
         resumed.budget
     );
+    // Every repetition of the baseline's that the first run measured was reused (it may get more:
+    // reused repetitions cost no time, so its time cap in a group comes later).
+    let had = result(&first, &first.baseline).unwrap().reps.len();
     let base = result(&resumed, &resumed.baseline).unwrap();
-    assert_eq!(base.seconds, 0.0, "the baseline's repetitions were reused");
+    assert!(base.reps.len() >= had);
+    assert!(
+        base.rounds[..had].iter().all(Option::is_none),
+        "the baseline's {had} repetitions were reused: {:?}",
+        base.rounds
+    );
 }
 
 /// `tune`'s default budget grows for a model whose every configuration takes long to measure: to
