@@ -2,7 +2,8 @@
 //! free memory, which is wrong whenever a budget, another tenant or a slower device says otherwise.
 //! The search measures the split in proportion to the budgets, that split moved a step toward each
 //! device, each device alone, each backend's devices alone (the same GPU can appear as CUDA0 and
-//! Vulkan0) and `-sm row` where every device is CUDA — each at the most layers it lets fit — and
+//! Vulkan0) and `-sm row` where every device is CUDA — each at the most layers it lets fit, and not
+//! at all where that is fewer than the best's on the same devices — and
 //! then keeps moving the split in the direction that won while the measurements say it pays, each
 //! step as long as the split has moved so far (10, 20, 40 points) and no longer than still holds
 //! every layer.
@@ -143,7 +144,7 @@ impl Engine<'_> {
         // Not tensor parallelism (`-sm tensor`): llama.cpp reports its buffers as one "Meta()"
         // device's, not per device, so the dry run cannot hold each GPU to its budget.
         let mut out = self.fitted(shapes);
-        out.retain(|c| c != from);
+        out.retain(|c| c != from && !fewer_layers_on_the_same_devices(c, from));
         out.sort();
         out.dedup();
         out
@@ -312,6 +313,14 @@ impl Engine<'_> {
         }
         best
     }
+}
+
+/// Whether `c` spreads layers over the same devices as `from` (another split, or `-sm row`) but
+/// holds fewer of them: the layers it leaves to the host are read from host memory at every token
+/// and multiplied there (or copied to a device for a large batch), slower than on any offload
+/// device, and the devices' own work only shrinks. Dominated; not worth a measurement.
+fn fewer_layers_on_the_same_devices(c: &Candidate, from: &Candidate) -> bool {
+    c.devices == from.devices && c.n_gpu_layers < from.n_gpu_layers
 }
 
 #[cfg(test)]
