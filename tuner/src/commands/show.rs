@@ -97,7 +97,7 @@ fn stale(p: &profiles::Profile, here: &crate::probe::Probe, verbose: bool) -> Op
         Err(e) => Some(format!(
             "its RPC servers ({}) cannot be reached: {}",
             p.rpc.join(", "),
-            crate::report::one_line(&format!("{e:#}"))
+            crate::term::error_line(&e)
         )),
     }
 }

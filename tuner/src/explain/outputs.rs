@@ -24,10 +24,7 @@ pub struct Asked {
 /// The profile is saved by then, so a chart or report that cannot be written is a warning.
 pub fn after_tune(asked: &Asked, profile: &Profile, profile_path: Option<&Path>) {
     if let Err(e) = show_after_tune(asked, profile, profile_path) {
-        eprintln!(
-            "autotune: warning: {}",
-            crate::term::one_line(&format!("{e:#}"))
-        );
+        eprintln!("autotune: warning: {}", crate::term::error_line(&e));
     }
 }
 

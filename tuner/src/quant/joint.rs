@@ -238,9 +238,7 @@ fn tune_rungs(
                 tuned[i] = Some(t);
             }
             Ok(t) => row.status = not_measured(&t),
-            Err(e) => {
-                row.status = format!("not measured: {}", crate::term::one_line(&format!("{e:#}")))
-            }
+            Err(e) => row.status = format!("not measured: {}", crate::term::error_line(&e)),
         }
     }
     Some(tuned)

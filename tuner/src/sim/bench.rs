@@ -299,7 +299,7 @@ fn rival_row(name: &str, scores: &[Score], autotune: &[Score]) {
 /// outcome and the configuration's noise-free seconds per request; then each candidate's outcome.
 fn trace_landscape(seed: u64, r: u64, budget: Option<Duration>) {
     let land = landscape(seed);
-    let run_seed = seed + (r << 32);
+    let run_seed = run_seed(seed, r);
     let s = match budget {
         Some(budget) => TuneSettings {
             budget,
@@ -333,6 +333,12 @@ fn trace_landscape(seed: u64, r: u64, budget: Option<Duration>) {
         );
     }
     println!("trace winner {:?}", run.winner.map(|c| c.label()));
+}
+
+/// The seed of run `r` of a landscape: the landscape stays, the measurements' noise and the
+/// candidates' order change (run 0 is the landscape's own seed).
+fn run_seed(seed: u64, r: u64) -> u64 {
+    seed + (r << 32)
 }
 
 /// `VS_TUNERS_TRACE`'s landscape and run: `SEED` (the first run) or `SEED/R` (run R of
@@ -395,8 +401,7 @@ fn vs_tuners_bench() {
     for seed in 0..n {
         let land = landscape(seed);
         for r in 0..replicas {
-            // The landscape stays; the measurements' noise and the candidates' order change.
-            let run_seed = seed + (r << 32);
+            let run_seed = run_seed(seed, r);
             let s = TuneSettings {
                 budget,
                 ..settings(&land, run_seed)
