@@ -510,7 +510,7 @@ fn ctx_max_is_the_largest_context_that_keeps_every_layer_on_the_device() {
     );
     // And at that context every layer on the device is measured, not pruned (on this machine's
     // loopback RPC device the host may still be faster: the winner is the measurements' to pick,
-    // and a placement more than twice as slow as the best is stopped mid-repetition).
+    // and a placement far slower than the best is stopped mid-repetition or after one).
     let layers = r["model"]["layers"].as_u64().unwrap();
     let board = r["leaderboard"].as_array().unwrap();
     assert!(
@@ -519,7 +519,7 @@ fn ctx_max_is_the_largest_context_that_keeps_every_layer_on_the_device() {
                 && (!e["figures"].is_null()
                     || e["status"]
                         .as_str()
-                        .is_some_and(|s| s.starts_with("stopped mid-repetition")))
+                        .is_some_and(|s| s.starts_with("stopped ")))
         ),
         "{board:?}"
     );

@@ -397,11 +397,11 @@ fn host_weights_go_where_the_host_buffer_says_in_autotune_and_llama_server() {
         "3",
     ]));
     let board = r["leaderboard"].as_array().expect("leaderboard");
-    // Measured in full, or loaded and stopped mid-repetition as more than twice as slow as the
+    // Measured in full, or loaded and stopped as too slow (mid-repetition, or after one) beside the
     // best (on llvmpipe one of them can be).
     let measured = |e: &serde_json::Value| {
         let status = e["status"].as_str().unwrap_or("");
-        status == "ok" || status.starts_with("stopped mid-repetition")
+        status == "ok" || status.starts_with("stopped ")
     };
     for h in ["mapped", "pinned", "cpu"] {
         assert!(

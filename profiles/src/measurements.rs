@@ -134,15 +134,19 @@ pub enum TrialFailure {
     TimedOut { seconds: u64 },
     /// The run was interrupted (Ctrl-C / SIGTERM) while this trial was in flight.
     Interrupted,
-    /// Stopped mid-repetition by autotune, the worker alive: the time it had taken already proved
-    /// a request slower than `limit_ms`, a multiple of `best_ms` (the best median measured so
-    /// far), so it could not win. A figure of the configuration, not a fault of it. `load`: the
-    /// memory of the load it stopped on (absent in records written before it was kept).
+    /// Stopped by autotune, the worker alive: the time it had taken already proved a request
+    /// slower than `limit_ms`, a multiple of `best_ms` (the best median measured so far), so it
+    /// could not win. A figure of the configuration, not a fault of it. `load`: the memory of the
+    /// load it stopped on (absent in records written before it was kept). `took_ms`: absent where
+    /// it stopped mid-repetition; where its first repetition finished and took that long a request,
+    /// beyond the limit, it was not repeated.
     GaveUp {
         limit_ms: u64,
         best_ms: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         load: Option<Box<LoadReport>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        took_ms: Option<u64>,
     },
 }
 
@@ -178,6 +182,18 @@ impl std::fmt::Display for TrialFailure {
                 write!(f, "no answer within {seconds} s; worker killed")
             }
             TrialFailure::Interrupted => write!(f, "interrupted"),
+            TrialFailure::GaveUp {
+                limit_ms,
+                best_ms,
+                took_ms: Some(took),
+                ..
+            } => write!(
+                f,
+                "stopped after one repetition: {:.2} s per request, more than {:.1}x the best so far ({:.2} s)",
+                *took as f64 / 1e3,
+                *limit_ms as f64 / (*best_ms).max(1) as f64,
+                *best_ms as f64 / 1e3
+            ),
             TrialFailure::GaveUp {
                 limit_ms, best_ms, ..
             } => write!(

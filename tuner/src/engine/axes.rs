@@ -2,7 +2,7 @@
 //! space the user allowed, and the full grid for `--exhaustive`.
 
 use super::TuneSettings;
-use search_space::{Candidate, FlashAttn, HostBuffer, OpOffload};
+use search_space::{Candidate, FlashAttn, HostBuffer, KernelChoice, OpOffload};
 
 /// `v` when the user allowed it (or allowed anything), else the first value the user gave.
 pub(super) fn pick<T: Copy + PartialEq>(options: &[T], v: T) -> T {
@@ -125,6 +125,14 @@ pub(crate) fn pinned_memory_in_use(s: &TuneSettings, c: &Candidate) -> bool {
         && (s.host_buffer_devices.iter()).any(|d| c.devices.is_empty() || c.devices.contains(d))
 }
 
+/// Whether ggml's scheduler may copy `c`'s host weights to a device for a batch's operations (op
+/// offload): the knob on, and those weights not repacked in the CPU's own buffers (repacked
+/// weights are not host memory to the scheduler, whatever the knob says).
+pub(crate) fn offloads_host_ops(s: &TuneSettings, c: &Candidate) -> bool {
+    let repacked = c.kernels == KernelChoice::Repack && !pinned_memory_in_use(s, c);
+    c.op_offload.is_on() && !repacked
+}
+
 /// Where host weights live (mapped, pinned, the CPU's buffers), where weights stay in host memory.
 pub(super) fn vary_host_buffer(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
     if !host_weights(s, from) {
@@ -187,7 +195,8 @@ pub(super) fn vary_cache(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
 /// other op offload setting: op offload copies the host's weights once per micro-batch, so over a
 /// slow link it can lose at 512 (where the op offload axis chose) and win at 2048, with a quarter
 /// of the copies. Turned on from host weights in the CPU's repacked buffers (which are never
-/// offloaded), it comes with each other host buffer allowed.
+/// offloaded, whatever the knob says: on there is off), it comes with each other host buffer
+/// allowed.
 pub(super) fn vary_batch(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
     let at = |ub: u32, op_offload: OpOffload, host_buffer: HostBuffer| Candidate {
         op_offload,
@@ -206,11 +215,14 @@ pub(super) fn vary_batch(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
         } else {
             vec![from.host_buffer]
         };
+        let offloads = offloads_host_ops(s, from);
         for &ub in s.ubatch_options.iter().filter(|&&ub| ub > from.n_ubatch) {
-            for &o in s.op_offload.iter().filter(|&&o| o != from.op_offload) {
+            for &o in s.op_offload.iter().filter(|&&o| o.is_on() != offloads) {
                 let with = |h: &HostBuffer| at(ub, o, *h);
                 match o {
-                    OpOffload::On => out.extend(hosts.iter().map(with)),
+                    OpOffload::On => {
+                        out.extend((hosts.iter().map(with)).filter(|c| offloads_host_ops(s, c)))
+                    }
                     OpOffload::Off => out.push(at(ub, o, from.host_buffer)),
                 }
             }

@@ -2,6 +2,7 @@
 //! unfinished candidate once, so slow drift of the machine hits all of them alike; a candidate
 //! stops when its confidence interval is tight, it reaches its limits, or it clearly loses.
 
+use super::result::score_seconds;
 use super::{Engine, BUDGET_SPENT};
 use crate::stats::{self, Sample};
 use crate::worker::{GiveUp, TrialFailure};
@@ -13,6 +14,16 @@ use std::time::Duration;
 /// than the best median measured so far: it cannot win, and finishing it (the CPU-only point of a
 /// model that belongs on a GPU takes minutes) would spend the budget the axes after it need.
 pub const GIVE_UP_FACTOR: f64 = 2.0;
+
+/// A candidate's first visit takes no second repetition once its first (after a discarded warm-up)
+/// took this many times the best median measured so far a request: it cannot win either, and on a
+/// model that takes a minute a request (a CPU-only point, one GPU alone at half the layers) the
+/// second repetition is the time the axes after it need. Wide of any noise seen between repetitions
+/// (medians of one configuration 8% apart on a shared VM). On `bench/vs-tuners` (8 runs of each
+/// landscape), after the host's axes moved before the split: within noise of the best 85.5 -> 85.8%
+/// with a fixed 10 minutes, 92.8 -> 93.4% with the default budget, 95.9 -> 96.2% without one, and
+/// the median run without a budget 611 -> 602 s.
+pub const ONE_REPETITION_FACTOR: f64 = 1.5;
 
 impl Engine<'_> {
     /// Whether a candidate needs more repetitions.
@@ -87,6 +98,10 @@ impl Engine<'_> {
                     self.out_of_time();
                     let r = &self.results[i];
                     if r.failure.is_some() || r.skipped.is_some() || self.interrupted {
+                        break;
+                    }
+                    if let Some(f) = self.far_behind(i).filter(|_| stops_early(axis)) {
+                        self.end_with(i, f);
                         break;
                     }
                 }
@@ -186,6 +201,38 @@ impl Engine<'_> {
         })
     }
 
+    /// Whether candidate `i`'s one repetition took more than [`ONE_REPETITION_FACTOR`] times the
+    /// best median measured so far a request: how it stops (its repetition kept).
+    fn far_behind(&self, i: usize) -> Option<TrialFailure> {
+        let r = &self.results[i];
+        let [rep] = r.reps.as_slice() else {
+            return None;
+        };
+        let best_ms = self.give_up(i)?.best_ms;
+        let limit_ms = (best_ms as f64 * ONE_REPETITION_FACTOR).ceil() as u64;
+        let took_ms = (score_seconds(rep, &self.settings.workload) * 1e3).round() as u64;
+        (took_ms > limit_ms).then(|| TrialFailure::GaveUp {
+            limit_ms,
+            best_ms,
+            load: r.load.clone().map(Box::new),
+            took_ms: Some(took_ms),
+        })
+    }
+
+    /// Ends candidate `i`'s measurements with `f`: said (stopped as too slow, or failed), logged.
+    fn end_with(&mut self, i: usize, f: TrialFailure) {
+        let c = &self.results[i].candidate;
+        if f.gave_up() {
+            self.progress.stopped(&c.label(), &f.to_string());
+        } else {
+            self.progress.failed(&c.label(), &f.to_string());
+        }
+        if let Some(log) = self.log.as_deref_mut() {
+            log.append(&Record::failure(c, &f));
+        }
+        self.results[i].failure = Some(f);
+    }
+
     pub(super) fn measure_once(&mut self, i: usize, axis: &str) {
         let c = self.results[i].candidate.clone();
         let label = c.label();
@@ -195,9 +242,7 @@ impl Engine<'_> {
         if let Some(p) = &self.results[i].predicted {
             req.expect = p.per_device.clone();
         }
-        // Not in the confirmation, nor in grid mode (`--exhaustive`: every combination measured
-        // in full, for those who want the whole grid).
-        if self.results[i].reps.is_empty() && axis != "confirm" && axis != "grid" {
+        if self.results[i].reps.is_empty() && stops_early(axis) {
             req.give_up = self.give_up(i);
         }
         if self.measurer.crashes_for(&req) >= 2 {
@@ -225,16 +270,15 @@ impl Engine<'_> {
                 if let TrialFailure::GaveUp { load: Some(l), .. } = &f {
                     self.results[i].load = Some((**l).clone());
                 }
-                if f.gave_up() {
-                    self.progress.stopped(&label, &f.to_string());
-                } else {
-                    self.progress.failed(&label, &f.to_string());
-                }
-                if let Some(log) = self.log.as_deref_mut() {
-                    log.append(&Record::failure(&c, &f));
-                }
-                self.results[i].failure = Some(f);
+                self.end_with(i, f);
             }
         }
     }
+}
+
+/// Whether an axis's candidates may stop as too slow ([`GIVE_UP_FACTOR`],
+/// [`ONE_REPETITION_FACTOR`]): not in the confirmation, nor in grid mode (`--exhaustive`: every
+/// combination measured in full, for those who want the whole grid).
+fn stops_early(axis: &str) -> bool {
+    axis != "confirm" && axis != "grid"
 }

@@ -143,6 +143,7 @@ impl SimMeasurer {
             limit_ms: g.limit_ms,
             best_ms: g.best_ms,
             load: rep.load.clone().map(Box::new),
+            took_ms: None,
         })
     }
 

@@ -6,11 +6,15 @@ use super::harness::{
     self, fits, gpus, max_fit, settings, tune, tune_logged, Mode, Quiet, SimRun, MARGIN,
 };
 use super::{Landscape, Outcome, SimMeasurer, SimModel, GIB, MIB};
-use crate::engine::{CandidateResult, Engine, TuneSettings, GIVE_UP_FACTOR};
+use crate::engine::{
+    offloads_host_ops, CandidateResult, Engine, TuneSettings, GIVE_UP_FACTOR, ONE_REPETITION_FACTOR,
+};
 use crate::report;
 use crate::stats::Verdict;
 use crate::worker::TrialFailure;
-use search_space::{CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, OpOffload};
+use search_space::{
+    CacheType, Candidate, FlashAttn, KernelChoice, KvOffload, OpOffload, SplitMode,
+};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -833,9 +837,11 @@ fn op_offload_is_measured_where_weights_stay_on_the_host_and_follows_the_link() 
         measured > 0,
         "op offload off was measured on a partial offload"
     );
-    assert_eq!(fast.op_offload, OpOffload::On, "{}", fast.label());
+    // Off, or on beside host weights repacked in the CPU's buffers, which are never offloaded.
+    let s = settings(&gpus(1, 24 * GIB), 5);
+    assert!(offloads_host_ops(&s, &fast), "{}", fast.label());
     let (slow, _) = winner(0.1e9);
-    assert_eq!(slow.op_offload, OpOffload::Off, "{}", slow.label());
+    assert!(!offloads_host_ops(&s, &slow), "{}", slow.label());
 
     let land = gpus(2, 80 * GIB);
     let s = settings(&land, 5);
@@ -1183,4 +1189,83 @@ fn a_groups_last_candidate_is_not_measured_on_alone() {
             win.label()
         );
     }
+}
+
+/// A first visit whose first repetition took more than [`ONE_REPETITION_FACTOR`] times the best
+/// median so far a request gets no second: it is stopped (its repetition kept), says so, and was
+/// truly that much slower on the landscape. Nothing within reach of the winner is stopped so.
+#[test]
+fn a_first_repetition_far_behind_the_best_is_not_repeated() {
+    let land = gpus(2, 16 * GIB);
+    let s = settings(&land, 3);
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let w = &s.workload;
+    let best = land.true_seconds(run.winner.as_ref().expect("a winner"), w);
+    let mut stopped = 0;
+    for r in &run.results {
+        let t = land.true_seconds(&r.candidate, w);
+        match &r.failure {
+            Some(
+                f @ TrialFailure::GaveUp {
+                    limit_ms,
+                    best_ms,
+                    took_ms: Some(took),
+                    ..
+                },
+            ) => {
+                stopped += 1;
+                assert_eq!(r.reps.len(), 1, "{}", r.candidate.label());
+                assert_eq!(
+                    *limit_ms,
+                    (*best_ms as f64 * ONE_REPETITION_FACTOR).ceil() as u64
+                );
+                assert!(took > limit_ms, "{took} ms <= {limit_ms} ms");
+                assert!(
+                    t > 1.3 * best,
+                    "{}: {t} s, best {best} s",
+                    r.candidate.label()
+                );
+                assert!(
+                    f.to_string().starts_with("stopped after one repetition: "),
+                    "{f}"
+                );
+            }
+            _ if t < 1.3 * best && r.reps.len() == 1 => {
+                panic!("{} left at one repetition", r.candidate.label())
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        stopped >= 1,
+        "no first visit was stopped after one repetition"
+    );
+    let won = result(&run, run.winner.as_ref().unwrap()).unwrap();
+    assert!(won.ok() && won.failure.is_none());
+}
+
+/// Where layers stay on the host, the host's own axes (its buffer, the generation threads) are
+/// measured before the split: they set the host's share of every token, the split only what the
+/// devices hold, and a budget that ends within the split group still has them.
+#[test]
+fn with_layers_on_the_host_the_threads_come_before_the_split() {
+    let land = gpus(2, 16 * GIB);
+    let s = settings(&land, 3);
+    let run = tune(land, s.clone(), None, Mode::Search);
+    let calls = &run.trace.borrow().calls;
+    let at = |f: &dyn Fn(&Candidate) -> bool| calls.iter().position(|(c, _, _)| f(c));
+    let threads = at(&|c| c.threads != s.default_threads).expect("threads measured");
+    // Each device alone, or rows: only the split group measures those.
+    let split = at(&|c| !c.devices.is_empty() || c.split_mode != SplitMode::Layer)
+        .expect("a split measured");
+    assert!(
+        threads < split,
+        "threads at call {threads}, the split at {split}"
+    );
+    let winner = run.winner.expect("a winner");
+    assert!(
+        winner.n_gpu_layers < 81,
+        "layers on the host: {}",
+        winner.label()
+    );
 }

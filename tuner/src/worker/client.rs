@@ -109,6 +109,7 @@ impl Worker {
                             limit_ms: limit.limit_ms,
                             best_ms: limit.best_ms,
                             load,
+                            took_ms: None,
                         }),
                         Ok(r) => Ok(r),
                         // A stray line on stdout (llama.cpp printing there) is skipped.
