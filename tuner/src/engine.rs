@@ -106,7 +106,7 @@ pub struct TuneSettings {
 }
 
 /// The axes of the coordinate descent after the placement and the split, in order. Where layers
-/// stay on the host the first [`HOST_AXES`] come before the split too.
+/// stay on the host, [`HOST_AXES`] come before the split too.
 const AXES: [(&str, Vary); 9] = [
     ("op offload", vary_op_offload),
     ("host buffer", vary_host_buffer),
@@ -120,14 +120,20 @@ const AXES: [(&str, Vary); 9] = [
     ("batch", vary_batch),
 ];
 
-/// How many of [`AXES`] set how the host serves the layers it keeps (op offload, the host buffer,
-/// the generation threads): with layers on the host, its share of every token is most of the
-/// token's time, and these are measured before the split, which moves only what the devices hold
-/// (and takes a slow model's budget: each device alone, the rows, the steps). Measured again from
-/// the split's best after it; unchanged, they cost nothing more. On `bench/vs-tuners` (8 runs of
-/// each landscape): within noise of the best 81.1 -> 85.5% with a fixed 10 minutes, 91.6 -> 92.8%
-/// with the default budget, 94.9 -> 95.9% without one.
-const HOST_AXES: usize = 3;
+/// The axes that set how the host serves the layers it keeps, measured before the split where
+/// layers stay on the host: the host's share of every token is then most of the token's time, and
+/// the split moves only what the devices hold (and takes a slow model's budget: each device alone,
+/// the rows, the steps). Generation threads first (every token), then where the weights live and
+/// op offload (the prompt's batches). Measured again from the split's best in [`AXES`]; unchanged,
+/// they cost nothing more. On `bench/vs-tuners`, 300 landscapes twice each: within noise of the
+/// best 82.7 -> 85.7% with a fixed 10 minutes, 91.0 -> 93.7% with the default budget, 94.5 -> 94.8%
+/// without one, against op offload, host buffer, threads (the order of [`AXES`]); 8 runs of the
+/// first 100: 81.1 -> 86.2%, 91.6 -> 94.5%, 94.9 -> 95.9% against none before the split.
+const HOST_AXES: [(&str, Vary); 3] = [
+    ("threads", vary_threads),
+    ("host buffer", vary_host_buffer),
+    ("op offload", vary_op_offload),
+];
 
 /// Visits (a load, its warm-up and two repetitions) a default budget leaves time for: about what
 /// the search needs on a model split over several GPUs (`bench/vs-tuners`).
@@ -423,7 +429,7 @@ impl<'a> Engine<'a> {
         }
         if let Some(b) = best.take() {
             let b = if host_weights(&self.settings, &b) {
-                self.descend(&AXES[..HOST_AXES], Some(b.clone()), &base)
+                self.descend(&HOST_AXES, Some(b.clone()), &base)
                     .unwrap_or(b)
             } else {
                 b
