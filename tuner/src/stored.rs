@@ -5,6 +5,7 @@
 use crate::exit::{self, Exit};
 use crate::probe::{self, Probe};
 use crate::session;
+use crate::term::error_line;
 use anyhow::Context as _;
 use profiles::{Profile, Store, StoredProfile};
 use search_space::identity::ModelIdentity;
@@ -61,7 +62,11 @@ pub fn this_machines(force: bool, verbose: bool) -> anyhow::Result<Vec<StoredPro
         let path = stored.path.clone();
         match vet(stored, &here, force, verbose) {
             Ok(stored) => usable.push(stored),
-            Err(e) => eprintln!("autotune: warning: left out {}: {e:#}", path.display()),
+            Err(e) => eprintln!(
+                "autotune: warning: left out {}: {}",
+                path.display(),
+                error_line(&e)
+            ),
         }
     }
     if usable.is_empty() {
@@ -132,9 +137,10 @@ fn vet(
             Exit::new(
                 exit::BAD_PROFILE,
                 format!(
-                    "profile {} runs layers on RPC servers ({}): {e:#}",
+                    "profile {} runs layers on RPC servers ({}): {}",
                     stored.path.display(),
-                    stored.profile.rpc.join(", ")
+                    stored.profile.rpc.join(", "),
+                    error_line(&e)
                 ),
             )
         })?;

@@ -12,11 +12,10 @@ use crate::session;
 use crate::speculative::attach::DraftSearch;
 use crate::speculative::ngram::NgramGrid;
 use crate::speculative::{prompts, Grid};
-use crate::tuning::Plan;
+use crate::tuning::{self, Plan};
 use crate::worker::Workload;
 use anyhow::Context as _;
 use std::path::Path;
-use std::time::Duration;
 
 fn usage(m: String) -> anyhow::Error {
     Exit::new(exit::USAGE, m)
@@ -117,18 +116,19 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
     if a.ubatch.contains(&0) {
         return Err(usage("--ubatch sizes must be at least 1".into()));
     }
-    let (min_reps, max_reps, noise, per_candidate) = if a.quick {
-        (a.min_reps.min(3), a.max_reps.min(4), a.trial.noise, 8)
+    let (min_reps, max_reps, noise, cap) = if a.quick {
+        let cap = tuning::QUICK_CANDIDATE_CAP;
+        (a.min_reps.min(3), a.max_reps.min(4), a.trial.noise, cap)
     } else if a.thorough {
+        let cap = tuning::THOROUGH_CANDIDATE_CAP;
         (
             a.min_reps.max(5),
             a.max_reps.max(20),
             a.trial.noise.min(0.02),
-            120,
+            cap,
         )
     } else {
-        let cap = crate::tuning::CANDIDATE_CAP.as_secs();
-        (a.min_reps, a.max_reps, a.trial.noise, cap)
+        (a.min_reps, a.max_reps, a.trial.noise, tuning::CANDIDATE_CAP)
     };
     if a.quick {
         workload.n_gen = workload.n_gen.min(64);
@@ -140,7 +140,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         noise,
         min_reps,
         max_reps,
-        candidate_cap: Duration::from_secs(per_candidate),
+        candidate_cap: cap,
         budget: a.budget.unwrap_or(crate::tuning::DEFAULT_BUDGET),
         budget_grows: a.budget.is_none(),
         seed: a.trial.seed.unwrap_or_else(time_seed),

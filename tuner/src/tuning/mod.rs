@@ -33,8 +33,13 @@ const QUICK_BUDGET: Duration = Duration::from_secs(50);
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(600);
 
 /// A candidate with its minimum repetitions gets more only while its time in the group (loads
-/// included) is under this (`--thorough`: 120 s, `--quick`: 8 s).
+/// included) is under this (`--thorough`: [`THOROUGH_CANDIDATE_CAP`], `--quick`:
+/// [`QUICK_CANDIDATE_CAP`]).
 pub const CANDIDATE_CAP: Duration = Duration::from_secs(40);
+/// [`CANDIDATE_CAP`] with `--thorough`.
+pub const THOROUGH_CANDIDATE_CAP: Duration = Duration::from_secs(120);
+/// [`CANDIDATE_CAP`] with `--quick`.
+pub const QUICK_CANDIDATE_CAP: Duration = Duration::from_secs(8);
 
 /// The most a default budget grows to, for a model whose configurations take long to measure.
 pub const GROWN_BUDGET_CAP: Duration = Duration::from_secs(1800);
