@@ -127,8 +127,9 @@ const AXES: [(&str, Vary); 9] = [
 /// op offload (the prompt's batches). Measured again from the split's best in [`AXES`]; unchanged,
 /// they cost nothing more. On `bench/vs-tuners`, 300 landscapes twice each: within noise of the
 /// best 82.7 -> 85.7% with a fixed 10 minutes, 91.0 -> 93.7% with the default budget, 94.5 -> 94.8%
-/// without one, against op offload, host buffer, threads (the order of [`AXES`]); 8 runs of the
-/// first 100: 81.1 -> 86.2%, 91.6 -> 94.5%, 94.9 -> 95.9% against none before the split.
+/// without one, against op offload, host buffer, threads (the order of [`AXES`]). With the stop
+/// after one repetition ([`ONE_REPETITION_FACTOR`]), 8 runs of the first 100 landscapes: 81.1 ->
+/// 86.2%, 91.6 -> 94.5%, 94.9 -> 95.9% against neither.
 const HOST_AXES: [(&str, Vary); 3] = [
     ("threads", vary_threads),
     ("host buffer", vary_host_buffer),

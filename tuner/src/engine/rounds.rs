@@ -20,9 +20,9 @@ pub const GIVE_UP_FACTOR: f64 = 2.0;
 /// model that takes a minute a request (a CPU-only point, one GPU alone at half the layers) the
 /// second repetition is the time the axes after it need. Wide of any noise seen between repetitions
 /// (medians of one configuration 8% apart on a shared VM). On `bench/vs-tuners` (8 runs of each
-/// landscape), after the host's axes moved before the split: within noise of the best 85.5 -> 85.8%
-/// with a fixed 10 minutes, 92.8 -> 93.4% with the default budget, 95.9 -> 96.2% without one, and
-/// the median run without a budget 611 -> 602 s.
+/// landscape), after the host's axes moved before the split (op offload first then): within noise
+/// of the best 85.5 -> 85.8% with a fixed 10 minutes, 92.8 -> 93.4% with the default budget,
+/// 95.9 -> 96.2% without one, and the median run without a budget 611 -> 602 s.
 pub const ONE_REPETITION_FACTOR: f64 = 1.5;
 
 impl Engine<'_> {
