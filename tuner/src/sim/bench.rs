@@ -232,7 +232,7 @@ fn default_budget(s: &TuneSettings) -> TuneSettings {
 /// one), llama-server unasked, Ollama's estimate, llama-optimus with its default metric and with
 /// `--metric mean`.
 fn choices(land: &Landscape, s: &TuneSettings, seed: u64) -> Vec<Choice> {
-    use super::rivals::{llama_optimus, ollama, Optimus, OptimusMetric};
+    use super::rivals::{fituna, ggrun, llama_optimus, ollama, Optimus, OptimusMetric};
     let decided = |c: Candidate| Choice {
         candidate: Some(c),
         seconds: 0.0,
@@ -259,6 +259,20 @@ fn choices(land: &Landscape, s: &TuneSettings, seed: u64) -> Vec<Choice> {
             reps: (o.trials * 3) as usize,
         });
     }
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0000_6767_7275);
+    let g = ggrun(land, s, &mut rng);
+    out.push(Choice {
+        candidate: Some(g.pick),
+        seconds: g.seconds,
+        reps: g.launches as usize,
+    });
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0000_6669_7475);
+    let f = fituna(land, s, &mut rng);
+    out.push(Choice {
+        candidate: f.pick,
+        seconds: f.seconds,
+        reps: (f.benches * 5) as usize,
+    });
     out
 }
 
@@ -392,6 +406,8 @@ fn vs_tuners_bench() {
         "Ollama's estimate + its defaults".into(),
         "llama-optimus (tg, its default)".into(),
         "llama-optimus --metric mean".into(),
+        "ggrun --ai-tune (its fixed plan)".into(),
+        "FiTuna (a target above reach)".into(),
     ];
     let replicas = replica_count();
     if replicas > 1 {
@@ -437,7 +453,8 @@ fn vs_tuners_bench() {
     );
     println!("of the choices that load); no load: choices that exceed a device's memory at the");
     println!(
-        "4096-token context; tuning: median simulated seconds spent; slower / faster: landscapes"
+        "4096-token context, or none (a search that ended with an error); tuning: median simulated"
     );
-    println!("where its choice is more than 2% slower / faster than autotune's.");
+    println!("seconds spent; slower / faster: landscapes where its choice is more than 2% slower");
+    println!("/ faster than autotune's.");
 }

@@ -1,10 +1,14 @@
 //! Other tools' ways of choosing a configuration, emulated on the landscape for `bench/vs-tuners`:
-//! Ollama's offload estimate and llama-optimus's measured search. Each follows the tool's own
+//! Ollama's offload estimate, llama-optimus's measured search, ggrun's placement and `--ai-tune`
+//! rounds, FiTuna's bisection of `-ngl`. (AMD Lemonade's released code passes llama-server
+//! llama.cpp's own defaults at the context asked for: the `--fit` row. Its measured AutoOpt, in
+//! unmerged pull requests, compares backends and, on unified memory only, a batch ladder: neither
+//! is on these landscapes, one backend of discrete GPUs, so it would be the same row.) Each follows the tool's own
 //! code (read from its sources, not guessed); where the simulator cannot say what the tool says,
 //! the emulation says what stands in for it. A model of those tools on a model of hardware: it
 //! compares decision procedures, not the tools' real speed.
 
-use super::landscape::{Landscape, MIB};
+use super::landscape::{Landscape, GIB, MIB};
 use crate::engine::TuneSettings;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -335,5 +339,269 @@ impl Emulation<'_> {
     /// One repetition's multiplicative noise, as the simulated measurer draws it.
     fn jitter(&mut self) -> f64 {
         (1.0 + self.land.noise * super::standard_normal(self.rng)).max(0.5)
+    }
+}
+
+/// A FiTuna run's result: the `-ngl` it prints (none when a bench failed: the search ends with an
+/// error), the simulated seconds it spent and its llama-bench commands.
+pub struct FitunaRun {
+    pub pick: Option<Candidate>,
+    pub seconds: f64,
+    pub benches: u32,
+}
+
+/// FiTuna 0.2.0 (PyPI `fituna`, `search.py`'s `search`) at the model's one quantization, asked
+/// for a speed above reach (the user wants the fastest there is). It decides `-ngl` alone, from
+/// `llama-bench -ngl N -p 512 -n 128 -d ctx-640` (its 5 repetitions by default, generation t/s
+/// decides): every layer first (`-ngl n_layers`, which leaves the output layer on the host), then
+/// none, then a bisection of at most 6 more between them, each below the target. Nothing reaches
+/// it, and it prints the fastest bench's `-ngl` as `llama-server -m … -ngl N -c ctx`: llama.cpp's
+/// defaults for the rest. A bench that fails (out of memory: every layer of a model larger than
+/// the GPU) ends the search with an error, and no configuration. It runs no noise threshold and
+/// no repetition beyond llama-bench's own.
+pub fn fituna(land: &Landscape, s: &TuneSettings, rng: &mut StdRng) -> FitunaRun {
+    let layers = land.model.n_layers;
+    let (mut seconds, mut benches) = (0.0, 0);
+    let mut seen: Vec<(f64, u32)> = Vec::new();
+    let mut bench = |ngl: u32| -> Option<()> {
+        let c = Candidate::llama_default(s.default_threads, ngl);
+        benches += 1;
+        let tg = fituna_bench(land, s, &c, rng, &mut seconds)?;
+        seen.push((tg, ngl));
+        Some(())
+    };
+    let searched = (|| {
+        bench(layers)?;
+        if !land.devices.is_empty() {
+            bench(0)?;
+            let (mut lo, hi) = (0, layers);
+            for _ in 0..6 {
+                if lo >= hi {
+                    break;
+                }
+                let mid = (lo + hi) / 2;
+                bench(mid)?;
+                lo = mid + 1;
+            }
+        }
+        Some(())
+    })();
+    // The fastest bench seen (`consider_best_effort`), the first of equals.
+    let pick = searched.and_then(|_| {
+        let first = *seen.first()?;
+        let best = seen
+            .iter()
+            .fold(first, |b, &x| if x.0 > b.0 { x } else { b });
+        Some(Candidate::llama_default(s.default_threads, best.1))
+    });
+    FitunaRun {
+        pick,
+        seconds,
+        benches,
+    }
+}
+
+/// One `llama-bench -p 512 -n 128 -d D` (D fills the context to the run's) on a fresh load: its
+/// mean generation t/s over 5 repetitions at that depth, `None` when it does not load.
+fn fituna_bench(
+    land: &Landscape,
+    s: &TuneSettings,
+    c: &Candidate,
+    rng: &mut StdRng,
+    seconds: &mut f64,
+) -> Option<f64> {
+    let ctx = s.workload.n_ctx;
+    let depth = ctx.saturating_sub(640);
+    *seconds += land.load_seconds(c, ctx);
+    if land.out_of_memory(c, ctx, false).is_some() {
+        return None;
+    }
+    let spread = land.load_spread;
+    let offset = 1.0 + rng.gen_range(-spread..=spread);
+    let mut tg = 0.0;
+    for _ in 0..5 {
+        let jitter = (1.0 + land.noise * super::standard_normal(rng)).max(0.5);
+        let step = land.step_seconds(c, ctx, depth, 1) / (offset * jitter);
+        *seconds += land.prompt_seconds(c, ctx, depth, 0) + land.prompt_seconds(c, ctx, 512, depth);
+        *seconds += 128.0 * step;
+        tg += 1.0 / step;
+    }
+    Some(tg / 5.0)
+}
+
+/// A ggrun run's result: the llama-server configuration it keeps after its `--ai-tune` rounds, the
+/// simulated seconds they took and how many launches they measured.
+pub struct GgrunRun {
+    pub pick: Candidate,
+    pub seconds: f64,
+    pub launches: u32,
+}
+
+/// ggrun's `--ai-tune` (raketenkater/ggrun, its Go version: `placement.Compute`, then
+/// `tune.Engine.Run`) on a model it runs with mainline llama.cpp. The placement: one GPU, every
+/// layer, when the weights, the KV cache and a 1 GiB compute buffer fit the best GPU's free
+/// memory; else, where the weights, the cache and 1 GiB a GPU fit all of them, a dense model over
+/// the fewest GPUs (at least 2) whose free memory less 1 GiB and their part of the cache each
+/// holds the weights and half the cache, every layer, split by free memory; else llama.cpp's fit
+/// (`--fit on`; `-ot` expert placement of MoE models is not emulated: its fit stands in). With
+/// `--no-mmap` off the GPUs, a q8_0 KV cache, flash attention on, every physical core for both
+/// thread counts, and a batch of 8192/1024, 4096/512 or 2048/512 by what still fits the best GPU
+/// (a compute buffer of 4 x the micro-batch in MiB, 1-4 GiB). Then 8 rounds of its fixed plan for
+/// a dense model (KV f16, K f16 with V q8_0, prompt threads on every logical CPU, the batch
+/// doubled, a batch of 16384, the micro-batch halved, doubled, quadrupled, the KV cache on the
+/// host), each a relaunch measured once by the generation t/s of a 256-token reply and kept when
+/// at least 1% faster than the best so far, with the skipped no-ops and predicted OOMs costing no
+/// round; a last back-to-back launch of the baseline and the winner keeps the winner only if it
+/// still leads by 1%. The LLM it asks once that plan runs out is not emulated (8 rounds end first).
+pub fn ggrun(land: &Landscape, s: &TuneSettings, rng: &mut StdRng) -> GgrunRun {
+    let mut e = Ggrun {
+        land,
+        s,
+        rng,
+        seconds: 0.0,
+        launches: 0,
+    };
+    let base = e.placement();
+    let mut best = (e.launch(&base), base.clone());
+    let mut rounds = 0;
+    for change in ggrun_plan(2 * land.host.physical_cores) {
+        if rounds == 8 {
+            break;
+        }
+        let mut c = best.1.clone();
+        change(&mut c);
+        let fits = land.out_of_memory(&c, s.workload.n_ctx, false).is_none();
+        // No-ops and predicted OOMs are skipped without a round.
+        if c == best.1 || c.n_ubatch > c.n_batch || !fits {
+            continue;
+        }
+        rounds += 1;
+        let tg = e.launch(&c);
+        if tg >= best.0 * 1.01 {
+            best = (tg, c);
+        }
+    }
+    // The confirmation: the baseline and the winner back to back.
+    if best.1 != base {
+        let (b, w) = (e.launch(&base), e.launch(&best.1));
+        if w < b * 1.01 {
+            best.1 = base;
+        }
+    }
+    GgrunRun {
+        pick: best.1,
+        seconds: e.seconds,
+        launches: e.launches,
+    }
+}
+
+/// One change of ggrun's plan to a configuration.
+type Change = Box<dyn Fn(&mut Candidate)>;
+
+/// The plan's changes for a dense model on mainline llama.cpp (`deterministicPlan`'s order), each
+/// applied to the best configuration so far.
+fn ggrun_plan(logical: u32) -> Vec<Change> {
+    use search_space::{CacheType, KvOffload};
+    vec![
+        Box::new(|c| (c.type_k, c.type_v) = (CacheType::F16, CacheType::F16)),
+        Box::new(|c| (c.type_k, c.type_v) = (CacheType::F16, CacheType::Q8_0)),
+        Box::new(move |c| c.threads_batch = Some(logical)),
+        Box::new(|c| c.n_batch = (2 * c.n_batch).min(8192)),
+        Box::new(|c| c.n_batch = 16384),
+        Box::new(|c| c.n_ubatch = (c.n_ubatch / 2).max(256)),
+        Box::new(|c| c.n_ubatch = (2 * c.n_ubatch).min(4096)),
+        Box::new(|c| c.n_ubatch = (4 * c.n_ubatch).min(4096)),
+        Box::new(|c| c.kv_offload = KvOffload::Off),
+    ]
+}
+
+struct Ggrun<'a> {
+    land: &'a Landscape,
+    s: &'a TuneSettings,
+    rng: &'a mut StdRng,
+    seconds: f64,
+    launches: u32,
+}
+
+impl Ggrun<'_> {
+    /// `placement.Compute`'s strategy and flags (see [`ggrun`]).
+    fn placement(&self) -> Candidate {
+        use search_space::{CacheType, HostBuffer};
+        let (land, s) = (self.land, self.s);
+        let m = &land.model;
+        let ctx = s.workload.n_ctx as u64;
+        let size = m.n_layers as u64 * m.layer_bytes + m.output_bytes + m.embd_bytes;
+        let kv = ctx * m.n_layers as u64 * m.kv_bytes_per_token_layer * 17 / 32; // q8_0
+        let free: Vec<u64> = land.devices.iter().map(|d| d.mem_bytes).collect();
+        let best_free = free.iter().copied().max().unwrap_or(0);
+        let compute = |ub: u64| (4 * ub).clamp(1024, 4096) * MIB;
+        let (n_batch, n_ubatch) = if size + kv + compute(1024) <= best_free {
+            (8192, 1024)
+        } else if size + kv + compute(512) <= best_free {
+            (4096, 512)
+        } else {
+            (2048, 512)
+        };
+        let mut c = Candidate {
+            n_gpu_layers: m.n_layers + 1,
+            type_k: CacheType::Q8_0,
+            type_v: CacheType::Q8_0,
+            flash_attn: FlashAttn::On,
+            n_batch,
+            n_ubatch,
+            ..Candidate::llama_default(land.host.physical_cores, 0)
+        };
+        if free.is_empty() {
+            return Candidate {
+                n_gpu_layers: 0,
+                ..c
+            };
+        }
+        if size + GIB + kv <= best_free {
+            c.devices = vec![land.devices[0].name.clone()];
+            return c;
+        }
+        let need = size + kv / 2;
+        let room = |n: usize| {
+            free[..n]
+                .iter()
+                .map(|f| f.saturating_sub(GIB + kv / n as u64))
+                .sum::<u64>()
+        };
+        let all = free.len() as u64;
+        if m.moe.is_none() && all >= 2 && size + all * GIB + kv <= free.iter().sum::<u64>() {
+            if let Some(n) = (2..=free.len()).find(|&n| room(n) >= need) {
+                if n < free.len() {
+                    c.devices = land.devices[..n].iter().map(|d| d.name.clone()).collect();
+                }
+                return c;
+            }
+        }
+        // `--fit on --no-mmap`: llama.cpp's placement under its default margin.
+        let fit = super::harness::llama_fit(land, s);
+        Candidate {
+            n_gpu_layers: fit.n_gpu_layers,
+            n_cpu_moe: fit.n_cpu_moe,
+            tensor_split: fit.tensor_split,
+            host_buffer: HostBuffer::Pinned,
+            ..c
+        }
+    }
+
+    /// One launch of llama-server and its benchmark: a warm-up, a prompt, a 256-token reply; its
+    /// generation t/s (0 when it does not load).
+    fn launch(&mut self, c: &Candidate) -> f64 {
+        self.launches += 1;
+        let (land, ctx) = (self.land, self.s.workload.n_ctx);
+        self.seconds += land.load_seconds(c, ctx);
+        if land.out_of_memory(c, ctx, false).is_some() {
+            return 0.0;
+        }
+        let spread = land.load_spread;
+        let offset = 1.0 + self.rng.gen_range(-spread..=spread);
+        let jitter = (1.0 + land.noise * super::standard_normal(self.rng)).max(0.5);
+        let step = land.step_seconds(c, ctx, 100, 1) / (offset * jitter);
+        self.seconds += 2.0 * land.prompt_seconds(c, ctx, 100, 0) + (32.0 + 256.0) * step;
+        1.0 / step
     }
 }

@@ -855,6 +855,29 @@ fn op_offload_is_measured_where_weights_stay_on_the_host_and_follows_the_link() 
     );
 }
 
+/// Four GPUs, two of them fast (3000 GB/s) and two slow (450 GB/s), and a model the two fast ones
+/// hold: the search runs it on those two alone (`--device`), where every split over the four
+/// (the fastest filled, or each in turn) still passes a token through the slow ones.
+#[test]
+fn the_fastest_devices_that_hold_the_model_are_measured_alone() {
+    let mut land = gpus(4, 16 * GIB);
+    for (d, bw) in land.devices.iter_mut().zip([3000e9, 3000e9, 450e9, 450e9]) {
+        d.bandwidth = bw;
+    }
+    land.model = SimModel::dense(32, 700 * MIB, 262_144);
+    let s = settings(&land, 11);
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let win = run.winner.expect("a winner");
+    assert_eq!(win.devices, ["CUDA0", "CUDA1"], "{}", win.label());
+    assert_eq!(win.n_gpu_layers, s.n_layers + 1, "{}", win.label());
+    let spread = Candidate {
+        tensor_split: vec![25, 25, 25, 25],
+        ..Candidate::llama_default(16, s.n_layers + 1)
+    };
+    let w = &s.workload;
+    assert!(land.true_seconds(&win, w) < 0.8 * land.true_seconds(&spread, w));
+}
+
 /// A device without pinned host memory (an RPC server's): host weights are repacked in the CPU's
 /// own buffers, which ggml's scheduler never offloads, so op offload on and off are one run and
 /// the axis measures nothing; with plain kernels it is varied again.
