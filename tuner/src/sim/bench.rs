@@ -375,6 +375,21 @@ fn replica_count() -> u64 {
         .unwrap_or(1)
 }
 
+/// The table's rows: autotune with the run's budget, the default and none, then the rivals.
+fn row_names(budget: Duration) -> Vec<String> {
+    vec![
+        format!("autotune ({} s budget)", budget.as_secs()),
+        "autotune (default budget, grows)".into(),
+        "autotune (no budget)".into(),
+        "llama-server unasked (its --fit)".into(),
+        "Ollama's estimate + its defaults".into(),
+        "llama-optimus (tg, its default)".into(),
+        "llama-optimus --metric mean".into(),
+        "ggrun --ai-tune (its fixed plan)".into(),
+        "FiTuna (a target above reach)".into(),
+    ]
+}
+
 #[test]
 #[ignore = "the bench behind bench/vs-tuners; run with --ignored"]
 fn vs_tuners_bench() {
@@ -398,17 +413,7 @@ fn vs_tuners_bench() {
         "(those of bench/search-sim). Every choice is scored at the same workload: a 4096-token"
     );
     println!("context, 512-token prompts, 128 generated tokens.");
-    let names = [
-        format!("autotune ({} s budget)", budget.as_secs()),
-        "autotune (default budget, grows)".into(),
-        "autotune (no budget)".into(),
-        "llama-server unasked (its --fit)".into(),
-        "Ollama's estimate + its defaults".into(),
-        "llama-optimus (tg, its default)".into(),
-        "llama-optimus --metric mean".into(),
-        "ggrun --ai-tune (its fixed plan)".into(),
-        "FiTuna (a target above reach)".into(),
-    ];
+    let names = row_names(budget);
     let replicas = replica_count();
     if replicas > 1 {
         println!("Each landscape {replicas} times, with other noise and shuffle seeds (run r: seed + r x 2^32).");
