@@ -129,13 +129,8 @@ pub(crate) fn pinned_memory_in_use(s: &TuneSettings, c: &Candidate) -> bool {
 /// offload): the knob on, and those weights not repacked in the CPU's own buffers (repacked
 /// weights are not host memory to the scheduler, whatever the knob says).
 pub(crate) fn offloads_host_ops(s: &TuneSettings, c: &Candidate) -> bool {
-    c.op_offload.is_on() && !repacked_on_host(s, c)
-}
-
-/// Whether `c`'s host weights are repacked in the CPU's own buffers: the extra kernels chosen and
-/// no device's pinned host memory in use.
-fn repacked_on_host(s: &TuneSettings, c: &Candidate) -> bool {
-    c.kernels == KernelChoice::Repack && !pinned_memory_in_use(s, c)
+    let repacked = c.kernels == KernelChoice::Repack && !pinned_memory_in_use(s, c);
+    c.op_offload.is_on() && !repacked
 }
 
 /// Where host weights live (mapped, pinned, the CPU's buffers), where weights stay in host memory.
@@ -153,8 +148,7 @@ pub(super) fn vary_host_buffer(s: &TuneSettings, from: &Candidate) -> Vec<Candid
 }
 
 pub(super) fn vary_op_offload(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
-    // Beside host weights repacked in the CPU's own buffers, on and off are one run.
-    if !host_weights(s, from) || repacked_on_host(s, from) {
+    if !host_weights(s, from) {
         return Vec::new();
     }
     s.op_offload

@@ -878,37 +878,6 @@ fn the_fastest_devices_that_hold_the_model_are_measured_alone() {
     assert!(land.true_seconds(&win, w) < 0.8 * land.true_seconds(&spread, w));
 }
 
-/// A device without pinned host memory (an RPC server's): host weights are repacked in the CPU's
-/// own buffers, which ggml's scheduler never offloads, so op offload on and off are one run and
-/// the axis measures nothing; with plain kernels it is varied again.
-#[test]
-fn op_offload_is_not_measured_beside_weights_repacked_in_the_cpus_buffers() {
-    let mut land = gpus(1, 24 * GIB);
-    land.devices[0].host_buffer = false;
-    let mut s = settings(&land, 5);
-    s.budget = Duration::from_secs(72 * 3600);
-    let off = |run: &SimRun, kernels| {
-        (run.results.iter())
-            .filter(|r| r.candidate.op_offload == OpOffload::Off && r.candidate.kernels == kernels)
-            .count()
-    };
-    let run = tune(land.clone(), s.clone(), None, Mode::Search);
-    let win = run.winner.as_ref().expect("a winner");
-    assert!(win.n_gpu_layers <= s.n_layers, "partial: {}", win.label());
-    assert_eq!(
-        off(&run, KernelChoice::Repack),
-        0,
-        "off beside repacked weights"
-    );
-
-    s.kernels = vec![KernelChoice::Plain];
-    let run = tune(land, s, None, Mode::Search);
-    assert!(
-        off(&run, KernelChoice::Plain) > 0,
-        "with plain kernels it is varied"
-    );
-}
-
 /// The KV cache in host memory (-nkvo) as a fit lever: at a 32k context a 70B's f16 KV cache takes
 /// gigabytes of a 24 GiB GPU, so moving it to the host lets more layers fit; that placement is
 /// measured beside the f16 ones (with more layers than they carry) and wins or loses by its speed.
@@ -1091,7 +1060,7 @@ fn slow_link_long_prompt() -> (Landscape, TuneSettings) {
 
 /// Op offload and the micro-batch interact: it copies the host's layers over the link once per
 /// micro-batch. Over a slow link (0.25 GB/s) with a 3000-token prompt, off wins at 512 tokens (the
-/// op offload or the host buffer axis turns it off) but on wins at 2048 (two copies instead of six; 4096 does not fit
+/// op offload axis turns it off) but on wins at 2048 (two copies instead of six; 4096 does not fit
 /// beside 49 layers): the batch axis measures the larger micro-batches with op offload on too, and
 /// the search finds the best that fits.
 #[test]
@@ -1121,11 +1090,9 @@ fn op_offload_is_measured_again_at_the_largest_micro_batch() {
         .fold(f64::INFINITY, f64::min);
     let got = land.true_seconds(&win, w);
     assert!(got <= best * 1.04, "{} {got} vs {best}", win.label());
-    // Off in effect at 512: the knob, or host weights repacked in the CPU's buffers.
-    assert!(run
-        .results
-        .iter()
-        .any(|r| r.ok() && !offloads_host_ops(&s, &r.candidate) && r.candidate.n_ubatch == 512));
+    assert!(run.results.iter().any(|r| r.ok()
+        && r.candidate.op_offload == OpOffload::Off
+        && r.candidate.n_ubatch == 512));
 }
 
 /// With every layer on the GPUs the host multiplies no weights: the CPU kernels and the prompt's
