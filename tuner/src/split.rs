@@ -278,7 +278,9 @@ impl Engine<'_> {
             let speeds: Vec<f64> = chosen.iter().map(|&i| bw(&names[i])).collect();
             let filled = clearly_fastest(&speeds).and_then(|to| {
                 let step = self.longest_step_that_holds(&c, to, 100);
-                let ts = shifted(&c.tensor_split, to, step).filter(|_| step > STEP)?;
+                // Not every layer on one of them: that is the device alone, measured as such.
+                let ts = shifted(&c.tensor_split, to, step)
+                    .filter(|ts| step > STEP && !ts.contains(&0))?;
                 Some(Candidate {
                     tensor_split: ts,
                     ..c.clone()
