@@ -235,9 +235,15 @@ impl Engine<'_> {
             split_mode: SplitMode::Layer,
             ..from.clone()
         };
-        let step = self.longest_step_that_holds(&at(by_budget.clone()), to, 100);
-        let ts = shifted(&by_budget, to, step).filter(|_| step > STEP)?;
+        let ts = self.filled(&at(by_budget), to)?;
         self.fitted(vec![at(ts)]).into_iter().next()
+    }
+
+    /// `c`'s split with as much moved to device `to` as still holds every layer of `c`; `None`
+    /// where that is no more than a step.
+    fn filled(&mut self, c: &Candidate, to: usize) -> Option<Vec<u32>> {
+        let step = self.longest_step_that_holds(c, to, 100);
+        shifted(&c.tensor_split, to, step).filter(|_| step > STEP)
     }
 
     /// The fewest of the fastest devices (memory read bandwidth) that hold every layer `from`
@@ -249,20 +255,17 @@ impl Engine<'_> {
     fn fastest_devices_alone(&mut self, from: &Candidate) -> Vec<Candidate> {
         let budgets = self.offload_budgets();
         let names: Vec<String> = budgets.iter().map(|(n, _)| n.clone()).collect();
-        if names.len() < 3 || !from.devices.is_empty() || self.fastest_device(&names).is_none() {
+        if names.len() < 3 || !from.devices.is_empty() {
             return Vec::new();
         }
-        let Some(measured) = self.device_bandwidths.clone() else {
+        let Some(bw) = self
+            .device_speeds(&names)
+            .filter(|bw| clearly_fastest(bw).is_some())
+        else {
             return Vec::new();
         };
-        let bw = |n: &String| {
-            measured
-                .iter()
-                .find(|(d, _)| d == n)
-                .map_or(0.0, |(_, b)| *b)
-        };
         let mut order: Vec<usize> = (0..names.len()).collect();
-        order.sort_by(|&a, &b| bw(&names[b]).total_cmp(&bw(&names[a])));
+        order.sort_by(|&a, &b| bw[b].total_cmp(&bw[a]));
         for k in 2..names.len() {
             let mut chosen = order[..k].to_vec();
             chosen.sort();
@@ -275,17 +278,15 @@ impl Engine<'_> {
             if self.check_device_fit(&c).is_err() {
                 continue;
             }
-            let speeds: Vec<f64> = chosen.iter().map(|&i| bw(&names[i])).collect();
-            let filled = clearly_fastest(&speeds).and_then(|to| {
-                let step = self.longest_step_that_holds(&c, to, 100);
+            let speeds: Vec<f64> = chosen.iter().map(|&i| bw[i]).collect();
+            let filled = clearly_fastest(&speeds)
+                .and_then(|to| self.filled(&c, to))
                 // Not every layer on one of them: that is the device alone, measured as such.
-                let ts = shifted(&c.tensor_split, to, step)
-                    .filter(|ts| step > STEP && !ts.contains(&0))?;
-                Some(Candidate {
-                    tensor_split: ts,
+                .filter(|ts| !ts.contains(&0))
+                .map(|tensor_split| Candidate {
+                    tensor_split,
                     ..c.clone()
-                })
-            });
+                });
             return std::iter::once(c).chain(filled).collect();
         }
         Vec::new()
@@ -294,12 +295,16 @@ impl Engine<'_> {
     /// The device of `names` clearly fastest at reading its memory ([`FASTER`] than the slowest),
     /// by a probe of each, run once; `None` where they are alike or a probe failed.
     fn fastest_device(&mut self, names: &[String]) -> Option<usize> {
+        clearly_fastest(&self.device_speeds(names)?)
+    }
+
+    /// The probed memory read bandwidths of `names`, in their order; `None` where a probe failed.
+    fn device_speeds(&mut self, names: &[String]) -> Option<Vec<f64>> {
         self.probe_device_bandwidths();
         let measured = self.device_bandwidths.as_ref()?;
-        let bw: Vec<f64> = (names.iter())
+        (names.iter())
             .map(|n| measured.iter().find(|(d, _)| d == n).map(|(_, b)| *b))
-            .collect::<Option<_>>()?;
-        clearly_fastest(&bw)
+            .collect()
     }
 
     /// Probes the offload devices' memory read bandwidths, once, where the run may split layers

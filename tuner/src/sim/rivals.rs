@@ -316,15 +316,16 @@ impl Emulation<'_> {
         if self.land.out_of_memory(&c, ctx, false).is_some() {
             return 0.0;
         }
-        let spread = self.land.load_spread;
-        let offset = 1.0 + self.rng.gen_range(-spread..=spread);
+        let offset = load_offset(self.land, self.rng);
         let (mut pp, mut tg) = (0.0, 0.0);
         for _ in 0..self.o.repeat {
-            let step = self.land.step_seconds(&c, ctx, 0, 1) / (offset * self.jitter());
+            let step =
+                self.land.step_seconds(&c, ctx, 0, 1) / (offset * jitter(self.land, self.rng));
             self.seconds += n as f64 * step;
             tg += 1.0 / step;
             if prompt > 0 {
-                let s = self.land.prompt_seconds(&c, ctx, prompt, 0) / (offset * self.jitter());
+                let s = self.land.prompt_seconds(&c, ctx, prompt, 0)
+                    / (offset * jitter(self.land, self.rng));
                 self.seconds += s;
                 pp += prompt as f64 / s;
             }
@@ -335,11 +336,17 @@ impl Emulation<'_> {
             OptimusMetric::Mean => (tg + pp) / (2.0 * r),
         }
     }
+}
 
-    /// One repetition's multiplicative noise, as the simulated measurer draws it.
-    fn jitter(&mut self) -> f64 {
-        (1.0 + self.land.noise * super::standard_normal(self.rng)).max(0.5)
-    }
+/// A fresh load's lasting speed offset, as the simulated measurer draws it.
+fn load_offset(land: &Landscape, rng: &mut StdRng) -> f64 {
+    let spread = land.load_spread;
+    1.0 + rng.gen_range(-spread..=spread)
+}
+
+/// One repetition's multiplicative noise, as the simulated measurer draws it.
+fn jitter(land: &Landscape, rng: &mut StdRng) -> f64 {
+    (1.0 + land.noise * super::standard_normal(rng)).max(0.5)
 }
 
 /// A FiTuna run's result: the `-ngl` it prints (none when a bench failed: the search ends with an
@@ -416,12 +423,10 @@ fn fituna_bench(
     if land.out_of_memory(c, ctx, false).is_some() {
         return None;
     }
-    let spread = land.load_spread;
-    let offset = 1.0 + rng.gen_range(-spread..=spread);
+    let offset = load_offset(land, rng);
     let mut tg = 0.0;
     for _ in 0..5 {
-        let jitter = (1.0 + land.noise * super::standard_normal(rng)).max(0.5);
-        let step = land.step_seconds(c, ctx, depth, 1) / (offset * jitter);
+        let step = land.step_seconds(c, ctx, depth, 1) / (offset * jitter(land, rng));
         *seconds += land.prompt_seconds(c, ctx, depth, 0) + land.prompt_seconds(c, ctx, 512, depth);
         *seconds += 128.0 * step;
         tg += 1.0 / step;
@@ -597,10 +602,8 @@ impl Ggrun<'_> {
         if land.out_of_memory(c, ctx, false).is_some() {
             return 0.0;
         }
-        let spread = land.load_spread;
-        let offset = 1.0 + self.rng.gen_range(-spread..=spread);
-        let jitter = (1.0 + land.noise * super::standard_normal(self.rng)).max(0.5);
-        let step = land.step_seconds(c, ctx, 100, 1) / (offset * jitter);
+        let offset = load_offset(land, self.rng);
+        let step = land.step_seconds(c, ctx, 100, 1) / (offset * jitter(land, self.rng));
         self.seconds += 2.0 * land.prompt_seconds(c, ctx, 100, 0) + (32.0 + 256.0) * step;
         1.0 / step
     }
