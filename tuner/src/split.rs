@@ -235,15 +235,28 @@ impl Engine<'_> {
             split_mode: SplitMode::Layer,
             ..from.clone()
         };
-        let ts = self.filled(&at(by_budget), to)?;
-        self.fitted(vec![at(ts)]).into_iter().next()
+        let c = self.filled(&at(by_budget), to)?;
+        self.fitted(vec![c]).into_iter().next()
     }
 
-    /// `c`'s split with as much moved to device `to` as still holds every layer of `c`; `None`
-    /// where that is no more than a step.
-    fn filled(&mut self, c: &Candidate, to: usize) -> Option<Vec<u32>> {
+    /// `c` with as much of its split moved to device `to` as still holds every layer of `c`, on the
+    /// devices left a share (a device with none is left out: all on one is that device alone);
+    /// `None` where that is no more than a step.
+    fn filled(&mut self, c: &Candidate, to: usize) -> Option<Candidate> {
         let step = self.longest_step_that_holds(c, to, 100);
-        shifted(&c.tensor_split, to, step).filter(|_| step > STEP)
+        let ts = shifted(&c.tensor_split, to, step).filter(|_| step > STEP)?;
+        let names = if c.devices.is_empty() {
+            self.budget_split().0
+        } else {
+            c.devices.clone()
+        };
+        let (devices, ts): (Vec<String>, Vec<u32>) =
+            (names.into_iter().zip(ts)).filter(|(_, s)| *s > 0).unzip();
+        Some(Candidate {
+            tensor_split: if devices.len() > 1 { ts } else { Vec::new() },
+            devices,
+            ..c.clone()
+        })
     }
 
     /// The fewest of the fastest devices (memory read bandwidth) that hold every layer `from`
@@ -281,12 +294,8 @@ impl Engine<'_> {
             let speeds: Vec<f64> = chosen.iter().map(|&i| bw[i]).collect();
             let filled = clearly_fastest(&speeds)
                 .and_then(|to| self.filled(&c, to))
-                // Not every layer on one of them: that is the device alone, measured as such.
-                .filter(|ts| !ts.contains(&0))
-                .map(|tensor_split| Candidate {
-                    tensor_split,
-                    ..c.clone()
-                });
+                // Every layer on one of them is that device alone, which the group measures.
+                .filter(|f| f.devices.len() > 1);
             return std::iter::once(c).chain(filled).collect();
         }
         Vec::new()
@@ -348,6 +357,14 @@ impl Engine<'_> {
         group.extend(fill.clone());
         group.extend(self.fastest_devices_alone(&from));
         group.insert(0, best.clone());
+        // Filled splits can be a device alone (or the best): each is measured once.
+        let mut unique: Vec<Candidate> = Vec::new();
+        for c in group {
+            if !unique.contains(&c) {
+                unique.push(c);
+            }
+        }
+        let group = unique;
         self.promising = fill;
         self.measure_group(&group, "split");
         self.promising = None;

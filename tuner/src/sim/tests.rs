@@ -878,6 +878,27 @@ fn the_fastest_devices_that_hold_the_model_are_measured_alone() {
     assert!(land.true_seconds(&win, w) < 0.8 * land.true_seconds(&spread, w));
 }
 
+/// Where the clearly fastest of two GPUs holds every layer by itself, filling it first leaves the
+/// other no share: that split is the fastest device alone (`--device`), which the split group
+/// measures already, so it is measured as such, once, and not again as `ts=100/0`.
+#[test]
+fn a_filled_split_that_leaves_a_device_no_share_is_the_device_alone() {
+    let mut land = gpus(2, 16 * GIB);
+    for (d, bw) in land.devices.iter_mut().zip([3000e9, 450e9]) {
+        d.bandwidth = bw;
+    }
+    land.model = SimModel::dense(32, 300 * MIB, 262_144);
+    let s = settings(&land, 11);
+    let run = tune(land, s.clone(), None, Mode::Search);
+    let win = run.winner.expect("a winner");
+    assert_eq!(win.devices, ["CUDA0"], "{}", win.label());
+    assert_eq!(win.n_gpu_layers, s.n_layers + 1, "{}", win.label());
+    for r in &run.results {
+        let c = &r.candidate;
+        assert!(!c.tensor_split.contains(&0), "measured {}", c.label());
+    }
+}
+
 /// The KV cache in host memory (-nkvo) as a fit lever: at a 32k context a 70B's f16 KV cache takes
 /// gigabytes of a 24 GiB GPU, so moving it to the host lets more layers fit; that placement is
 /// measured beside the f16 ones (with more layers than they carry) and wins or loses by its speed.
