@@ -245,6 +245,12 @@ impl Engine<'_> {
     fn filled(&mut self, c: &Candidate, to: usize) -> Option<Candidate> {
         let step = self.longest_step_that_holds(c, to, 100);
         let ts = shifted(&c.tensor_split, to, step).filter(|_| step > STEP)?;
+        if !ts.contains(&0) {
+            return Some(Candidate {
+                tensor_split: ts,
+                ..c.clone()
+            });
+        }
         let names = if c.devices.is_empty() {
             self.budget_split().0
         } else {

@@ -666,6 +666,8 @@ fn the_split_that_fills_a_much_faster_device_is_measured_first() {
         .find(|c| !c.tensor_split.is_empty() && *c != run.baseline)
         .expect("a split was measured");
     assert!(first_split.tensor_split[3] >= 58, "{}", first_split.label());
+    // Over every device, as llama.cpp's own split: no `--device` list (steps move only those).
+    assert!(first_split.devices.is_empty(), "{}", first_split.label());
     assert!(fits(&land, &s, &first_split), "{}", first_split.label());
     assert_eq!(first_split.n_gpu_layers, 81, "{}", first_split.label());
 }
