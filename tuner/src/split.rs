@@ -363,14 +363,6 @@ impl Engine<'_> {
         group.extend(fill.clone());
         group.extend(self.fastest_devices_alone(&from));
         group.insert(0, best.clone());
-        // Filled splits can be a device alone (or the best): each is measured once.
-        let mut unique: Vec<Candidate> = Vec::new();
-        for c in group {
-            if !unique.contains(&c) {
-                unique.push(c);
-            }
-        }
-        let group = unique;
         self.promising = fill;
         self.measure_group(&group, "split");
         self.promising = None;

@@ -46,18 +46,11 @@ impl Engine<'_> {
     }
 
     /// Measures a group of candidates in interleaved, shuffled rounds until each is precise enough,
-    /// capped, failed, or the run is out of time.
+    /// capped, failed, or the run is out of time. A candidate the group names twice (the MoE
+    /// placement's every expert on its device is also the most layers that fit; a filled split can be
+    /// a device alone) is measured once a round, as any other.
     pub fn measure_group(&mut self, group: &[Candidate], axis: &str) {
-        let idx: Vec<usize> = group.iter().map(|c| self.index_of(c)).collect();
-        for &i in &idx {
-            if self.results[i].predicted.is_none() && self.results[i].skipped.is_none() {
-                let c = self.results[i].candidate.clone();
-                match self.check_fit(&c) {
-                    Ok(report) => self.results[i].predicted = Some(report),
-                    Err(why) => self.results[i].skipped = Some(why),
-                }
-            }
-        }
+        let idx = self.fitted_indices(group);
         let mut spent = vec![Duration::ZERO; idx.len()];
         let mut dropped = vec![false; idx.len()];
         loop {
@@ -122,6 +115,28 @@ impl Engine<'_> {
                 }
             }
         }
+    }
+
+    /// The results' indices of a group's candidates, each once, each with llama.cpp's fit asked
+    /// (a candidate that does not fit is skipped with the reason).
+    fn fitted_indices(&mut self, group: &[Candidate]) -> Vec<usize> {
+        let mut idx: Vec<usize> = Vec::with_capacity(group.len());
+        for c in group {
+            let i = self.index_of(c);
+            if !idx.contains(&i) {
+                idx.push(i);
+            }
+        }
+        for &i in &idx {
+            if self.results[i].predicted.is_none() && self.results[i].skipped.is_none() {
+                let c = self.results[i].candidate.clone();
+                match self.check_fit(&c) {
+                    Ok(report) => self.results[i].predicted = Some(report),
+                    Err(why) => self.results[i].skipped = Some(why),
+                }
+            }
+        }
+        idx
     }
 
     /// Moves the baseline's first visit to the front of a round (the headline compares the winner

@@ -245,6 +245,32 @@ fn every_candidate_gets_its_first_repetitions_before_any_gets_more() {
     });
 }
 
+/// A group that names a candidate twice (the MoE placement's every expert on its device is also the
+/// most layers that fit) measures it as any other: its first visit's two repetitions, then one a
+/// round, not a visit for each time it is named.
+#[test]
+fn a_candidate_named_twice_in_a_group_is_measured_once_a_round() {
+    let land = gpus(2, 16 * GIB);
+    let s = settings(&land, 9);
+    with_engine(land, s, |e| {
+        let base = e.baseline();
+        let mut group = e.placement_group(&base);
+        group.push(group[0].clone());
+        e.measure_group(&group, "gpu layers");
+        for r in &e.results {
+            let mut per_round: HashMap<u64, usize> = HashMap::new();
+            for round in r.rounds.iter().flatten() {
+                *per_round.entry(*round).or_default() += 1;
+            }
+            let first = per_round.keys().min().copied();
+            for (round, n) in &per_round {
+                let most = if Some(*round) == first { 2 } else { 1 };
+                assert!(*n <= most, "{}: {n} in round {round}", r.candidate.label());
+            }
+        }
+    });
+}
+
 /// The labels of the candidates measured, in order (each repetition one entry).
 fn calls_of(e: &Engine) -> Vec<String> {
     // The engine's rounds record the order: a repetition's round, then its place in `reps`.
