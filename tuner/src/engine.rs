@@ -510,25 +510,6 @@ impl<'a> Engine<'a> {
             .collect()
     }
 
-    /// After the other axes: when the best's settings (a smaller KV cache or micro-batch chosen
-    /// later) let more layers fit than it carries, the best with the most layers that fit is
-    /// measured against it (one layer on the host costs several percent of generation speed).
-    fn refit_layers(&mut self, best: Candidate) -> Candidate {
-        if !self.settings.offload || self.settings.n_gpu_layers_pinned {
-            return best;
-        }
-        let more = match self.max_fitting_layers(&best) {
-            Some(n) if n > best.n_gpu_layers => Candidate {
-                n_gpu_layers: n,
-                ..best.clone()
-            },
-            _ => return best,
-        };
-        let group = [best.clone(), more];
-        self.measure_group(&group, "gpu layers");
-        self.choose(&group).unwrap_or(best)
-    }
-
     /// Grid mode (`--exhaustive`): every combination of the declared knob values, measured with the
     /// same protocol (shuffled rounds, the same stopping rule), then the same decision rule.
     pub fn run_exhaustive(&mut self) -> Option<Candidate> {

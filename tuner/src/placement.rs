@@ -328,6 +328,41 @@ impl Engine<'_> {
         Some(hi)
     }
 
+    /// After the other axes: when the best's settings (a smaller KV cache or micro-batch chosen
+    /// later) let more of the model onto its devices than it carries, the best with the most that
+    /// fits is measured against it (one layer on the host costs several percent of generation
+    /// speed; so do a layer's experts).
+    pub(crate) fn refit_layers(&mut self, best: Candidate) -> Candidate {
+        if !self.settings.offload || self.settings.n_gpu_layers_pinned {
+            return best;
+        }
+        let Some(more) = self.more_on_device(&best) else {
+            return best;
+        };
+        let group = [best.clone(), more];
+        self.measure_group(&group, "gpu layers");
+        self.choose(&group).unwrap_or(best)
+    }
+
+    /// `best` with more of the model on its devices, where its settings let that fit: a MoE
+    /// placement with the fewest expert layers on the host (its experts' count was found at the
+    /// first group's f16 cache and micro-batch), else the most layers.
+    fn more_on_device(&mut self, best: &Candidate) -> Option<Candidate> {
+        if best.n_cpu_moe > 0 {
+            let at = |n: u32| Candidate {
+                n_cpu_moe: n,
+                ..best.clone()
+            };
+            let least = self.fewest_host_expert_layers(&at)?;
+            return (least < best.n_cpu_moe).then(|| at(least));
+        }
+        let n = self.max_fitting_layers(best)?;
+        (n > best.n_gpu_layers).then(|| Candidate {
+            n_gpu_layers: n,
+            ..best.clone()
+        })
+    }
+
     /// After the micro-batch axis: each larger micro-batch that did not fit beside the best's layers
     /// (the compute buffer grows with it), at the most layers it lets fit when that is at most
     /// [`BATCH_FOR_LAYERS`] fewer, measured against the best. With a long prompt and the host's

@@ -57,14 +57,14 @@ fn landscape(seed: u64) -> Landscape {
     }
 }
 
-/// The best noise-free seconds per request over every valid, fitting configuration.
-fn true_optimum(land: &Landscape, s: &TuneSettings) -> f64 {
+/// The grid's fastest configuration that fits, and its noise-free seconds per request.
+fn grid_optimum(land: &Landscape, s: &TuneSettings) -> Option<(f64, Candidate)> {
     let l = land.model.n_layers;
     let mut placements: Vec<(u32, u32)> = (0..=l + 1).map(|n| (n, 0)).collect();
     if land.model.moe.is_some() {
         placements.extend((0..=l).map(|m| (l + 1, m)));
     }
-    let mut best = f64::INFINITY;
+    let mut best: Option<(f64, Candidate)> = None;
     for (n_gpu_layers, n_cpu_moe) in placements {
         let base = Candidate {
             n_gpu_layers,
@@ -73,7 +73,10 @@ fn true_optimum(land: &Landscape, s: &TuneSettings) -> f64 {
         };
         for c in crate::engine::grid(s, &base) {
             if fits(land, s, &c) {
-                best = best.min(land.true_seconds(&c, &s.workload));
+                let t = land.true_seconds(&c, &s.workload);
+                if best.as_ref().is_none_or(|(b, _)| t < *b) {
+                    best = Some((t, c));
+                }
             }
         }
     }
@@ -188,10 +191,10 @@ fn score_choices(land: &Landscape, s: &TuneSettings, choices: &[Choice]) -> Vec<
             loads.then(|| land.true_seconds(c, &s.workload))
         })
         .collect();
-    let best = got
-        .iter()
-        .flatten()
-        .fold(true_optimum(land, s), |a, &b| a.min(b));
+    let best = got.iter().flatten().fold(
+        grid_optimum(land, s).map_or(f64::INFINITY, |(t, _)| t),
+        |a, &b| a.min(b),
+    );
     choices
         .iter()
         .zip(got)
@@ -430,6 +433,12 @@ fn vs_tuners_bench() {
             let choices = choices(&land, &s, run_seed);
             let scores = score_choices(&land, &s, &choices);
             if std::env::var_os("VS_TUNERS_DEBUG").is_some() {
+                if let Some((t, c)) = grid_optimum(&land, &s) {
+                    println!(
+                        "seed {seed}/{r} grid's optimum {t:.3} s/request {}",
+                        c.label()
+                    );
+                }
                 for ((name, ch), sc) in names.iter().zip(&choices).zip(&scores) {
                     let label = ch.candidate.as_ref().map(|c| c.label());
                     println!(

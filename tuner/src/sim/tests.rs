@@ -832,6 +832,42 @@ fn moe_experts_are_placed_one_layer_at_a_time_around_the_fit_boundary() {
     );
 }
 
+/// The experts' count is found at the first group's f16 cache; a quantized cache chosen later frees
+/// room for more of them on the GPU, and the best with the fewest that now fit on the host is
+/// measured against it (and wins: reading an expert from host memory is the slower path).
+#[test]
+fn a_quantized_cache_chosen_later_brings_experts_back_onto_the_gpu() {
+    let mut land = gpus(1, 24 * GIB);
+    land.model = SimModel {
+        moe: Some(super::Moe {
+            expert_share: 0.9,
+            active: 0.25,
+        }),
+        ..SimModel::dense(48, 560 * MIB, 32_000)
+    };
+    let mut s = settings(&land, 9);
+    s.workload.n_ctx = 32_768;
+    let all = land.model.n_layers + 1;
+    let at = |n, t| Candidate {
+        n_cpu_moe: n,
+        type_k: t,
+        type_v: t,
+        flash_attn: search_space::FlashAttn::On,
+        ..Candidate::llama_default(16, all)
+    };
+    let least = |t| {
+        (0..=48)
+            .find(|&n| fits(&land, &s, &at(n, t)))
+            .expect("fits")
+    };
+    let (f16, q4) = (least(CacheType::F16), least(CacheType::Q4_0));
+    assert!(q4 < f16, "q4_0 frees an expert layer: {q4} vs {f16}");
+    let won = with_engine(land.clone(), s.clone(), |e| {
+        e.refit_layers(at(f16, CacheType::Q4_0))
+    });
+    assert_eq!(won, at(q4, CacheType::Q4_0), "{}", won.label());
+}
+
 /// Op offload on partial offload: over a fast link (25 GB/s, PCIe 4) copying the host's layers to
 /// the GPU for each micro-batch beats computing them on 16 cores, so llama.cpp's default stays; over
 /// a slow one (0.1 GB/s) it is the slowest part of the prompt and the search turns it off. With
