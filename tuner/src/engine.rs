@@ -136,6 +136,10 @@ const HOST_AXES: [(&str, Vary); 3] = [
     ("op offload", vary_op_offload),
 ];
 
+/// How far behind a best with every expert on the devices a placement with experts on the host may
+/// be and still get its host's axes tuned ([`Engine::challenge_with_experts`]).
+const EXPERT_CHALLENGE: f64 = 0.15;
+
 /// Visits (a load, its warm-up and two repetitions) a default budget leaves time for: about what
 /// the search needs on a model split over several GPUs (`bench/vs-tuners`).
 pub const VISITS: f64 = 40.0;
@@ -433,7 +437,7 @@ impl<'a> Engine<'a> {
                 self.descend(&HOST_AXES, Some(b.clone()), &base)
                     .unwrap_or(b)
             } else {
-                b
+                self.challenge_with_experts(&group, b, &base)
             };
             best = Some(self.search_split(b));
         }
@@ -448,6 +452,43 @@ impl<'a> Engine<'a> {
             }
             other => other,
         }
+    }
+
+    /// Where the first group's best keeps every expert on the devices and a placement with experts
+    /// on the host came within [`EXPERT_CHALLENGE`] of it: that placement's host axes are tuned
+    /// (its host reads each token's experts, so threads and pinned memory move it, while they
+    /// leave the best alone), and it is measured against the best. Returns the faster.
+    fn challenge_with_experts(
+        &mut self,
+        group: &[Candidate],
+        best: Candidate,
+        base: &Candidate,
+    ) -> Candidate {
+        let w = &self.settings.workload;
+        let rate = |e: &Self, c: &Candidate| {
+            let r = e.results.iter().find(|r| &r.candidate == c)?;
+            r.ok().then(|| r.rate_sample(w).map(|s| s.median()))?
+        };
+        let Some(top) = rate(self, &best) else {
+            return best;
+        };
+        let challenger = group
+            .iter()
+            .filter(|c| c.n_cpu_moe > 0)
+            .filter_map(|c| rate(self, c).map(|r| (r, c)))
+            .filter(|(r, _)| *r >= top * (1.0 - EXPERT_CHALLENGE))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, c)| c.clone());
+        let Some(c) = challenger else {
+            return best;
+        };
+        let tuned = self.descend(&HOST_AXES, Some(c.clone()), base).unwrap_or(c);
+        if self.out_of_time() || tuned == best {
+            return best;
+        }
+        let pair = [best.clone(), tuned];
+        self.measure_group(&pair, "gpu layers");
+        self.choose(&pair).unwrap_or(best)
     }
 
     /// One pass of the coordinate descent over `axes` from `best`: each axis's variants measured

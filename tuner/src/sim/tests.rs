@@ -868,6 +868,47 @@ fn a_quantized_cache_chosen_later_brings_experts_back_onto_the_gpu() {
     assert_eq!(won, at(q4, CacheType::Q4_0), "{}", won.label());
 }
 
+/// A MoE placement with experts on the host that came close to the best (every expert on the GPU)
+/// gets its host's axes tuned, which can turn it (its host reads experts at every token); one far
+/// behind does not.
+#[test]
+fn a_close_placement_with_experts_on_the_host_gets_its_host_axes_tuned() {
+    let mut land = gpus(1, 80 * GIB);
+    land.model = SimModel {
+        moe: Some(super::Moe {
+            expert_share: 0.9,
+            active: 0.25,
+        }),
+        ..SimModel::dense(48, 560 * MIB, 32_000)
+    };
+    let s = settings(&land, 9);
+    with_engine(land, s, |e| {
+        let base = e.baseline();
+        let at = |n: u32| Candidate {
+            n_gpu_layers: 49,
+            n_cpu_moe: n,
+            ..base.clone()
+        };
+        let group = [at(0), at(1), at(48)];
+        e.measure_group(&group, "gpu layers");
+        let best = e.choose(&group).expect("measured");
+        assert_eq!(best, at(0), "{}", best.label());
+        e.challenge_with_experts(&group, best, &base);
+        let tuned = |n: u32| {
+            e.results
+                .iter()
+                .filter(|r| r.candidate.n_cpu_moe == n && r.candidate != at(n))
+                .count()
+        };
+        assert!(
+            tuned(1) >= 2,
+            "the close one's threads and host buffer measured"
+        );
+        assert_eq!(tuned(48), 0, "every expert on the host is far behind");
+        assert_eq!(tuned(0), 0, "the best's own host axes wait for the descent");
+    });
+}
+
 /// Op offload on partial offload: over a fast link (25 GB/s, PCIe 4) copying the host's layers to
 /// the GPU for each micro-batch beats computing them on 16 cores, so llama.cpp's default stays; over
 /// a slow one (0.1 GB/s) it is the slowest part of the prompt and the search turns it off. With
