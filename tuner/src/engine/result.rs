@@ -26,6 +26,10 @@ pub struct CandidateResult {
     pub failure: Option<TrialFailure>,
     /// Why it was not measured (budget spent, placement skipped after crashes).
     pub skipped: Option<String>,
+    /// A crash after it had measured: it was measured on, on a fresh worker; a second crash ends it
+    /// ([`CandidateResult::failure`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crashed_once: Option<TrialFailure>,
     pub seconds: f64,
 }
 
@@ -39,6 +43,7 @@ impl CandidateResult {
             load: None,
             failure: None,
             skipped: None,
+            crashed_once: None,
             seconds: 0.0,
         }
     }

@@ -25,6 +25,9 @@ pub const GIVE_UP_FACTOR: f64 = 2.0;
 /// 95.9 -> 96.2% without one, and the median run without a budget 611 -> 602 s.
 pub const ONE_REPETITION_FACTOR: f64 = 1.5;
 
+/// The signal a kill sends (the OOM killer's, a user's): not a crash to measure on after.
+const SIGKILL: i32 = 9;
+
 impl Engine<'_> {
     /// Whether a candidate needs more repetitions.
     pub(super) fn wants_more(&self, i: usize, spent: Duration) -> bool {
@@ -248,6 +251,16 @@ impl Engine<'_> {
         self.results[i].failure = Some(f);
     }
 
+    /// Whether a failure leaves the candidate measured on: a first crash after it had measured
+    /// twice (its placement loads and runs: a crash now and then, as llvmpipe's on large batches,
+    /// is not the configuration's figure, and ending the fastest configuration on it costs the run
+    /// its best). Not a kill (the OOM killer's or a user's), and not a second crash.
+    fn survives(&self, i: usize, f: &TrialFailure) -> bool {
+        let r = &self.results[i];
+        let crash = matches!(f, TrialFailure::Crashed { signal, .. } if *signal != SIGKILL);
+        crash && r.reps.len() >= 2 && r.crashed_once.is_none()
+    }
+
     pub(super) fn measure_once(&mut self, i: usize, axis: &str) {
         let c = self.results[i].candidate.clone();
         let label = c.label();
@@ -280,6 +293,14 @@ impl Engine<'_> {
                 self.results[i].rounds.push(Some(self.round));
             }
             Err(TrialFailure::Interrupted) => self.interrupted = true,
+            Err(f) if self.survives(i, &f) => {
+                self.progress
+                    .failed(&label, &format!("{f}; measured again on a fresh worker"));
+                if let Some(log) = self.log.as_deref_mut() {
+                    log.append(&Record::failure(&c, &f));
+                }
+                self.results[i].crashed_once = Some(f);
+            }
             Err(f) => {
                 // A stopped repetition still loaded: its memory is a figure of the configuration.
                 if let TrialFailure::GaveUp { load: Some(l), .. } = &f {

@@ -552,6 +552,48 @@ fn a_crash_is_recorded_and_the_run_goes_on() {
     assert!(run.winner.is_some());
 }
 
+/// A crash after a candidate had measured twice (a fault now and then, as llvmpipe's on large
+/// batches) leaves it measured on, on a fresh worker, and it can still win; a second crash ends it.
+#[test]
+fn a_crash_after_a_candidate_measured_is_measured_on_and_a_second_ends_it() {
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    static ONCE: AtomicU32 = AtomicU32::new(0);
+    static EVERY: AtomicU32 = AtomicU32::new(0);
+    let run = |crashing: fn(&Candidate) -> bool| {
+        let mut land = gpus(1, 24 * GIB);
+        land.noise = 0.05;
+        let s = settings(&land, 5);
+        let mut m = SimMeasurer::new(land, s.seed);
+        m.crashing = Some(crashing);
+        let stop = || false;
+        let mut e = Engine::with_measurer(s, Box::new(m), None, &stop, &Quiet);
+        let base = e.baseline();
+        let ub = base.with_ubatch(256);
+        e.measure_group(&[base.clone(), ub.clone()], "batch");
+        e.results
+            .iter()
+            .find(|r| r.candidate == ub)
+            .unwrap()
+            .clone()
+    };
+    // The third repetition crashes, once.
+    let r = run(|c| c.n_ubatch == 256 && ONCE.fetch_add(1, SeqCst) == 2);
+    assert!(r.crashed_once.is_some() && r.failure.is_none(), "{r:?}");
+    assert!(
+        r.ok() && r.reps.len() >= 3,
+        "measured on: {} reps",
+        r.reps.len()
+    );
+    // Every repetition from the third crashes.
+    let r = run(|c| c.n_ubatch == 256 && EVERY.fetch_add(1, SeqCst) >= 2);
+    assert!(r.crashed_once.is_some(), "{r:?}");
+    assert!(
+        matches!(r.failure, Some(TrialFailure::Crashed { .. })),
+        "{r:?}"
+    );
+    assert!(!r.ok());
+}
+
 #[test]
 fn a_run_is_deterministic_for_a_seed() {
     let mut land = gpus(2, 16 * GIB);

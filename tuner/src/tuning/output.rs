@@ -46,6 +46,14 @@ fn notes(t: &Tuned) -> Vec<String> {
             )));
         }
     }
+    for r in results.iter().filter(|r| r.failure.is_none()) {
+        if let Some(TrialFailure::Crashed { name, .. }) = &r.crashed_once {
+            notes.push(report::one_line(&format!(
+                "{} crashed once ({name}) after it had measured; measured again on a fresh worker",
+                r.candidate.label()
+            )));
+        }
+    }
     if let Some(n) = grown_budget_note(&t.run) {
         notes.push(n);
     }
