@@ -30,6 +30,10 @@ pub struct CandidateResult {
     /// ([`CandidateResult::failure`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crashed_once: Option<TrialFailure>,
+    /// Why it took no more repetitions though it had measured (its placement crashed twice since,
+    /// in other candidates): its figures stand on the repetitions it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted: Option<String>,
     pub seconds: f64,
 }
 
@@ -44,6 +48,7 @@ impl CandidateResult {
             failure: None,
             skipped: None,
             crashed_once: None,
+            halted: None,
             seconds: 0.0,
         }
     }

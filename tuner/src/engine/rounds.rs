@@ -32,7 +32,7 @@ impl Engine<'_> {
     /// Whether a candidate needs more repetitions.
     pub(super) fn wants_more(&self, i: usize, spent: Duration) -> bool {
         let r = &self.results[i];
-        if r.failure.is_some() || r.skipped.is_some() {
+        if r.failure.is_some() || r.skipped.is_some() || r.halted.is_some() {
             return false;
         }
         let n = r.reps.len() as u32;
@@ -251,14 +251,14 @@ impl Engine<'_> {
         self.results[i].failure = Some(f);
     }
 
-    /// Whether a failure leaves the candidate measured on: a first crash after it had measured
-    /// twice (its placement loads and runs: a crash now and then, as llvmpipe's on large batches,
-    /// is not the configuration's figure, and ending the fastest configuration on it costs the run
-    /// its best). Not a kill (the OOM killer's or a user's), and not a second crash.
+    /// Whether a failure leaves the candidate measured on: a first crash after it had measured (it
+    /// loads and runs: a crash now and then, as llvmpipe's on large batches, is not the
+    /// configuration's figure, and ending the fastest configuration on it costs the run its best).
+    /// Not a kill (the OOM killer's or a user's), and not a second crash.
     fn survives(&self, i: usize, f: &TrialFailure) -> bool {
         let r = &self.results[i];
         let crash = matches!(f, TrialFailure::Crashed { signal, .. } if *signal != SIGKILL);
-        crash && r.reps.len() >= 2 && r.crashed_once.is_none()
+        crash && !r.reps.is_empty() && r.crashed_once.is_none()
     }
 
     pub(super) fn measure_once(&mut self, i: usize, axis: &str) {
@@ -274,8 +274,17 @@ impl Engine<'_> {
             req.give_up = self.give_up(i);
         }
         if self.measurer.crashes_for(&req) >= 2 {
-            self.results[i].skipped =
-                Some("skipped: this placement and kernel choice crashed twice".into());
+            // One that had measured keeps its figures (a sporadic crash of the same placement in
+            // other candidates is not its own); one that had not is skipped.
+            let r = &mut self.results[i];
+            if r.reps.len() >= 2 {
+                r.halted = Some(format!(
+                    "its placement crashed twice after it had measured; its figures stand on {} repetitions",
+                    r.reps.len()
+                ));
+            } else {
+                r.skipped = Some("skipped: this placement and kernel choice crashed twice".into());
+            }
             return;
         }
         self.progress.candidate_started(&label, axis);

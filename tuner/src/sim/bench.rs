@@ -442,8 +442,9 @@ fn vs_tuners_bench() {
                 for ((name, ch), sc) in names.iter().zip(&choices).zip(&scores) {
                     let label = ch.candidate.as_ref().map(|c| c.label());
                     println!(
-                        "seed {seed}/{r} {name:<34} {:+7.2}% {label:?}",
-                        100.0 * sc.regret
+                        "seed {seed}/{r} {name:<34} {:+7.2}% {label:?} {:.0} s",
+                        100.0 * sc.regret,
+                        sc.seconds
                     );
                 }
             }

@@ -552,8 +552,8 @@ fn a_crash_is_recorded_and_the_run_goes_on() {
     assert!(run.winner.is_some());
 }
 
-/// A crash after a candidate had measured twice (a fault now and then, as llvmpipe's on large
-/// batches) leaves it measured on, on a fresh worker, and it can still win; a second crash ends it.
+/// A crash after a candidate had measured (a fault now and then, as llvmpipe's on large batches)
+/// leaves it measured on, on a fresh worker, and it can still win; a second crash ends it.
 #[test]
 fn a_crash_after_a_candidate_measured_is_measured_on_and_a_second_ends_it() {
     use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
@@ -592,6 +592,39 @@ fn a_crash_after_a_candidate_measured_is_measured_on_and_a_second_ends_it() {
         "{r:?}"
     );
     assert!(!r.ok());
+}
+
+/// A placement that crashed twice in other candidates (two thread counts here) takes no more
+/// repetitions, but a candidate of it that had measured keeps its figures and can still win.
+#[test]
+fn a_measured_candidate_keeps_its_figures_when_its_placement_crashes_twice_since() {
+    let land = gpus(1, 24 * GIB);
+    let s = settings(&land, 5);
+    let mut m = SimMeasurer::new(land, s.seed);
+    m.crashing = Some(|c| c.threads != 16);
+    let stop = || false;
+    let mut e = Engine::with_measurer(s, Box::new(m), None, &stop, &Quiet);
+    let a = e.baseline();
+    assert_eq!(a.threads, 16);
+    let (b, c) = (
+        Candidate {
+            threads: 8,
+            ..a.clone()
+        },
+        Candidate {
+            threads: 4,
+            ..a.clone()
+        },
+    );
+    e.measure_group(std::slice::from_ref(&a), "threads");
+    assert!(e.results.iter().any(|r| r.candidate == a && r.ok()));
+    e.measure_group(&[b.clone(), c.clone()], "threads");
+    // More repetitions asked of it than it has.
+    e.settings.min_reps = 10;
+    e.measure_group(std::slice::from_ref(&a), "threads");
+    let r = e.results.iter().find(|r| r.candidate == a).unwrap();
+    assert!(r.ok() && r.halted.is_some(), "{r:?}");
+    assert_eq!(e.choose(&[a.clone(), b, c]), Some(a));
 }
 
 #[test]

@@ -53,6 +53,9 @@ fn notes(t: &Tuned) -> Vec<String> {
                 r.candidate.label()
             )));
         }
+        if let Some(why) = &r.halted {
+            notes.push(report::one_line(&format!("{}: {why}", r.candidate.label())));
+        }
     }
     if let Some(n) = grown_budget_note(&t.run) {
         notes.push(n);
