@@ -857,11 +857,10 @@ fn the_walk_down_stops_once_the_curve_has_fallen_and_goes_on_where_it_has_not() 
     }
 }
 
-#[test]
-fn moe_experts_are_placed_one_layer_at_a_time_around_the_fit_boundary() {
-    // A Mixtral-class MoE (48 layers of 560 MiB, 90% experts, a quarter of them read per token) on
-    // one 24 GiB GPU: every layer fits only with the experts of some layers on the host.
-    let mut land = gpus(1, 24 * GIB);
+/// A Mixtral-class MoE (48 layers of 560 MiB, 90% experts, a quarter of them read per token) on
+/// one GPU of `mem` bytes.
+fn mixtral_on(mem: u64) -> Landscape {
+    let mut land = gpus(1, mem);
     land.model = SimModel {
         moe: Some(super::Moe {
             expert_share: 0.9,
@@ -869,6 +868,13 @@ fn moe_experts_are_placed_one_layer_at_a_time_around_the_fit_boundary() {
         }),
         ..SimModel::dense(48, 560 * MIB, 32_000)
     };
+    land
+}
+
+#[test]
+fn moe_experts_are_placed_one_layer_at_a_time_around_the_fit_boundary() {
+    // On one 24 GiB GPU every layer fits only with the experts of some layers on the host.
+    let land = mixtral_on(24 * GIB);
     let s = settings(&land, 9);
     let all = land.model.n_layers + 1;
     let at = |n| Candidate {
@@ -912,14 +918,7 @@ fn moe_experts_are_placed_one_layer_at_a_time_around_the_fit_boundary() {
 /// measured against it (and wins: reading an expert from host memory is the slower path).
 #[test]
 fn a_quantized_cache_chosen_later_brings_experts_back_onto_the_gpu() {
-    let mut land = gpus(1, 24 * GIB);
-    land.model = SimModel {
-        moe: Some(super::Moe {
-            expert_share: 0.9,
-            active: 0.25,
-        }),
-        ..SimModel::dense(48, 560 * MIB, 32_000)
-    };
+    let land = mixtral_on(24 * GIB);
     let mut s = settings(&land, 9);
     s.workload.n_ctx = 32_768;
     let all = land.model.n_layers + 1;
@@ -948,14 +947,7 @@ fn a_quantized_cache_chosen_later_brings_experts_back_onto_the_gpu() {
 /// behind does not.
 #[test]
 fn a_close_placement_with_experts_on_the_host_gets_its_host_axes_tuned() {
-    let mut land = gpus(1, 80 * GIB);
-    land.model = SimModel {
-        moe: Some(super::Moe {
-            expert_share: 0.9,
-            active: 0.25,
-        }),
-        ..SimModel::dense(48, 560 * MIB, 32_000)
-    };
+    let land = mixtral_on(80 * GIB);
     let s = settings(&land, 9);
     with_engine(land, s, |e| {
         let base = e.baseline();
