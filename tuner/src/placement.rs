@@ -308,7 +308,10 @@ impl Engine<'_> {
     /// The fewest expert layers on the host with which `at(n)` fits the devices (their fit only
     /// improves as n grows; the host's is checked on the candidates); `None` when not even every
     /// expert on the host lets the rest fit.
-    fn fewest_host_expert_layers(&mut self, at: &dyn Fn(u32) -> Candidate) -> Option<u32> {
+    pub(crate) fn fewest_host_expert_layers(
+        &mut self,
+        at: &dyn Fn(u32) -> Candidate,
+    ) -> Option<u32> {
         let layers = self.settings.n_layers;
         if self.check_device_fit(&at(0)).is_ok() {
             return Some(0);

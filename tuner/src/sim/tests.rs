@@ -976,6 +976,54 @@ fn a_close_placement_with_experts_on_the_host_gets_its_host_axes_tuned() {
     });
 }
 
+/// A placement with experts on the host that challenges the best is offered at each quantized KV
+/// cache with the fewest expert layers on the host that cache lets fit (at the largest micro-batch
+/// that does): fewer than at f16, never none (that is the best's placement, the descent's to tune).
+#[test]
+fn a_challenger_with_host_experts_is_offered_the_caches_that_bring_experts_back() {
+    let land = mixtral_on(24 * GIB);
+    let mut s = settings(&land, 9);
+    s.workload.n_ctx = 32_768;
+    let all = land.model.n_layers + 1;
+    let at = |n, t| Candidate {
+        n_cpu_moe: n,
+        type_k: t,
+        type_v: t,
+        flash_attn: search_space::FlashAttn::On,
+        ..Candidate::llama_default(16, all)
+    };
+    let least = |t| {
+        (0..=48)
+            .find(|&n| fits(&land, &s, &at(n, t)))
+            .expect("fits")
+    };
+    let f16 = least(CacheType::F16);
+    let levers = with_engine(land.clone(), s.clone(), |e| {
+        e.expert_fit_levers(&at(f16, CacheType::F16))
+    });
+    assert!(!levers.is_empty(), "a quantized cache frees expert layers");
+    for c in &levers {
+        assert!(c.type_k.is_quantized(), "{}", c.label());
+        assert!((1..f16).contains(&c.n_cpu_moe), "{}", c.label());
+        assert!(fits(&land, &s, c), "{} fits", c.label());
+        let one_fewer = Candidate {
+            n_cpu_moe: c.n_cpu_moe - 1,
+            ..c.clone()
+        };
+        assert!(!fits(&land, &s, &one_fewer), "{} is the fewest", c.label());
+    }
+    // With every expert on the GPU at f16 nothing is offered: the descent measures those caches.
+    let roomy = mixtral_on(80 * GIB);
+    let none = with_engine(roomy.clone(), settings(&roomy, 9), |e| {
+        e.expert_fit_levers(&at(1, CacheType::F16))
+    });
+    assert!(
+        none.is_empty(),
+        "{:?}",
+        none.iter().map(|c| c.label()).collect::<Vec<_>>()
+    );
+}
+
 /// Op offload on partial offload: over a fast link (25 GB/s, PCIe 4) copying the host's layers to
 /// the GPU for each micro-batch beats computing them on 16 cores, so llama.cpp's default stays; over
 /// a slow one (0.1 GB/s) it is the slowest part of the prompt and the search turns it off. With
