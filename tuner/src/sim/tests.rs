@@ -913,27 +913,41 @@ fn moe_experts_are_placed_one_layer_at_a_time_around_the_fit_boundary() {
     );
 }
 
+/// One 24 GiB GPU and the Mixtral-class model at a 32k context: every layer fits only with some
+/// layers' experts on the host, fewer with a quantized cache.
+fn mixtral_at_32k() -> (Landscape, TuneSettings) {
+    let land = mixtral_on(24 * GIB);
+    let mut s = settings(&land, 9);
+    s.workload.n_ctx = 32_768;
+    (land, s)
+}
+
+/// Every layer of [`mixtral_at_32k`]'s model on the GPU, the experts of `n` on the host, cache `t`.
+fn expert_at(n: u32, t: CacheType) -> Candidate {
+    Candidate {
+        n_cpu_moe: n,
+        type_k: t,
+        type_v: t,
+        flash_attn: search_space::FlashAttn::On,
+        ..Candidate::llama_default(16, 49)
+    }
+}
+
+/// The fewest layers whose experts stay on the host for [`expert_at`] with cache `t` to fit.
+fn fewest_host_experts(land: &Landscape, s: &TuneSettings, t: CacheType) -> u32 {
+    (0..=48)
+        .find(|&n| fits(land, s, &expert_at(n, t)))
+        .expect("fits")
+}
+
 /// The experts' count is found at the first group's f16 cache; a quantized cache chosen later frees
 /// room for more of them on the GPU, and the best with the fewest that now fit on the host is
 /// measured against it (and wins: reading an expert from host memory is the slower path).
 #[test]
 fn a_quantized_cache_chosen_later_brings_experts_back_onto_the_gpu() {
-    let land = mixtral_on(24 * GIB);
-    let mut s = settings(&land, 9);
-    s.workload.n_ctx = 32_768;
-    let all = land.model.n_layers + 1;
-    let at = |n, t| Candidate {
-        n_cpu_moe: n,
-        type_k: t,
-        type_v: t,
-        flash_attn: search_space::FlashAttn::On,
-        ..Candidate::llama_default(16, all)
-    };
-    let least = |t| {
-        (0..=48)
-            .find(|&n| fits(&land, &s, &at(n, t)))
-            .expect("fits")
-    };
+    let (land, s) = mixtral_at_32k();
+    let least = |t| fewest_host_experts(&land, &s, t);
+    let at = expert_at;
     let (f16, q4) = (least(CacheType::F16), least(CacheType::Q4_0));
     assert!(q4 < f16, "q4_0 frees an expert layer: {q4} vs {f16}");
     let won = with_engine(land.clone(), s.clone(), |e| {
@@ -981,22 +995,9 @@ fn a_close_placement_with_experts_on_the_host_gets_its_host_axes_tuned() {
 /// that does): fewer than at f16, never none (that is the best's placement, the descent's to tune).
 #[test]
 fn a_challenger_with_host_experts_is_offered_the_caches_that_bring_experts_back() {
-    let land = mixtral_on(24 * GIB);
-    let mut s = settings(&land, 9);
-    s.workload.n_ctx = 32_768;
-    let all = land.model.n_layers + 1;
-    let at = |n, t| Candidate {
-        n_cpu_moe: n,
-        type_k: t,
-        type_v: t,
-        flash_attn: search_space::FlashAttn::On,
-        ..Candidate::llama_default(16, all)
-    };
-    let least = |t| {
-        (0..=48)
-            .find(|&n| fits(&land, &s, &at(n, t)))
-            .expect("fits")
-    };
+    let (land, s) = mixtral_at_32k();
+    let least = |t| fewest_host_experts(&land, &s, t);
+    let at = expert_at;
     let f16 = least(CacheType::F16);
     let levers = with_engine(land.clone(), s.clone(), |e| {
         e.expert_fit_levers(&at(f16, CacheType::F16))
