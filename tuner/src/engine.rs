@@ -519,24 +519,23 @@ impl<'a> Engine<'a> {
         ubs.sort_unstable_by(|a, b| b.cmp(a));
         let mut out = Vec::new();
         for kv in vary_cache(&self.settings, from) {
+            // Each smaller micro-batch is searched only below the fewest a larger one reached.
             let mut fewest: Option<Candidate> = None;
             for &ub in &ubs {
+                let most = fewest.as_ref().map_or(from.n_cpu_moe, |f| f.n_cpu_moe);
+                if most < 2 {
+                    break;
+                }
                 let c = kv.with_ubatch(ub);
                 let at = |n: u32| Candidate {
                     n_cpu_moe: n,
                     ..c.clone()
                 };
-                let Some(n) = self.fewest_host_expert_layers(&at) else {
-                    continue;
-                };
-                if fewest.as_ref().is_none_or(|f| n < f.n_cpu_moe) {
+                if let Some(n) = self.fewest_host_expert_layers_upto(&at, most - 1) {
                     fewest = Some(at(n));
                 }
             }
-            out.extend(
-                fewest
-                    .filter(|f| (1..from.n_cpu_moe).contains(&f.n_cpu_moe) && f.validate().is_ok()),
-            );
+            out.extend(fewest.filter(|f| f.n_cpu_moe > 0 && f.validate().is_ok()));
         }
         out
     }

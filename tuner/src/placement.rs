@@ -308,18 +308,23 @@ impl Engine<'_> {
     /// The fewest expert layers on the host with which `at(n)` fits the devices (their fit only
     /// improves as n grows; the host's is checked on the candidates); `None` when not even every
     /// expert on the host lets the rest fit.
-    pub(crate) fn fewest_host_expert_layers(
+    fn fewest_host_expert_layers(&mut self, at: &dyn Fn(u32) -> Candidate) -> Option<u32> {
+        self.fewest_host_expert_layers_upto(at, self.settings.n_layers)
+    }
+
+    /// [`Self::fewest_host_expert_layers`] among `0..=most`: `None` when `at(most)` does not fit.
+    pub(crate) fn fewest_host_expert_layers_upto(
         &mut self,
         at: &dyn Fn(u32) -> Candidate,
+        most: u32,
     ) -> Option<u32> {
-        let layers = self.settings.n_layers;
         if self.check_device_fit(&at(0)).is_ok() {
             return Some(0);
         }
-        if self.check_device_fit(&at(layers)).is_err() {
+        if self.check_device_fit(&at(most)).is_err() {
             return None;
         }
-        let (mut lo, mut hi) = (0, layers); // lo does not fit, hi does
+        let (mut lo, mut hi) = (0, most); // lo does not fit, hi does
         while hi - lo > 1 {
             let mid = (lo + hi) / 2;
             if self.check_device_fit(&at(mid)).is_ok() {
