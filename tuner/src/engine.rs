@@ -466,18 +466,13 @@ impl<'a> Engine<'a> {
         best: Candidate,
         base: &Candidate,
     ) -> Candidate {
-        let w = &self.settings.workload;
-        let rate = |e: &Self, c: &Candidate| {
-            let r = e.results.iter().find(|r| &r.candidate == c)?;
-            r.ok().then(|| r.rate_sample(w).map(|s| s.median()))?
-        };
-        let Some(top) = rate(self, &best) else {
+        let Some(top) = self.median_rate(&best) else {
             return best;
         };
         let challenger = group
             .iter()
             .filter(|c| c.n_cpu_moe > 0)
-            .filter_map(|c| rate(self, c).map(|r| (r, c)))
+            .filter_map(|c| self.median_rate(c).map(|r| (r, c)))
             .filter(|(r, _)| *r >= top * (1.0 - EXPERT_CHALLENGE))
             .max_by(|a, b| a.0.total_cmp(&b.0))
             .map(|(_, c)| c.clone());
@@ -611,20 +606,21 @@ impl<'a> Engine<'a> {
 
     /// Relative margin of `best` over the next-best measured candidate.
     pub fn margin_over_runner_up(&self, best: &Candidate) -> Option<f64> {
-        let w = &self.settings.workload;
-        let b = self
-            .results
-            .iter()
-            .find(|r| &r.candidate == best)?
-            .rate_sample(w)?
-            .median();
+        let b = self.median_rate(best)?;
         let next = self
             .results
             .iter()
-            .filter(|r| &r.candidate != best && r.ok())
-            .filter_map(|r| r.rate_sample(w).map(|s| s.median()))
+            .filter(|r| &r.candidate != best)
+            .filter_map(|r| self.median_rate(&r.candidate))
             .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))?;
         Some(b / next - 1.0)
+    }
+
+    /// The median rate at the workload of `c`'s measurement, when it ran.
+    fn median_rate(&self, c: &Candidate) -> Option<f64> {
+        let r = self.results.iter().find(|r| &r.candidate == c)?;
+        r.ok()
+            .then(|| r.rate_sample(&self.settings.workload).map(|s| s.median()))?
     }
 
     /// Re-measures the winner and the runner-up, interleaved, at the end of the run; returns the
