@@ -39,6 +39,7 @@ pub use axes::grid;
 pub(crate) use axes::in_space;
 #[cfg(test)]
 pub(crate) use axes::offloads_host_ops;
+pub(crate) use axes::vary_cache;
 use axes::*;
 use result::tie_break;
 pub use result::{score_seconds, CandidateResult, BUDGET_SPENT};
@@ -216,9 +217,10 @@ pub struct Engine<'a> {
     /// The offload devices' memory read bandwidths, probed once before anything loads where the
     /// run may split layers over two or more ([`Engine::probe_device_bandwidths`]).
     pub(crate) device_bandwidths: Option<Vec<(String, f64)>>,
-    /// A candidate whose first visit comes right after the baseline's in the group being measured
-    /// (the roofline's split): where the budget ends within the group, it is measured.
-    pub(crate) promising: Option<Candidate>,
+    /// Candidates whose first visits come right after the baseline's, in this order, in the group
+    /// being measured (the roofline's split, the fastest devices alone): where the budget ends
+    /// within the group, they are the ones measured.
+    pub(crate) promising: Vec<Candidate>,
 }
 
 impl<'a> Engine<'a> {
@@ -255,7 +257,7 @@ impl<'a> Engine<'a> {
             visit_seconds: None,
             defaults: None,
             device_bandwidths: None,
-            promising: None,
+            promising: Vec::new(),
         }
     }
 

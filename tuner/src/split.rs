@@ -10,7 +10,7 @@
 //! step as long as the split has moved so far (10, 20, 40 points) and no longer than still holds
 //! every layer.
 
-use crate::engine::Engine;
+use crate::engine::{vary_cache, Engine};
 use crate::placement::last_that_holds;
 use search_space::{Candidate, SplitMode};
 
@@ -269,8 +269,12 @@ impl Engine<'_> {
     /// offloads, two or more and fewer than all, alone (`--device`), split by their budgets; and,
     /// where one of them is clearly faster than the rest of them, that split with it filled. A token
     /// then passes no slower device: on the simulator a model that two fast GPUs of four hold ran
-    /// 1.8x as fast on those two as spread over the four with the fastest filled. Empty with fewer
-    /// than three devices or where they are alike.
+    /// 1.8x as fast on those two as spread over the four with the fastest filled. Where still fewer
+    /// of them hold every layer with a quantized KV cache only (the least quantized that does),
+    /// that too: at `from`'s f16 cache the choice would wait for the split's second pass, after the
+    /// cache axis, which a fixed budget may not reach (`bench/vs-tuners`' landscape 161: two of three
+    /// GPUs at q4_0 ran 1.8x as fast as the three at f16). Empty with fewer than three devices or
+    /// where they are alike.
     fn fastest_devices_alone(&mut self, from: &Candidate) -> Vec<Candidate> {
         let budgets = self.offload_budgets();
         let names: Vec<String> = budgets.iter().map(|(n, _)| n.clone()).collect();
@@ -285,6 +289,7 @@ impl Engine<'_> {
         };
         let mut order: Vec<usize> = (0..names.len()).collect();
         order.sort_by(|&a, &b| bw[b].total_cmp(&bw[a]));
+        let mut out = Vec::new();
         for k in 2..names.len() {
             let mut chosen = order[..k].to_vec();
             chosen.sort();
@@ -294,17 +299,34 @@ impl Engine<'_> {
                 split_mode: SplitMode::Layer,
                 ..from.clone()
             };
-            if self.check_device_fit(&c).is_err() {
-                continue;
-            }
             let speeds: Vec<f64> = chosen.iter().map(|&i| bw[i]).collect();
-            let filled = clearly_fastest(&speeds)
-                .and_then(|to| self.filled(&c, to))
-                // Every layer on one of them is that device alone, which the group measures.
-                .filter(|f| f.devices.len() > 1);
-            return std::iter::once(c).chain(filled).collect();
+            if self.check_device_fit(&c).is_ok() {
+                out.extend(self.with_fastest_filled(c, &speeds));
+                break;
+            }
+            if out.is_empty() {
+                let quantized = vary_cache(&self.settings, &c)
+                    .into_iter()
+                    .filter(|q| q.type_k.is_quantized() && q.type_k != from.type_k)
+                    .find(|q| q.validate().is_ok() && self.check_device_fit(q).is_ok());
+                out.extend(
+                    quantized
+                        .map(|q| self.with_fastest_filled(q, &speeds))
+                        .unwrap_or_default(),
+                );
+            }
         }
-        Vec::new()
+        out
+    }
+
+    /// `c` (devices alone, split by their budgets) and, where one of them is clearly faster than
+    /// the rest (`speeds`, in `c`'s device order), that split with it filled.
+    fn with_fastest_filled(&mut self, c: Candidate, speeds: &[f64]) -> Vec<Candidate> {
+        let filled = clearly_fastest(speeds)
+            .and_then(|to| self.filled(&c, to))
+            // Every layer on one of them is that device alone, which the group measures.
+            .filter(|f| f.devices.len() > 1);
+        std::iter::once(c).chain(filled).collect()
     }
 
     /// The device of `names` clearly fastest at reading its memory ([`FASTER`] than the slowest),
@@ -357,15 +379,15 @@ impl Engine<'_> {
         if group.is_empty() {
             return best;
         }
-        // The roofline's split is visited first: where the budget ends within the group (a large
-        // model on several GPUs), it is the one measured.
-        let fill = self.fill_fastest(&from);
-        group.extend(fill.clone());
-        group.extend(self.fastest_devices_alone(&from));
+        // The roofline's split is visited first, then the fastest devices alone: where the budget
+        // ends within the group (a large model on several GPUs), they are the ones measured.
+        let mut promising: Vec<Candidate> = self.fill_fastest(&from).into_iter().collect();
+        promising.extend(self.fastest_devices_alone(&from));
+        group.extend(promising.iter().cloned());
         group.insert(0, best.clone());
-        self.promising = fill;
+        self.promising = promising;
         self.measure_group(&group, "split");
-        self.promising = None;
+        self.promising = Vec::new();
         let mut best = self.choose(&group).unwrap_or(best);
         let mut half = false;
         for _ in 0..MAX_STEPS {

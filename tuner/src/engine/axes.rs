@@ -168,7 +168,7 @@ pub(super) fn vary_flash_attn(s: &TuneSettings, from: &Candidate) -> Vec<Candida
         })
         .collect()
 }
-pub(super) fn vary_cache(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+pub(crate) fn vary_cache(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
     let fa = if from.flash_attn == FlashAttn::Off {
         FlashAttn::Auto
     } else {

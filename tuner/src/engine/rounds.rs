@@ -143,15 +143,15 @@ impl Engine<'_> {
     }
 
     /// Moves the baseline's first visit to the front of a round (the headline compares the winner
-    /// with it), then the group's most promising candidate's ([`Engine::promising`]): a budget that
-    /// ends in the first round still leaves them measured. Later rounds stay shuffled.
+    /// with it), then the group's most promising candidates' ([`Engine::promising`], in its order):
+    /// a budget that ends in the first round still leaves them measured. Later rounds stay shuffled.
     pub(super) fn baseline_first(&self, order: &mut Vec<usize>, pending: &[usize], idx: &[usize]) {
         let base = self.defaults.as_ref().map(|(b, _)| b);
         let first_visit = |o: &usize, c: Option<&Candidate>| {
             let r = &self.results[idx[pending[*o]]];
             Some(&r.candidate) == c && r.reps.is_empty()
         };
-        for c in [self.promising.as_ref(), base] {
+        for c in self.promising.iter().rev().map(Some).chain([base]) {
             if let Some(k) = order.iter().position(|o| first_visit(o, c)) {
                 let o = order.remove(k);
                 order.insert(0, o);

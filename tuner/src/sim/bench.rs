@@ -342,8 +342,11 @@ fn trace_landscape(seed: u64, r: u64, budget: Option<Duration>) {
             .as_ref()
             .map(|f| f.to_string())
             .or(r.skipped.clone());
+        let median = (r.rate_sample(w))
+            .map(|s| format!(", median {:.3} s", 1.0 / s.median()))
+            .unwrap_or_default();
         println!(
-            "trace result {}: {} reps {}",
+            "trace result {}: {} reps{median} {}",
             r.candidate.label(),
             r.reps.len(),
             why.unwrap_or_default()

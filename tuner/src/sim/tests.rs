@@ -1099,6 +1099,88 @@ fn the_fastest_devices_that_hold_the_model_are_measured_alone() {
     assert!(land.true_seconds(&win, w) < 0.8 * land.true_seconds(&spread, w));
 }
 
+/// The distinct split candidates (a device list, a tensor split or row split) in the order their
+/// first measurement came.
+fn splits_in_measured_order(run: &SimRun) -> Vec<Candidate> {
+    let mut out: Vec<Candidate> = Vec::new();
+    for (c, _, _) in run.trace.borrow().calls.iter() {
+        let split = !c.devices.is_empty() || !c.tensor_split.is_empty();
+        if (split || c.split_mode == SplitMode::Row) && !out.contains(c) {
+            out.push(c.clone());
+        }
+    }
+    out
+}
+
+/// The fastest devices alone are measured right after the filled split, before the group's other
+/// shapes (each device alone, the budgets' split shifted, rows): where a fixed budget ends within
+/// the split group of a large model on several GPUs, they are measured.
+#[test]
+fn the_fastest_devices_alone_are_measured_right_after_the_filled_split() {
+    for seed in 1..=4 {
+        let mut land = gpus(4, 16 * GIB);
+        for (d, bw) in land.devices.iter_mut().zip([3000e9, 3000e9, 450e9, 450e9]) {
+            d.bandwidth = bw;
+        }
+        land.model = SimModel::dense(32, 700 * MIB, 262_144);
+        let s = settings(&land, seed);
+        let run = tune(land, s, None, Mode::Search);
+        let order = splits_in_measured_order(&run);
+        let alone = order.iter().position(|c| c.devices == ["CUDA0", "CUDA1"]);
+        assert!(
+            alone.is_some_and(|k| k <= 1),
+            "seed {seed}: {:?}",
+            order.iter().map(|c| c.label()).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// Three GPUs, two fast and one slow, and a 32k context whose f16 cache the two fast ones cannot
+/// hold beside every layer, while a quantized one fits: the two alone at the least quantized
+/// cache that fits are in the first split group, measured before the KV-cache axis is reached.
+#[test]
+fn the_fastest_devices_alone_are_offered_the_cache_that_lets_them_hold_the_model() {
+    let (land, s) = two_fast_one_slow_at_32k();
+    let alone_at = |t: CacheType| Candidate {
+        devices: vec!["CUDA0".into(), "CUDA1".into()],
+        tensor_split: vec![50, 50],
+        type_k: t,
+        type_v: t,
+        ..Candidate::llama_default(16, s.n_layers + 1)
+    };
+    assert!(!fits(&land, &s, &alone_at(CacheType::F16)));
+    assert!(fits(&land, &s, &alone_at(CacheType::Q8_0)));
+    let run = tune(land, s, None, Mode::Search);
+    let calls: Vec<Candidate> = run
+        .trace
+        .borrow()
+        .calls
+        .iter()
+        .map(|(c, _, _)| c.clone())
+        .collect();
+    let first_quantized = calls.iter().position(|c| c.type_k.is_quantized());
+    let first = first_quantized.map(|k| &calls[k]);
+    assert!(
+        first.is_some_and(|c| c.devices == ["CUDA0", "CUDA1"] && c.type_k == CacheType::Q8_0),
+        "{:?}",
+        first.map(|c| c.label())
+    );
+    let win = run.winner.expect("a winner");
+    assert_eq!(win.devices, ["CUDA0", "CUDA1"], "{}", win.label());
+}
+
+/// [`the_fastest_devices_alone_are_offered_the_cache_that_lets_them_hold_the_model`]'s machine.
+fn two_fast_one_slow_at_32k() -> (Landscape, TuneSettings) {
+    let mut land = gpus(3, 16 * GIB);
+    for (d, bw) in land.devices.iter_mut().zip([3000e9, 3000e9, 450e9]) {
+        d.bandwidth = bw;
+    }
+    land.model = SimModel::dense(32, 860 * MIB, 262_144);
+    let mut s = settings(&land, 7);
+    s.workload.n_ctx = 32_768;
+    (land, s)
+}
+
 /// Where the clearly fastest of two GPUs holds every layer by itself, filling it first leaves the
 /// other no share: that split is the fastest device alone (`--device`), which the split group
 /// measures already, so it is measured as such, once, and not again as `ts=100/0`.
