@@ -211,6 +211,37 @@ impl Engine<'_> {
     /// of the best (600 s, default budget, none); the first 100 eight times each 88.0/95.8/96.6% ->
     /// 89.0/96.4/97.2%.
     fn lever_placements(&mut self, from: &Candidate, max: u32) -> Vec<Candidate> {
+        let levers = self.levers(from);
+        let all = self.settings.n_layers + 1;
+        let mut out: Vec<Candidate> = Vec::new();
+        // The most layers a listed lever reaches with micro-batches of at least `ub`: a lever is
+        // listed where it reaches more (a smaller micro-batch costs prompt speed, so one that reaches
+        // the same layers at `from`'s micro-batch is listed too).
+        let most_at = |out: &[Candidate], ub: u32| {
+            (out.iter().filter(|c| c.n_ubatch >= ub))
+                .map(|c| c.n_gpu_layers)
+                .fold(max, u32::max)
+        };
+        for lever in levers.into_iter().filter(|c| c.validate().is_ok()) {
+            if most_at(&out, from.n_ubatch) == all {
+                break;
+            }
+            let best = most_at(&out, lever.n_ubatch);
+            if let Some(n) = self
+                .max_fitting_layers_from(&lever, max)
+                .filter(|&n| n > best)
+            {
+                out.push(Candidate {
+                    n_gpu_layers: n,
+                    ..lever
+                });
+            }
+        }
+        out
+    }
+
+    /// The fit levers' settings around `from`, in the order [`Self::lever_placements`] tries them.
+    fn levers(&self, from: &Candidate) -> Vec<Candidate> {
         let small_ub = self
             .settings
             .ubatch_options
@@ -264,32 +295,7 @@ impl Engine<'_> {
             levers.push(host_kv);
             levers.extend(with_small_ub);
         }
-        let all = self.settings.n_layers + 1;
-        let mut out: Vec<Candidate> = Vec::new();
-        // The most layers a listed lever reaches with micro-batches of at least `ub`: a lever is
-        // listed where it reaches more (a smaller micro-batch costs prompt speed, so one that reaches
-        // the same layers at `from`'s micro-batch is listed too).
-        let most_at = |out: &[Candidate], ub: u32| {
-            (out.iter().filter(|c| c.n_ubatch >= ub))
-                .map(|c| c.n_gpu_layers)
-                .fold(max, u32::max)
-        };
-        for lever in levers.into_iter().filter(|c| c.validate().is_ok()) {
-            if most_at(&out, from.n_ubatch) == all {
-                break;
-            }
-            let best = most_at(&out, lever.n_ubatch);
-            if let Some(n) = self
-                .max_fitting_layers_from(&lever, max)
-                .filter(|&n| n > best)
-            {
-                out.push(Candidate {
-                    n_gpu_layers: n,
-                    ..lever
-                });
-            }
-        }
-        out
+        levers
     }
 
     /// MoE placement, like llama.cpp's `--n-cpu-moe`: every layer offloaded, with the experts of the
