@@ -613,14 +613,18 @@ impl<'a> Engine<'a> {
             .results
             .iter()
             .filter(|r| &r.candidate != best)
-            .filter_map(|r| self.median_rate(&r.candidate))
+            .filter_map(|r| self.ok_median(r))
             .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))?;
         Some(b / next - 1.0)
     }
 
     /// The median rate at the workload of `c`'s measurement, when it ran.
     fn median_rate(&self, c: &Candidate) -> Option<f64> {
-        let r = self.results.iter().find(|r| &r.candidate == c)?;
+        self.ok_median(self.results.iter().find(|r| &r.candidate == c)?)
+    }
+
+    /// The median rate at the workload of a measurement that ran.
+    fn ok_median(&self, r: &CandidateResult) -> Option<f64> {
         r.ok()
             .then(|| r.rate_sample(&self.settings.workload).map(|s| s.median()))?
     }

@@ -3,7 +3,7 @@
 //! allocated), and a candidate that would exceed a device's budget is pruned, never loaded. The
 //! GPU-layer axis starts from the most layers that fit and walks down, so the offload cliff shows.
 
-use crate::engine::Engine;
+use crate::engine::{vary_cache, Engine};
 use crate::worker::{LoadReport, TrialFailure};
 use search_space::size::format_size_pair;
 use search_space::{Candidate, KvOffload};
@@ -252,37 +252,15 @@ impl Engine<'_> {
         // Every quantized type given, not just the first: q8_0 may free less than one layer's
         // bytes where q4_0 frees two (a 70B on two 16 GiB GPUs: 64 layers at f16 and q8_0, 66 at
         // q4_0, 7% faster generation), and one that buys no layer is never listed.
-        let quant_kv: Vec<search_space::CacheType> = self
-            .settings
-            .cache_types
-            .iter()
-            .copied()
-            .filter(|t| t.is_quantized())
-            .collect();
-        let with_ub = |c: &Candidate, u: u32| Candidate {
-            n_ubatch: u,
-            ..c.clone()
-        };
-        let with_kv = |c: &Candidate, t: search_space::CacheType| Candidate {
-            type_k: t,
-            type_v: t,
-            // A quantized V cache needs flash attention.
-            flash_attn: if c.flash_attn == search_space::FlashAttn::Off {
-                search_space::FlashAttn::Auto
-            } else {
-                c.flash_attn
-            },
-            ..c.clone()
-        };
-        let mut levers = Vec::new();
-        if let Some(u) = small_ub {
-            levers.push(with_ub(from, u));
-        }
-        for t in quant_kv {
-            levers.push(with_kv(from, t));
-            if let Some(u) = small_ub {
-                levers.push(with_ub(&with_kv(from, t), u));
-            }
+        let quantized = vary_cache(&self.settings, from)
+            .into_iter()
+            .filter(|c| c.type_k.is_quantized());
+        let mut levers: Vec<Candidate> =
+            small_ub.map(|u| from.with_ubatch(u)).into_iter().collect();
+        for q in quantized {
+            let with_small_ub = small_ub.map(|u| q.with_ubatch(u));
+            levers.push(q);
+            levers.extend(with_small_ub);
         }
         // Last, as it costs a round trip per layer for every token: the KV cache in host memory
         // (-nkvo), alone and with the smallest micro-batch.
@@ -291,7 +269,7 @@ impl Engine<'_> {
                 kv_offload: KvOffload::Off,
                 ..from.clone()
             };
-            let with_small_ub = small_ub.map(|u| with_ub(&host_kv, u));
+            let with_small_ub = small_ub.map(|u| host_kv.with_ubatch(u));
             levers.push(host_kv);
             levers.extend(with_small_ub);
         }

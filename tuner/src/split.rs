@@ -309,11 +309,9 @@ impl Engine<'_> {
                     .into_iter()
                     .filter(|q| q.type_k.is_quantized() && q.type_k != from.type_k)
                     .find(|q| q.validate().is_ok() && self.check_device_fit(q).is_ok());
-                out.extend(
-                    quantized
-                        .map(|q| self.with_fastest_filled(q, &speeds))
-                        .unwrap_or_default(),
-                );
+                if let Some(q) = quantized {
+                    out = self.with_fastest_filled(q, &speeds);
+                }
             }
         }
         out
