@@ -95,10 +95,7 @@ fn llama_cpps_fit_of_an_moe_model_puts_the_fewest_experts_on_the_host() {
     assert_eq!(base.n_gpu_layers, 49, "{}", base.label());
     assert!((1..48).contains(&base.n_cpu_moe), "{}", base.label());
     assert!(fits(&land, &s, base), "{}", base.label());
-    let one_fewer = Candidate {
-        n_cpu_moe: base.n_cpu_moe - 1,
-        ..base.clone()
-    };
+    let one_fewer = harness::one_host_expert_layer_fewer(base);
     assert!(!fits(&land, &s, &one_fewer), "{}", one_fewer.label());
     let win = run.winner.clone().expect("a winner");
     let (got, fit) = (

@@ -228,6 +228,14 @@ fn full_grid(e: &mut Engine) -> Option<Candidate> {
     e.choose(&all)
 }
 
+/// `c` with the experts of one layer fewer on the host (it has some there).
+pub fn one_host_expert_layer_fewer(c: &Candidate) -> Candidate {
+    Candidate {
+        n_cpu_moe: c.n_cpu_moe - 1,
+        ..c.clone()
+    }
+}
+
 /// Whether a candidate fits every device's budget (by the model, as the dry run would say).
 pub fn fits(land: &Landscape, s: &TuneSettings, c: &Candidate) -> bool {
     land.footprint(c, s.workload.n_ctx)

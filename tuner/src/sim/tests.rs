@@ -1051,10 +1051,7 @@ fn a_challenger_with_host_experts_is_offered_the_caches_that_bring_experts_back(
         assert!(c.type_k.is_quantized(), "{}", c.label());
         assert!((1..f16).contains(&c.n_cpu_moe), "{}", c.label());
         assert!(fits(&land, &s, c), "{} fits", c.label());
-        let one_fewer = Candidate {
-            n_cpu_moe: c.n_cpu_moe - 1,
-            ..c.clone()
-        };
+        let one_fewer = harness::one_host_expert_layer_fewer(c);
         assert!(!fits(&land, &s, &one_fewer), "{} is the fewest", c.label());
     }
     // With every expert on the GPU at f16 nothing is offered: the descent measures those caches.
