@@ -22,6 +22,11 @@ fn figures(pp: f64, tg: f64, w: &profiles::Workload, mem: u64) -> Figures {
     }
 }
 
+/// The explanation's finding on `topic`.
+fn finding(e: &Explanation, topic: Topic) -> &diagnosis::Finding {
+    e.findings.iter().find(|f| f.topic == topic).unwrap()
+}
+
 fn entry(rank: u32, c: Candidate, f: Option<Figures>, status: &str) -> LeaderboardEntry {
     LeaderboardEntry {
         rank,
@@ -311,11 +316,7 @@ fn a_full_context_lowers_the_ceiling_by_the_kv_cache_it_adds() {
     assert_eq!(full_kv, 32768 * 131_072);
     assert_eq!(full, 4_600_000_000 + full_kv);
     assert!((at_full - 40.0e9 / full as f64).abs() < 1e-9, "{at_full}");
-    let line = e
-        .findings
-        .iter()
-        .find(|f| f.topic == Topic::Context)
-        .unwrap();
+    let line = finding(&e, Topic::Context);
     assert!(
         line.text.contains("a full 32768-token context adds 4.3 GB"),
         "{}",
@@ -556,11 +557,7 @@ fn a_winner_chosen_by_a_tie_is_named_in_its_knob_line() {
         (kernels.best.as_str(), kernels.winner_value.as_deref()),
         ("repack", Some("plain"))
     );
-    let settings = e
-        .findings
-        .iter()
-        .find(|f| f.topic == Topic::Settings)
-        .unwrap();
+    let settings = finding(&e, Topic::Settings);
     assert!(
         settings
             .details
@@ -593,5 +590,69 @@ fn the_fit_line_says_when_the_most_layers_fit_only_with_the_kv_cache_on_the_host
             "at most 12 of 19 layers fit on RPC0 with the KV cache in host memory (-nkvo)"
         ),
         "{line}"
+    );
+}
+
+/// The H200 run of `bench/gpu-check` under `--mem-budget CUDA0=2178M` (half of full offload), its
+/// figures as measured: each quantized KV cache was measured at the most layers it lets fit, so no
+/// two candidates differ in the KV cache alone.
+fn budget_profile() -> profiles::Profile {
+    let mut p = rpc_profile();
+    let w = p.workload.clone();
+    let at = |n: u32, kv: CacheType, ub: u32| Candidate {
+        type_k: kv,
+        type_v: kv,
+        n_ubatch: ub,
+        ..Candidate::llama_default(16, n)
+    };
+    let winner = at(17, CacheType::Q4_0, 512);
+    let mut rows = vec![];
+    for (c, pp, tg) in [
+        (winner.clone(), 1595.7, 29.6),
+        (at(16, CacheType::Q8_0, 512), 1618.5, 28.2),
+        (at(17, CacheType::Q8_0, 128), 498.0, 29.2),
+        (at(16, CacheType::F16, 128), 439.2, 28.5),
+        (at(15, CacheType::F16, 512), 1311.7, 23.9),
+        (at(14, CacheType::F16, 512), 1222.8, 23.6),
+    ] {
+        rows.push(entry(0, c, Some(figures(pp, tg, &w, 4 << 30)), "ok"));
+    }
+    p.leaderboard = ranked(rows);
+    p.figures = p.leaderboard[0].figures.clone().unwrap();
+    p.winner = winner;
+    p.refresh_server_args();
+    p
+}
+
+/// Where a quantized KV cache won by letting more layers fit, "which setting mattered" says so:
+/// the cache compared at the layers each type fits, not "no knob made a difference".
+#[test]
+fn a_kv_cache_that_lets_more_layers_fit_is_compared_at_the_layers_each_type_fits() {
+    let p = budget_profile();
+    let e = Explanation::of(&p);
+    let top = &e.knob_effects[0];
+    assert_eq!(
+        (top.knob, top.best.as_str(), top.worst.as_str(), top.values),
+        (
+            "KV cache with the layers it fits",
+            "kv=q4_0/q4_0 ngl=17",
+            "kv=f16/f16 ngl=15",
+            3
+        )
+    );
+    assert!(top.around_winner && top.slower > 0.2, "{top:?}");
+    let settings = finding(&e, Topic::Settings);
+    assert_eq!(
+        settings.text,
+        "KV cache with the layers it fits mattered most"
+    );
+    // Where every candidate has the same layers, the knob alone says it all: no second line.
+    let cpu = Explanation::of(&cpu_profile());
+    assert!(
+        !cpu.knob_effects
+            .iter()
+            .any(|k| k.knob.contains("with the layers")),
+        "{:?}",
+        cpu.knob_effects
     );
 }

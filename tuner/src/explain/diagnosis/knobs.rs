@@ -138,34 +138,93 @@ pub fn knob_effects(profile: &Profile) -> Vec<KnobEffect> {
         // On one node llama.cpp runs every NUMA strategy as off: what differs is noise.
         .filter(|knob| !matches!(knob, Knob::Numa) || profile.machine.numa_nodes > 1)
         .filter_map(|knob| {
-            knob_effect(profile, knob, |c| knob.cleared(c)).or_else(|| match knob {
-                // A grid (or an earlier profile) varies both thread counts together.
-                Knob::Threads => knob_effect(profile, knob, |c| Candidate {
-                    threads: 0,
-                    threads_batch: None,
-                    ..c.clone()
-                }),
-                _ => None,
-            })
+            let value = |c: &Candidate| knob.value(c);
+            knob_effect(profile, knob, |c| knob.cleared(c), value)
+                .or_else(|| match knob {
+                    // A grid (or an earlier profile) varies both thread counts together.
+                    Knob::Threads => {
+                        let key = |c: &Candidate| Candidate {
+                            threads: 0,
+                            threads_batch: None,
+                            ..c.clone()
+                        };
+                        knob_effect(profile, knob, key, value)
+                    }
+                    _ => None,
+                })
+                .map(|(effect, _)| effect)
         })
         .collect();
+    out.extend(
+        FIT_LEVERS
+            .into_iter()
+            .filter_map(|(knob, name)| lever_effect(profile, knob, name)),
+    );
     out.sort_by(|a, b| b.slower.total_cmp(&a.slower));
     out
 }
 
-/// `knob`'s effect among candidates equal under `key` (which clears the knob).
+/// The settings that shrink what a device must hold, so that more layers fit: each is also compared
+/// with the GPU layers it lets fit, since the search measures a lever at its most layers. On an H200
+/// with half the memory full offload needs, `kv=q4_0/q4_0` at ngl=17 against `kv=f16/f16` at its 15
+/// was a 24% faster request; no two candidates there differed in the KV cache alone.
+const FIT_LEVERS: [(Knob, &str); 3] = [
+    (Knob::KvCache, "KV cache with the layers it fits"),
+    (Knob::Ubatch, "micro-batch with the layers it fits"),
+    (Knob::KvOffload, "KV offload with the layers it fits"),
+];
+
+/// A fit lever's effect: candidates that differ in `knob` and the GPU layers, each of the knob's
+/// values at its best measured layer count. Only where those counts differ (else the knob alone
+/// says the same).
+fn lever_effect(profile: &Profile, knob: Knob, name: &'static str) -> Option<KnobEffect> {
+    let key = |c: &Candidate| Candidate {
+        n_gpu_layers: 0,
+        ..knob.cleared(c)
+    };
+    let label = |c: &Candidate| format!("{} ngl={}", knob.value(c), c.n_gpu_layers);
+    let (mut effect, [best, worst]) = knob_effect(profile, knob, key, label)?;
+    if best == worst {
+        return None;
+    }
+    effect.knob = name;
+    Some(effect)
+}
+
+/// One measured value of a knob in a group: its value, how it is shown (with the GPU layers when the
+/// group varies them too), and the best request time measured with it, at `layers`.
+struct Value {
+    value: String,
+    label: String,
+    score_s: f64,
+    layers: u32,
+}
+
+/// `knob`'s effect among candidates equal under `key` (which clears the knob, and may clear the GPU
+/// layers too: each value then counts at its best layer count), each value shown by `label`; with
+/// the GPU layers of the best and the worst value.
 fn knob_effect(
     profile: &Profile,
     knob: Knob,
     key: impl Fn(&Candidate) -> Candidate,
-) -> Option<KnobEffect> {
-    let mut groups: Vec<(Candidate, Vec<(String, f64)>)> = Vec::new();
+    label: impl Fn(&Candidate) -> String,
+) -> Option<(KnobEffect, [u32; 2])> {
+    let mut groups: Vec<(Candidate, Vec<Value>)> = Vec::new();
     for (e, f) in measured(profile) {
         let key = key(&e.candidate);
-        let value = (knob.value(&e.candidate), f.score_s);
+        let v = Value {
+            value: knob.value(&e.candidate),
+            label: label(&e.candidate),
+            score_s: f.score_s,
+            layers: e.candidate.n_gpu_layers,
+        };
         match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, v)) => v.push(value),
-            None => groups.push((key, vec![value])),
+            Some((_, vs)) => match vs.iter_mut().find(|x| x.value == v.value) {
+                Some(x) if v.score_s < x.score_s => *x = v,
+                Some(_) => {}
+                None => vs.push(v),
+            },
+            None => groups.push((key, vec![v])),
         }
     }
     let winner_key = key(&profile.winner);
@@ -187,26 +246,30 @@ fn knob_effect(
     let ((_, values), around_winner) = chosen?;
     let best = values
         .iter()
-        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .min_by(|a, b| a.score_s.total_cmp(&b.score_s))
         .expect("two values");
     let worst = values
         .iter()
-        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .max_by(|a, b| a.score_s.total_cmp(&b.score_s))
         .expect("two values");
     let winner_value = knob.value(&profile.winner);
-    Some(KnobEffect {
+    let effect = KnobEffect {
         knob: knob.name(),
-        best: best.0.clone(),
-        best_s: best.1,
-        worst: worst.0.clone(),
-        worst_s: worst.1,
-        slower: worst.1 / best.1.max(1e-12) - 1.0,
+        best: best.label.clone(),
+        best_s: best.score_s,
+        worst: worst.label.clone(),
+        worst_s: worst.score_s,
+        slower: worst.score_s / best.score_s.max(1e-12) - 1.0,
         values: values.len(),
         around_winner,
-        winner_value: (around_winner && winner_value != best.0).then_some(winner_value),
-    })
+        winner_value: (around_winner && winner_value != best.value).then_some(winner_value),
+    };
+    Some((effect, [best.layers, worst.layers]))
 }
 
-fn best_of(values: &[(String, f64)]) -> f64 {
-    values.iter().map(|v| v.1).fold(f64::INFINITY, f64::min)
+fn best_of(values: &[Value]) -> f64 {
+    values
+        .iter()
+        .map(|v| v.score_s)
+        .fold(f64::INFINITY, f64::min)
 }
