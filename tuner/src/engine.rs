@@ -320,6 +320,9 @@ impl<'a> Engine<'a> {
         if !group.contains(base) {
             group.insert(0, base.clone());
         }
+        self.promising = crate::placement::strongest_lever(&group, &start)
+            .into_iter()
+            .collect();
         (group, "gpu layers")
     }
 
@@ -429,6 +432,7 @@ impl<'a> Engine<'a> {
         let base = self.baseline();
         let (group, axis) = self.first_group(&base);
         self.measure_group(&group, axis);
+        self.promising = Vec::new();
         let mut best = self.choose(&group);
         if axis == "gpu layers" {
             let start = self.placement_start(&base);
