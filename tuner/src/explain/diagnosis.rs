@@ -211,7 +211,15 @@ fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
         None => format!("at most {max_ok} layers were offloaded to {devs} (the model's layer count is not recorded in this profile)"),
     };
     text.push_str(&format!("; the winner runs ngl={winner}"));
-    if winner < max_ok {
+    // With the KV cache kept on the device, fewer layers fit than with -nkvo: a winner at the most
+    // of those did not measure faster with fewer layers, it chose the cache's place.
+    let most_with_kv_on_device = measured(profile)
+        .filter(|(e, _)| e.candidate.kv_offload.is_on())
+        .map(|(e, _)| e.candidate.n_gpu_layers)
+        .max();
+    if kv_on_host && profile.winner.kv_offload.is_on() && most_with_kv_on_device == Some(winner) {
+        text.push_str(" (the most with the KV cache on the device)");
+    } else if winner < max_ok {
         text.push_str(" (fewer layers on the device measured faster)");
     }
     if let (Some(top), Some(bottom)) = (ok.first(), ok.last()) {

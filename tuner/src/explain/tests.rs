@@ -646,6 +646,24 @@ fn a_kv_cache_that_lets_more_layers_fit_is_compared_at_the_layers_each_type_fits
         settings.text,
         "KV cache with the layers it fits mattered most"
     );
+    // One layer more fitted only with the KV cache in host memory: the winner holds the most
+    // layers with it on the device, which is not "fewer layers measured faster".
+    let mut p = p;
+    p.leaderboard.push(entry(
+        0,
+        Candidate {
+            kv_offload: search_space::KvOffload::Off,
+            n_ubatch: 128,
+            ..Candidate::llama_default(16, 18)
+        },
+        Some(figures(471.5, 27.9, &p.workload, 4 << 30)),
+        "ok",
+    ));
+    let fit = finding(&Explanation::of(&p), Topic::Fit).text.clone();
+    assert!(
+        fit.contains("the winner runs ngl=17 (the most with the KV cache on the device)"),
+        "{fit}"
+    );
     // Where every candidate has the same layers, the knob alone says it all: no second line.
     let cpu = Explanation::of(&cpu_profile());
     assert!(
