@@ -49,6 +49,7 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
             "## tune-full",
             "winner: ",
             "the cliff (best tg per GPU-layer count):",
+            "from every layer to the budget: tg ",
             "llama-bench: ",
             "autotune/llama-bench: pp ",
             "tg within ±5%: ",
