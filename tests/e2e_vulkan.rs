@@ -312,8 +312,8 @@ fn op_offload_off_wins_over_a_slow_device_and_applies() {
 /// mapping: `CPU_Mapped`, and the CPU's repacked kernels unused although `--repack` is on), read
 /// into it with `--load-mode none` (`Vulkan_Host`), or in the CPU's own repacking buffers with
 /// `--no-host` (`CPU_REPACK`, or `AMX` on a CPU with AMX). `measure` loads each as asked (llama.cpp's own buffer names); `tune`
-/// measures all three where weights stay on the host (a first repetition more than twice as slow
-/// as the best is stopped); the profile's flag is what a real
+/// measures all three where weights stay on the host (a first repetition more than 1.75 times as
+/// slow as the best is stopped); the profile's flag is what a real
 /// llama-server loads the same buffers with.
 /// The CPU backend's buffers for weights it repacks: `AMX` where the CPU has AMX (it is asked
 /// first), `CPU_REPACK` elsewhere.

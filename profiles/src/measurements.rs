@@ -189,22 +189,29 @@ impl std::fmt::Display for TrialFailure {
                 ..
             } => write!(
                 f,
-                "stopped after one repetition: {:.2} s per request, more than {:.1}x the best so far ({:.2} s)",
+                "stopped after one repetition: {:.2} s per request, more than {}x the best so far ({:.2} s)",
                 *took as f64 / 1e3,
-                *limit_ms as f64 / (*best_ms).max(1) as f64,
+                factor(*limit_ms, *best_ms),
                 *best_ms as f64 / 1e3
             ),
             TrialFailure::GaveUp {
                 limit_ms, best_ms, ..
             } => write!(
                 f,
-                "stopped mid-repetition: slower than {:.2} s per request ({:.1}x the best so far, {:.2} s)",
+                "stopped mid-repetition: slower than {:.2} s per request ({}x the best so far, {:.2} s)",
                 *limit_ms as f64 / 1e3,
-                *limit_ms as f64 / (*best_ms).max(1) as f64,
+                factor(*limit_ms, *best_ms),
                 *best_ms as f64 / 1e3
             ),
         }
     }
+}
+
+/// A limit's factor over the best, as the tuner set it (1.5, 1.75): two decimals at most, trailing
+/// zeros cut.
+fn factor(limit_ms: u64, best_ms: u64) -> String {
+    let f = format!("{:.2}", limit_ms as f64 / best_ms.max(1) as f64);
+    f.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -342,8 +349,34 @@ pub fn parse_line(line: &str) -> Option<Record> {
 
 #[cfg(test)]
 mod tests {
-    use super::{BufferReport, Context, LoadReport, MeasurementLog, Record, Repetition, Workload};
+    use super::{
+        BufferReport, Context, LoadReport, MeasurementLog, Record, Repetition, TrialFailure,
+        Workload,
+    };
     use search_space::Candidate;
+
+    /// A stop's factor reads as the tuner set it, not rounded to one decimal (1.75 was "1.7x" or
+    /// "1.8x" by the millisecond).
+    #[test]
+    fn a_stop_names_its_factor_over_the_best() {
+        let stop = |limit_ms, best_ms, took_ms| TrialFailure::GaveUp {
+            limit_ms,
+            best_ms,
+            load: None,
+            took_ms,
+        };
+        assert_eq!(
+            stop(45_000, 25_710, None).to_string(),
+            "stopped mid-repetition: slower than 45.00 s per request (1.75x the best so far, 25.71 s)"
+        );
+        assert_eq!(
+            stop(3_000, 2_000, Some(3_500)).to_string(),
+            "stopped after one repetition: 3.50 s per request, more than 1.5x the best so far (2.00 s)"
+        );
+        assert!(stop(4_000, 2_000, None)
+            .to_string()
+            .contains("(2x the best"));
+    }
 
     fn buffer(buffer: &str, what: &str, bytes: u64) -> BufferReport {
         BufferReport {
