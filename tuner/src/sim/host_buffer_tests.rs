@@ -12,7 +12,7 @@ use crate::engine::score_seconds;
 use search_space::{HostBuffer, KernelChoice};
 
 /// The measured candidates' (host buffer, kernels), each once: measured in full, or stopped
-/// mid-repetition as more than 1.75 times as slow as the best.
+/// mid-repetition as more than `GIVE_UP_FACTOR` times as slow as the best.
 fn measured(run: &SimRun) -> Vec<(HostBuffer, KernelChoice)> {
     let mut v: Vec<_> = (run.results.iter())
         .filter(|r| r.ok() || r.failure.as_ref().is_some_and(|f| f.gave_up()))

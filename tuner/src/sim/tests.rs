@@ -240,9 +240,10 @@ fn a_clearly_slower_candidate_stops_getting_repetitions() {
             .fold(f64::INFINITY, f64::min);
         for c in &group {
             let r = e.results.iter().find(|r| &r.candidate == c).unwrap();
-            // Beyond 4× the noise: dropped after one visit (or stopped during it, more than 1.75
-            // times as slow as the best measured before it); within the noise: measured on. In between
-            // the rule (its best repetition 2× the noise behind the leader) may go either way.
+            // Beyond 4× the noise: dropped after one visit (or stopped during it, more than
+            // GIVE_UP_FACTOR times as slow as the best measured before it); within the noise: measured
+            // on. In between the rule (its best repetition 2× the noise behind the leader) may go
+            // either way.
             let t = land.true_seconds(c, &w);
             let stopped = r.failure.as_ref().is_some_and(|f| f.gave_up());
             assert!(!stopped || t > 1.8 * best, "{} stopped", c.label());
@@ -277,8 +278,8 @@ fn every_candidate_gets_its_first_repetitions_before_any_gets_more() {
             }
         }
         assert!(third.is_some(), "the leaders got more repetitions");
-        // (A candidate stopped during its first repetition, more than 1.75 times as slow as the
-        // best measured before it, has none.)
+        // (A candidate stopped during its first repetition, more than GIVE_UP_FACTOR times as slow
+        // as the best measured before it, has none.)
         let visited = (e.results.iter())
             .filter(|r| group.contains(&r.candidate) && !r.reps.is_empty())
             .count();
@@ -388,7 +389,7 @@ fn a_budget_that_ends_early_names_the_axes_it_did_not_reach() {
 
 /// The CPU-only point of a model that belongs on the GPUs is several times slower than the
 /// placements measured before it: its first repetition stops once its own time proves a request
-/// more than 1.75 times the best's, the run goes on without it (at less than a full repetition's cost),
+/// more than [`GIVE_UP_FACTOR`] times the best's, the run goes on without it (at less than a full repetition's cost),
 /// and nothing that could win is stopped.
 #[test]
 fn a_first_repetition_several_times_slower_than_the_best_stops_early() {
@@ -1082,7 +1083,7 @@ fn op_offload_is_measured_where_weights_stay_on_the_host_and_follows_the_link() 
         let off = run
             .results
             .iter()
-            // Measured in full, or stopped mid-repetition as 1.75 times as slow as the best.
+            // Measured in full, or stopped mid-repetition as GIVE_UP_FACTOR times as slow as the best.
             .filter(|r| r.candidate.op_offload == OpOffload::Off)
             .filter(|r| r.ok() || r.failure.as_ref().is_some_and(TrialFailure::gave_up))
             .count();
