@@ -130,6 +130,7 @@ pub fn example_profile() -> Profile {
         draft: None,
         ngram: None,
         mtp: None,
+        quality: None,
         leaderboard: vec![
             LeaderboardEntry {
                 rank: 1,
@@ -137,6 +138,7 @@ pub fn example_profile() -> Profile {
                 status: "ok".into(),
                 candidate: winner,
                 figures: Some(figures),
+                kv_kld: None,
             },
             LeaderboardEntry {
                 rank: 2,
@@ -144,6 +146,7 @@ pub fn example_profile() -> Profile {
                 status: "ok".into(),
                 candidate: baseline_candidate,
                 figures: Some(baseline),
+                kv_kld: None,
             },
             LeaderboardEntry {
                 rank: 3,
@@ -151,6 +154,7 @@ pub fn example_profile() -> Profile {
                 status: "failed: out of memory on CUDA0".into(),
                 candidate: failed,
                 figures: None,
+                kv_kld: None,
             },
             LeaderboardEntry {
                 rank: 4,
@@ -158,6 +162,7 @@ pub fn example_profile() -> Profile {
                 status: "pruned: a quantized V cache needs flash attention".into(),
                 candidate: pruned,
                 figures: None,
+                kv_kld: None,
             },
         ],
     };

@@ -12,6 +12,7 @@ pub mod measurements;
 mod mtp;
 mod ngram;
 mod profile;
+mod quality;
 mod roofline;
 pub mod serde_one;
 mod server_args;
@@ -33,6 +34,7 @@ pub use profile::{
     slot_ctx, DeviceRef, Figures, Judged, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef,
     Profile, ProfileSummary, VersusDefaults, Workload, SCHEMA_VERSION,
 };
+pub use quality::{fmt_kld, KvQualityCheck, QualityFigures, QualityRecord};
 pub use roofline::{DeviceBandwidth, Roofline};
 pub use server_args::{draft_options, server_args, server_options, shell_quote, ServerOption};
 pub use store::{

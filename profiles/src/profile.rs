@@ -70,6 +70,10 @@ pub struct Profile {
     /// than the target alone on the workload's prompts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtp: Option<crate::MtpSettings>,
+    /// The quality of the quantized K/V caches the run held to its gate (absent in profiles
+    /// written before the gate existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quality: Option<crate::QualityRecord>,
 }
 
 /// What the run's decision rule said of the winner against the baseline: the request rate's
@@ -256,6 +260,10 @@ pub struct LeaderboardEntry {
     pub candidate: Candidate,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub figures: Option<Figures>,
+    /// The mean KL divergence of its K/V cache pair against the f16 cache, where that pair was
+    /// held to the quality gate (the profile's `[quality]` has the rest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_kld: Option<f64>,
 }
 
 /// A few lines about a profile, for `autotune profiles list`.

@@ -692,6 +692,38 @@ impl Candidate {
     pub fn kv_bytes_factor(&self) -> f64 {
         (self.type_k.bits_per_element() + self.type_v.bits_per_element()) / 32.0
     }
+
+    /// Whether the K or the V cache is quantized: the model's next-token distributions change, so
+    /// such a candidate wins only inside a measured quality gate.
+    pub fn kv_lossy(&self) -> bool {
+        self.type_k.is_quantized() || self.type_v.is_quantized()
+    }
+
+    /// The K/V cache pair as llama.cpp's flags name it (`q8_0/q4_0`).
+    pub fn kv_label(&self) -> String {
+        format!("{}/{}", self.type_k, self.type_v)
+    }
+}
+
+/// The K/V cache pairs to search from the types given (in their order): each type for both, then,
+/// where `mixed` allows the pair, K one step more precise than V among the types given (the K cache
+/// is the more sensitive: `-ctk q8_0 -ctv q4_0` keeps most of q8_0's quality at less memory).
+pub fn kv_pairs(
+    types: &[CacheType],
+    mixed: impl Fn(CacheType, CacheType) -> bool,
+) -> Vec<(CacheType, CacheType)> {
+    let mut out: Vec<(CacheType, CacheType)> = types.iter().map(|&t| (t, t)).collect();
+    let mut by_bits = types.to_vec();
+    by_bits.sort_by(|a, b| b.bits_per_element().total_cmp(&a.bits_per_element()));
+    by_bits.dedup();
+    for w in by_bits.windows(2) {
+        let (k, v) = (w[0], w[1]);
+        if k.bits_per_element() > v.bits_per_element() && mixed(k, v) {
+            out.push((k, v));
+        }
+    }
+    out.dedup();
+    out
 }
 
 #[cfg(test)]

@@ -11,6 +11,6 @@ pub mod size;
 pub mod testfiles;
 
 pub use candidate::{
-    CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload,
-    SplitMode,
+    kv_pairs, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa,
+    OpOffload, SplitMode,
 };

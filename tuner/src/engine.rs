@@ -30,6 +30,7 @@ pub(crate) mod sim;
 
 mod axes;
 pub mod context;
+pub mod gate;
 mod result;
 mod rounds;
 #[cfg(test)]
@@ -41,6 +42,7 @@ pub(crate) use axes::in_space;
 pub(crate) use axes::offloads_host_ops;
 pub(crate) use axes::vary_cache;
 use axes::*;
+pub use gate::{GateChoice, KvQualityAnswer, KvQualityRequest, QualityGate};
 use result::tie_break;
 pub use result::{score_seconds, CandidateResult, BUDGET_SPENT};
 
@@ -88,7 +90,11 @@ pub struct TuneSettings {
     /// KV offload settings allowed: with `off` among them, the KV cache in host memory is a fit lever
     /// (measured when it lets more layers fit than the device's KV cache does).
     pub kv_offload: Vec<KvOffload>,
-    pub cache_types: Vec<CacheType>,
+    /// The K/V cache pairs searched (`search_space::kv_pairs` of the types given: each type for
+    /// both, and K one step more precise than V where every device's backend runs the pair).
+    pub kv_pairs: Vec<(CacheType, CacheType)>,
+    /// How quantized caches are held to quality ([`gate`]).
+    pub quality: QualityGate,
     pub flash_attn: Vec<FlashAttn>,
     pub ubatch_options: Vec<u32>,
     /// ggml RPC servers the workers connect to.
@@ -155,6 +161,8 @@ pub trait Progress {
         self.failed(label, why)
     }
     fn best(&self, label: &str, margin: Option<f64>, elapsed: Duration, budget: Duration);
+    /// A line worth the user's eye as it happens (a quality gate's verdict).
+    fn note(&self, _line: &str) {}
 }
 
 /// What the engine measures through: on a user's run the worker processes running llama.cpp
@@ -185,6 +193,13 @@ pub trait Measurer {
         devices: &[(String, u64)],
         rpc: &[String],
     ) -> Vec<(String, f64)>;
+    /// The next-token distributions of the model with a K/V cache pair against the same model with
+    /// f16 caches ([`gate`]); `Err` with the reason when they could not be had.
+    fn kv_quality(
+        &mut self,
+        req: &KvQualityRequest,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<KvQualityAnswer, String>;
     /// How often the placement of this request has crashed its worker.
     fn crashes_for(&self, req: &MeasureRequest) -> u32;
     /// Lets go of every loaded model, so the next repetition runs on a fresh load.
@@ -221,6 +236,8 @@ pub struct Engine<'a> {
     /// being measured (the roofline's split, the fastest devices alone): where the budget ends
     /// within the group, they are the ones measured.
     pub(crate) promising: Vec<Candidate>,
+    /// The K/V pairs held to the quality gate so far, with their verdicts ([`gate`]).
+    pub(crate) kv_checks: Vec<profiles::KvQualityCheck>,
 }
 
 impl<'a> Engine<'a> {
@@ -258,6 +275,7 @@ impl<'a> Engine<'a> {
             defaults: None,
             device_bandwidths: None,
             promising: Vec::new(),
+            kv_checks: Vec::new(),
         }
     }
 
@@ -402,10 +420,31 @@ impl<'a> Engine<'a> {
     /// 91.9% without a budget; with this rule on every axis 90.6% and 94.9%. (On landscape 41 the
     /// threads axis had kept llama.cpp's thread count over `-t 8`, 6% faster there: three
     /// repetitions under the 40 s cap left the two statistically tied.)
-    pub fn choose(&self, among: &[Candidate]) -> Option<Candidate> {
+    ///
+    /// A candidate with a quantized K or V cache that would be chosen is held to the quality gate
+    /// first ([`Engine::passes_gate`]); one refused is left out with every candidate of its K/V
+    /// pair, and the choice is made again among the rest (the lossless caches always remain).
+    pub fn choose(&mut self, among: &[Candidate]) -> Option<Candidate> {
+        let mut refused: Vec<(CacheType, CacheType)> = Vec::new();
+        loop {
+            let pick = self.choose_ungated(among, &refused)?;
+            if self.passes_gate(&pick) {
+                return Some(pick);
+            }
+            refused.push((pick.type_k, pick.type_v));
+        }
+    }
+
+    /// [`Engine::choose`]'s rule among the candidates whose K/V pair is not in `refused`.
+    fn choose_ungated(
+        &self,
+        among: &[Candidate],
+        refused: &[(CacheType, CacheType)],
+    ) -> Option<Candidate> {
         let w = &self.settings.workload;
         let measured: Vec<&CandidateResult> = among
             .iter()
+            .filter(|c| !refused.contains(&(c.type_k, c.type_v)))
             .filter_map(|c| self.results.iter().find(|r| &r.candidate == c))
             .filter(|r| r.ok())
             .collect();
@@ -706,6 +745,8 @@ pub struct Run {
     pub budget_spent: bool,
     /// The search's axes the budget left unmeasured.
     pub not_reached: Vec<String>,
+    /// The quality gate and every K/V pair held to it.
+    pub quality: profiles::QualityRecord,
     /// Where the default budget grew: the seconds one visit of the baseline took (told from its
     /// figures where its repetitions were reused).
     pub visit_seconds: Option<f64>,
@@ -727,7 +768,7 @@ impl Engine<'_> {
             let measured: Vec<Candidate> =
                 crate::report::leaderboard(&self.results, &s.workload, s.noise, s.seed)
                     .into_iter()
-                    .filter(|e| e.figures.is_some())
+                    .filter(|e| e.figures.is_some() && !self.refused(&e.candidate))
                     .map(|e| e.candidate)
                     .collect();
             let runner_up = measured.iter().find(|c| **c != w).cloned();
@@ -756,6 +797,7 @@ impl Engine<'_> {
             interrupted: self.interrupted,
             budget_spent: self.budget_spent,
             not_reached: std::mem::take(&mut self.not_reached),
+            quality: self.quality_record(),
             visit_seconds: self.visit_seconds,
         }
     }

@@ -272,7 +272,7 @@ impl Engine<'_> {
         // q4_0, 7% faster generation), and one that buys no layer is never listed.
         let quantized = vary_cache(&self.settings, from)
             .into_iter()
-            .filter(|c| c.type_k.is_quantized());
+            .filter(|c| c.kv_lossy());
         let mut levers: Vec<Candidate> =
             small_ub.map(|u| from.with_ubatch(u)).into_iter().collect();
         for q in quantized {

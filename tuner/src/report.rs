@@ -12,6 +12,8 @@ use search_space::Candidate;
 use serde::Serialize;
 use std::path::PathBuf;
 
+pub mod quality;
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub model: ModelSummary,
@@ -43,6 +45,8 @@ pub struct Report {
     pub leaderboard: Vec<LeaderboardEntry>,
     pub winner: Option<Candidate>,
     pub winner_figures: Option<Figures>,
+    /// The quality gate, and every quantized K/V pair held to it.
+    pub quality: profiles::QualityRecord,
     pub baseline: Option<Candidate>,
     pub baseline_figures: Option<Figures>,
     /// Where the baseline's placement came from: llama.cpp's defaults, or with a device to offload to
@@ -279,6 +283,7 @@ pub fn leaderboard(
             status: "ok".into(),
             candidate: r.candidate.clone(),
             figures: figures(r, w),
+            kv_kld: None,
         });
     }
     for r in results.iter().filter(|r| !r.ok()) {
@@ -298,6 +303,7 @@ pub fn leaderboard(
             status,
             candidate: r.candidate.clone(),
             figures: None,
+            kv_kld: None,
         });
     }
     out
@@ -502,6 +508,9 @@ impl Report {
                 )),
             }
             s.push_str(&self.at_depth_line(wf));
+            for line in quality::lines(&self.quality, w, &self.leaderboard) {
+                s.push_str(&format!("quality {line}\n"));
+            }
         }
         for (label, drift) in &self.confirm_drift {
             if drift.abs() > self.noise {

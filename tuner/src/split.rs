@@ -307,7 +307,7 @@ impl Engine<'_> {
             if out.is_empty() {
                 let quantized = vary_cache(&self.settings, &c)
                     .into_iter()
-                    .filter(|q| q.type_k.is_quantized() && q.type_k != from.type_k)
+                    .filter(|q| q.kv_lossy() && (q.type_k, q.type_v) != (from.type_k, from.type_v))
                     .find(|q| q.validate().is_ok() && self.check_device_fit(q).is_ok());
                 if let Some(q) = quantized {
                     out = self.with_fastest_filled(q, &speeds);

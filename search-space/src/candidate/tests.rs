@@ -123,3 +123,30 @@ fn a_host_buffer_is_labelled_a_changed_knob_and_a_model_setting() {
     let back: Candidate = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
     assert_eq!(back.host_buffer, HostBuffer::Cpu);
 }
+
+#[test]
+fn kv_pairs_are_each_type_then_k_one_step_more_precise_than_v() {
+    use CacheType::*;
+    let all = |_, _| true;
+    assert_eq!(
+        kv_pairs(&[F16, Q8_0, Q4_0], all),
+        [
+            (F16, F16),
+            (Q8_0, Q8_0),
+            (Q4_0, Q4_0),
+            (F16, Q8_0),
+            (Q8_0, Q4_0)
+        ]
+    );
+    // The user's order leads; the mixed pairs follow precision, not the order given.
+    assert_eq!(
+        kv_pairs(&[Q4_0, F16], all),
+        [(Q4_0, Q4_0), (F16, F16), (F16, Q4_0)]
+    );
+    // A backend without kernels for mixed pairs gets each type for both alone.
+    assert_eq!(
+        kv_pairs(&[F16, Q8_0, Q4_0], |_, _| false),
+        [(F16, F16), (Q8_0, Q8_0), (Q4_0, Q4_0)]
+    );
+    assert_eq!(kv_pairs(&[Q8_0], all), [(Q8_0, Q8_0)]);
+}

@@ -26,13 +26,29 @@ pub struct TuneArgs {
     #[arg(long = "threads-batch", visible_alias = "tb", value_delimiter = ',')]
     pub threads_batch: Option<Vec<u32>>,
 
-    /// KV cache types to try (applied to K and V together), e.g. f16,q8_0,q4_0
+    /// KV cache types to try, e.g. f16,q8_0,q4_0: each for K and V together, and K one step more
+    /// precise than V (-ctk q8_0 -ctv q4_0) where the devices' backends run such pairs
     #[arg(
         long = "cache-types",
         value_delimiter = ',',
         default_value = "f16,q8_0,q4_0"
     )]
     pub cache_types: Vec<CacheType>,
+
+    /// Quality gate of a quantized KV cache: the most mean KL divergence (nats per token) it may add
+    /// over f16, measured on this model, for it to win [default: 0.02: q8_0 caches pass, caches that
+    /// change the model's next tokens do not]
+    #[arg(
+        long = "max-kv-kld",
+        value_name = "KLD",
+        conflicts_with = "no_quality_gate"
+    )]
+    pub max_kv_kld: Option<f64>,
+
+    /// Let a quantized KV cache win on speed alone, without measuring its quality (the report and
+    /// the profile then say quality was not checked)
+    #[arg(long = "no-quality-gate")]
+    pub no_quality_gate: bool,
 
     /// Flash attention settings to try: on, off, auto
     #[arg(

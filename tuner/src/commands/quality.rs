@@ -51,7 +51,8 @@ pub fn run(cli: &Cli, a: &QualityArgs) -> anyhow::Result<i32> {
         eprint!("ladder of {}\n{}", a.model.display(), ladder.describe());
     }
     let stop = crate::term::interrupt_flag()?;
-    let mut evaluator = Evaluator::new(settings, &stop);
+    let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
+    let mut evaluator = Evaluator::new(settings, &stopped);
     let table = evaluator.table(&ladder, &reference, &a.kv_types);
     evaluator.shutdown();
     let table = match table {

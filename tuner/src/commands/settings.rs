@@ -4,6 +4,8 @@
 
 use crate::cli::WorkloadPreset;
 use crate::cli::{Cli, CtxArg, DraftSearchArgs, TrialArgs, TuneArgs, WorkloadArgs};
+use crate::engine::gate::DEFAULT_MAX_KV_KLD;
+use crate::engine::GateChoice;
 use crate::exit::{self, Exit};
 use crate::inputs::{self, Also};
 use crate::quant::joint::Joint;
@@ -153,6 +155,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         op_offload: a.op_offload.clone(),
         kv_offload: a.kv_offload.clone(),
         cache_types: a.cache_types.clone(),
+        kv_gate: kv_gate(a)?,
         flash_attn: a.flash_attn.clone(),
         ubatch_options: a.ubatch.clone(),
         rpc: a.devices.rpc.servers.clone(),
@@ -166,6 +169,20 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         verbose: cli.verbose,
         quiet: cli.quiet,
     })
+}
+
+/// The KV-cache quality gate the flags ask for (`--max-kv-kld`, `--no-quality-gate`).
+fn kv_gate(a: &TuneArgs) -> anyhow::Result<GateChoice> {
+    if a.no_quality_gate {
+        return Ok(GateChoice::Off("--no-quality-gate".into()));
+    }
+    let max = a.max_kv_kld.unwrap_or(DEFAULT_MAX_KV_KLD);
+    if !(max.is_finite() && max >= 0.0) {
+        return Err(usage(format!(
+            "--max-kv-kld {max}: give a mean KL divergence of 0 or more, in nats per token (e.g. 0.02)"
+        )));
+    }
+    Ok(GateChoice::On(max))
 }
 
 /// The most `--ctx max` asks for: the model's trained context for each of the `--parallel` slots.
@@ -303,6 +320,7 @@ pub fn eval_settings(
         text,
         max_tokens,
         chunk,
+        scored: None,
         threads: threads.unwrap_or_else(session::default_threads),
         fresh,
         cache_dir: session::cache_dir(),

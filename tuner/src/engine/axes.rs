@@ -17,7 +17,7 @@ pub(super) fn pick<T: Copy + PartialEq>(options: &[T], v: T) -> T {
 /// `c`'s is not among them): the defaults stay llama.cpp's as the reference, but the placements
 /// measured beside them use only what the user allowed (`--ubatch 128` is never loaded at 512).
 pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
-    let kv = pick(&s.cache_types, c.type_k);
+    let (type_k, type_v) = pick(&s.kv_pairs, (c.type_k, c.type_v));
     let mut out = Candidate {
         kernels: pick(&s.kernels, c.kernels),
         host_buffer: pick(&s.host_buffers, c.host_buffer),
@@ -26,12 +26,8 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
         kv_offload: pick(&s.kv_offload, c.kv_offload),
         flash_attn: pick(&s.flash_attn, c.flash_attn),
         n_ubatch: pick(&s.ubatch_options, c.n_ubatch),
-        type_k: kv,
-        type_v: if s.cache_types.contains(&c.type_v) {
-            c.type_v
-        } else {
-            kv
-        },
+        type_k,
+        type_v,
         ..c.clone()
     };
     out.n_batch = out.n_batch.max(out.n_ubatch);
@@ -168,23 +164,25 @@ pub(super) fn vary_flash_attn(s: &TuneSettings, from: &Candidate) -> Vec<Candida
         })
         .collect()
 }
+/// Every K/V cache pair of the search ([`TuneSettings::kv_pairs`]), with flash attention where
+/// the V cache is quantized (llama.cpp needs it there).
 pub(crate) fn vary_cache(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
     let fa = if from.flash_attn == FlashAttn::Off {
         FlashAttn::Auto
     } else {
         from.flash_attn
     };
-    s.cache_types
+    s.kv_pairs
         .iter()
-        .map(|&t| {
-            let flash_attn = if t.is_quantized() {
+        .map(|&(type_k, type_v)| {
+            let flash_attn = if type_v.is_quantized() {
                 fa
             } else {
                 from.flash_attn
             };
             Candidate {
-                type_k: t,
-                type_v: t,
+                type_k,
+                type_v,
                 flash_attn,
                 ..from.clone()
             }
@@ -237,14 +235,14 @@ pub fn grid(s: &TuneSettings, base: &Candidate) -> Vec<Candidate> {
     for &threads in &s.threads_options {
         for &kernels in &s.kernels {
             for &flash_attn in &s.flash_attn {
-                for &t in &s.cache_types {
+                for &(type_k, type_v) in &s.kv_pairs {
                     for &ub in &s.ubatch_options {
                         let c = Candidate {
                             threads,
                             kernels,
                             flash_attn,
-                            type_k: t,
-                            type_v: t,
+                            type_k,
+                            type_v,
                             ..base.with_ubatch(ub)
                         };
                         if c.validate().is_ok() {

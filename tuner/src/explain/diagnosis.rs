@@ -31,6 +31,7 @@ fn measured(profile: &Profile) -> impl Iterator<Item = (&LeaderboardEntry, &prof
 #[serde(rename_all = "lowercase")]
 pub enum Topic {
     Fit,
+    Quality,
     Bandwidth,
     Context,
     Model,
@@ -43,6 +44,7 @@ impl Topic {
     pub fn name(self) -> &'static str {
         match self {
             Topic::Fit => "fit",
+            Topic::Quality => "quality",
             Topic::Bandwidth => "bandwidth",
             Topic::Context => "context",
             Topic::Model => "model",
@@ -120,7 +122,11 @@ pub fn findings(
     knobs: &[KnobEffect],
     placements: &[PlacementPoint],
 ) -> Vec<Finding> {
-    let mut v = vec![fit(profile, placements), bandwidth(roofline)];
+    let mut v = vec![
+        fit(profile, placements),
+        quality(profile),
+        bandwidth(roofline),
+    ];
     v.extend(context::context(profile, roofline));
     v.extend([
         model(profile, roofline),
@@ -129,6 +135,29 @@ pub fn findings(
         settings(knobs),
     ]);
     v
+}
+
+/// The winner's K/V caches against the quality gate: lossless, within the gate with its figures,
+/// or not checked; and each faster pair the gate refused.
+fn quality(profile: &Profile) -> Finding {
+    let w = &profile.winner;
+    let Some(q) = &profile.quality else {
+        let text = if w.kv_lossy() {
+            format!(
+                "kv={}: quality not recorded (a profile written before the quality gate)",
+                w.kv_label()
+            )
+        } else {
+            format!("kv={}: lossless", w.kv_label())
+        };
+        return finding(Topic::Quality, text);
+    };
+    let mut lines = crate::report::quality::lines(q, w, &profile.leaderboard).into_iter();
+    Finding {
+        topic: Topic::Quality,
+        text: lines.next().unwrap_or_default(),
+        details: lines.collect(),
+    }
 }
 
 fn finding(topic: Topic, text: String) -> Finding {

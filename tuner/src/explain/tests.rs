@@ -34,6 +34,7 @@ fn entry(rank: u32, c: Candidate, f: Option<Figures>, status: &str) -> Leaderboa
         status: status.into(),
         candidate: c,
         figures: f,
+        kv_kld: None,
     }
 }
 
@@ -672,5 +673,59 @@ fn a_kv_cache_that_lets_more_layers_fit_is_compared_at_the_layers_each_type_fits
             .any(|k| k.knob.contains("with the layers")),
         "{:?}",
         cpu.knob_effects
+    );
+}
+
+/// The H200 budget run held to the gate: had q4_0/q4_0 measured over it (mean KLD 0.071), the
+/// q8_0/q8_0 cache one layer fewer wins, and explain says what the refusal cost beside the winner's
+/// own figures.
+#[test]
+fn the_quality_finding_shows_the_winners_figures_and_what_the_gate_refused() {
+    let mut p = budget_profile();
+    let figures = |kld: f64, top1: f64| profiles::QualityFigures {
+        positions: 2048,
+        kld_mean: kld,
+        kld_se: kld / 20.0,
+        kld_median: kld / 3.0,
+        kld_p99: kld * 8.0,
+        kld_max: kld * 40.0,
+        top1,
+        ref_ppl: 6.2,
+        ppl: 6.2 * (1.0 + kld),
+    };
+    let check = |kv: CacheType, kld: f64, top1: f64, passed: bool| profiles::KvQualityCheck {
+        type_k: kv,
+        type_v: kv,
+        figures: Some(figures(kld, top1)),
+        passed,
+        error: None,
+        cached: false,
+        seconds: 12.0,
+    };
+    let record = profiles::QualityRecord {
+        max_kv_kld: Some(0.02),
+        unchecked: None,
+        text: crate::engine::gate::TEXT.into(),
+        window: 1024,
+        tokens: 2048,
+        checks: vec![
+            check(CacheType::Q4_0, 0.071, 0.86, false),
+            check(CacheType::Q8_0, 0.0015, 0.985, true),
+        ],
+    };
+    crate::report::quality::annotate(&mut p.leaderboard, &record);
+    p.quality = Some(record);
+    p.winner = p.leaderboard[1].candidate.clone();
+    assert_eq!(p.leaderboard[0].status, "refused: mean KLD 0.0710 > 0.0200");
+    assert_eq!(p.leaderboard[1].kv_kld, Some(0.0015));
+    let q = finding(&Explanation::of(&p), Topic::Quality).clone();
+    assert_eq!(
+        q.text,
+        "kv=q8_0/q8_0: mean KLD 0.0015, p99 0.0120, top-1 98.5% against f16, within the gate (0.0200); \
+         1024-token windows of autotune's evaluation text (English prose, code and dialogue)"
+    );
+    assert_eq!(
+        q.details,
+        ["kv=q4_0/q4_0 +5% requests/s, refused: mean KLD 0.0710 > 0.0200"]
     );
 }

@@ -247,13 +247,6 @@ impl Context {
         }
     }
 
-    /// Decodes `tokens` from position 0 of an empty cache as one batch with an output (logits) for
-    /// every token; read them with [`Context::logits_ith`]. `tokens.len()` must not exceed n_batch.
-    pub fn decode_with_all_logits(&mut self, tokens: &[i32]) -> Result<(), LlamaError> {
-        self.clear();
-        self.decode_at(tokens, 0, true)
-    }
-
     /// Logits (n_vocab floats) of output `i` of the last decode.
     pub fn logits_ith(&self, i: i32) -> &[f32] {
         // SAFETY: llama.cpp keeps the outputs of the last decode until the next one; NULL for a bad id.

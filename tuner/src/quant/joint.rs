@@ -128,7 +128,8 @@ fn gate(
     kv_types: &[CacheType],
     stop: &AtomicBool,
 ) -> anyhow::Result<JointReport> {
-    let mut evaluator = Evaluator::new(j.eval.clone(), stop);
+    let stopped = || stop.load(Ordering::Relaxed);
+    let mut evaluator = Evaluator::new(j.eval.clone(), &stopped);
     let table = evaluator.table(ladder, reference, kv_types);
     evaluator.shutdown();
     let table = match table {
@@ -206,6 +207,10 @@ fn tune_rungs(
         // The rungs share the joint budget: none grows its share.
         budget_grows: false,
         cache_types: kv_allowed.to_vec(),
+        // The ladder's gate already chose the KV types each rung may use.
+        kv_gate: crate::engine::GateChoice::Off(
+            "the KV cache types were held to the quantization ladder's --max-kld".into(),
+        ),
         ..plan.clone()
     };
     let mut tuned: Vec<Option<Tuned>> = (0..report.quants.len()).map(|_| None).collect();

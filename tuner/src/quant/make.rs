@@ -196,7 +196,7 @@ pub fn make_one(
         &request,
         &progress,
         bar,
-        interrupted,
+        &|| interrupted.load(std::sync::atomic::Ordering::Relaxed),
         s.timeout,
     );
     worker.quit();

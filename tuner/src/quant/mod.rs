@@ -27,17 +27,16 @@ use crate::worker::{Request, Response};
 use crate::worker::{TrialFailure, Worker};
 use indicatif::ProgressBar;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Sends one request to `worker` and waits, drawing the `done/total` the worker writes to
-/// `progress` on `bar`; `interrupted` (set by SIGINT/SIGTERM) kills the worker and ends the wait.
+/// `progress` on `bar`; `interrupted` (true after SIGINT/SIGTERM) kills the worker and ends the wait.
 pub(crate) fn call_with_progress(
     worker: &mut Worker,
     request: &Request,
     progress: &Path,
     bar: Option<&ProgressBar>,
-    interrupted: &AtomicBool,
+    interrupted: &dyn Fn() -> bool,
     timeout: Duration,
 ) -> Result<Response, TrialFailure> {
     let _ = std::fs::remove_file(progress);
@@ -46,7 +45,7 @@ pub(crate) fn call_with_progress(
             b.set_length(total.max(1));
             b.set_position(done);
         }
-        interrupted.load(Ordering::Relaxed)
+        interrupted()
     };
     let result = worker.call(request, timeout, &poll);
     let _ = std::fs::remove_file(progress);

@@ -11,6 +11,7 @@
 use super::kld::QualityFigures;
 use super::ladder::{Ladder, Rung};
 use super::serve::{QualityAnswer, QualityJob, QualityRequest};
+use crate::engine::{KvQualityAnswer, KvQualityRequest};
 use crate::worker::{Request, Response};
 use crate::worker::{TrialFailure, Worker};
 use indicatif::ProgressBar;
@@ -19,7 +20,6 @@ use search_space::CacheType;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 mod table;
@@ -43,7 +43,10 @@ pub enum Kind {
 pub struct QualityRow {
     pub kind: Kind,
     pub file_type: String,
+    /// The K cache's type, and the V cache's where it differs (`None`: the same as K).
     pub kv: CacheType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_v: Option<CacheType>,
     pub model: PathBuf,
     pub model_fingerprint: String,
     pub size_bytes: u64,
@@ -77,6 +80,8 @@ pub struct EvalSettings {
     pub text: String,
     pub max_tokens: Option<u32>,
     pub chunk: u32,
+    /// Compare only the last this many positions of each chunk (see [`QualityRequest::scored`]).
+    pub scored: Option<u32>,
     pub threads: u32,
     /// Ignore cached results.
     pub fresh: bool,
@@ -126,18 +131,20 @@ impl Subject {
 pub struct Task<'s> {
     pub kind: Kind,
     pub model: &'s Subject,
+    /// The K and V cache types.
     pub kv: CacheType,
+    pub kv_v: CacheType,
 }
 
 /// Runs evaluations in one worker (the reference stays loaded in it), replacing it after a crash.
 pub struct Evaluator<'a> {
     pub settings: EvalSettings,
     worker: Option<Worker>,
-    stop: &'a AtomicBool,
+    stop: &'a dyn Fn() -> bool,
 }
 
 impl<'a> Evaluator<'a> {
-    pub fn new(settings: EvalSettings, stop: &'a AtomicBool) -> Self {
+    pub fn new(settings: EvalSettings, stop: &'a dyn Fn() -> bool) -> Self {
         Evaluator {
             settings,
             worker: None,
@@ -145,16 +152,23 @@ impl<'a> Evaluator<'a> {
         }
     }
 
-    fn cache_path(&self, model: &Subject, reference: &Subject, kv: CacheType) -> PathBuf {
+    fn cache_path(&self, t: &Task, reference: &Subject) -> PathBuf {
         let s = &self.settings;
         let tokens = s.max_tokens.map_or("all".to_string(), |t| t.to_string());
+        // A pair of one type keeps the name it had before K and V were chosen apart.
+        let kv = if t.kv == t.kv_v {
+            t.kv.to_string()
+        } else {
+            format!("{}-{}", t.kv, t.kv_v)
+        };
         self.settings.cache_dir.join("quality").join(format!(
-            "{}-vs-{}-{}-{}-t{tokens}-c{}.json",
-            model.identity.short(),
+            "{}-vs-{}-{}-{}-t{tokens}-c{}{}.json",
+            t.model.identity.short(),
             reference.identity.short(),
             kv,
             s.text_hash(),
-            s.chunk
+            s.chunk,
+            s.scored.map_or(String::new(), |n| format!("-s{n}"))
         ))
     }
 
@@ -163,7 +177,7 @@ impl<'a> Evaluator<'a> {
         if self.settings.fresh {
             return None;
         }
-        let text = std::fs::read_to_string(self.cache_path(t.model, reference, t.kv)).ok()?;
+        let text = std::fs::read_to_string(self.cache_path(t, reference)).ok()?;
         let mut row: QualityRow = serde_json::from_str(&text).ok()?;
         row.cached = true;
         row.kind = t.kind;
@@ -253,11 +267,13 @@ impl<'a> Evaluator<'a> {
                 .map(|t| QualityJob {
                     model: t.model.path.clone(),
                     kv: t.kv,
+                    kv_v: (t.kv_v != t.kv).then_some(t.kv_v),
                 })
                 .collect(),
             text: s.text.clone(),
             max_tokens: s.max_tokens,
             n_ctx: s.chunk,
+            scored: s.scored,
             threads: s.threads,
             n_gpu_layers: 999,
             progress: Some(progress.clone()),
@@ -326,7 +342,7 @@ impl<'a> Evaluator<'a> {
                 Ok((figures, seconds)) => {
                     row.figures = Some(figures);
                     row.seconds = seconds;
-                    let cache = self.cache_path(t.model, reference, t.kv);
+                    let cache = self.cache_path(t, reference);
                     if let Some(dir) = cache.parent() {
                         let _ = std::fs::create_dir_all(dir);
                     }
@@ -404,6 +420,7 @@ fn batch_bar(quiet: bool, batch: &[&Task], reference: &Subject) -> Option<Progre
             .iter()
             .map(|t| match t.kind {
                 Kind::Weights => t.model.file_type.clone(),
+                Kind::Kv if t.kv_v != t.kv => format!("KV {}/{}", t.kv, t.kv_v),
                 Kind::Kv => format!("KV {}", t.kv),
             })
             .collect();
@@ -444,6 +461,7 @@ fn tasks<'s>(
         kind: Kind::Weights,
         model: reference,
         kv: CacheType::F16,
+        kv_v: CacheType::F16,
     }];
     tasks.extend(
         kv_types
@@ -453,12 +471,14 @@ fn tasks<'s>(
                 kind: Kind::Kv,
                 model: reference,
                 kv,
+                kv_v: kv,
             }),
     );
     tasks.extend(subjects.iter().map(|s| Task {
         kind: Kind::Weights,
         model: s,
         kv: CacheType::F16,
+        kv_v: CacheType::F16,
     }));
     tasks
 }
@@ -469,6 +489,7 @@ fn unreadable_row(rung: &Rung, e: &std::io::Error, reference: &Subject) -> Quali
         kind: Kind::Weights,
         model: reference,
         kv: CacheType::F16,
+        kv_v: CacheType::F16,
     };
     QualityRow {
         file_type: rung.file_type.clone(),
@@ -486,6 +507,7 @@ fn base_row(t: &Task, reference: &Subject) -> QualityRow {
         kind: t.kind,
         file_type: t.model.file_type.clone(),
         kv: t.kv,
+        kv_v: (t.kv_v != t.kv).then_some(t.kv_v),
         model: t.model.path.clone(),
         model_fingerprint: t.model.identity.fingerprint.clone(),
         size_bytes: t.model.size_bytes,
@@ -526,4 +548,54 @@ pub fn choose_reference(ladder: &Ladder, explicit: Option<&Path>) -> Result<Subj
             .ok_or("the ladder is empty")?,
     };
     Subject::of(&rung).map_err(|e| format!("{}: cannot read: {e}", rung.path.display()))
+}
+
+/// The quality gate's evaluation ([`crate::engine::gate`]): the model with a K/V cache pair against
+/// itself with f16 caches, over windows of a request's context with the last
+/// [`SCORED_POSITIONS`](crate::engine::gate::SCORED_POSITIONS) of each compared, in a worker of its
+/// own; cached like every quality row, so a second tune does not pay again.
+pub fn kv_pair_quality(
+    req: &KvQualityRequest,
+    stop: &dyn Fn() -> bool,
+) -> Result<KvQualityAnswer, String> {
+    let info = search_space::gguf::GgufInfo::inspect(&req.model).map_err(|e| e.to_string())?;
+    let subject = Subject {
+        path: req.model.clone(),
+        file_type: info
+            .file_type_name
+            .clone()
+            .unwrap_or_else(|| "model".into()),
+        size_bytes: info.file_size,
+        identity: ModelIdentity::of_file(&req.model).map_err(|e| e.to_string())?,
+    };
+    let settings = EvalSettings {
+        text: EVAL_TEXT.to_string(),
+        max_tokens: Some(req.max_tokens),
+        chunk: req.window,
+        scored: Some(crate::engine::gate::SCORED_POSITIONS),
+        threads: req.threads,
+        fresh: false,
+        cache_dir: crate::session::cache_dir(),
+        quiet: true,
+    };
+    let task = Task {
+        kind: Kind::Kv,
+        model: &subject,
+        kv: req.type_k,
+        kv_v: req.type_v,
+    };
+    let mut evaluator = Evaluator::new(settings, stop);
+    let rows = evaluator.evaluate(&[task], &subject);
+    evaluator.shutdown();
+    let row = rows
+        .map_err(|f| crate::report::one_line(&f.to_string()))?
+        .remove(0);
+    match (row.figures, row.error) {
+        (Some(figures), _) => Ok(KvQualityAnswer {
+            figures,
+            cached: row.cached,
+            seconds: row.seconds,
+        }),
+        (None, e) => Err(e.unwrap_or_else(|| "no figures".into())),
+    }
 }

@@ -158,11 +158,21 @@ pub fn quality(q: &QualityRequest) -> Response {
         .filter(|&b| b >= 0);
     let n_ctx = q.n_ctx.max(16);
     let per_chunk = (n_ctx as usize - usize::from(bos.is_some())).max(1);
-    let mut ref_ctx = match chunk_context(&reference, CacheType::F16, n_ctx, q.threads) {
+    let mut ref_ctx = match chunk_context(
+        &reference,
+        (CacheType::F16, CacheType::F16),
+        n_ctx,
+        q.threads,
+    ) {
         Ok(c) => c,
         Err(e) => return failed("context", e.to_string()),
     };
-    let chunks: Vec<&[i32]> = tokens.chunks(per_chunk).collect();
+    let mut chunks: Vec<&[i32]> = tokens.chunks(per_chunk).collect();
+    // Figures at a depth come from whole windows: a short last one would score shallow positions.
+    if q.scored.is_some() && chunks.len() > 1 && chunks.last().is_some_and(|c| c.len() < per_chunk)
+    {
+        chunks.pop();
+    }
     let total = (chunks.len() * jobs.len()) as u64;
     let offset = usize::from(bos.is_some());
     let mut start = 0usize;
@@ -174,7 +184,16 @@ pub fn quality(q: &QualityRequest) -> Response {
             .map(|i| tokens.get(start + i + 1 - offset).copied())
             .collect();
         let progress = |j: usize| write_progress(&q.progress, (k * q.jobs.len() + j) as u64, total);
-        if let Err(e) = compare_chunk(q, &mut jobs, &mut ref_ctx, &input, &next, n_ctx, progress) {
+        // With `scored`, the window's first tokens only fill the cache: the figures are those of
+        // the positions at its end, at the depth a request reaches.
+        let window = Window {
+            input: &input,
+            next: &next,
+            skip: q
+                .scored
+                .map_or(0, |s| input.len().saturating_sub(s as usize)),
+        };
+        if let Err(e) = compare_chunk(q, &mut jobs, &mut ref_ctx, &window, n_ctx, progress) {
             return failed("decode", format!("reference: {e}"));
         }
         start += chunk.len();
@@ -225,10 +244,10 @@ fn load_jobs(q: &QualityRequest, reference: &Arc<Model>) -> Vec<JobState> {
         .collect()
 }
 
-/// A context that decodes a whole chunk in one batch, with this KV cache type.
+/// A context that decodes a whole chunk in one batch, with these K and V cache types.
 fn chunk_context(
     m: &Arc<Model>,
-    kv: CacheType,
+    (type_k, type_v): (CacheType, CacheType),
     n_ctx: u32,
     threads: u32,
 ) -> Result<Context, llama::LlamaError> {
@@ -240,8 +259,8 @@ fn chunk_context(
             n_ubatch: n_ctx.min(512),
             threads: threads.max(1),
             threads_batch: None,
-            type_k: kv,
-            type_v: kv,
+            type_k,
+            type_v,
             flash_attn: FlashAttn::Auto,
             op_offload: Default::default(),
             kv_offload: Default::default(),
@@ -250,20 +269,39 @@ fn chunk_context(
     )
 }
 
-/// One chunk: the reference decodes `input`, then each job still going decodes it and adds its
-/// per-position comparison (`next`: the token each output predicts); a job that fails stops there.
-/// Each job's time includes its share of the reference's. Fails only when the reference does.
+/// One chunk of the text: its tokens, the token each output predicts, and how many of its first
+/// positions only fill the cache (no logits compared).
+struct Window<'w> {
+    input: &'w [i32],
+    next: &'w [Option<i32>],
+    skip: usize,
+}
+
+impl Window<'_> {
+    /// `ctx` decodes the window from an empty cache: the skipped positions without outputs, the
+    /// rest with every position's logits (indexed from 0 at the first scored position).
+    fn decode(&self, ctx: &mut Context) -> Result<(), llama::LlamaError> {
+        ctx.clear();
+        if self.skip > 0 {
+            ctx.decode_at(&self.input[..self.skip], 0, false)?;
+        }
+        ctx.decode_at(&self.input[self.skip..], self.skip as i32, true)
+    }
+}
+
+/// One chunk: the reference decodes the window, then each job still going decodes it and adds its
+/// per-position comparison; a job that fails stops there. Each job's time includes its share of
+/// the reference's. Fails only when the reference does.
 fn compare_chunk(
     q: &QualityRequest,
     jobs: &mut [JobState],
     ref_ctx: &mut Context,
-    input: &[i32],
-    next: &[Option<i32>],
+    window: &Window,
     n_ctx: u32,
     progress: impl Fn(usize),
 ) -> Result<(), llama::LlamaError> {
     let t = Instant::now();
-    ref_ctx.decode_with_all_logits(input)?;
+    window.decode(ref_ctx)?;
     let ref_share = t.elapsed().as_secs_f64() / jobs.len().max(1) as f64;
     for (j, (job, spec)) in jobs.iter_mut().zip(&q.jobs).enumerate() {
         progress(j);
@@ -272,9 +310,10 @@ fn compare_chunk(
         };
         let t = Instant::now();
         // One context at a time: with a large vocabulary each holds hundreds of MB of logits.
-        let outcome = chunk_context(&model, spec.kv, n_ctx, q.threads)
+        let kv = (spec.kv, spec.kv_v.unwrap_or(spec.kv));
+        let outcome = chunk_context(&model, kv, n_ctx, q.threads)
             .map_err(|e| e.to_string())
-            .and_then(|mut ctx| compare_logits(ref_ctx, &mut ctx, input, next));
+            .and_then(|mut ctx| compare_logits(ref_ctx, &mut ctx, window));
         match outcome {
             Ok(stats) => stats.into_iter().for_each(|s| job.acc.add(s)),
             Err(e) => job.error = Some(e),
@@ -284,21 +323,19 @@ fn compare_chunk(
     Ok(())
 }
 
-/// `ctx` decodes `input`, and each position's logits are compared with the reference's.
+/// `ctx` decodes the window, and each scored position's logits are compared with the reference's.
 fn compare_logits(
     ref_ctx: &Context,
     ctx: &mut Context,
-    input: &[i32],
-    next: &[Option<i32>],
+    window: &Window,
 ) -> Result<Vec<kld::PositionStats>, String> {
-    ctx.decode_with_all_logits(input)
-        .map_err(|e| e.to_string())?;
-    let pairs: Vec<(&[f32], &[f32], Option<i32>)> = (0..input.len())
+    window.decode(ctx).map_err(|e| e.to_string())?;
+    let pairs: Vec<(&[f32], &[f32], Option<i32>)> = (0..window.input.len() - window.skip)
         .map(|i| {
             (
                 ref_ctx.logits_ith(i as i32),
                 ctx.logits_ith(i as i32),
-                next[i],
+                window.next[window.skip + i],
             )
         })
         .collect();

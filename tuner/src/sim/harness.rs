@@ -3,7 +3,8 @@
 
 use super::{Device, Host, Landscape, SimMeasurer, SimModel, Trace, GIB, MIB};
 use crate::baseline::{BaselinePlacement, FitPlacement};
-use crate::engine::{self, CandidateResult, Engine, Progress, TuneSettings};
+use crate::engine::gate::DEFAULT_MAX_KV_KLD;
+use crate::engine::{self, CandidateResult, Engine, Progress, QualityGate, TuneSettings};
 use crate::fit::FitRequest;
 use crate::report;
 use crate::worker::{Repetition, Workload};
@@ -70,7 +71,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
     TuneSettings {
         model: "simulated.gguf".into(),
         ubatch_options: crate::tuning::ubatch_options(&[], &workload, offload),
-        workload,
+        workload: workload.clone(),
         noise: 0.02,
         min_reps: 3,
         max_reps: 10,
@@ -100,7 +101,13 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         } else {
             vec![OpOffload::On]
         },
-        cache_types: vec![CacheType::F16, CacheType::Q8_0, CacheType::Q4_0],
+        // As a CUDA build without GGML_CUDA_FA_ALL_QUANTS runs them: K and V of one type beside a
+        // GPU; every pair on the CPU alone.
+        kv_pairs: search_space::kv_pairs(
+            &[CacheType::F16, CacheType::Q8_0, CacheType::Q4_0],
+            |_, _| !offload,
+        ),
+        quality: QualityGate::on(DEFAULT_MAX_KV_KLD, &workload, 16),
         flash_attn: vec![FlashAttn::Auto, FlashAttn::On, FlashAttn::Off],
         rpc: Vec::new(),
         budgets: land
@@ -126,6 +133,8 @@ pub struct SimRun {
     pub baseline_placement: BaselinePlacement,
     pub drift: Vec<(Candidate, f64)>,
     pub trace: Rc<RefCell<Trace>>,
+    /// The quality gate and the K/V pairs held to it.
+    pub quality: profiles::QualityRecord,
     pub budget_spent: bool,
     /// The axes the budget ran out before.
     pub not_reached: Vec<String>,
@@ -182,7 +191,7 @@ pub fn tune_logged(
         let board = report::leaderboard(&e.results, &w, noise, seed);
         let measured: Vec<Candidate> = board
             .iter()
-            .filter(|x| x.figures.is_some())
+            .filter(|x| x.figures.is_some() && !e.refused(&x.candidate))
             .map(|x| x.candidate.clone())
             .collect();
         runner_up = measured.iter().find(|c| **c != win).cloned();
@@ -198,6 +207,7 @@ pub fn tune_logged(
         seconds: e.measurer.elapsed().as_secs_f64(),
         budget: e.settings.budget,
         visit_seconds: e.visit_seconds,
+        quality: e.quality_record(),
         results: std::mem::take(&mut e.results),
         winner,
         searched,
@@ -234,6 +244,13 @@ pub fn one_host_expert_layer_fewer(c: &Candidate) -> Candidate {
         n_cpu_moe: c.n_cpu_moe - 1,
         ..c.clone()
     }
+}
+
+/// Whether `c` may win under the run's quality gate: lossless caches, no gate, or its K/V pair's
+/// divergence on the landscape within it.
+pub fn within_gate(land: &Landscape, s: &TuneSettings, c: &Candidate) -> bool {
+    !c.kv_lossy()
+        || (s.quality.max_kv_kld).is_none_or(|max| land.kv_kld(c.type_k, c.type_v) <= max)
 }
 
 /// Whether a candidate fits every device's budget (by the model, as the dry run would say).

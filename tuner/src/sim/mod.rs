@@ -15,6 +15,7 @@ mod baseline_tests;
 mod bench;
 mod context_tests;
 mod depth_tests;
+mod gate_tests;
 pub mod harness;
 mod host_buffer_tests;
 mod host_tests;
@@ -25,13 +26,14 @@ mod tests;
 
 pub use landscape::{candidate_of, Device, Host, Landscape, Moe, SimModel, GIB, MIB};
 
-use crate::engine::{score_seconds, Measurer};
+use crate::engine::{score_seconds, KvQualityAnswer, KvQualityRequest, Measurer};
 use crate::fit::{FitAnswer, FitRequest};
 use crate::worker::TrialFailure;
 use crate::worker::{LoadReport, MeasureRequest, Repetition};
+use profiles::QualityFigures;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use search_space::Candidate;
+use search_space::{CacheType, Candidate};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -56,6 +58,8 @@ pub struct Trace {
     pub dry_runs: u32,
     /// Times llama.cpp's fit was asked (each costs its dry runs in simulated time).
     pub llama_fits: u32,
+    /// K/V pairs whose quality the gate measured.
+    pub kv_checks: Vec<(CacheType, CacheType)>,
 }
 
 impl Trace {
@@ -288,6 +292,37 @@ impl Measurer for SimMeasurer {
             }
         }
         out
+    }
+
+    /// The landscape's figure for the pair, in the time two passes over the text take (a round
+    /// 10 s and a second per thousand tokens each).
+    fn kv_quality(
+        &mut self,
+        req: &KvQualityRequest,
+        _stop: &dyn Fn() -> bool,
+    ) -> Result<KvQualityAnswer, String> {
+        self.loaded.clear();
+        self.trace
+            .borrow_mut()
+            .kv_checks
+            .push((req.type_k, req.type_v));
+        self.clock += 10.0 + 2.0 * f64::from(req.max_tokens) / 1000.0;
+        let kld = self.land.kv_kld(req.type_k, req.type_v);
+        Ok(KvQualityAnswer {
+            figures: QualityFigures {
+                positions: u64::from(req.max_tokens),
+                kld_mean: kld,
+                kld_se: kld / 20.0,
+                kld_median: kld / 3.0,
+                kld_p99: kld * 8.0,
+                kld_max: kld * 40.0,
+                top1: (1.0 - 1.7 * kld.sqrt()).max(0.0),
+                ref_ppl: 10.0,
+                ppl: 10.0 * (1.0 + kld),
+            },
+            cached: false,
+            seconds: 0.0,
+        })
     }
 
     fn crashes_for(&self, req: &MeasureRequest) -> u32 {

@@ -111,7 +111,7 @@ fn the_micro_batch_lever_appears_and_wins_when_it_lets_every_layer_fit() {
     let mut land = gpus(1, 64 * GIB);
     land.model = SimModel::dense(48, 700 * MIB, 262_144);
     let mut s = settings(&land, 3);
-    s.cache_types = vec![CacheType::F16];
+    s.kv_pairs = vec![(CacheType::F16, CacheType::F16)];
     // The micro-batch alone as a lever (the KV cache in host memory frees as much).
     s.kv_offload = vec![KvOffload::On];
     let lever = Candidate {
@@ -688,7 +688,7 @@ fn knobs_the_user_pinned_hold_in_the_placements_measured_beside_the_defaults() {
     let land = gpus(2, 16 * GIB);
     let mut s = settings(&land, 3);
     s.ubatch_options = vec![128];
-    s.cache_types = vec![CacheType::F16];
+    s.kv_pairs = vec![(CacheType::F16, CacheType::F16)];
     s.kernels = vec![KernelChoice::Plain];
     let run = tune(land, s, None, Mode::Search);
     let base = run.baseline.clone();
@@ -1254,7 +1254,7 @@ fn the_kv_cache_on_the_host_is_a_fit_lever_measured_beside_the_placements() {
         let land = gpus(1, 24 * GIB);
         let mut s = settings(&land, 11);
         s.workload.n_ctx = 32768;
-        s.cache_types = vec![CacheType::F16];
+        s.kv_pairs = vec![(CacheType::F16, CacheType::F16)];
         s.kv_offload = kv;
         (tune(land.clone(), s.clone(), None, Mode::Search), land, s)
     };

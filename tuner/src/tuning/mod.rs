@@ -9,7 +9,7 @@ pub use output::{complete, nothing_measured, profile_from_run, report_of, save, 
 
 use crate::busy::{self, Watch};
 use crate::engine::context::{self, ContextChoice};
-use crate::engine::{Engine, Run, TuneSettings};
+use crate::engine::{Engine, GateChoice, QualityGate, Run, TuneSettings};
 use crate::exit::{self, Exit};
 use crate::machine::Machine;
 use crate::probe::{self, Probe};
@@ -79,6 +79,8 @@ pub struct Plan {
     /// KV offload settings allowed (`off`: the KV cache in host memory, a fit lever).
     pub kv_offload: Vec<KvOffload>,
     pub cache_types: Vec<CacheType>,
+    /// The quality gate asked for (a quantized K/V cache wins only within it).
+    pub kv_gate: GateChoice,
     pub flash_attn: Vec<FlashAttn>,
     /// Micro-batch sizes to try; empty: [`ubatch_options`] chooses for the machine and workload.
     pub ubatch_options: Vec<u32>,
@@ -102,6 +104,7 @@ impl Plan {
         model: &Path,
         machine: &Machine,
         info: &GgufInfo,
+        system_info: &str,
     ) -> anyhow::Result<TuneSettings> {
         let logical = machine.logical_cpus.max(1);
         let cpus = crate::inputs::logical_cpus().max(logical);
@@ -160,7 +163,8 @@ impl Plan {
             numa: numa_options(self.numa.as_deref(), machine.numa_nodes),
             op_offload: op_offload_options(&self.op_offload, machine),
             kv_offload: self.kv_offload.clone(),
-            cache_types: self.cache_types.clone(),
+            kv_pairs: kv_pairs_for(&self.cache_types, machine, system_info),
+            quality: self.gate_for(default_threads),
             flash_attn: self.flash_attn.clone(),
             ubatch_options: ubatch_options(&self.ubatch_options, &self.workload, offload),
             rpc: self.rpc.clone(),
@@ -171,6 +175,52 @@ impl Plan {
             quick: self.quick,
         })
     }
+}
+
+impl Plan {
+    /// The quality gate of this plan: as asked, except that K/V types given without f16 were
+    /// asked for as they are (there is no lossless cache to fall back to).
+    fn gate_for(&self, threads: u32) -> QualityGate {
+        let choice = match &self.kv_gate {
+            GateChoice::On(_) if !self.cache_types.contains(&CacheType::F16) => {
+                GateChoice::Off("the KV cache types were given without f16 (--cache-types)".into())
+            }
+            c => c.clone(),
+        };
+        choice.gate(&self.workload, threads)
+    }
+}
+
+/// The K/V pairs to search: each type for both, and K one step more precise than V where every
+/// offload device's backend runs the pair with flash attention. The CPU runs every pair; a CUDA
+/// build says which it has kernels for in its system info (`FA_QUANTS = q4_0-q4_0,q8_0-q8_0,...`:
+/// a build without GGML_CUDA_FA_ALL_QUANTS has K and V of one type only); other backends (Vulkan,
+/// Metal, RPC servers of unknown build) get pairs of one type.
+fn kv_pairs_for(
+    types: &[CacheType],
+    machine: &Machine,
+    system_info: &str,
+) -> Vec<(CacheType, CacheType)> {
+    let cuda = fa_quants(system_info);
+    let backends: Vec<String> = (machine.offload_devices().iter())
+        .map(|d| d.backend.clone())
+        .collect();
+    search_space::kv_pairs(types, |k, v| {
+        backends.iter().all(|b| match b.as_str() {
+            "CUDA" => cuda.iter().any(|p| *p == format!("{k}-{v}")),
+            _ => false,
+        })
+    })
+}
+
+/// The K-V pairs a CUDA build's flash attention has kernels for, from llama.cpp's system info.
+fn fa_quants(system_info: &str) -> Vec<String> {
+    let Some(at) = system_info.find("FA_QUANTS = ") else {
+        return Vec::new();
+    };
+    let rest = &system_info[at + "FA_QUANTS = ".len()..];
+    let list = rest.split(['|', ' ']).next().unwrap_or("");
+    list.split(',').map(|p| p.trim().to_string()).collect()
 }
 
 /// The op offload settings worth measuring on `machine`: those asked for where a device other than an
@@ -299,7 +349,7 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         cpus,
         "as autotune started",
     );
-    let mut settings = plan.settings(&model, &probe.machine, &info)?;
+    let mut settings = plan.settings(&model, &probe.machine, &info, &probe.system_info)?;
     let context = if plan.ctx_max {
         let choice = choose_context(plan, &settings, stop)?;
         let at = Plan {
@@ -309,7 +359,7 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
             },
             ..plan.clone()
         };
-        settings = at.settings(&model, &probe.machine, &info)?;
+        settings = at.settings(&model, &probe.machine, &info, &probe.system_info)?;
         Some(choice)
     } else {
         None
@@ -462,6 +512,26 @@ mod tests {
                 })
                 .collect(),
         )
+    }
+
+    #[test]
+    fn mixed_kv_pairs_only_where_every_backend_runs_them() {
+        use CacheType::*;
+        let types = [F16, Q8_0, Q4_0];
+        let same = vec![(F16, F16), (Q8_0, Q8_0), (Q4_0, Q4_0)];
+        let cpu = machine(&[("CPU", "CPU", "cpu")]);
+        let mut all = same.clone();
+        all.extend([(F16, Q8_0), (Q8_0, Q4_0)]);
+        assert_eq!(kv_pairs_for(&types, &cpu, ""), all);
+        let cuda = machine(&[("CPU", "CPU", "cpu"), ("CUDA0", "CUDA", "gpu")]);
+        // The H200's build: no GGML_CUDA_FA_ALL_QUANTS.
+        let h200 = "CPU : SSE3 = 1 | CUDA : ARCHS = 900 | NO_VMM = 1 | FA_QUANTS = q4_0-q4_0,q8_0-q8_0,f16-f16,bf16-bf16 | USE_GRAPHS = 1 |";
+        assert_eq!(kv_pairs_for(&types, &cuda, h200), same);
+        let all_quants =
+            "CUDA : FA_QUANTS = f16-f16,f16-q8_0,q8_0-q8_0,q8_0-q4_0,q4_0-q4_0 | X = 1";
+        assert_eq!(kv_pairs_for(&types, &cuda, all_quants), all);
+        let vulkan = machine(&[("CPU", "CPU", "cpu"), ("Vulkan0", "Vulkan", "gpu")]);
+        assert_eq!(kv_pairs_for(&types, &vulkan, all_quants), same);
     }
 
     #[test]

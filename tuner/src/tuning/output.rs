@@ -109,9 +109,12 @@ fn figures_of(t: &Tuned, c: &Candidate) -> Option<Figures> {
         .and_then(|r| report::figures(r, &t.run.settings.workload))
 }
 
+/// The ranking, each row with its K/V pair's quality where the gate measured it.
 fn leaderboard(t: &Tuned) -> Vec<profiles::LeaderboardEntry> {
     let s = &t.run.settings;
-    report::leaderboard(&t.run.results, &s.workload, s.noise, s.seed)
+    let mut board = report::leaderboard(&t.run.results, &s.workload, s.noise, s.seed);
+    report::quality::annotate(&mut board, &t.run.quality);
+    board
 }
 
 /// The run's report (no profile path yet).
@@ -159,6 +162,7 @@ pub fn report_of(t: &Tuned) -> Report {
         leaderboard: leaderboard(t),
         winner: run.winner.clone(),
         winner_figures: run.winner.as_ref().and_then(|w| figures_of(t, w)),
+        quality: run.quality.clone(),
         baseline: Some(run.baseline.clone()),
         baseline_figures: figures_of(t, &run.baseline),
         baseline_placement: run.baseline_placement.clone(),
@@ -285,6 +289,7 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
         draft: None,
         ngram: None,
         mtp: None,
+        quality: Some(t.run.quality.clone()),
     })
 }
 

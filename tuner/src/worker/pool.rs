@@ -3,7 +3,7 @@
 
 use super::client::{TrialFailure, Worker};
 use super::protocol::{LoadReport, MeasureRequest, Repetition, Request, Response};
-use crate::engine::Measurer;
+use crate::engine::{KvQualityAnswer, KvQualityRequest, Measurer};
 use crate::fit::{FitAnswer, FitRequest};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -222,6 +222,18 @@ impl Measurer for Workers {
             .into_iter()
             .map(|d| (d.device, d.bytes_per_s))
             .collect()
+    }
+
+    fn kv_quality(
+        &mut self,
+        req: &KvQualityRequest,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<KvQualityAnswer, String> {
+        // The evaluation loads the model twice in a worker of its own (on the devices where they
+        // hold it, else on the CPU): no trial worker may hold memory meanwhile.
+        self.pool.shutdown();
+        self.dry.shutdown();
+        crate::quant::quality::kv_pair_quality(req, stop)
     }
 
     fn crashes_for(&self, req: &MeasureRequest) -> u32 {

@@ -123,7 +123,10 @@ pub struct QuantizeAnswer {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QualityJob {
     pub model: PathBuf,
+    /// The K cache's type, and the V cache's when it differs (`None`: the same as K).
     pub kv: CacheType,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_v: Option<CacheType>,
 }
 
 /// Compare every job against `reference` on `text`. The jobs share the reference's pass over each
@@ -137,6 +140,10 @@ pub struct QualityRequest {
     pub max_tokens: Option<u32>,
     /// Chunk length (the context size of every context).
     pub n_ctx: u32,
+    /// Compare only the last this many positions of each chunk (the rest fill the cache): figures
+    /// at a depth, with the logits of a few hundred positions held at a time. `None`: every one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scored: Option<u32>,
     pub threads: u32,
     /// Layers to offload when a non-CPU device exists (0 = CPU only).
     pub n_gpu_layers: u32,
@@ -376,24 +383,8 @@ impl FitAnswer {
 /// llama.cpp's `SPEC_VOCAB_MAX_SIZE_DIFFERENCE`.
 pub const SPEC_VOCAB_MAX_SIZE_DIFFERENCE: u64 = 128;
 
-/// The figures of a whole evaluation.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct QualityFigures {
-    /// Positions compared (every token of every chunk).
-    pub positions: u64,
-    /// Mean KL divergence from the reference, nats per token (the gated figure).
-    pub kld_mean: f64,
-    /// Standard error of that mean.
-    pub kld_se: f64,
-    pub kld_median: f64,
-    pub kld_p99: f64,
-    pub kld_max: f64,
-    /// Share of positions whose most likely next token is the reference's (0..1).
-    pub top1: f64,
-    /// Perplexity of the reference and of the model on the evaluation text.
-    pub ref_ppl: f64,
-    pub ppl: f64,
-}
+/// The figures of a whole evaluation (a record of the profile's).
+pub use profiles::QualityFigures;
 
 /// Why a draft cannot serve a target.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]

@@ -5,16 +5,7 @@ use super::{QualityRow, QualityTable};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use search_space::size::format_size;
 
-/// `0.0123` with enough digits for small divergences.
-pub fn fmt_kld(k: f64) -> String {
-    if k == 0.0 {
-        "0".into()
-    } else if k < 0.0001 {
-        format!("{k:.2e}")
-    } else {
-        format!("{k:.4}")
-    }
-}
+pub use profiles::fmt_kld;
 
 impl QualityTable {
     /// The weights table, then the KV table (when KV types were evaluated); `gate`: the KLD gate
