@@ -88,25 +88,12 @@ fn commands_in(file: &str) -> Vec<Shown> {
     out
 }
 
-/// The subcommand whose help `args` must print: the first word when it names one, else `tune` (the
-/// short form `autotune MODEL …`).
+/// The subcommand whose help `args` must print: the first word, unless it is a model file (the short
+/// form `autotune MODEL.gguf …` is `tune`). A misspelled subcommand would parse as a model and print
+/// `tune`'s help; naming the word expected keeps it from passing.
 fn subcommand_of(args: &[String]) -> &str {
-    const NAMED: &[&str] = &[
-        "tune",
-        "doctor",
-        "show",
-        "measure",
-        "apply",
-        "export",
-        "rpc-serve",
-        "quantize",
-        "quality",
-        "explain",
-        "draft",
-        "fit",
-    ];
     match args.first() {
-        Some(a) if NAMED.contains(&a.as_str()) => a.as_str(),
+        Some(a) if !a.ends_with(".gguf") && !a.starts_with('-') => a.as_str(),
         _ => "tune",
     }
 }
