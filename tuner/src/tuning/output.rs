@@ -207,6 +207,18 @@ pub fn nothing_measured(t: &Tuned) -> anyhow::Error {
             ),
         );
     }
+    // What did measure has a quantized KV cache the gate refused: no lossless cache fitted.
+    let q = &t.run.quality;
+    if let Some(max) = q.max_kv_kld.filter(|_| q.checks.iter().any(|c| !c.passed)) {
+        return Exit::new(
+            exit::NOTHING_MEASURED,
+            format!(
+                "{}: every configuration measured has a quantized KV cache over the quality gate (mean KLD {}; see the statuses above) and none with an f16 cache could be measured; raise --max-kv-kld, or --no-quality-gate to let speed alone decide",
+                t.model.display(),
+                profiles::fmt_kld(max)
+            ),
+        );
+    }
     Exit::new(
         exit::NOTHING_MEASURED,
         format!(
