@@ -94,6 +94,37 @@ fn explains_a_tuned_profile_with_charts_and_a_report() {
         "{toml}"
     );
 
+    explains_with_charts_and_a_report(&sb, &profile);
+
+    // JSON: the same explanation as one value.
+    let o = sb.run(&["explain", profile.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
+    assert_eq!(v["findings"].as_array().unwrap().len(), TOPICS.len());
+    // Gemma 3's sliding-window layers read at most their window: no full-context line, and the
+    // roofline record says its KV reads are not known to grow with the context.
+    assert!(v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|f| f["topic"] != "context"));
+    assert!(!toml.contains("kv_grows"), "{toml}");
+    assert!(
+        v["roofline"]["percent_of_ceiling"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+
+    explains_a_profile_without_a_roofline(&sb, &toml);
+
+    // The model file finds this machine's stored profile.
+    let o = sb.run(&["explain", model.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_explains(&stdout(&o));
+}
+
+/// `explain --plot --export-markdown`: the SVG charts, each printed by path, and the Markdown
+/// report with its sections.
+fn explains_with_charts_and_a_report(sb: &Sandbox, profile: &std::path::Path) {
     let plots = sb.dir.path().join("charts");
     let report = sb.dir.path().join("report.md");
     let o = sb.run(&[
@@ -132,26 +163,11 @@ fn explains_a_tuned_profile_with_charts_and_a_report() {
     ] {
         assert!(md.contains(section), "no `{section}` in the report: {md}");
     }
+}
 
-    // JSON: the same explanation as one value.
-    let o = sb.run(&["explain", profile.to_str().unwrap(), "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
-    assert_eq!(v["findings"].as_array().unwrap().len(), TOPICS.len());
-    // Gemma 3's sliding-window layers read at most their window: no full-context line, and the
-    // roofline record says its KV reads are not known to grow with the context.
-    assert!(v["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|f| f["topic"] != "context"));
-    assert!(!toml.contains("kv_grows"), "{toml}");
-    assert!(
-        v["roofline"]["percent_of_ceiling"].as_f64().unwrap() > 0.0,
-        "{v}"
-    );
-
-    // A profile from before the roofline was recorded: computed again from its model file.
+/// A profile from before the roofline was recorded (`toml` less its `[roofline]` table): computed
+/// again from its model file.
+fn explains_a_profile_without_a_roofline(sb: &Sandbox, toml: &str) {
     let old: String = toml.split("\n[roofline]").next().unwrap().to_string()
         + &toml
             .split("\n[roofline]")
@@ -167,11 +183,6 @@ fn explains_a_tuned_profile_with_charts_and_a_report() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_explains(&stdout(&o));
     assert!(stderr(&o).contains("no roofline record"), "{}", stderr(&o));
-
-    // The model file finds this machine's stored profile.
-    let o = sb.run(&["explain", model.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_explains(&stdout(&o));
 }
 
 #[test]

@@ -25,8 +25,22 @@ fn tunes_the_demo_model_and_saves_a_valid_profile() {
         stdout(&o)
     );
 
-    // The JSON report parses and has a measured winner with real figures.
     let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
+    check_report(&report);
+    let versus = &report["versus_defaults"];
+    check_versus_defaults(&report);
+    let profile = check_saved_profile(&sb, &out_file);
+    check_server_args(&profile, &model);
+    check_listing(&sb, &profile, versus);
+
+    // `show` finds it for this model on this machine.
+    let o = sb.run(&["show", model.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("schema_version = 1"));
+}
+
+/// The JSON report has a measured winner with real figures, and the defaults measured beside it.
+fn check_report(report: &serde_json::Value) {
     let winner = &report["winner_figures"];
     assert!(winner["pp_tps"].as_f64().unwrap() > 1.0, "{winner}");
     assert!(winner["tg_tps"].as_f64().unwrap() > 1.0, "{winner}");
@@ -38,8 +52,11 @@ fn tunes_the_demo_model_and_saves_a_valid_profile() {
         report["baseline_figures"]["tg_tps"].as_f64().is_some(),
         "llama.cpp's defaults measured in the same run"
     );
-    // The headline's claim against the defaults comes from the decision rule: a verdict with its
-    // interval, or the defaults themselves winning.
+}
+
+/// The headline's claim against the defaults comes from the decision rule: a verdict with its
+/// interval, or the defaults themselves winning.
+fn check_versus_defaults(report: &serde_json::Value) {
     let versus = &report["versus_defaults"];
     if versus["same_configuration"] == false {
         let verdict = versus["comparison"]["verdict"].as_str().unwrap();
@@ -56,11 +73,13 @@ fn tunes_the_demo_model_and_saves_a_valid_profile() {
     } else {
         assert_eq!(report["winner"], report["baseline"], "{versus}");
     }
+}
 
-    // The profile: in the store and at --out, identical, parseable, valid.
+/// The profile: in the store and at `out_file`, identical, parseable, valid.
+fn check_saved_profile(sb: &Sandbox, out_file: &std::path::Path) -> profiles::Profile {
     let stored = sb.stored_profiles();
     assert_eq!(stored.len(), 1, "one profile in the store");
-    let text = std::fs::read_to_string(&out_file).unwrap();
+    let text = std::fs::read_to_string(out_file).unwrap();
     assert_eq!(text, std::fs::read_to_string(&stored[0]).unwrap());
     let (profile, unknown) = profiles::Profile::from_toml(&text).expect("profile parses");
     assert!(unknown.is_empty(), "{unknown:?}");
@@ -69,7 +88,11 @@ fn tunes_the_demo_model_and_saves_a_valid_profile() {
         .validate(true)
         .expect("profile validates, model path exists");
 
-    // The server arguments are well formed: llama-server flags with values, the model first.
+    profile
+}
+
+/// The server arguments are well formed: llama-server flags with values, the model first.
+fn check_server_args(profile: &profiles::Profile, model: &std::path::Path) {
     let a = &profile.server_args;
     assert_eq!(a[0], "-m");
     assert_eq!(std::path::Path::new(&a[1]), model.canonicalize().unwrap());
@@ -88,8 +111,10 @@ fn tunes_the_demo_model_and_saves_a_valid_profile() {
         profile.server_args,
         profiles::server_args(&profile.winner, &profile.model.path, &profile.workload)
     );
+}
 
-    // The profile keeps the report's verdict, and the listing shows it, never a raw gain for a tie.
+/// The profile keeps the report's verdict, and the listing shows it, never a raw gain for a tie.
+fn check_listing(sb: &Sandbox, profile: &profiles::Profile, versus: &serde_json::Value) {
     let kept = profile.versus_defaults.as_ref().expect("versus_defaults");
     let listed = match versus["comparison"]["verdict"].as_str() {
         None => {
@@ -109,11 +134,6 @@ fn tunes_the_demo_model_and_saves_a_valid_profile() {
     let o = sb.run(&["show"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains(&listed), "{listed} in {}", stdout(&o));
-
-    // `show` finds it for this model on this machine.
-    let o = sb.run(&["show", model.to_str().unwrap()]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stdout(&o).contains("schema_version = 1"));
 }
 
 #[test]
@@ -253,6 +273,43 @@ fn records_per_candidate(log: &std::path::Path) -> std::collections::HashMap<Str
     m
 }
 
+/// Runs autotune with `args` and interrupts it (SIGINT) once a few repetitions are in the
+/// measurement logs under `logs` (or after two minutes).
+fn interrupt_after_three_records(
+    sb: &Sandbox,
+    args: &[&str],
+    logs: &std::path::Path,
+) -> std::process::Output {
+    let child = sb
+        .cmd()
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        let n: usize = std::fs::read_dir(logs)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| {
+                        std::fs::read_to_string(e.path())
+                            .unwrap_or_default()
+                            .lines()
+                            .count()
+                    })
+                    .sum()
+            })
+            .unwrap_or(0);
+        if n >= 3 || start.elapsed().as_secs() > 120 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    child.wait_with_output().unwrap()
+}
+
 #[test]
 fn an_interrupted_run_resumes_without_re_measuring() {
     let model = demo_model();
@@ -278,36 +335,8 @@ fn an_interrupted_run_resumes_without_re_measuring() {
         "{}",
         stderr(&o)
     );
-    let child = sb
-        .cmd()
-        .args(&args)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Interrupt once a few repetitions are in the log.
     let logs = sb.cache().join("measurements");
-    let start = std::time::Instant::now();
-    loop {
-        let n: usize = std::fs::read_dir(&logs)
-            .map(|d| {
-                d.flatten()
-                    .map(|e| {
-                        std::fs::read_to_string(e.path())
-                            .unwrap_or_default()
-                            .lines()
-                            .count()
-                    })
-                    .sum()
-            })
-            .unwrap_or(0);
-        if n >= 3 || start.elapsed().as_secs() > 120 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().unwrap();
+    let out = interrupt_after_three_records(&sb, &args, &logs);
     assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
     assert!(stderr(&out).contains("resume"), "{}", stderr(&out));
     assert!(

@@ -307,6 +307,64 @@ fn op_offload_off_wins_over_a_slow_device_and_applies() {
     assert!(v["completion"]["predicted_n"].as_u64().unwrap() > 0, "{v}");
 }
 
+/// The CPU backend's buffers for weights it repacks: `AMX` where the CPU has AMX (it is asked
+/// first), `CPU_REPACK` elsewhere.
+fn is_cpu_extra_buffer(name: &str) -> bool {
+    name == "CPU_REPACK" || name == "AMX"
+}
+
+/// The buffers `measure` loads the model's weights into with `--host-buffer host_buffer`, every
+/// layer on the CPU beside the Vulkan device.
+fn model_buffers(sb: &Sandbox, model: &std::path::Path, host_buffer: &str) -> Vec<String> {
+    let args = [
+        "measure",
+        model.to_str().unwrap(),
+        "--json",
+        "--n-gpu-layers",
+        "0",
+        "--op-offload",
+        "off",
+        "--kernels",
+        "repack",
+        "--host-buffer",
+        host_buffer,
+        "--reps",
+        "2",
+        "-c",
+        "1024",
+        "-p",
+        "32",
+        "-n",
+        "4",
+        "-t",
+        "2",
+    ];
+    let v = json(&retrying_crashes("measure", || vulkan(sb, &args)));
+    (v["load"]["buffers"].as_array())
+        .unwrap_or_else(|| panic!("buffers: {v:#}"))
+        .iter()
+        .filter(|b| b["what"] == "model")
+        .map(|b| b["buffer"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `tune` with half the layers on Vulkan0, op offload off (on llvmpipe it is hundreds of times
+/// slower), and the `extra` flags.
+fn tune_half_on_vulkan(model: &std::path::Path, extra: &[&str]) -> Output {
+    let mut args = vec!["tune", model.to_str().unwrap(), "--n-gpu-layers", "2"];
+    args.extend_from_slice(&[
+        "--op-offload",
+        "off",
+        "--kernels",
+        "repack",
+        "--ubatch",
+        "512",
+    ]);
+    args.extend_from_slice(extra);
+    args.extend_from_slice(WORKLOAD);
+    retrying_crashes("tune", || vulkan(&Sandbox::new(), &args))
+}
+
 /// Beside a device with pinned host memory (Vulkan's, as CUDA's) llama.cpp puts the host's weights
 /// in that memory first: mapped from the file by default (the pinned buffer set aside for the
 /// mapping: `CPU_Mapped`, and the CPU's repacked kernels unused although `--repack` is on), read
@@ -315,12 +373,6 @@ fn op_offload_off_wins_over_a_slow_device_and_applies() {
 /// measures all three where weights stay on the host (a first repetition more than 1.75 times as
 /// slow as the best is stopped); the profile's flag is what a real
 /// llama-server loads the same buffers with.
-/// The CPU backend's buffers for weights it repacks: `AMX` where the CPU has AMX (it is asked
-/// first), `CPU_REPACK` elsewhere.
-fn is_cpu_extra_buffer(name: &str) -> bool {
-    name == "CPU_REPACK" || name == "AMX"
-}
-
 #[test]
 fn host_weights_go_where_the_host_buffer_says_in_autotune_and_llama_server() {
     let sb = Sandbox::new();
@@ -328,39 +380,7 @@ fn host_weights_go_where_the_host_buffer_says_in_autotune_and_llama_server() {
         return;
     }
     let model = tiny_model();
-    let model_buffers = |host_buffer: &str| -> Vec<String> {
-        let args = [
-            "measure",
-            model.to_str().unwrap(),
-            "--json",
-            "--n-gpu-layers",
-            "0",
-            "--op-offload",
-            "off",
-            "--kernels",
-            "repack",
-            "--host-buffer",
-            host_buffer,
-            "--reps",
-            "2",
-            "-c",
-            "1024",
-            "-p",
-            "32",
-            "-n",
-            "4",
-            "-t",
-            "2",
-        ];
-        let v = json(&retrying_crashes("measure", || vulkan(&sb, &args)));
-        (v["load"]["buffers"].as_array())
-            .unwrap_or_else(|| panic!("buffers: {v:#}"))
-            .iter()
-            .filter(|b| b["what"] == "model")
-            .map(|b| b["buffer"].as_str().unwrap().to_string())
-            .collect()
-    };
-    let mapped = model_buffers("mapped");
+    let mapped = model_buffers(&sb, &model, "mapped");
     assert!(mapped.iter().any(|b| b == "CPU_Mapped"), "{mapped:?}");
     assert!(
         !mapped
@@ -368,34 +388,15 @@ fn host_weights_go_where_the_host_buffer_says_in_autotune_and_llama_server() {
             .any(|b| is_cpu_extra_buffer(b) || b == "Vulkan_Host"),
         "{mapped:?}"
     );
-    let pinned = model_buffers("pinned");
+    let pinned = model_buffers(&sb, &model, "pinned");
     assert!(pinned.iter().any(|b| b == "Vulkan_Host"), "{pinned:?}");
-    let cpu = model_buffers("cpu");
+    let cpu = model_buffers(&sb, &model, "cpu");
     assert!(cpu.iter().any(|b| is_cpu_extra_buffer(b)), "{cpu:?}");
 
-    // Half the layers on Vulkan0, op offload off (on llvmpipe it is hundreds of times slower).
-    let tune = |extra: &[&str]| {
-        let mut args = vec!["tune", model.to_str().unwrap(), "--n-gpu-layers", "2"];
-        args.extend_from_slice(&[
-            "--op-offload",
-            "off",
-            "--kernels",
-            "repack",
-            "--ubatch",
-            "512",
-        ]);
-        args.extend_from_slice(extra);
-        args.extend_from_slice(WORKLOAD);
-        retrying_crashes("tune", || vulkan(&Sandbox::new(), &args))
-    };
-    let r = json(&tune(&[
-        "--json",
-        "--no-save",
-        "--budget",
-        "60s",
-        "--max-reps",
-        "3",
-    ]));
+    let r = json(&tune_half_on_vulkan(
+        &model,
+        &["--json", "--no-save", "--budget", "60s", "--max-reps", "3"],
+    ));
     let board = r["leaderboard"].as_array().expect("leaderboard");
     // Measured in full, or loaded and stopped as too slow (mid-repetition, or after one) beside the
     // best (on llvmpipe one of them can be).
@@ -412,11 +413,17 @@ fn host_weights_go_where_the_host_buffer_says_in_autotune_and_llama_server() {
             "host buffer {h} measured: {r:#}"
         );
     }
+    a_no_host_profile_repacks_in_llama_server(&sb, &model);
+}
 
-    // Held to --no-host, the profile says so, and llama-server repacks the host's weights too.
+/// Held to --no-host, the profile says so, and llama-server repacks the host's weights too.
+fn a_no_host_profile_repacks_in_llama_server(sb: &Sandbox, model: &std::path::Path) {
     let profile = sb.dir.path().join("no-host.toml");
     let path = profile.to_str().unwrap();
-    let o = tune(&["-o", path, "--budget", "20s", "--host-buffer", "cpu"]);
+    let o = tune_half_on_vulkan(
+        model,
+        &["-o", path, "--budget", "20s", "--host-buffer", "cpu"],
+    );
     assert!(o.status.success(), "tune: {}\n{}", stderr(&o), stdout(&o));
     let text = std::fs::read_to_string(&profile).unwrap();
     assert!(text.contains("\"--no-host\""), "{text}");
@@ -424,7 +431,7 @@ fn host_weights_go_where_the_host_buffer_says_in_autotune_and_llama_server() {
     let mut apply = vec!["--verbose".to_string()];
     apply.extend(apply_check_args(&profile, &llama_server()));
     apply.extend(["--", "-lv", "4"].map(String::from));
-    let o = retrying_crashes("apply", || vulkan(&sb, &strs(&apply)));
+    let o = retrying_crashes("apply", || vulkan(sb, &strs(&apply)));
     let v = json(&o);
     assert!(command_of(&v).contains(&"--no-host"), "{v}");
     assert!(v["completion"]["predicted_n"].as_u64().unwrap() > 0, "{v}");

@@ -9,56 +9,9 @@ use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 
 /// A profile for a small model on a one-GPU machine, with a baseline and a four-row leaderboard.
 pub fn example_profile() -> Profile {
-    let winner = Candidate {
-        n_gpu_layers: 99,
-        n_cpu_moe: 0,
-        devices: vec!["CUDA0".into()],
-        tensor_split: Vec::new(),
-        split_mode: Default::default(),
-        kernels: KernelChoice::Plain,
-        host_buffer: Default::default(),
-        threads: 8,
-        threads_batch: None,
-        n_batch: 2048,
-        n_ubatch: 1024,
-        type_k: CacheType::Q8_0,
-        type_v: CacheType::Q8_0,
-        flash_attn: FlashAttn::On,
-        op_offload: Default::default(),
-        kv_offload: Default::default(),
-        numa: Default::default(),
-    };
-    let baseline_candidate = Candidate::llama_default(8, 99);
-    let figures = Figures {
-        pp_tps: 4210.5,
-        tg_tps: 118.25,
-        pp_depth_tps: Some(3120.5),
-        tg_depth_tps: Some(97.5),
-        ttft_ms: Some(121.0),
-        score_s: 1.625,
-        mem_bytes: 3_221_225_472,
-        pp_ci: Some([4180.0, 4240.0]),
-        tg_ci: Some([117.5, 119.0]),
-        repetitions: 5,
-    };
-    let baseline = Figures {
-        pp_tps: 3650.0,
-        tg_tps: 104.0,
-        pp_depth_tps: Some(2650.0),
-        tg_depth_tps: Some(80.25),
-        ttft_ms: Some(140.5),
-        score_s: 1.875,
-        mem_bytes: 3_758_096_384,
-        pp_ci: Some([3600.0, 3700.0]),
-        tg_ci: Some([103.0, 105.0]),
-        repetitions: 5,
-    };
-    let mut failed = winner.clone();
-    failed.n_ubatch = 2048;
-    let mut pruned = winner.clone();
-    pruned.type_v = CacheType::Q4_0;
-    pruned.flash_attn = FlashAttn::Off;
-
+    let winner = winner();
+    let figures = winner_figures();
+    let baseline = baseline_figures();
     let mut profile = Profile {
         schema_version: SCHEMA_VERSION,
         created_unix: 1_760_000_000,
@@ -74,33 +27,7 @@ pub fn example_profile() -> Profile {
             architecture: "qwen3".into(),
             file_type: Some("Q4_K_M".into()),
         },
-        machine: MachineRef {
-            fingerprint: "9b1c".repeat(16),
-            hostname: "bench-01".into(),
-            cpu: "AMD Ryzen 9 7950X 16-Core Processor".into(),
-            physical_cores: 16,
-            logical_cpus: 32,
-            ram_bytes: 68_719_476_736,
-            os: "linux".into(),
-            numa_nodes: 1,
-            devices: vec![
-                DeviceRef {
-                    name: "CUDA0".into(),
-                    description: "NVIDIA GeForce RTX 4090".into(),
-                    kind: "gpu".into(),
-                    backend: "CUDA".into(),
-                    memory_total: 25_757_220_864,
-                },
-                DeviceRef {
-                    name: "CPU".into(),
-                    description: "AMD Ryzen 9 7950X 16-Core Processor".into(),
-                    kind: "cpu".into(),
-                    backend: "CPU".into(),
-                    memory_total: 68_719_476_736,
-                },
-            ],
-            gpus: vec!["NVIDIA GeForce RTX 4090".into()],
-        },
+        machine: machine(),
         llama: LlamaBuild {
             version: "b6100".into(),
             commit: "0123abc".into(),
@@ -131,41 +58,137 @@ pub fn example_profile() -> Profile {
         ngram: None,
         mtp: None,
         quality: None,
-        leaderboard: vec![
-            LeaderboardEntry {
-                rank: 1,
-                tie_with_previous: false,
-                status: "ok".into(),
-                candidate: winner,
-                figures: Some(figures),
-                kv_kld: None,
-            },
-            LeaderboardEntry {
-                rank: 2,
-                tie_with_previous: false,
-                status: "ok".into(),
-                candidate: baseline_candidate,
-                figures: Some(baseline),
-                kv_kld: None,
-            },
-            LeaderboardEntry {
-                rank: 3,
-                tie_with_previous: false,
-                status: "failed: out of memory on CUDA0".into(),
-                candidate: failed,
-                figures: None,
-                kv_kld: None,
-            },
-            LeaderboardEntry {
-                rank: 4,
-                tie_with_previous: false,
-                status: "pruned: a quantized V cache needs flash attention".into(),
-                candidate: pruned,
-                figures: None,
-                kv_kld: None,
-            },
-        ],
+        leaderboard: leaderboard(winner, figures, baseline),
     };
     profile.refresh_server_args();
     profile
+}
+
+/// The winner: every layer on the GPU, a q8_0 cache with flash attention.
+fn winner() -> Candidate {
+    Candidate {
+        n_gpu_layers: 99,
+        n_cpu_moe: 0,
+        devices: vec!["CUDA0".into()],
+        tensor_split: Vec::new(),
+        split_mode: Default::default(),
+        kernels: KernelChoice::Plain,
+        host_buffer: Default::default(),
+        threads: 8,
+        threads_batch: None,
+        n_batch: 2048,
+        n_ubatch: 1024,
+        type_k: CacheType::Q8_0,
+        type_v: CacheType::Q8_0,
+        flash_attn: FlashAttn::On,
+        op_offload: Default::default(),
+        kv_offload: Default::default(),
+        numa: Default::default(),
+    }
+}
+
+fn winner_figures() -> Figures {
+    Figures {
+        pp_tps: 4210.5,
+        tg_tps: 118.25,
+        pp_depth_tps: Some(3120.5),
+        tg_depth_tps: Some(97.5),
+        ttft_ms: Some(121.0),
+        score_s: 1.625,
+        mem_bytes: 3_221_225_472,
+        pp_ci: Some([4180.0, 4240.0]),
+        tg_ci: Some([117.5, 119.0]),
+        repetitions: 5,
+    }
+}
+
+/// llama.cpp's defaults on the same machine.
+fn baseline_figures() -> Figures {
+    Figures {
+        pp_tps: 3650.0,
+        tg_tps: 104.0,
+        pp_depth_tps: Some(2650.0),
+        tg_depth_tps: Some(80.25),
+        ttft_ms: Some(140.5),
+        score_s: 1.875,
+        mem_bytes: 3_758_096_384,
+        pp_ci: Some([3600.0, 3700.0]),
+        tg_ci: Some([103.0, 105.0]),
+        repetitions: 5,
+    }
+}
+
+/// A one-GPU desktop: a 16-core Ryzen and an RTX 4090.
+fn machine() -> MachineRef {
+    MachineRef {
+        fingerprint: "9b1c".repeat(16),
+        hostname: "bench-01".into(),
+        cpu: "AMD Ryzen 9 7950X 16-Core Processor".into(),
+        physical_cores: 16,
+        logical_cpus: 32,
+        ram_bytes: 68_719_476_736,
+        os: "linux".into(),
+        numa_nodes: 1,
+        devices: vec![
+            DeviceRef {
+                name: "CUDA0".into(),
+                description: "NVIDIA GeForce RTX 4090".into(),
+                kind: "gpu".into(),
+                backend: "CUDA".into(),
+                memory_total: 25_757_220_864,
+            },
+            DeviceRef {
+                name: "CPU".into(),
+                description: "AMD Ryzen 9 7950X 16-Core Processor".into(),
+                kind: "cpu".into(),
+                backend: "CPU".into(),
+                memory_total: 68_719_476_736,
+            },
+        ],
+        gpus: vec!["NVIDIA GeForce RTX 4090".into()],
+    }
+}
+
+/// The winner, the baseline, one configuration that ran out of memory and one that was pruned.
+fn leaderboard(winner: Candidate, figures: Figures, baseline: Figures) -> Vec<LeaderboardEntry> {
+    let baseline_candidate = Candidate::llama_default(8, 99);
+    let mut failed = winner.clone();
+    failed.n_ubatch = 2048;
+    let mut pruned = winner.clone();
+    pruned.type_v = CacheType::Q4_0;
+    pruned.flash_attn = FlashAttn::Off;
+    vec![
+        LeaderboardEntry {
+            rank: 1,
+            tie_with_previous: false,
+            status: "ok".into(),
+            candidate: winner,
+            figures: Some(figures),
+            kv_kld: None,
+        },
+        LeaderboardEntry {
+            rank: 2,
+            tie_with_previous: false,
+            status: "ok".into(),
+            candidate: baseline_candidate,
+            figures: Some(baseline),
+            kv_kld: None,
+        },
+        LeaderboardEntry {
+            rank: 3,
+            tie_with_previous: false,
+            status: "failed: out of memory on CUDA0".into(),
+            candidate: failed,
+            figures: None,
+            kv_kld: None,
+        },
+        LeaderboardEntry {
+            rank: 4,
+            tie_with_previous: false,
+            status: "pruned: a quantized V cache needs flash attention".into(),
+            candidate: pruned,
+            figures: None,
+            kv_kld: None,
+        },
+    ]
 }

@@ -156,18 +156,7 @@ impl GgufInfo {
             return Err(GgufError::Empty { path: path_buf });
         }
         let mut r = Reader::new(r, file_size, path_buf.clone());
-        let magic = r.magic()?;
-        if magic != b"GGUF" {
-            if b"GGUF".starts_with(&magic) {
-                return Err(r.truncated("the GGUF magic", 0));
-            }
-            let hint = error::not_gguf_hint(&magic);
-            return Err(GgufError::NotGguf {
-                path: path_buf,
-                found: magic.escape_ascii().to_string(),
-                hint,
-            });
-        }
+        check_magic(&mut r, path)?;
         let (version, tensor_count, kv_count) = r.header()?;
         let meta = Metadata {
             path,
@@ -176,46 +165,11 @@ impl GgufInfo {
         let alignment = meta.alignment()?;
         let raw = r.tensor_infos(tensor_count)?;
 
-        // The data section starts at the next multiple of `alignment`; tensors follow each other in
-        // order, each padded to `alignment`, as llama.cpp requires.
-        let data_start = align_up(r.pos(), alignment);
-        let mut expected = 0u64;
-        let mut tensors = Vec::with_capacity(raw.len());
-        let (mut parameter_count, mut tensor_bytes) = (0u64, 0u64);
-        for t in raw {
-            let start = data_start.and_then(|d| d.checked_add(t.offset));
-            if start
-                .and_then(|s| s.checked_add(t.bytes))
-                .is_none_or(|end| end > file_size)
-            {
-                let what = format!("the {} bytes of data of tensor '{}'", t.bytes, t.name);
-                return Err(r.truncated(&what, start.unwrap_or(u64::MAX)));
-            }
-            if t.offset != expected {
-                return Err(GgufError::BadTensor {
-                    path: path_buf,
-                    name: t.name,
-                    reason: format!(
-                        "has its data at offset {}, expected {expected} (tensor data must follow each \
-                         other in order, aligned to {alignment} bytes)",
-                        t.offset
-                    ),
-                });
-            }
-            // Cannot overflow: offset + bytes fits below file_size, and alignment is at most 2^31.
-            expected = align_up(t.offset + t.bytes, alignment).unwrap_or(u64::MAX);
-            parameter_count = parameter_count.saturating_add(t.elements);
-            tensor_bytes = tensor_bytes.saturating_add(t.bytes);
-            let type_name = ggml_type(t.ggml_type).map_or("?", |g| g.name).to_string();
-            tensors.push(TensorInfo {
-                name: t.name,
-                ggml_type: t.ggml_type,
-                type_name,
-                dims: t.dims,
-                offset: t.offset,
-                bytes: t.bytes,
-            });
-        }
+        let Tensors {
+            tensors,
+            parameter_count,
+            tensor_bytes,
+        } = lay_out_tensors(&r, raw, alignment, path)?;
 
         let split = meta.split()?;
         if let Some(s) = split.filter(|s| s.no != 0) {
@@ -228,25 +182,7 @@ impl GgufInfo {
             });
         }
 
-        let architecture = meta
-            .string("general.architecture")?
-            .ok_or_else(|| GgufError::MissingKey {
-                path: path_buf.clone(),
-                key: "general.architecture".into(),
-            })?
-            .to_string();
-        if !KNOWN_ARCHITECTURES.contains(&architecture.as_str()) {
-            let hint = if architecture == "clip" {
-                "; this is a multimodal projector (mmproj), pass the language model instead"
-            } else {
-                "; check for a newer autotune, or convert the model with a matching llama.cpp"
-            };
-            return Err(GgufError::UnsupportedArchitecture {
-                path: path_buf,
-                arch: architecture,
-                hint,
-            });
-        }
+        let architecture = meta.architecture()?;
         let arch_key = |suffix: &str| format!("{architecture}.{suffix}");
         let file_type = meta.uint::<u32>("general.file_type")?;
         Ok(GgufInfo {
@@ -312,6 +248,86 @@ fn align_up(x: u64, alignment: u32) -> Option<u64> {
     x.checked_add(a - 1).map(|v| v & !(a - 1))
 }
 
+/// Fails unless the file starts with the GGUF magic, saying what it looks like instead.
+fn check_magic<R: Read>(r: &mut Reader<R>, path: &Path) -> Result<(), GgufError> {
+    let magic = r.magic()?;
+    if magic == b"GGUF" {
+        return Ok(());
+    }
+    if b"GGUF".starts_with(&magic) {
+        return Err(r.truncated("the GGUF magic", 0));
+    }
+    let hint = error::not_gguf_hint(&magic);
+    Err(GgufError::NotGguf {
+        path: path.to_path_buf(),
+        found: magic.escape_ascii().to_string(),
+        hint,
+    })
+}
+
+/// The tensors of a file, with their data checked to lie inside it, and their totals.
+struct Tensors {
+    tensors: Vec<TensorInfo>,
+    parameter_count: u64,
+    tensor_bytes: u64,
+}
+
+/// Checks that the tensors' data lies where llama.cpp expects it, `r` being just past their
+/// descriptions, and describes them.
+fn lay_out_tensors<R: Read>(
+    r: &Reader<R>,
+    raw: Vec<reader::RawTensor>,
+    alignment: u32,
+    path: &Path,
+) -> Result<Tensors, GgufError> {
+    let file_size = r.file_size();
+    // The data section starts at the next multiple of `alignment`; tensors follow each other in
+    // order, each padded to `alignment`, as llama.cpp requires.
+    let data_start = align_up(r.pos(), alignment);
+    let mut expected = 0u64;
+    let mut tensors = Vec::with_capacity(raw.len());
+    let (mut parameter_count, mut tensor_bytes) = (0u64, 0u64);
+    for t in raw {
+        let start = data_start.and_then(|d| d.checked_add(t.offset));
+        if start
+            .and_then(|s| s.checked_add(t.bytes))
+            .is_none_or(|end| end > file_size)
+        {
+            let what = format!("the {} bytes of data of tensor '{}'", t.bytes, t.name);
+            return Err(r.truncated(&what, start.unwrap_or(u64::MAX)));
+        }
+        if t.offset != expected {
+            return Err(GgufError::BadTensor {
+                path: path.to_path_buf(),
+                name: t.name,
+                reason: format!(
+                    "has its data at offset {}, expected {expected} (tensor data must follow each \
+                     other in order, aligned to {alignment} bytes)",
+                    t.offset
+                ),
+            });
+        }
+        // Cannot overflow: offset + bytes fits below file_size, and alignment is at most 2^31.
+        expected = align_up(t.offset + t.bytes, alignment).unwrap_or(u64::MAX);
+        parameter_count = parameter_count.saturating_add(t.elements);
+        tensor_bytes = tensor_bytes.saturating_add(t.bytes);
+        let type_name = ggml_type(t.ggml_type).map_or("?", |g| g.name).to_string();
+        tensors.push(TensorInfo {
+            name: t.name,
+            ggml_type: t.ggml_type,
+            type_name,
+            dims: t.dims,
+            offset: t.offset,
+            bytes: t.bytes,
+        });
+    }
+    Ok(Tensors {
+        tensors,
+        parameter_count,
+        tensor_bytes,
+    })
+}
+
 /// Typed, checked access to the metadata that was kept.
 struct Metadata<'a> {
     path: &'a Path,
@@ -319,6 +335,30 @@ struct Metadata<'a> {
 }
 
 impl Metadata<'_> {
+    /// `general.architecture`, which must be one llama.cpp knows.
+    fn architecture(&self) -> Result<String, GgufError> {
+        let architecture = self
+            .string("general.architecture")?
+            .ok_or_else(|| GgufError::MissingKey {
+                path: self.path.to_path_buf(),
+                key: "general.architecture".into(),
+            })?
+            .to_string();
+        if !KNOWN_ARCHITECTURES.contains(&architecture.as_str()) {
+            let hint = if architecture == "clip" {
+                "; this is a multimodal projector (mmproj), pass the language model instead"
+            } else {
+                "; check for a newer autotune, or convert the model with a matching llama.cpp"
+            };
+            return Err(GgufError::UnsupportedArchitecture {
+                path: self.path.to_path_buf(),
+                arch: architecture,
+                hint,
+            });
+        }
+        Ok(architecture)
+    }
+
     fn wrong(&self, key: &str, expected: &'static str, found: &Value) -> GgufError {
         GgufError::WrongType {
             path: self.path.to_path_buf(),

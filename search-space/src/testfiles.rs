@@ -294,11 +294,87 @@ pub struct BrokenFile {
 /// Damaged files, one per way a model file goes wrong in practice or under a fuzzer. Errors that need
 /// the file system (missing file, directory, missing split parts) are not here.
 pub fn broken_corpus() -> Vec<BrokenFile> {
+    let mut files = broken_cut_short();
+    files.extend(broken_header());
+    files.extend(broken_keys());
+    files.extend(broken_values());
+    files.extend(broken_tensors());
+    files
+}
+
+fn broken(
+    name: &'static str,
+    bytes: Vec<u8>,
+    kind: GgufErrorKind,
+    variant: &'static str,
+) -> BrokenFile {
+    BrokenFile {
+        name,
+        bytes,
+        kind,
+        variant,
+    }
+}
+
+/// Files that are not GGUF at all, or a good one cut short in each of its sections.
+fn broken_cut_short() -> Vec<BrokenFile> {
     use GgufErrorKind::*;
     let good = GgufBuilder::tiny_model("llama").build();
     let meta_start = header::END;
     let tensors_start = find(&good, b"token_embd.weight").expect("tensor name") - 8;
     let data_start = good.len() - 64; // inside the data of the last tensor
+    vec![
+        broken("empty", Vec::new(), Invalid, "Empty"),
+        broken(
+            "text",
+            b"hello, this is not a model\n".to_vec(),
+            Invalid,
+            "NotGguf",
+        ),
+        broken(
+            "zip",
+            b"PK\x03\x04\x14\x00\x00\x00".to_vec(),
+            Invalid,
+            "NotGguf",
+        ),
+        broken(
+            "html",
+            b"<!DOCTYPE html><html>".to_vec(),
+            Invalid,
+            "NotGguf",
+        ),
+        broken("truncated-magic", b"GG".to_vec(), Invalid, "Truncated"),
+        broken(
+            "truncated-header",
+            good[..12].to_vec(),
+            Invalid,
+            "Truncated",
+        ),
+        broken(
+            "truncated-in-metadata",
+            good[..meta_start + 30].to_vec(),
+            Invalid,
+            "Truncated",
+        ),
+        broken(
+            "truncated-in-tensor-infos",
+            good[..tensors_start + 10].to_vec(),
+            Invalid,
+            "Truncated",
+        ),
+        broken(
+            "truncated-in-data",
+            good[..data_start].to_vec(),
+            Invalid,
+            "Truncated",
+        ),
+    ]
+}
+
+/// Files whose header's version or counts are wrong.
+fn broken_header() -> Vec<BrokenFile> {
+    use GgufErrorKind::*;
+    let good = GgufBuilder::tiny_model("llama").build();
     let patched = |f: &dyn Fn(&mut Vec<u8>)| {
         let mut b = good.clone();
         f(&mut b);
@@ -308,98 +384,52 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
     patch_u64(&mut huge_key, header::KV_COUNT, 1);
     huge_key.extend_from_slice(&(1u64 << 40).to_le_bytes());
     huge_key.extend_from_slice(b"general.architecture");
-    let n_dims_9 = GgufBuilder::new("llama")
-        .tensor("t", ggml::F32, &[1; 9])
-        .build();
-    let f = |name, bytes, kind, variant| BrokenFile {
-        name,
-        bytes,
-        kind,
-        variant,
-    };
     vec![
-        f("empty", Vec::new(), Invalid, "Empty"),
-        f(
-            "text",
-            b"hello, this is not a model\n".to_vec(),
-            Invalid,
-            "NotGguf",
-        ),
-        f(
-            "zip",
-            b"PK\x03\x04\x14\x00\x00\x00".to_vec(),
-            Invalid,
-            "NotGguf",
-        ),
-        f(
-            "html",
-            b"<!DOCTYPE html><html>".to_vec(),
-            Invalid,
-            "NotGguf",
-        ),
-        f("truncated-magic", b"GG".to_vec(), Invalid, "Truncated"),
-        f(
-            "truncated-header",
-            good[..12].to_vec(),
-            Invalid,
-            "Truncated",
-        ),
-        f(
-            "truncated-in-metadata",
-            good[..meta_start + 30].to_vec(),
-            Invalid,
-            "Truncated",
-        ),
-        f(
-            "truncated-in-tensor-infos",
-            good[..tensors_start + 10].to_vec(),
-            Invalid,
-            "Truncated",
-        ),
-        f(
-            "truncated-in-data",
-            good[..data_start].to_vec(),
-            Invalid,
-            "Truncated",
-        ),
-        f(
+        broken(
             "version-1",
             patched(&|b| patch_u32(b, header::VERSION, 1)),
             Unsupported,
             "UnsupportedVersion",
         ),
-        f(
+        broken(
             "version-4",
             patched(&|b| patch_u32(b, header::VERSION, 4)),
             Unsupported,
             "UnsupportedVersion",
         ),
-        f(
+        broken(
             "big-endian",
             patched(&|b| patch_u32(b, header::VERSION, 3u32.swap_bytes())),
             Unsupported,
             "BigEndian",
         ),
-        f(
+        broken(
             "absurd-tensor-count",
             patched(&|b| patch_u64(b, header::TENSOR_COUNT, 1 << 40)),
             Invalid,
             "AbsurdCount",
         ),
-        f(
+        broken(
             "absurd-kv-count",
             patched(&|b| patch_u64(b, header::KV_COUNT, u64::MAX)),
             Invalid,
             "AbsurdCount",
         ),
-        f(
+        broken(
             "kv-count-past-eof",
             patched(&|b| patch_u64(b, header::KV_COUNT, 90_000)),
             Invalid,
             "Truncated",
         ),
-        f("huge-key-length", huge_key, Invalid, "AbsurdCount"),
-        f(
+        broken("huge-key-length", huge_key, Invalid, "AbsurdCount"),
+    ]
+}
+
+/// Files whose metadata has a key of the wrong type, or misses or names an unknown architecture.
+fn broken_keys() -> Vec<BrokenFile> {
+    use GgufErrorKind::*;
+    vec![
+        broken(
             "block-count-is-a-string",
             GgufBuilder::new("llama")
                 .kv_str("llama.block_count", "32")
@@ -407,7 +437,7 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
             Invalid,
             "WrongType",
         ),
-        f(
+        broken(
             "architecture-is-a-number",
             GgufBuilder::empty()
                 .kv_u32("general.architecture", 1)
@@ -415,25 +445,33 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
             Invalid,
             "WrongType",
         ),
-        f(
+        broken(
             "missing-architecture",
             GgufBuilder::empty().kv_str("general.name", "x").build(),
             Invalid,
             "MissingKey",
         ),
-        f(
+        broken(
             "unknown-architecture",
             GgufBuilder::tiny_model("not-a-real-arch").build(),
             Unsupported,
             "UnsupportedArchitecture",
         ),
-        f(
+        broken(
             "mmproj",
             GgufBuilder::new("clip").build(),
             Unsupported,
             "UnsupportedArchitecture",
         ),
-        f(
+    ]
+}
+
+/// Files whose metadata has bad bytes: a string that is not UTF-8, a duplicate key, an unknown or
+/// nested value type, an alignment that is not a power of two.
+fn broken_values() -> Vec<BrokenFile> {
+    use GgufErrorKind::*;
+    vec![
+        broken(
             "bad-utf8-name",
             GgufBuilder::new("llama")
                 .kv_raw(
@@ -445,7 +483,7 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
             Invalid,
             "BadString",
         ),
-        f(
+        broken(
             "duplicate-key",
             GgufBuilder::new("llama")
                 .kv_str("general.architecture", "llama")
@@ -453,13 +491,13 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
             Invalid,
             "BadMetadata",
         ),
-        f(
+        broken(
             "unknown-value-type",
             GgufBuilder::new("llama").kv_raw("x", 13, &[0; 8]).build(),
             Invalid,
             "BadMetadata",
         ),
-        f(
+        broken(
             "nested-array",
             GgufBuilder::new("llama")
                 .kv_raw(
@@ -471,20 +509,30 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
             Invalid,
             "BadMetadata",
         ),
-        f(
+        broken(
             "alignment-not-power-of-two",
             GgufBuilder::new("llama").alignment(48).build(),
             Invalid,
             "BadMetadata",
         ),
-        f("tensor-n-dims-9", n_dims_9, Invalid, "BadTensor"),
-        f(
+    ]
+}
+
+/// Files whose tensor descriptions, tensor data or split numbering are wrong.
+fn broken_tensors() -> Vec<BrokenFile> {
+    use GgufErrorKind::*;
+    let n_dims_9 = GgufBuilder::new("llama")
+        .tensor("t", ggml::F32, &[1; 9])
+        .build();
+    vec![
+        broken("tensor-n-dims-9", n_dims_9, Invalid, "BadTensor"),
+        broken(
             "tensor-unknown-type",
             GgufBuilder::new("llama").tensor("t", 31, &[32]).build(),
             Invalid,
             "BadTensor",
         ),
-        f(
+        broken(
             "tensor-row-not-multiple-of-block",
             GgufBuilder::new("llama")
                 .tensor("t", ggml::Q4_K, &[100])
@@ -492,7 +540,7 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
             Invalid,
             "BadTensor",
         ),
-        f(
+        broken(
             "tensor-duplicate-name",
             GgufBuilder::new("llama")
                 .tensor("t", ggml::F32, &[8])
@@ -501,7 +549,7 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
             Invalid,
             "BadTensor",
         ),
-        f(
+        broken(
             "tensor-offset-beyond-eof",
             GgufBuilder::new("llama")
                 .tensor_at("t", ggml::F32, &[8], 1 << 30)
@@ -509,7 +557,7 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
             Invalid,
             "Truncated",
         ),
-        f(
+        broken(
             "tensor-offset-out-of-order",
             GgufBuilder::new("llama")
                 .tensor("a", ggml::F32, &[8])
@@ -518,7 +566,7 @@ pub fn broken_corpus() -> Vec<BrokenFile> {
             Invalid,
             "BadTensor",
         ),
-        f(
+        broken(
             "split-not-first-part",
             GgufBuilder::new("llama").split(1, 3, 10).build(),
             Invalid,

@@ -158,6 +158,10 @@ impl<R: Read> Reader<R> {
         self.pos
     }
 
+    pub(super) fn file_size(&self) -> u64 {
+        self.file_size
+    }
+
     fn remaining(&self) -> u64 {
         self.file_size.saturating_sub(self.pos)
     }

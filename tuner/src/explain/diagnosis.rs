@@ -194,17 +194,7 @@ fn cpu_only_fit(profile: &Profile, devs: &[String], failed: &str) -> String {
 
 fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
     let devs = offload_devices(profile);
-    // Out of memory when loaded, or pruned by the placement's dry run ("pruned: needs X on DEV").
-    let failures = profile
-        .leaderboard
-        .iter()
-        .filter(|e| e.status.contains("out of memory") || e.status.starts_with("pruned: needs"))
-        .count();
-    let failed = match failures {
-        0 => String::new(),
-        1 => "; 1 configuration did not fit".to_string(),
-        n => format!("; {n} configurations did not fit"),
-    };
+    let failed = did_not_fit(profile);
     let ok: Vec<&PlacementPoint> = placements.iter().filter(|p| p.tg_tps.is_some()).collect();
     if devs.is_empty() || ok.iter().all(|p| p.n_gpu_layers == 0) {
         return finding(Topic::Fit, cpu_only_fit(profile, &devs, &failed));
@@ -224,33 +214,8 @@ fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
     } else {
         devs.join(", ")
     };
-    let full = profile.roofline.as_ref().map(|r| r.layers + 1);
-    let winner = profile.winner.n_gpu_layers;
-    let mut text = match full {
-        Some(full) if max_ok >= full => format!("yes: all {full} layers fit on {devs}"),
-        Some(full) => {
-            let spill = profile
-                .roofline
-                .as_ref()
-                .filter(|_| winner == max_ok)
-                .map(|r| format!(" ({} of weights and KV per token read from RAM)", decimal_bytes(r.cpu_bytes)))
-                .unwrap_or_default();
-            format!("no: at most {max_ok} of {full} layers fit on {devs}; {} spill to the CPU{spill}", full - max_ok)
-        }
-        None => format!("at most {max_ok} layers were offloaded to {devs} (the model's layer count is not recorded in this profile)"),
-    };
-    text.push_str(&format!("; the winner runs ngl={winner}"));
-    // With the KV cache kept on the device, fewer layers fit than with -nkvo: a winner at the most
-    // of those did not measure faster with fewer layers, it chose the cache's place.
-    let most_with_kv_on_device = measured(profile)
-        .filter(|(e, _)| e.candidate.kv_offload.is_on())
-        .map(|(e, _)| e.candidate.n_gpu_layers)
-        .max();
-    if kv_on_host && profile.winner.kv_offload.is_on() && most_with_kv_on_device == Some(winner) {
-        text.push_str(" (the most with the KV cache on the device)");
-    } else if winner < max_ok {
-        text.push_str(" (fewer layers on the device measured faster)");
-    }
+    let mut text = layers_that_fit(profile, max_ok, &devs);
+    text.push_str(&winner_layers(profile, max_ok, kv_on_host));
     if let (Some(top), Some(bottom)) = (ok.first(), ok.last()) {
         if ok.len() > 1 {
             let (a, b) = (top.tg_tps.unwrap_or(0.0), bottom.tg_tps.unwrap_or(0.0));
@@ -263,20 +228,75 @@ fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
         }
     }
     text.push_str(&failed);
-    let details = placements
-        .iter()
-        .map(|p| match (p.tg_tps, p.pp_tps, p.score_s) {
-            (Some(tg), Some(pp), Some(s)) => format!(
-                "ngl={:<4} tg {tg:.1} t/s, pp {pp:.1} t/s, {s:.3} s/request",
-                p.n_gpu_layers
-            ),
-            _ => format!("ngl={:<4} {}", p.n_gpu_layers, p.status),
-        })
-        .collect();
+    let details = placements.iter().map(placement_detail).collect();
     Finding {
         topic: Topic::Fit,
         text,
         details,
+    }
+}
+
+/// "; N configurations did not fit": out of memory when loaded, or pruned by the placement's dry
+/// run ("pruned: needs X on DEV"); empty when all fitted.
+fn did_not_fit(profile: &Profile) -> String {
+    let failures = profile
+        .leaderboard
+        .iter()
+        .filter(|e| e.status.contains("out of memory") || e.status.starts_with("pruned: needs"))
+        .count();
+    match failures {
+        0 => String::new(),
+        1 => "; 1 configuration did not fit".to_string(),
+        n => format!("; {n} configurations did not fit"),
+    }
+}
+
+/// How many of the model's layers fit on `devs` (at most `max_ok` were measured there), and what
+/// spills to the CPU when not all of them do.
+fn layers_that_fit(profile: &Profile, max_ok: u32, devs: &str) -> String {
+    let full = profile.roofline.as_ref().map(|r| r.layers + 1);
+    let winner = profile.winner.n_gpu_layers;
+    match full {
+        Some(full) if max_ok >= full => format!("yes: all {full} layers fit on {devs}"),
+        Some(full) => {
+            let spill = profile
+                .roofline
+                .as_ref()
+                .filter(|_| winner == max_ok)
+                .map(|r| format!(" ({} of weights and KV per token read from RAM)", decimal_bytes(r.cpu_bytes)))
+                .unwrap_or_default();
+            format!("no: at most {max_ok} of {full} layers fit on {devs}; {} spill to the CPU{spill}", full - max_ok)
+        }
+        None => format!("at most {max_ok} layers were offloaded to {devs} (the model's layer count is not recorded in this profile)"),
+    }
+}
+
+/// "; the winner runs ngl=N", and why it runs fewer than the most that fit.
+fn winner_layers(profile: &Profile, max_ok: u32, kv_on_host: bool) -> String {
+    let winner = profile.winner.n_gpu_layers;
+    let mut text = format!("; the winner runs ngl={winner}");
+    // With the KV cache kept on the device, fewer layers fit than with -nkvo: a winner at the most
+    // of those did not measure faster with fewer layers, it chose the cache's place.
+    let most_with_kv_on_device = measured(profile)
+        .filter(|(e, _)| e.candidate.kv_offload.is_on())
+        .map(|(e, _)| e.candidate.n_gpu_layers)
+        .max();
+    if kv_on_host && profile.winner.kv_offload.is_on() && most_with_kv_on_device == Some(winner) {
+        text.push_str(" (the most with the KV cache on the device)");
+    } else if winner < max_ok {
+        text.push_str(" (fewer layers on the device measured faster)");
+    }
+    text
+}
+
+/// One placement's line under the fit finding: its speeds, or why it has none.
+fn placement_detail(p: &PlacementPoint) -> String {
+    match (p.tg_tps, p.pp_tps, p.score_s) {
+        (Some(tg), Some(pp), Some(s)) => format!(
+            "ngl={:<4} tg {tg:.1} t/s, pp {pp:.1} t/s, {s:.3} s/request",
+            p.n_gpu_layers
+        ),
+        _ => format!("ngl={:<4} {}", p.n_gpu_layers, p.status),
     }
 }
 

@@ -52,6 +52,14 @@ fn ranked(mut rows: Vec<LeaderboardEntry>) -> Vec<LeaderboardEntry> {
     rows
 }
 
+/// The figures of `c`'s row in a leaderboard.
+fn figures_of(rows: &[LeaderboardEntry], c: &Candidate) -> Figures {
+    rows.iter()
+        .find(|e| &e.candidate == c)
+        .and_then(|e| e.figures.clone())
+        .unwrap()
+}
+
 fn cpu_machine(p: &mut profiles::Profile) {
     p.machine.cpu = "Intel(R) Xeon(R) Processor".into();
     p.machine.physical_cores = 2;
@@ -71,6 +79,19 @@ fn cpu_machine(p: &mut profiles::Profile) {
 pub fn cpu_profile() -> profiles::Profile {
     let mut p = example_profile();
     cpu_machine(&mut p);
+    small_model(&mut p);
+    let (rows, winner, base) = cpu_rows(&p.workload);
+    p.leaderboard = ranked(rows);
+    p.figures = figures_of(&p.leaderboard, &winner);
+    p.baseline = Some(base);
+    p.winner = winner;
+    p.roofline = Some(small_model_roofline());
+    p.refresh_server_args();
+    p
+}
+
+/// The demo model (gemma-3-270m) and a plain workload.
+fn small_model(p: &mut profiles::Profile) {
     p.model.file_name = "gemma-3-270m-q4_k_m.gguf".into();
     p.model.path = "/models/gemma-3-270m-q4_k_m.gguf".into();
     p.model.architecture = "gemma3".into();
@@ -83,7 +104,10 @@ pub fn cpu_profile() -> profiles::Profile {
         n_parallel: 1,
         name: "custom".into(),
     };
-    let w = p.workload.clone();
+}
+
+/// The CPU run's rows (unranked), its winner and the defaults' figures.
+fn cpu_rows(w: &profiles::Workload) -> (Vec<LeaderboardEntry>, Candidate, Figures) {
     let defaults = Candidate::llama_default(2, 0);
     let one_thread = Candidate {
         threads: 1,
@@ -111,36 +135,32 @@ pub fn cpu_profile() -> profiles::Profile {
         n_ubatch: 128,
         ..defaults.clone()
     };
-    let base = figures(610.0, 41.0, &w, 310 << 20);
+    let base = figures(610.0, 41.0, w, 310 << 20);
     let rows = vec![
         entry(0, defaults.clone(), Some(base.clone()), "ok"),
         entry(
             0,
             one_thread,
-            Some(figures(330.0, 27.5, &w, 310 << 20)),
+            Some(figures(330.0, 27.5, w, 310 << 20)),
             "ok",
         ),
-        entry(0, plain, Some(figures(560.0, 40.2, &w, 305 << 20)), "ok"),
-        entry(0, fa_on, Some(figures(612.0, 41.1, &w, 309 << 20)), "ok"),
-        entry(0, q8, Some(figures(590.0, 40.0, &w, 300 << 20)), "ok"),
+        entry(0, plain, Some(figures(560.0, 40.2, w, 305 << 20)), "ok"),
+        entry(0, fa_on, Some(figures(612.0, 41.1, w, 309 << 20)), "ok"),
+        entry(0, q8, Some(figures(590.0, 40.0, w, 300 << 20)), "ok"),
         entry(
             0,
             winner.clone(),
-            Some(figures(650.0, 41.3, &w, 300 << 20)),
+            Some(figures(650.0, 41.3, w, 300 << 20)),
             "ok",
         ),
-        entry(0, ub128, Some(figures(540.0, 40.9, &w, 296 << 20)), "ok"),
+        entry(0, ub128, Some(figures(540.0, 40.9, w, 296 << 20)), "ok"),
     ];
-    p.leaderboard = ranked(rows);
-    p.figures = p
-        .leaderboard
-        .iter()
-        .find(|e| e.candidate == winner)
-        .and_then(|e| e.figures.clone())
-        .unwrap();
-    p.baseline = Some(base);
-    p.winner = winner;
-    p.roofline = Some(Roofline {
+    (rows, winner, base)
+}
+
+/// The small model's roofline record on the 2-core CPU.
+fn small_model_roofline() -> Roofline {
+    Roofline {
         layers: 18,
         parameters: 268_098_176,
         active_parameters: 268_098_176,
@@ -155,9 +175,7 @@ pub fn cpu_profile() -> profiles::Profile {
         cpu_bandwidth: Some(14.2e9),
         bandwidth_method: "CPU: read of a 1.0 GiB buffer by 2 threads, best of 5 passes".into(),
         device_bandwidth: Vec::new(),
-    });
-    p.refresh_server_args();
-    p
+    }
 }
 
 /// The same model with an RPC device whose budget holds 12 of its 19 layers: the GPU-layer axis
@@ -217,12 +235,7 @@ pub fn rpc_profile() -> profiles::Profile {
         "failed: out of memory on RPC0",
     ));
     p.leaderboard = ranked(rows);
-    p.figures = p
-        .leaderboard
-        .iter()
-        .find(|e| e.candidate == winner)
-        .and_then(|e| e.figures.clone())
-        .unwrap();
+    p.figures = figures_of(&p.leaderboard, &winner);
     p.baseline = p
         .leaderboard
         .iter()

@@ -302,3 +302,16 @@ pub fn llama_fit(land: &Landscape, s: &TuneSettings) -> Candidate {
 pub fn gib(bytes: u64) -> f64 {
     bytes as f64 / GIB as f64
 }
+
+/// The result of candidate `c` in the run, if it was measured or tried.
+pub fn result<'r>(run: &'r SimRun, c: &Candidate) -> Option<&'r CandidateResult> {
+    run.results.iter().find(|r| &r.candidate == c)
+}
+
+/// Runs `f` on an engine measuring the landscape (for tests of one group at a time).
+pub fn with_engine<T>(land: Landscape, s: TuneSettings, f: impl FnOnce(&mut Engine) -> T) -> T {
+    let stop = || false;
+    let m = SimMeasurer::new(land, s.seed);
+    let mut e = Engine::with_measurer(s, Box::new(m), None, &stop, &Quiet);
+    f(&mut e)
+}

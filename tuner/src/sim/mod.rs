@@ -11,9 +11,12 @@
 //! is emulated on the landscape (`llama_fit.rs`), and so are other tools' ways of choosing, for
 //! `bench/vs-tuners` (`rivals.rs`). Deterministic for a seed.
 
+mod axes_tests;
 mod baseline_tests;
 mod bench;
+mod budget_tests;
 mod context_tests;
+mod crash_tests;
 mod depth_tests;
 mod gate_tests;
 pub mod harness;
@@ -21,8 +24,11 @@ mod host_buffer_tests;
 mod host_tests;
 pub mod landscape;
 mod llama_fit;
+mod moe_tests;
+mod placement_tests;
 mod rivals;
-mod tests;
+mod rounds_tests;
+mod split_tests;
 
 pub use landscape::{candidate_of, Device, Host, Landscape, Moe, SimModel, GIB, MIB};
 
