@@ -36,13 +36,20 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >&2
 }
 
-# Installs what building llama.cpp needs (cmake, a C++ compiler, libclang for bindgen) when missing.
+# Installs what building llama.cpp needs (cmake, a C++ compiler, libclang for bindgen) when missing,
+# and python3 with pip and venv (the reference tools' sdist, the CUDA toolkit's venv).
 ensure_prerequisites() {
   local missing=()
   command -v cmake >/dev/null 2>&1 || missing+=(cmake)
   command -v c++ >/dev/null 2>&1 || missing+=(g++)
   have_libclang || missing+=(libclang-dev)
-  command -v python3 >/dev/null 2>&1 || missing+=(python3 python3-pip)
+  if ! command -v python3 >/dev/null 2>&1; then
+    missing+=(python3 python3-pip python3-venv)
+  elif ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    # A stock Debian or Ubuntu python3 lacks ensurepip: `python3 -m venv` (vendor/cuda-toolkit)
+    # then fails until python3-venv is installed.
+    missing+=(python3-venv)
+  fi
   if [ ${#missing[@]} -gt 0 ]; then
     echo "installing system prerequisites: ${missing[*]}" >&2
     apt_install "${missing[@]}" || exit 1

@@ -147,37 +147,13 @@ fn output_with_a_draft_is_the_target_alones_up_to_near_ties() {
     let demo = demo_model();
     let sb = Sandbox::new();
     let draft = q4_0_draft(&sb);
-    let r = draft_report(
-        &sb,
-        &[
-            "draft",
-            demo.to_str().unwrap(),
-            "--draft",
-            draft.to_str().unwrap(),
-            "--json",
-            "--no-ngram",
-            // One thread: on a busy machine two spinning threads wait for each other far longer
-            // than one thread computes.
-            "-t",
-            "1",
-            "--ctx",
-            "1024",
-            "--draft-max",
-            "4",
-            "--draft-p-min",
-            "0,0.8",
-            "--draft-min",
-            "0",
-            "--draft-gen",
-            "8",
-            "--draft-reps",
-            "2",
-            "--draft-budget",
-            "15m",
-            "--seed",
-            "3",
-        ],
+    let args = draft_model_args(
+        &demo,
+        &draft,
+        ["1024", "0,0.8", "8"],
+        &["--draft-budget", "15m"],
     );
+    let r = draft_report(&sb, &args);
     assert!(
         r["prompts"].as_array().unwrap().len() >= 8,
         "several prompts of several kinds"
@@ -243,36 +219,13 @@ fn a_broken_rollback_is_reported_as_a_real_divergence() {
     let demo = demo_model();
     let sb = Sandbox::new();
     let draft = q4_0_draft(&sb);
-    let r = draft_report_with(
-        &sb,
-        &[
-            "draft",
-            demo.to_str().unwrap(),
-            "--draft",
-            draft.to_str().unwrap(),
-            "--json",
-            "--no-ngram",
-            "-t",
-            "1",
-            "--ctx",
-            "1024",
-            "--draft-max",
-            "4",
-            "--draft-p-min",
-            "0",
-            "--draft-min",
-            "0",
-            "--draft-gen",
-            "16",
-            "--draft-reps",
-            "2",
-            "--draft-budget",
-            "15m",
-            "--seed",
-            "3",
-        ],
-        Some("keep-one-rejected-cell"),
+    let args = draft_model_args(
+        &demo,
+        &draft,
+        ["1024", "0", "16"],
+        &["--draft-budget", "15m"],
     );
+    let r = draft_report_with(&sb, &args, Some("keep-one-rejected-cell"));
     assert_eq!(r["fault"], "keep-one-rejected-cell", "{r:#}");
     let threshold = r["near_tie_nats"].as_f64().expect("the near-tie threshold");
     let measured = measured_trials(&r);
@@ -325,19 +278,8 @@ fn tune_with_a_draft_records_the_outcome_in_the_profile() {
         "--no-save",
     ];
     args.extend_from_slice(SHORT_WORKLOAD);
-    // One thread (on a busy machine two spinning threads wait for each other far longer than one
-    // computes) and one KV type: the tuning itself is not what this test is about.
+    args.extend_from_slice(ONE_THREAD_KNOBS);
     args.extend_from_slice(&[
-        "--threads",
-        "1",
-        "--cache-types",
-        "f16",
-        "--flash-attn",
-        "auto",
-        "--ubatch",
-        "512",
-        "--budget",
-        "30s",
         "--draft-prompts",
         prompts.to_str().unwrap(),
         "--draft",

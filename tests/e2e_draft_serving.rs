@@ -73,34 +73,10 @@ fn apply_runs_a_draft_model_profile_and_reads_the_servers_acceptance() {
     let demo = demo_model();
     let draft = q4_0_draft(&sb).canonicalize().unwrap();
     let prompts = days_prompts(&sb);
+    let more = ["--draft-prompts", prompts.to_str().unwrap()];
     let r = draft_report(
         &sb,
-        &[
-            "draft",
-            demo.to_str().unwrap(),
-            "--draft",
-            draft.to_str().unwrap(),
-            "--json",
-            "--no-ngram",
-            "-t",
-            "1",
-            "--ctx",
-            "512",
-            "--draft-max",
-            "4",
-            "--draft-p-min",
-            "0",
-            "--draft-min",
-            "0",
-            "--draft-gen",
-            "16",
-            "--draft-reps",
-            "2",
-            "--draft-prompts",
-            prompts.to_str().unwrap(),
-            "--seed",
-            "3",
-        ],
+        &draft_model_args(&demo, &draft, ["512", "0", "16"], &more),
     );
     let profile = sb.dir.path().join("with-draft.toml");
     std::fs::write(&profile, with_draft(&draft_table(&r, &draft), 1)).unwrap();
@@ -211,36 +187,15 @@ fn draft_at_slots(
     prompts: &Path,
     slots: &str,
 ) -> serde_json::Value {
+    let more = [
+        "--parallel",
+        slots,
+        "--draft-prompts",
+        prompts.to_str().unwrap(),
+    ];
     draft_report(
         sb,
-        &[
-            "draft",
-            demo.to_str().unwrap(),
-            "--draft",
-            draft.to_str().unwrap(),
-            "--parallel",
-            slots,
-            "--no-ngram",
-            "--json",
-            "-t",
-            "1",
-            "--ctx",
-            "1024",
-            "--draft-max",
-            "4",
-            "--draft-p-min",
-            "0",
-            "--draft-min",
-            "0",
-            "--draft-gen",
-            "16",
-            "--draft-reps",
-            "2",
-            "--draft-prompts",
-            prompts.to_str().unwrap(),
-            "--seed",
-            "3",
-        ],
+        &draft_model_args(demo, draft, ["1024", "0", "16"], &more),
     )
 }
 

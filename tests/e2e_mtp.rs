@@ -48,12 +48,7 @@ fn a_model_with_mtp_heads_is_measured_with_draft_mtp() {
         ],
     );
     assert_eq!(r["mtp"]["heads"], 1, "{r:#}");
-    let entry = r["drafts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["spec_type"] == "draft-mtp")
-        .unwrap_or_else(|| panic!("no draft-mtp entry: {r:#}"));
+    let entry = mtp_entry(&r);
     assert_eq!(entry["status"], "measured", "{entry:#}");
     let measured: Vec<&serde_json::Value> = entry["trials"]
         .as_array()
@@ -104,12 +99,7 @@ fn a_model_with_mtp_heads_is_measured_with_draft_mtp() {
 /// entry, with the n_max it sets: what a user who wants MTP that did not pay here writes into a
 /// profile.
 fn mtp_table(r: &serde_json::Value) -> (String, u64) {
-    let entry = r["drafts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["spec_type"] == "draft-mtp")
-        .unwrap_or_else(|| panic!("no draft-mtp entry: {r:#}"));
+    let entry = mtp_entry(r);
     let best = entry["trials"]
         .as_array()
         .unwrap()
@@ -141,7 +131,7 @@ fn mtp_table(r: &serde_json::Value) -> (String, u64) {
 fn tune_tiny_mtp(sb: &Sandbox, m: &str, parallel: u32) -> (PathBuf, serde_json::Value) {
     let tuned = sb.dir.path().join(format!("tiny-mtp-{parallel}.toml"));
     let np = parallel.to_string();
-    let v = sb.run_json(&[
+    let mut args = vec![
         "tune",
         m,
         "--out",
@@ -149,32 +139,11 @@ fn tune_tiny_mtp(sb: &Sandbox, m: &str, parallel: u32) -> (PathBuf, serde_json::
         "--no-save",
         "--parallel",
         &np,
-        "--depth",
-        "0",
-        "--ctx",
-        "512",
-        "--prompt",
-        "32",
-        "--gen",
-        "8",
-        "--min-reps",
-        "2",
-        "--max-reps",
-        "3",
-        "--seed",
-        "7",
-        "--threads",
-        "1",
-        "--cache-types",
-        "f16",
-        "--flash-attn",
-        "auto",
-        "--ubatch",
-        "512",
-        "--budget",
-        "30s",
-        "--json",
-    ]);
+    ];
+    args.extend_from_slice(SHORT_WORKLOAD_AT_512);
+    args.extend_from_slice(ONE_THREAD_KNOBS);
+    args.push("--json");
+    let v = sb.run_json(&args);
     (tuned, v)
 }
 
@@ -354,9 +323,7 @@ fn mtp_report_at_slots(sb: &Sandbox, m: &str, slots: &str) -> serde_json::Value 
 /// The measured `draft-mtp` settings of report `r`, each checked to keep the target alone's output
 /// (up to near ties): (n_max, acceptance).
 fn acceptance_by_n_max(r: &serde_json::Value) -> Vec<(u64, f64)> {
-    let entry = (r["drafts"].as_array().unwrap().iter())
-        .find(|d| d["spec_type"] == "draft-mtp")
-        .unwrap_or_else(|| panic!("no draft-mtp entry: {r:#}"));
+    let entry = mtp_entry(r);
     (entry["trials"].as_array().unwrap().iter())
         .filter(|t| t["tg_tps"].as_array().is_some_and(|v| !v.is_empty()))
         .map(|t| {
@@ -370,4 +337,11 @@ fn acceptance_by_n_max(r: &serde_json::Value) -> Vec<(u64, f64)> {
             )
         })
         .collect()
+}
+
+/// The `draft-mtp` entry of an `autotune draft --json` report.
+fn mtp_entry(r: &serde_json::Value) -> &serde_json::Value {
+    (r["drafts"].as_array().unwrap().iter())
+        .find(|d| d["spec_type"] == "draft-mtp")
+        .unwrap_or_else(|| panic!("no draft-mtp entry: {r:#}"))
 }

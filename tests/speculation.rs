@@ -7,6 +7,78 @@ use crate::common::*;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+/// SHORT_WORKLOAD at no depth with a larger context: room for `apply --check-only`'s prompt and 64
+/// tokens.
+pub const SHORT_WORKLOAD_AT_512: &[&str] = &[
+    "--depth",
+    "0",
+    "--ctx",
+    "512",
+    "--prompt",
+    "32",
+    "--gen",
+    "8",
+    "--min-reps",
+    "2",
+    "--max-reps",
+    "3",
+    "--seed",
+    "7",
+];
+
+/// The knobs of a tune these tests hold to one configuration, one thread (on a busy machine two
+/// spinning threads wait for each other far longer than one computes) and a 30 s budget: the tuning
+/// itself is not what they are about.
+pub const ONE_THREAD_KNOBS: &[&str] = &[
+    "--threads",
+    "1",
+    "--cache-types",
+    "f16",
+    "--flash-attn",
+    "auto",
+    "--ubatch",
+    "512",
+    "--budget",
+    "30s",
+];
+
+/// `autotune draft --json` arguments for `target` with the draft model `draft` (no n-gram lookup):
+/// one thread (on a busy machine two spinning threads wait for each other far longer than one
+/// computes), at most 4 drafted tokens with no minimum, two repetitions, seed 3; `ctx`, `p_min`
+/// (comma-separated values) and `gen` as given, and `more` before the seed.
+pub fn draft_model_args<'a>(
+    target: &'a Path,
+    draft: &'a Path,
+    [ctx, p_min, gen]: [&'a str; 3],
+    more: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "draft",
+        target.to_str().unwrap(),
+        "--draft",
+        draft.to_str().unwrap(),
+        "--json",
+        "--no-ngram",
+        "-t",
+        "1",
+        "--ctx",
+        ctx,
+        "--draft-max",
+        "4",
+        "--draft-p-min",
+        p_min,
+        "--draft-min",
+        "0",
+        "--draft-gen",
+        gen,
+        "--draft-reps",
+        "2",
+    ];
+    args.extend_from_slice(more);
+    args.extend_from_slice(&["--seed", "3"]);
+    args
+}
+
 /// The demo model quantized to Q4_0: a real draft with the same vocabulary. Made once per test
 /// binary (quantizing takes a while on 2 cores) in a folder that lives as long as the process.
 pub fn q4_0_draft(sb: &Sandbox) -> PathBuf {
@@ -120,33 +192,10 @@ pub fn ngram_profile() -> PathBuf {
             "--no-save",
             "--workload",
             "agent",
-            "--depth",
-            "0",
-            // SHORT_WORKLOAD with a larger context: room for the check's prompt and 64 tokens.
-            "--ctx",
-            "512",
-            "--prompt",
-            "32",
-            "--gen",
-            "8",
-            "--min-reps",
-            "2",
-            "--max-reps",
-            "3",
-            "--seed",
-            "7",
         ];
+        args.extend_from_slice(SHORT_WORKLOAD_AT_512);
+        args.extend_from_slice(ONE_THREAD_KNOBS);
         args.extend_from_slice(&[
-            "--threads",
-            "1",
-            "--cache-types",
-            "f16",
-            "--flash-attn",
-            "auto",
-            "--ubatch",
-            "512",
-            "--budget",
-            "30s",
             "--draft-prompts",
             prompts.to_str().unwrap(),
             "--ngram-n",

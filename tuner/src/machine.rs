@@ -1,9 +1,15 @@
 //! What machine this is: CPU, cores, memory, OS and llama.cpp's devices, and a fingerprint that
 //! changes when any of them does (a profile measured elsewhere is stale here).
+//!
+//! Memory and the physical cores come from the OS through `sysinfo` (on Linux the same
+//! /proc/meminfo and /proc/cpuinfo figures as ever; elsewhere its own calls, where reading /proc
+//! would find nothing). What only Linux tells stays Linux's: the CPU's model name as the fingerprint
+//! has always had it, a hybrid CPU's performance cores, the NUMA nodes.
 
 use crate::llama::DeviceInfo;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use sysinfo::{CpuRefreshKind, MemoryRefreshKind, RefreshKind, System};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Machine {
@@ -27,21 +33,14 @@ pub struct Machine {
 impl Machine {
     pub fn probe(devices: Vec<DeviceInfo>) -> Machine {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let cpu = cpuinfo
-            .lines()
-            .find(|l| l.starts_with("model name"))
-            .and_then(|l| l.split(':').nth(1))
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+        let cpu = cpu_name(&cpuinfo);
         let logical = std::thread::available_parallelism()
             .map(|n| n.get() as u32)
             .unwrap_or(1);
-        let physical = physical_cores(&cpuinfo)
-            .unwrap_or(logical)
+        let physical = (System::new().physical_core_count())
+            .map_or(logical, |n| n as u32)
             .clamp(1, logical.max(1));
-        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-        let ram_bytes = meminfo_kib(&meminfo, "MemTotal:") * 1024;
-        let ram_available_bytes = meminfo_kib(&meminfo, "MemAvailable:") * 1024;
+        let (ram_bytes, ram_available_bytes) = ram();
         let os = std::fs::read_to_string("/etc/os-release")
             .ok()
             .and_then(|t| {
@@ -127,8 +126,33 @@ pub fn numa_nodes(root: &std::path::Path) -> u32 {
     with_cpus.max(1)
 }
 
-fn physical_cores(cpuinfo: &str) -> Option<u32> {
-    cores_among(cpuinfo, |_| true)
+/// The CPU's model name: /proc/cpuinfo's `model name` on Linux (part of the fingerprint, so read as
+/// it always was), the OS's brand string elsewhere, else the architecture.
+fn cpu_name(cpuinfo: &str) -> String {
+    cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string())
+        .or_else(|| (!cfg!(target_os = "linux")).then(cpu_brand).flatten())
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// The first CPU's brand string as the OS reports it (sysinfo); `None` when empty.
+fn cpu_brand() -> Option<String> {
+    let cpus = RefreshKind::nothing().with_cpu(CpuRefreshKind::everything());
+    let sys = System::new_with_specifics(cpus);
+    let brand = sys.cpus().first()?.brand().trim().to_string();
+    (!brand.is_empty()).then_some(brand)
+}
+
+/// The RAM's size and what a new process can have of it now (free memory plus the page cache and
+/// slab the kernel can reclaim: Linux's MemTotal and MemAvailable), in bytes, as the OS reports them
+/// (sysinfo); 0 where it cannot say.
+fn ram() -> (u64, u64) {
+    let memory = RefreshKind::nothing().with_memory(MemoryRefreshKind::nothing().with_ram());
+    let sys = System::new_with_specifics(memory);
+    (sys.total_memory(), sys.available_memory())
 }
 
 /// Where Linux lists a hybrid Intel CPU's performance cores' logical CPUs (its efficiency cores'
@@ -178,24 +202,9 @@ fn cores_among(cpuinfo: &str, keep: impl Fn(u32) -> bool) -> Option<u32> {
     (!seen.is_empty()).then_some(seen.len() as u32)
 }
 
-/// The RAM available to a new process now (`MemAvailable`: free memory plus the page cache and slab
-/// the kernel can reclaim); `None` where /proc/meminfo does not say.
+/// The RAM available to a new process now (see [`ram`]); `None` where the OS does not say.
 pub fn ram_available_now() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    meminfo
-        .lines()
-        .any(|l| l.starts_with("MemAvailable:"))
-        .then(|| meminfo_kib(&meminfo, "MemAvailable:") * 1024)
-}
-
-/// A `Key:  N kB` figure of /proc/meminfo (or /proc/PID/status), in KiB; 0 when absent.
-pub(crate) fn meminfo_kib(meminfo: &str, key: &str) -> u64 {
-    meminfo
-        .lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    Some(ram().1).filter(|&a| a > 0)
 }
 
 #[cfg(test)]
@@ -230,7 +239,7 @@ mod tests {
             .iter()
             .map(|(p, c)| format!("processor\t: {p}\nphysical id\t: 0\ncore id\t\t: {c}\n\n"))
             .collect();
-        assert_eq!(physical_cores(&info), Some(4));
+        assert_eq!(cores_among(&info, |_| true), Some(4));
         assert_eq!(performance_cores(Some("0-3\n"), &info), Some(2));
         assert_eq!(performance_cores(Some("0,2"), &info), Some(2));
         assert_eq!(performance_cores(None, &info), None, "not hybrid");
@@ -239,10 +248,28 @@ mod tests {
         assert_eq!(performance_cores(Some("x"), &info), None);
     }
 
+    /// On Linux sysinfo reads the figures autotune read from /proc itself before, to the byte and
+    /// the core: profiles and fingerprints made then are found again.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn on_linux_the_ram_and_cores_are_procs_own_figures() {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+        let mem_total_kib: u64 = (meminfo.lines())
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap();
+        assert_eq!(ram().0, mem_total_kib * 1024);
+        assert!(ram_available_now().is_some_and(|a| a > 0 && a <= ram().0));
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+        if let Some(cores) = cores_among(&cpuinfo, |_| true) {
+            assert_eq!(System::new().physical_core_count(), Some(cores as usize));
+        }
+    }
+
     #[test]
     fn counts_physical_cores_once_per_core_id() {
         let info = "processor\t: 0\nphysical id\t: 0\ncore id\t\t: 0\n\nprocessor\t: 1\nphysical id\t: 0\ncore id\t\t: 0\n\nprocessor\t: 2\nphysical id\t: 0\ncore id\t\t: 1\n";
-        assert_eq!(physical_cores(info), Some(2));
-        assert_eq!(physical_cores(""), None);
+        assert_eq!(cores_among(info, |_| true), Some(2));
+        assert_eq!(cores_among("", |_| true), None);
     }
 }

@@ -118,10 +118,7 @@ pub struct Bandwidth {
 /// for a buffer that would defeat the cache.
 pub fn measure_cpu() -> Option<Bandwidth> {
     let llc = last_level_cache_bytes();
-    let available = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| meminfo_bytes(&m, "MemAvailable:"))
-        .unwrap_or(u64::MAX);
+    let available = crate::machine::ram_available_now().unwrap_or(u64::MAX);
     let size = buffer_size(llc, available)?;
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -209,17 +206,6 @@ fn last_level_cache_bytes() -> Option<u64> {
         .max()
 }
 
-fn meminfo_bytes(meminfo: &str, key: &str) -> Option<u64> {
-    let kib: u64 = meminfo
-        .lines()
-        .find(|l| l.starts_with(key))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,12 +239,5 @@ mod tests {
         assert_eq!(buffer_size(Some(32 << 20), 1 << 30), Some(256 << 20));
         assert_eq!(buffer_size(Some(32 << 20), 512 << 20), Some(128 << 20));
         assert_eq!(buffer_size(Some(32 << 20), 100 << 20), None);
-    }
-
-    #[test]
-    fn reads_meminfo() {
-        let m = "MemTotal:       24683520 kB\nMemAvailable:   23299072 kB\n";
-        assert_eq!(meminfo_bytes(m, "MemAvailable:"), Some(23_299_072 * 1024));
-        assert_eq!(meminfo_bytes(m, "Nope:"), None);
     }
 }

@@ -168,7 +168,7 @@ mod tests {
         let cpu = sys::GGML_BACKEND_DEVICE_TYPE_CPU;
         assert_eq!(host_free(gpu, 5 << 30), 5 << 30, "a GPU's own figure");
         assert_eq!(host_free(cpu, 1), 1, "never more than llama.cpp says");
-        let available = crate::machine::ram_available_now().expect("/proc/meminfo");
+        let available = crate::machine::ram_available_now().expect("the RAM available now");
         let free = host_free(cpu, u64::MAX);
         assert!(
             free.abs_diff(available) < 512 << 20,

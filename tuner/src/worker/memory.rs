@@ -23,7 +23,17 @@ pub fn private_bytes() -> u64 {
 /// A `/proc/self/status` figure (`key` with its colon) in bytes; 0 where unavailable.
 fn status_bytes(key: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    crate::machine::meminfo_kib(&status, key) * 1024
+    status_kib(&status, key) * 1024
+}
+
+/// A `Key:  N kB` figure of /proc/PID/status, in KiB; 0 when absent.
+fn status_kib(status: &str, key: &str) -> u64 {
+    status
+        .lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Clears the referenced bits of this process's pages, so that [`model_pages_referenced`] later
@@ -144,8 +154,17 @@ pub fn rss_bytes() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::{
-        gguf_referenced_bytes, short_of_device_memory, thread_stack_bytes, DeviceBytes, LOAD_GUARD,
+        gguf_referenced_bytes, short_of_device_memory, status_kib, thread_stack_bytes, DeviceBytes,
+        LOAD_GUARD,
     };
+
+    #[test]
+    fn reads_a_status_figure_in_kib() {
+        let status = "Name:\tautotune\nVmData:\t  123456 kB\nRssFile:\t   2048 kB\n";
+        assert_eq!(status_kib(status, "VmData:"), 123_456);
+        assert_eq!(status_kib(status, "RssFile:"), 2048);
+        assert_eq!(status_kib(status, "Nope:"), 0);
+    }
 
     #[test]
     fn referenced_pages_of_gguf_mappings_are_summed() {
