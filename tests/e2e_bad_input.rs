@@ -85,6 +85,10 @@ fn out_of_range_flags_are_usage_errors() {
             "--max-kv-kld -0.1: give a mean KL divergence of 0 or more",
         ),
         (vec![m, "--max-kv-kld", "NaN"], "--max-kv-kld NaN"),
+        (
+            vec!["measure", m, "--n-cpu-ffn", "40"],
+            "--n-cpu-ffn 40: the model has 18 layers; give at most 18",
+        ),
         (vec![m, "--max-kv-kld", "lots"], "invalid value 'lots'"),
         (
             vec![m, "--max-kv-kld", "0.1", "--no-quality-gate"],

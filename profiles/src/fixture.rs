@@ -69,6 +69,7 @@ fn winner() -> Candidate {
     Candidate {
         n_gpu_layers: 99,
         n_cpu_moe: 0,
+        n_cpu_ffn: 0,
         devices: vec!["CUDA0".into()],
         tensor_split: Vec::new(),
         split_mode: Default::default(),

@@ -45,6 +45,9 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
         // gives 4 slots one shared pool: what a single request measured runs the same on).
         opts.insert(2, opt("-np", "parallel", w.n_parallel.to_string()));
     }
+    if c.n_cpu_ffn > 0 {
+        opts.push(opt("--n-cpu-ffn", "n-cpu-ffn", c.n_cpu_ffn.to_string()));
+    }
     if c.n_cpu_moe > 0 {
         opts.push(opt("--n-cpu-moe", "n-cpu-moe", c.n_cpu_moe.to_string()));
     }
@@ -220,6 +223,28 @@ mod tests {
         );
         assert!(args.windows(2).any(|w| w == ["-fa", "on"]));
         assert!(args.windows(2).any(|w| w == ["-ctv", "q8_0"]));
+    }
+
+    #[test]
+    fn host_ffns_and_a_kv_pair_apart_reach_the_server() {
+        let mut c = Candidate::llama_default(4, 33);
+        c.n_cpu_ffn = 14;
+        c.type_k = CacheType::Q8_0;
+        c.type_v = CacheType::Q4_0;
+        let args = server_args(&c, Path::new("m.gguf"), &workload());
+        assert!(
+            args.windows(2).any(|w| w == ["--n-cpu-ffn", "14"]),
+            "{args:?}"
+        );
+        assert!(args.windows(2).any(|w| w == ["-ctk", "q8_0"]));
+        assert!(args.windows(2).any(|w| w == ["-ctv", "q4_0"]));
+        assert_eq!(
+            c.label(),
+            "ngl=33 cpu-ffn=14 t=4 b=2048/512 kv=q8_0/q4_0 fa=auto repack"
+        );
+        c.n_cpu_ffn = 0;
+        let args = server_args(&c, Path::new("m.gguf"), &workload());
+        assert!(!args.iter().any(|a| a == "--n-cpu-ffn"), "{args:?}");
     }
 
     #[test]

@@ -189,6 +189,7 @@ fn check_winner(p: &Profile) -> Result<()> {
     }
     in_range("winner.n_gpu_layers", c.n_gpu_layers, 0, MAX_GPU_LAYERS)?;
     in_range("winner.n_cpu_moe", c.n_cpu_moe, 0, MAX_GPU_LAYERS)?;
+    in_range("winner.n_cpu_ffn", c.n_cpu_ffn, 0, MAX_GPU_LAYERS)?;
     for (i, name) in c.devices.iter().enumerate() {
         if !is_device_name(name) {
             return Err(ProfileError::invalid(

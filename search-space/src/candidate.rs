@@ -434,6 +434,11 @@ pub struct Candidate {
     /// `--n-cpu-moe N`); 0 = experts go where their layer goes.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub n_cpu_moe: u32,
+    /// Dense models: the FFN tensors of the first N layers stay in host memory while their
+    /// attention and KV cache go with the layer (llama.cpp's `--n-cpu-ffn N`); 0 = each layer's FFN
+    /// goes where its layer goes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub n_cpu_ffn: u32,
     /// Devices to use, by llama.cpp's device name (`--device`); empty = llama.cpp's default.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<String>,
@@ -506,6 +511,7 @@ impl Candidate {
         Candidate {
             n_gpu_layers,
             n_cpu_moe: 0,
+            n_cpu_ffn: 0,
             devices: Vec::new(),
             tensor_split: Vec::new(),
             split_mode: SplitMode::Layer,
@@ -561,6 +567,7 @@ impl Candidate {
     ) -> (
         u32,
         u32,
+        u32,
         &[String],
         &[u32],
         SplitMode,
@@ -571,6 +578,7 @@ impl Candidate {
         (
             self.n_gpu_layers,
             self.n_cpu_moe,
+            self.n_cpu_ffn,
             &self.devices,
             &self.tensor_split,
             self.split_mode,
@@ -599,10 +607,11 @@ impl Candidate {
             format!(" sm={}", self.split_mode)
         };
         let dev = format!("{dev}{split}{sm}");
-        let moe = if self.n_cpu_moe > 0 {
-            format!(" cpu-moe={}", self.n_cpu_moe)
-        } else {
-            String::new()
+        let moe = match (self.n_cpu_moe, self.n_cpu_ffn) {
+            (0, 0) => String::new(),
+            (0, f) => format!(" cpu-ffn={f}"),
+            (m, 0) => format!(" cpu-moe={m}"),
+            (m, f) => format!(" cpu-moe={m} cpu-ffn={f}"),
         };
         let tb = match self.threads_batch {
             Some(tb) => format!(" tb={tb}"),
@@ -653,6 +662,7 @@ impl Candidate {
             !self.tensor_split.is_empty(),
             !self.split_mode.is_layer(),
             self.n_cpu_moe > 0,
+            self.n_cpu_ffn > 0,
             !self.op_offload.is_on(),
             !self.kv_offload.is_on(),
             self.threads_batch.is_some(),

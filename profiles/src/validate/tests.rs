@@ -237,6 +237,7 @@ fn candidate() -> impl Strategy<Value = Candidate> {
                 Candidate {
                     n_gpu_layers: ngl,
                     n_cpu_moe: 0,
+                    n_cpu_ffn: ngl / 2,
                     devices,
                     tensor_split: Vec::new(),
                     split_mode: Default::default(),

@@ -76,6 +76,10 @@ pub struct MeasureArgs {
     /// MoE: keep the experts of the first N layers in host memory (--n-cpu-moe)
     #[arg(long = "n-cpu-moe", default_value_t = 0)]
     pub n_cpu_moe: u32,
+    /// Dense models: keep the FFN weights of the first N layers in host memory, their attention and
+    /// KV cache on the devices (--n-cpu-ffn); at most the model's layer count
+    #[arg(long = "n-cpu-ffn", default_value_t = 0)]
+    pub n_cpu_ffn: u32,
     /// Put tensors matching a regex on a buffer type, PATTERN=BUFT (-ot; repeatable), e.g.
     /// 'blk\.3\.ffn_.*_exps=CPU'; how a placement from `autotune fit` is reproduced
     #[arg(long = "override-tensor", visible_alias = "ot")]

@@ -98,6 +98,7 @@ fn setup(
             no_alloc: false,
             rpc: Vec::new(),
             n_cpu_moe: 0,
+            n_cpu_ffn: 0,
             tensor_overrides: Vec::new(),
             tensor_split: Vec::new(),
             split_mode: Default::default(),

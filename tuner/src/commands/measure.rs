@@ -77,7 +77,7 @@ pub fn tensor_overrides(values: &[String]) -> anyhow::Result<Vec<(String, String
 }
 
 pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
-    inspect_model(&a.model)?;
+    check_layer_counts(a, &inspect_model(&a.model)?)?;
     let model = std::fs::canonicalize(&a.model)?;
     let d = probe::probe(cli.verbose, &a.rpc.servers)?;
     let (candidate, mut request) = request_of(a, model, &d)?;
@@ -154,6 +154,21 @@ pub fn run(cli: &Cli, a: &MeasureArgs) -> anyhow::Result<i32> {
     Ok(exit::OK)
 }
 
+/// Layer counts the flags give that the model's layers bound (`--n-cpu-ffn`).
+fn check_layer_counts(a: &MeasureArgs, info: &search_space::gguf::GgufInfo) -> anyhow::Result<()> {
+    let layers = info.block_count.unwrap_or(0);
+    if a.n_cpu_ffn > layers {
+        return Err(Exit::new(
+            exit::USAGE,
+            format!(
+                "--n-cpu-ffn {}: the model has {layers} layers; give at most {layers}",
+                a.n_cpu_ffn
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The configuration the flags describe, and its measurement request.
 fn request_of(
     a: &MeasureArgs,
@@ -163,6 +178,7 @@ fn request_of(
     let candidate = Candidate {
         n_gpu_layers: a.n_gpu_layers,
         n_cpu_moe: a.n_cpu_moe,
+        n_cpu_ffn: a.n_cpu_ffn,
         devices: a.devices.clone(),
         tensor_split: a.tensor_split.clone(),
         split_mode: a.split_mode,

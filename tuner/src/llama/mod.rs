@@ -31,7 +31,7 @@ pub use log::{bytes_per_device, cpu_variant, log_tail, parse_buffer_reports, tak
 pub use model::{quantize_model, Model};
 pub use mtp::{MtpDrafter, MtpWant};
 pub use rpc::{rpc_add_servers, rpc_start_server};
-pub use settings::{expert_pattern, ContextSettings, ModelSettings};
+pub use settings::{dense_ffn_pattern, expert_pattern, ContextSettings, ModelSettings};
 
 use std::ffi::{c_char, CStr};
 

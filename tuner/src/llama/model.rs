@@ -1,7 +1,10 @@
 //! A loaded llama.cpp model (weights or only its vocabulary): loading with placement settings,
 //! vocabulary queries and tokenizing, and llama.cpp's quantizer.
 
-use super::{buffer_type_by_name, expert_pattern, log_tail, take_log, LlamaError, ModelSettings};
+use super::{
+    buffer_type_by_name, dense_ffn_pattern, expert_pattern, log_tail, take_log, LlamaError,
+    ModelSettings,
+};
 use llama_cpp_sys_2 as sys;
 use std::ffi::{CStr, CString};
 use std::path::Path;
@@ -214,7 +217,7 @@ fn device_list(names: &[String]) -> Result<Vec<sys::ggml_backend_dev_t>, LlamaEr
 }
 
 /// Tensor buffer-type overrides (the manual ones, then the expert tensors of the first n_cpu_moe
-/// layers → the CPU's buffer type), NULL-terminated when not empty; `list` points into `_patterns`.
+/// layers and the dense FFN tensors of the first n_cpu_ffn → the CPU's buffer type), NULL-terminated when not empty; `list` points into `_patterns`.
 struct BuftOverrides {
     _patterns: Vec<CString>,
     list: Vec<sys::llama_model_tensor_buft_override>,
@@ -234,15 +237,18 @@ impl BuftOverrides {
                 Ok((p, b))
             })
             .collect::<Result<_, LlamaError>>()?;
-        if s.n_cpu_moe > 0 {
+        if s.n_cpu_moe > 0 || s.n_cpu_ffn > 0 {
             // SAFETY: registry lookups.
             let cpu_buft = unsafe {
                 sys::ggml_backend_dev_buffer_type(sys::ggml_backend_dev_by_type(
                     sys::GGML_BACKEND_DEVICE_TYPE_CPU,
                 ))
             };
-            for i in 0..s.n_cpu_moe {
-                let p = CString::new(expert_pattern(i)).expect("no NUL in pattern");
+            let patterns = (0..s.n_cpu_moe)
+                .map(expert_pattern)
+                .chain((0..s.n_cpu_ffn).map(dense_ffn_pattern));
+            for pattern in patterns {
+                let p = CString::new(pattern).expect("no NUL in pattern");
                 targets.push((p, cpu_buft));
             }
         }

@@ -19,6 +19,9 @@ pub struct ModelSettings {
     /// MoE: expert tensors of the first N layers stay in host memory (llama.cpp's --n-cpu-moe).
     #[serde(default)]
     pub n_cpu_moe: u32,
+    /// Dense FFN tensors of the first N layers stay in host memory (llama.cpp's --n-cpu-ffn).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub n_cpu_ffn: u32,
     /// Tensors whose names match a pattern go to a buffer type (llama.cpp's `-ot PATTERN=BUFT`); the
     /// buffer type is named by its ggml name or its device's name (`CPU`, `RPC0`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -49,6 +52,7 @@ impl Default for ModelSettings {
             no_alloc: false,
             rpc: Vec::new(),
             n_cpu_moe: 0,
+            n_cpu_ffn: 0,
             tensor_overrides: Vec::new(),
             tensor_split: Vec::new(),
             split_mode: search_space::SplitMode::Layer,
@@ -62,6 +66,16 @@ impl Default for ModelSettings {
 /// (covers the fused `gate_up` tensors and the `chexps` variant too).
 pub fn expert_pattern(layer: u32) -> String {
     format!("blk\\.{layer}\\.ffn_(up|down|gate|gate_up)_(ch|)exps")
+}
+
+/// The tensor-name pattern of one layer's dense FFN tensors, as llama.cpp's `--n-cpu-ffn` writes it
+/// (`LLM_FFN_DENSE_REGEX`: up, down and gate, not the experts).
+pub fn dense_ffn_pattern(layer: u32) -> String {
+    format!("blk\\.{layer}\\.ffn_(up|down|gate)\\.")
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// Context-side settings: a change here needs only a new context.
@@ -103,6 +117,7 @@ impl ModelSettings {
             no_alloc: false,
             rpc: rpc.to_vec(),
             n_cpu_moe: c.n_cpu_moe,
+            n_cpu_ffn: c.n_cpu_ffn,
             tensor_overrides: Vec::new(),
             tensor_split: c.tensor_split.clone(),
             split_mode: c.split_mode,

@@ -144,6 +144,7 @@ pub fn candidate_of(req: &MeasureRequest) -> Candidate {
     Candidate {
         n_gpu_layers: req.settings.n_gpu_layers,
         n_cpu_moe: req.settings.n_cpu_moe,
+        n_cpu_ffn: req.settings.n_cpu_ffn,
         devices: req.settings.devices.clone(),
         tensor_split: req.settings.tensor_split.clone(),
         split_mode: req.settings.split_mode,
