@@ -7,7 +7,8 @@
 //! that fit by autotune's dry runs, and says why.
 
 use crate::engine::Engine;
-use crate::fit::{as_n_cpu_moe, FitAnswer, FitRequest, TensorOverride};
+use crate::fit::as_n_cpu_moe;
+use crate::measuring::{FitAnswer, FitRequest, TensorOverride};
 use search_space::size::format_size;
 use search_space::Candidate;
 use serde::{Deserialize, Serialize};
@@ -343,7 +344,7 @@ const MAX_TRIM: u32 = 2;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fit::FitDevice;
+    use crate::measuring::FitDevice;
 
     fn answer(ngl: i32, split: &[f32], overrides: &[&str]) -> FitAnswer {
         FitAnswer {

@@ -9,12 +9,9 @@
 //! shuffled order (seeded, recorded), so slow drift of the machine hits all candidates alike.
 
 use crate::baseline::{BaselinePlacement, BaselineSource};
-use crate::fit::{FitAnswer, FitRequest};
-use crate::llama::{ContextSettings, ModelSettings};
+use crate::measuring::{ContextSettings, MeasureRequest, Measurer, ModelSettings, Progress};
+use crate::measuring::{LoadReport, Workload};
 use crate::stats::{self, Sample, Verdict};
-use crate::worker::TrialFailure;
-use crate::worker::{LoadReport, MeasureRequest, Repetition, Workload};
-use crate::worker::{WorkerPool, Workers};
 use profiles::measurements::MeasurementLog;
 use search_space::{
     CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload,
@@ -42,7 +39,7 @@ pub(crate) use axes::in_space;
 pub(crate) use axes::offloads_host_ops;
 pub(crate) use axes::vary_cache;
 use axes::*;
-pub use gate::{GateChoice, KvQualityAnswer, KvQualityRequest, QualityGate};
+pub use gate::{GateChoice, QualityGate};
 use result::tie_break;
 pub use result::{score_seconds, CandidateResult, BUDGET_SPENT};
 
@@ -151,65 +148,6 @@ const EXPERT_CHALLENGE: f64 = 0.15;
 /// the search needs on a model split over several GPUs (`bench/vs-tuners`).
 pub const VISITS: f64 = 40.0;
 
-/// Progress callbacks, so the CLI can draw a bar without the engine knowing about terminals.
-pub trait Progress {
-    fn candidate_started(&self, label: &str, axis: &str);
-    fn repetition(&self, label: &str, rep: &Repetition);
-    fn failed(&self, label: &str, failure: &str);
-    /// A first repetition stopped as several times slower than the best (not a failure).
-    fn stopped(&self, label: &str, why: &str) {
-        self.failed(label, why)
-    }
-    fn best(&self, label: &str, margin: Option<f64>, elapsed: Duration, budget: Duration);
-    /// A line worth the user's eye as it happens (a quality gate's verdict).
-    fn note(&self, _line: &str) {}
-}
-
-/// What the engine measures through: on a user's run the worker processes running llama.cpp
-/// ([`Workers`]); in tests and `bench/search-sim` a simulated landscape (`sim`). The engine's
-/// clock is the measurer's too, so a simulated run spends simulated seconds of its budget.
-pub trait Measurer {
-    /// One repetition of the workload for a request, loading its model first when needed.
-    fn measure(
-        &mut self,
-        req: &MeasureRequest,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<Repetition, TrialFailure>;
-    /// The dry run's memory per device for a request (nothing allocated); `Err` with the reason.
-    fn footprint(
-        &mut self,
-        req: &MeasureRequest,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<LoadReport, String>;
-    /// llama.cpp's own fit (`common_fit_params`, llama-server's default `--fit`) asked for its
-    /// placement under the request's budgets and context; `Err` with the reason when it gave none.
-    fn llama_fit(&mut self, req: &FitRequest, stop: &dyn Fn() -> bool)
-        -> Result<FitAnswer, String>;
-    /// Each device's memory read bandwidth in bytes per second (its own kernels over a matrix in
-    /// its memory, as `explain` measures it, within half the device's budget in bytes; through
-    /// `rpc`'s servers where those are the devices); a device whose probe failed is left out.
-    fn device_bandwidths(
-        &mut self,
-        devices: &[(String, u64)],
-        rpc: &[String],
-    ) -> Vec<(String, f64)>;
-    /// The next-token distributions of the model with a K/V cache pair against the same model with
-    /// f16 caches ([`gate`]); `Err` with the reason when they could not be had.
-    fn kv_quality(
-        &mut self,
-        req: &KvQualityRequest,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<KvQualityAnswer, String>;
-    /// How often the placement of this request has crashed its worker.
-    fn crashes_for(&self, req: &MeasureRequest) -> u32;
-    /// Lets go of every loaded model, so the next repetition runs on a fresh load.
-    fn unload(&mut self);
-    /// Ends every worker (the end of the run).
-    fn shutdown(&mut self);
-    /// Time since the run started (wall time for real, simulated seconds for the simulator).
-    fn elapsed(&self) -> Duration;
-}
-
 pub struct Engine<'a> {
     pub settings: TuneSettings,
     pub results: Vec<CandidateResult>,
@@ -241,18 +179,9 @@ pub struct Engine<'a> {
 }
 
 impl<'a> Engine<'a> {
+    /// An engine that measures through `measurer`: the worker processes on a user's run
+    /// (`worker::Workers`), the simulator in tests.
     pub fn new(
-        settings: TuneSettings,
-        pool: WorkerPool,
-        log: Option<&'a mut MeasurementLog>,
-        stop: &'a dyn Fn() -> bool,
-        progress: &'a dyn Progress,
-    ) -> Self {
-        Self::with_measurer(settings, Box::new(Workers::new(pool)), log, stop, progress)
-    }
-
-    /// An engine that measures through `measurer` (the simulator in tests).
-    pub fn with_measurer(
         settings: TuneSettings,
         measurer: Box<dyn Measurer + 'a>,
         log: Option<&'a mut MeasurementLog>,

@@ -9,8 +9,8 @@
 //! its autotune budget.
 
 use crate::llama::{self, cstr, LlamaError};
+use crate::measuring::{FitAnswer, FitDevice, FitRequest, TensorOverride};
 use crate::worker::protocol::Response;
-pub use crate::worker::protocol::{FitAnswer, FitDevice, FitRequest, TensorOverride};
 use llama_cpp_sys_2 as sys;
 use std::ffi::CString;
 

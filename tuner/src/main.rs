@@ -12,6 +12,7 @@ mod gpus;
 mod inputs;
 mod llama;
 mod machine;
+mod measuring;
 mod placement;
 mod probe;
 mod quant;

@@ -4,7 +4,7 @@
 //! GPU-layer axis starts from the most layers that fit and walks down, so the offload cliff shows.
 
 use crate::engine::{vary_cache, Engine};
-use crate::worker::{LoadReport, TrialFailure};
+use crate::measuring::{LoadReport, TrialFailure};
 use search_space::size::format_size_pair;
 use search_space::{Candidate, KvOffload};
 

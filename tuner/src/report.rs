@@ -3,8 +3,8 @@
 
 use crate::baseline::BaselinePlacement;
 use crate::engine::{score_seconds, CandidateResult};
+use crate::measuring::{Repetition, TrialFailure, Workload};
 use crate::stats::{Comparison, Sample, Verdict};
-use crate::worker::{Repetition, TrialFailure, Workload};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use profiles::{Figures, LeaderboardEntry};
 use search_space::size::format_size;
@@ -548,7 +548,7 @@ pub use crate::term::one_line;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::worker::{LoadReport, Repetition};
+    use crate::measuring::{LoadReport, Repetition};
 
     const W: Workload = Workload {
         n_ctx: 512,

@@ -1,8 +1,8 @@
 //! The terminal side of a run: the interrupt flag (Ctrl-C, SIGTERM), progress bars on stderr, and
 //! errors and notes kept to one line.
 
-use crate::engine::Progress;
-use crate::worker::Repetition;
+use crate::measuring::Progress;
+use crate::measuring::Repetition;
 use anyhow::Context as _;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;

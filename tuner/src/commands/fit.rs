@@ -6,12 +6,13 @@
 use crate::baseline::FitPlacement;
 use crate::cli::{Cli, DeviceArgs};
 use crate::exit::{self, Exit};
-use crate::fit::{FitAnswer, FitRequest};
 use crate::llama::{ContextSettings, ModelSettings};
+use crate::measuring::{FitAnswer, FitRequest};
+use crate::measuring::{MeasureRequest, Workload};
 use crate::probe;
 use crate::session;
 use crate::worker::WorkerPool;
-use crate::worker::{MeasureRequest, Request, Response, Workload};
+use crate::worker::{Request, Response};
 use clap::Args;
 use search_space::size::format_size;
 use search_space::{CacheType, FlashAttn};

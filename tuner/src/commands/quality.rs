@@ -5,10 +5,10 @@ use super::settings::eval_settings;
 use crate::cli::{Cli, QualityArgs};
 use crate::exit::{self, Exit};
 use crate::inputs::{self, Also};
+use crate::measuring::TrialFailure;
 use crate::quant::ladder::{self, Ladder};
 use crate::quant::quality::{self, Evaluator, QualityTable};
 use crate::session::inspect_model;
-use crate::worker::TrialFailure;
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]

@@ -3,9 +3,9 @@
 
 use crate::cli::{Cli, QuantizeArgs};
 use crate::exit::{self, Exit};
+use crate::measuring::TrialFailure;
 use crate::quant::make::{self, Made, MakeSettings};
 use crate::session::{cache_dir, inspect_model};
-use crate::worker::TrialFailure;
 use anyhow::Context as _;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Table};
 use search_space::identity::ModelIdentity;

@@ -8,6 +8,7 @@ use crate::engine::gate::DEFAULT_MAX_KV_KLD;
 use crate::engine::GateChoice;
 use crate::exit::{self, Exit};
 use crate::inputs::{self, Also};
+use crate::measuring::Workload;
 use crate::quant::joint::Joint;
 use crate::quant::quality::{self, EvalSettings};
 use crate::session;
@@ -15,7 +16,6 @@ use crate::speculative::attach::DraftSearch;
 use crate::speculative::ngram::NgramGrid;
 use crate::speculative::{prompts, Grid};
 use crate::tuning::{self, Plan};
-use crate::worker::Workload;
 use anyhow::Context as _;
 use std::path::Path;
 

@@ -5,10 +5,9 @@
 //! measure a pair that could not win), and the measurer caches the figures across runs.
 
 use super::Engine;
-use crate::worker::Workload;
-use profiles::{KvQualityCheck, QualityFigures, QualityRecord};
-use search_space::{CacheType, Candidate};
-use std::path::PathBuf;
+use crate::measuring::{KvQualityRequest, Workload};
+use profiles::{KvQualityCheck, QualityRecord};
+use search_space::Candidate;
 
 /// The default gate: the mean KL divergence (nats per token) a quantized K/V cache may add over
 /// the f16 cache. On Llama 3 8B (llama.cpp PR 7412's table) a q8_0/q8_0 cache adds about 0.001 and
@@ -92,28 +91,6 @@ pub fn window_for(w: &Workload) -> u32 {
 /// at 512), else two whole windows (what the text holds).
 fn tokens_for(window: u32) -> u32 {
     (2 * window).max(4 * SCORED_POSITIONS)
-}
-
-/// What the measurer evaluates: the model with a K/V pair against the same model with f16.
-#[derive(Debug, Clone)]
-pub struct KvQualityRequest {
-    pub model: PathBuf,
-    pub type_k: CacheType,
-    pub type_v: CacheType,
-    pub window: u32,
-    pub max_tokens: u32,
-    pub threads: u32,
-    /// Layers on the offload devices: the candidate's, which its budgets hold (the evaluation
-    /// falls back to the CPU where the model does not load so).
-    pub n_gpu_layers: u32,
-}
-
-/// The measurer's answer.
-#[derive(Debug, Clone)]
-pub struct KvQualityAnswer {
-    pub figures: QualityFigures,
-    pub cached: bool,
-    pub seconds: f64,
 }
 
 impl Engine<'_> {

@@ -1,9 +1,9 @@
 //! One candidate's outcome in a run (its repetitions, memory, failure) and the objective the
 //! decisions compare: the modelled seconds of one request of the workload.
 
+use crate::measuring::TrialFailure;
+use crate::measuring::{LoadReport, Repetition, Workload};
 use crate::stats::{self, RoundRate, Sample};
-use crate::worker::TrialFailure;
-use crate::worker::{LoadReport, Repetition, Workload};
 use search_space::Candidate;
 use serde::{Deserialize, Serialize};
 

@@ -4,8 +4,8 @@
 
 use super::result::score_seconds;
 use super::{Engine, BUDGET_SPENT};
+use crate::measuring::{GiveUp, TrialFailure};
 use crate::stats::{self, Sample};
-use crate::worker::{GiveUp, TrialFailure};
 use profiles::measurements::Record;
 use search_space::Candidate;
 use std::time::Duration;

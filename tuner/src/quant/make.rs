@@ -4,8 +4,9 @@
 //! renamed, so an interrupted run never leaves a half-written model that looks complete.
 
 use super::serve::QuantizeRequest;
+use crate::measuring::TrialFailure;
+use crate::worker::Worker;
 use crate::worker::{Request, Response};
-use crate::worker::{TrialFailure, Worker};
 use indicatif::ProgressBar;
 use search_space::gguf::GgufInfo;
 use serde::Serialize;

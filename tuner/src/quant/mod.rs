@@ -23,8 +23,9 @@ pub mod serve;
 /// (≈ 0.1-0.4), whose damage shows in everyday use. Small models suffer more from the same type.
 pub const DEFAULT_MAX_KLD: f64 = 0.05;
 
+use crate::measuring::TrialFailure;
+use crate::worker::Worker;
 use crate::worker::{Request, Response};
-use crate::worker::{TrialFailure, Worker};
 use indicatif::ProgressBar;
 use std::path::Path;
 use std::time::Duration;

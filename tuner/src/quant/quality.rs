@@ -11,9 +11,10 @@
 use super::kld::QualityFigures;
 use super::ladder::{Ladder, Rung};
 use super::serve::{QualityAnswer, QualityJob, QualityRequest};
-use crate::engine::{KvQualityAnswer, KvQualityRequest};
+use crate::measuring::TrialFailure;
+use crate::measuring::{KvQualityAnswer, KvQualityRequest};
+use crate::worker::Worker;
 use crate::worker::{Request, Response};
-use crate::worker::{TrialFailure, Worker};
 use indicatif::ProgressBar;
 use search_space::identity::ModelIdentity;
 use search_space::CacheType;

@@ -4,7 +4,7 @@
 use super::harness::{fits, gpus, max_fit, settings, tune, Mode};
 use super::{Landscape, GIB};
 use crate::engine::{offloads_host_ops, TuneSettings};
-use crate::worker::TrialFailure;
+use crate::measuring::TrialFailure;
 use search_space::{Candidate, KernelChoice, KvOffload, OpOffload};
 use std::time::Duration;
 
@@ -160,7 +160,7 @@ fn many_requests_at_once_want_every_core_for_generation_too() {
     );
     // And 16 at once serve more requests per second than one at a time (the prompts, compute-bound
     // either way, take about half of a request here).
-    let one = crate::worker::Workload {
+    let one = crate::measuring::Workload {
         n_parallel: 1,
         ..s.workload.clone()
     };

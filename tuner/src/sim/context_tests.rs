@@ -11,7 +11,7 @@ use search_space::Candidate;
 fn choose(land: &super::Landscape, s: &TuneSettings) -> (ContextChoice, Candidate) {
     let stop = || false;
     let m = SimMeasurer::new(land.clone(), s.seed);
-    let mut e = Engine::with_measurer(s.clone(), Box::new(m), None, &stop, &Quiet);
+    let mut e = Engine::new(s.clone(), Box::new(m), None, &stop, &Quiet);
     let w = &s.workload;
     let floor = floor_of(w.n_prompt + w.depth, w.n_parallel, w.n_ctx);
     (e.largest_context(floor, w.n_ctx), e.context_probe())

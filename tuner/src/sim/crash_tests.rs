@@ -4,7 +4,7 @@
 use super::harness::{self, gpus, settings, tune, Mode, Quiet};
 use super::{SimMeasurer, GIB};
 use crate::engine::Engine;
-use crate::worker::TrialFailure;
+use crate::measuring::TrialFailure;
 use search_space::{Candidate, FlashAttn};
 
 /// A configuration that aborts its worker is recorded as that candidate's failure; the search goes
@@ -52,7 +52,7 @@ fn a_crash_after_a_candidate_measured_is_measured_on_and_a_second_ends_it() {
         let mut m = SimMeasurer::new(land, s.seed);
         m.crashing = Some(crashing);
         let stop = || false;
-        let mut e = Engine::with_measurer(s, Box::new(m), None, &stop, &Quiet);
+        let mut e = Engine::new(s, Box::new(m), None, &stop, &Quiet);
         let base = e.baseline();
         let ub = base.with_ubatch(256);
         e.measure_group(&[base.clone(), ub.clone()], "batch");
@@ -89,7 +89,7 @@ fn a_measured_candidate_keeps_its_figures_when_its_placement_crashes_twice_since
     let mut m = SimMeasurer::new(land, s.seed);
     m.crashing = Some(|c| c.threads != 16);
     let stop = || false;
-    let mut e = Engine::with_measurer(s, Box::new(m), None, &stop, &Quiet);
+    let mut e = Engine::new(s, Box::new(m), None, &stop, &Quiet);
     let a = e.baseline();
     assert_eq!(a.threads, 16);
     let (b, c) = (

@@ -45,7 +45,7 @@ fn the_prompt_at_depth_decides_the_kv_cache_type_for_long_tool_results() {
     );
     // Scored as before (the prompt on an empty cache, generation at depth), q8_0 ties f16 within
     // the noise (and a tie goes to less memory); with the prompt at depth, f16 is clearly faster.
-    let empty_cache_prompt = |r: &crate::worker::Repetition| crate::worker::Repetition {
+    let empty_cache_prompt = |r: &crate::measuring::Repetition| crate::measuring::Repetition {
         pp_depth_tps: None,
         ..r.clone()
     };

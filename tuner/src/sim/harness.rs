@@ -5,9 +5,9 @@ use super::{Device, Host, Landscape, SimMeasurer, SimModel, Trace, GIB, MIB};
 use crate::baseline::{BaselinePlacement, FitPlacement};
 use crate::engine::gate::DEFAULT_MAX_KV_KLD;
 use crate::engine::{self, CandidateResult, Engine, Progress, QualityGate, TuneSettings};
-use crate::fit::FitRequest;
+use crate::measuring::FitRequest;
+use crate::measuring::{Repetition, Workload};
 use crate::report;
-use crate::worker::{Repetition, Workload};
 use search_space::{
     CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, OpOffload,
 };
@@ -179,7 +179,7 @@ pub fn tune_logged(
     let (w, noise, seed) = (s.workload.clone(), s.noise, s.seed);
     let trace = Rc::clone(&m.trace);
     let stop = || false;
-    let mut e = Engine::with_measurer(s, Box::new(m), log, &stop, &Quiet);
+    let mut e = Engine::new(s, Box::new(m), log, &stop, &Quiet);
     let searched = match mode {
         Mode::Search => e.run(),
         Mode::Grid => full_grid(&mut e),
@@ -312,6 +312,6 @@ pub fn result<'r>(run: &'r SimRun, c: &Candidate) -> Option<&'r CandidateResult>
 pub fn with_engine<T>(land: Landscape, s: TuneSettings, f: impl FnOnce(&mut Engine) -> T) -> T {
     let stop = || false;
     let m = SimMeasurer::new(land, s.seed);
-    let mut e = Engine::with_measurer(s, Box::new(m), None, &stop, &Quiet);
+    let mut e = Engine::new(s, Box::new(m), None, &stop, &Quiet);
     f(&mut e)
 }

@@ -7,7 +7,7 @@
 //! growing with the micro-batch times the vocabulary), the constants are round numbers.
 
 use crate::engine::score_seconds;
-use crate::worker::{DeviceBytes, LoadReport, MeasureRequest, Repetition, Workload};
+use crate::measuring::{DeviceBytes, LoadReport, MeasureRequest, Repetition, Workload};
 use search_space::{CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, Numa};
 
 pub const MIB: u64 = 1 << 20;

@@ -13,7 +13,7 @@
 //! linearly with layers).
 
 use super::landscape::Landscape;
-use crate::fit::{FitAnswer, FitDevice, FitRequest, TensorOverride};
+use crate::measuring::{FitAnswer, FitDevice, FitRequest, TensorOverride};
 use search_space::Candidate;
 
 impl Landscape {

@@ -32,10 +32,11 @@ mod split_tests;
 
 pub use landscape::{candidate_of, Device, Host, Landscape, Moe, SimModel, GIB, MIB};
 
-use crate::engine::{score_seconds, KvQualityAnswer, KvQualityRequest, Measurer};
-use crate::fit::{FitAnswer, FitRequest};
-use crate::worker::TrialFailure;
-use crate::worker::{LoadReport, MeasureRequest, Repetition};
+use crate::engine::score_seconds;
+use crate::measuring::TrialFailure;
+use crate::measuring::{FitAnswer, FitRequest};
+use crate::measuring::{KvQualityAnswer, KvQualityRequest, Measurer};
+use crate::measuring::{LoadReport, MeasureRequest, Repetition};
 use profiles::QualityFigures;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

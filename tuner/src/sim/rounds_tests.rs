@@ -4,9 +4,9 @@
 use super::harness::{gpus, result, settings, tune, with_engine, Mode};
 use super::{Outcome, GIB};
 use crate::engine::{Engine, TuneSettings, GIVE_UP_FACTOR, ONE_REPETITION_FACTOR};
+use crate::measuring::TrialFailure;
 use crate::report;
 use crate::stats::Verdict;
-use crate::worker::TrialFailure;
 use search_space::{CacheType, Candidate};
 use std::collections::HashMap;
 

@@ -9,8 +9,9 @@ use super::search::{self, Candidate, DraftEntry, SearchSettings};
 use super::serve::{CheckRequest, DraftModel, Fault, FootprintRequest};
 use super::{compat, discover, DraftPlacement, Grid};
 use crate::llama::{ContextSettings, ModelSettings};
+use crate::measuring::DeviceBytes;
 use crate::worker::Worker;
-use crate::worker::{DeviceBytes, Request, Response};
+use crate::worker::{Request, Response};
 use search_space::gguf::GgufInfo;
 use search_space::size::format_size;
 use search_space::CacheType;
@@ -366,7 +367,7 @@ impl Helper<'_> {
             self.stop,
         );
         answer.map_err(|f| {
-            if !matches!(f, crate::worker::TrialFailure::Refused { .. }) {
+            if !matches!(f, crate::measuring::TrialFailure::Refused { .. }) {
                 self.worker = None;
             }
             crate::report::one_line(&f.to_string())

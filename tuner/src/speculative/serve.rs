@@ -21,11 +21,12 @@
 
 use super::{compat, DraftParams};
 use crate::llama::{Context, ContextSettings, LlamaError, Model, ModelSettings};
+use crate::measuring::LoadReport;
+use crate::worker::protocol::Response;
 pub use crate::worker::protocol::{
     CheckAnswer, CheckRequest, DraftModel, Fault, FootprintRequest, PromptRun, SpeculateAnswer,
     SpeculateRequest,
 };
-use crate::worker::protocol::{LoadReport, Response};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

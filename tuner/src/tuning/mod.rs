@@ -12,10 +12,11 @@ use crate::engine::context::{self, ContextChoice};
 use crate::engine::{Engine, GateChoice, QualityGate, Run, TuneSettings};
 use crate::exit::{self, Exit};
 use crate::machine::Machine;
+use crate::measuring::Workload;
 use crate::probe::{self, Probe};
 use crate::session::{self, DeviceBudget};
 use crate::term::Bar;
-use crate::worker::{WorkerPool, Workload};
+use crate::worker::{WorkerPool, Workers};
 use anyhow::Context as _;
 use profiles::measurements::{self, MeasurementLog};
 use search_space::gguf::GgufInfo;
@@ -390,7 +391,14 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     let bar = Bar::new(plan.quiet);
     let started = Instant::now();
     let measuring = Watch::start(&plan.rpc);
-    let run = Engine::new(settings, pool, Some(&mut log), &stop_fn, &bar).tune(plan.exhaustive);
+    let run = Engine::new(
+        settings,
+        Box::new(Workers::new(pool)),
+        Some(&mut log),
+        &stop_fn,
+        &bar,
+    )
+    .tune(plan.exhaustive);
     let others_cpu = measuring.share(Duration::ZERO);
     bar.finish();
     Ok(Tuned {
@@ -431,7 +439,13 @@ fn choose_context(
     let stop_fn = || stop.load(Ordering::Relaxed);
     let silent = Bar::new(true);
     let pool = WorkerPool::new(1, plan.trial_timeout);
-    let mut engine = Engine::new(settings.clone(), pool, None, &stop_fn, &silent);
+    let mut engine = Engine::new(
+        settings.clone(),
+        Box::new(Workers::new(pool)),
+        None,
+        &stop_fn,
+        &silent,
+    );
     let choice = engine.largest_context(floor, w.n_ctx);
     engine.shutdown();
     if stop.load(Ordering::Relaxed) {

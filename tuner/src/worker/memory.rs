@@ -1,7 +1,7 @@
 //! The worker's own memory, from /proc: what llama.cpp's host buffers took (thread stacks left
 //! out) and the resident set size; and whether a load fits the device memory free right now.
 
-use super::protocol::DeviceBytes;
+use crate::measuring::DeviceBytes;
 use search_space::size::format_size_pair;
 
 /// Host memory this process holds for llama.cpp's buffers: private data (heap and anonymous

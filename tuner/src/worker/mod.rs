@@ -13,9 +13,6 @@ pub mod protocol;
 pub mod server;
 mod timing;
 
-pub use client::{TrialFailure, Worker};
+pub use client::Worker;
 pub use pool::{WorkerPool, Workers};
-pub use protocol::{
-    BandwidthRequest, DeviceBytes, GiveUp, LoadReport, MeasureRequest, Repetition, Request,
-    Response, Workload,
-};
+pub use protocol::{BandwidthRequest, Request, Response};

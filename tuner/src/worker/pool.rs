@@ -2,9 +2,9 @@
 //! loaded model, and a crashed worker is replaced transparently.
 
 use super::client::{TrialFailure, Worker};
-use super::protocol::{LoadReport, MeasureRequest, Repetition, Request, Response};
-use crate::engine::{KvQualityAnswer, KvQualityRequest, Measurer};
-use crate::fit::{FitAnswer, FitRequest};
+use super::protocol::{Request, Response};
+use crate::measuring::{FitAnswer, FitRequest, KvQualityAnswer, KvQualityRequest, Measurer};
+use crate::measuring::{LoadReport, MeasureRequest, Repetition};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 

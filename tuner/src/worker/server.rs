@@ -8,11 +8,10 @@
 
 use super::fault;
 use super::memory::{self, committed_bytes, rss_bytes, short_of_device_memory};
-use super::protocol::{
-    BandwidthRequest, DeviceBytes, LoadReport, MeasureRequest, Repetition, Request, Response,
-};
+use super::protocol::{BandwidthRequest, Request, Response};
 use super::timing::{self, Cutoff, TokenSource};
 use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
+use crate::measuring::{DeviceBytes, LoadReport, MeasureRequest, Repetition};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;

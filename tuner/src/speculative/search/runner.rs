@@ -2,12 +2,13 @@
 //! requests and their time limits, and the budget each draft gets.
 
 use super::{file_name, kind_rates, rate, KindAcceptance, Runner, Trial};
+use crate::measuring::TrialFailure;
 use crate::speculative::ngram::NgramParams;
 use crate::speculative::serve::{DraftModel, PromptRun, SpeculateRequest};
 use crate::speculative::verify::OutputCheck;
 use crate::speculative::DraftParams;
 use crate::worker::protocol::MtpParams;
-use crate::worker::{Request, Response, TrialFailure, Worker};
+use crate::worker::{Request, Response, Worker};
 
 impl Runner<'_> {
     pub(in crate::speculative) fn out_of_time(&self) -> Option<String> {

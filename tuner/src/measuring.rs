@@ -1,0 +1,180 @@
+//! The measuring contract: what the engine asks of whatever measures for it, and what comes back.
+//! A measurer runs one repetition of a configuration, a dry run of its memory, llama.cpp's own fit,
+//! a device's bandwidth probe and a K/V cache pair's quality; the engine reports its progress
+//! through [`Progress`]. The worker processes (`worker::Workers`, real llama.cpp) and the simulator
+//! (`sim::SimMeasurer`, tests and the benches) implement it; the engine sees only this module.
+//! The records the answers carry live in `profiles::measurements` (they are written to the
+//! measurement log as they arrive) and are re-exported here.
+
+pub use crate::llama::{ContextSettings, ModelSettings};
+pub use profiles::measurements::{DeviceBytes, LoadReport, Repetition, TrialFailure, Workload};
+pub use profiles::QualityFigures;
+use search_space::CacheType;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MeasureRequest {
+    pub model: PathBuf,
+    pub settings: ModelSettings,
+    pub context: ContextSettings,
+    pub workload: Workload,
+    /// Seed of the random prompt tokens.
+    pub seed: u64,
+    /// Device memory (non-CPU devices) the dry run predicted for this configuration: the worker
+    /// refuses a real load when less than this is free right before it (other processes, the
+    /// tuner's own included, may hold memory the budgets did not see). Empty: no check.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expect: Vec<DeviceBytes>,
+    /// Where the repetition stops ([`Response::GaveUp`]) once its own time proves it slower.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub give_up: Option<GiveUp>,
+}
+
+/// A repetition's limit: more than `limit_ms` per request of the workload (its timed phases, the
+/// warm-up not counted) and it cannot win, `limit_ms` being a multiple of `best_ms`, the best median
+/// measured so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GiveUp {
+    pub limit_ms: u64,
+    pub best_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FitRequest {
+    pub model: PathBuf,
+    /// ggml RPC servers to connect first (they become devices).
+    pub rpc: Vec<String>,
+    pub n_ctx: u32,
+    /// Sequences decoded at once (`-np`), each with `n_ctx / sequences` of the KV cache.
+    #[serde(default = "profiles::serde_one::one")]
+    pub sequences: u32,
+    /// Memory each device may use (autotune's budgets); devices not listed keep `default_margin` free.
+    pub budgets: Vec<(String, u64)>,
+    pub default_margin: u64,
+}
+
+/// One tensor-buffer override llama.cpp's fit set: tensors matching `pattern` go to `buffer_type`
+/// (its ggml name, what llama-server's `-ot` expects), which belongs to `device`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TensorOverride {
+    pub pattern: String,
+    pub buffer_type: String,
+    pub device: String,
+}
+
+/// A device the fit planned for, with the margin it was told to keep free.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FitDevice {
+    pub name: String,
+    pub free: u64,
+    pub budget: u64,
+    pub margin: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FitAnswer {
+    /// 0 success, 1 no allocation projected to fit, 2 error (common_params_fit_status).
+    pub status: i32,
+    pub n_gpu_layers: i32,
+    pub n_ctx: u32,
+    /// Layers per non-CPU device (only set by the fit when there are several).
+    pub tensor_split: Vec<f32>,
+    pub overrides: Vec<TensorOverride>,
+    /// The devices in the model's order (the order of `tensor_split`).
+    pub devices: Vec<FitDevice>,
+    /// The fit's last log lines (why it failed, when it did).
+    pub log_tail: String,
+}
+
+impl FitAnswer {
+    pub fn status_name(&self) -> &'static str {
+        match self.status {
+            0 => "success",
+            1 => "failure",
+            _ => "error",
+        }
+    }
+}
+
+/// What the measurer evaluates: the model with a K/V pair against the same model with f16.
+#[derive(Debug, Clone)]
+pub struct KvQualityRequest {
+    pub model: PathBuf,
+    pub type_k: CacheType,
+    pub type_v: CacheType,
+    pub window: u32,
+    pub max_tokens: u32,
+    pub threads: u32,
+    /// Layers on the offload devices: the candidate's, which its budgets hold (the evaluation
+    /// falls back to the CPU where the model does not load so).
+    pub n_gpu_layers: u32,
+}
+
+/// The measurer's answer.
+#[derive(Debug, Clone)]
+pub struct KvQualityAnswer {
+    pub figures: QualityFigures,
+    pub cached: bool,
+    pub seconds: f64,
+}
+
+/// Progress callbacks, so the CLI can draw a bar without the engine knowing about terminals.
+pub trait Progress {
+    fn candidate_started(&self, label: &str, axis: &str);
+    fn repetition(&self, label: &str, rep: &Repetition);
+    fn failed(&self, label: &str, failure: &str);
+    /// A first repetition stopped as several times slower than the best (not a failure).
+    fn stopped(&self, label: &str, why: &str) {
+        self.failed(label, why)
+    }
+    fn best(&self, label: &str, margin: Option<f64>, elapsed: Duration, budget: Duration);
+    /// A line worth the user's eye as it happens (a quality gate's verdict).
+    fn note(&self, _line: &str) {}
+}
+
+/// What the engine measures through: on a user's run the worker processes running llama.cpp
+/// ([`Workers`]); in tests and `bench/search-sim` a simulated landscape (`sim`). The engine's
+/// clock is the measurer's too, so a simulated run spends simulated seconds of its budget.
+pub trait Measurer {
+    /// One repetition of the workload for a request, loading its model first when needed.
+    fn measure(
+        &mut self,
+        req: &MeasureRequest,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Repetition, TrialFailure>;
+    /// The dry run's memory per device for a request (nothing allocated); `Err` with the reason.
+    fn footprint(
+        &mut self,
+        req: &MeasureRequest,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<LoadReport, String>;
+    /// llama.cpp's own fit (`common_fit_params`, llama-server's default `--fit`) asked for its
+    /// placement under the request's budgets and context; `Err` with the reason when it gave none.
+    fn llama_fit(&mut self, req: &FitRequest, stop: &dyn Fn() -> bool)
+        -> Result<FitAnswer, String>;
+    /// Each device's memory read bandwidth in bytes per second (its own kernels over a matrix in
+    /// its memory, as `explain` measures it, within half the device's budget in bytes; through
+    /// `rpc`'s servers where those are the devices); a device whose probe failed is left out.
+    fn device_bandwidths(
+        &mut self,
+        devices: &[(String, u64)],
+        rpc: &[String],
+    ) -> Vec<(String, f64)>;
+    /// The next-token distributions of the model with a K/V cache pair against the same model with
+    /// f16 caches ([`gate`]); `Err` with the reason when they could not be had.
+    fn kv_quality(
+        &mut self,
+        req: &KvQualityRequest,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<KvQualityAnswer, String>;
+    /// How often the placement of this request has crashed its worker.
+    fn crashes_for(&self, req: &MeasureRequest) -> u32;
+    /// Lets go of every loaded model, so the next repetition runs on a fresh load.
+    fn unload(&mut self);
+    /// Ends every worker (the end of the run).
+    fn shutdown(&mut self);
+    /// Time since the run started (wall time for real, simulated seconds for the simulator).
+    fn elapsed(&self) -> Duration;
+}
