@@ -44,3 +44,13 @@ pub use validate::{is_device_name, MAX_BATCH, MAX_CTX, MAX_GPU_LAYERS, MAX_PARAL
 
 #[cfg(any(test, feature = "test-support"))]
 pub use fixture::example_profile;
+
+/// A message as one line of a profile or a leaderboard status: llama.cpp's multi-line messages
+/// joined with " | ", blank lines dropped.
+pub fn one_line(s: &str) -> String {
+    s.split(['\n', '\r'])
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ")
+}

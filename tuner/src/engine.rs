@@ -8,7 +8,7 @@
 //! Every candidate is measured in rounds: each round runs every unfinished candidate once, in a
 //! shuffled order (seeded, recorded), so slow drift of the machine hits all candidates alike.
 
-use crate::baseline::{BaselinePlacement, BaselineSource};
+use crate::engine::baseline::{BaselinePlacement, BaselineSource};
 use crate::measuring::{ContextSettings, MeasureRequest, Measurer, ModelSettings, Progress};
 use crate::measuring::{LoadReport, Workload};
 use crate::stats::{self, Sample, Verdict};
@@ -26,10 +26,14 @@ use std::time::Duration;
 pub(crate) mod sim;
 
 mod axes;
+pub mod baseline;
 pub mod context;
 pub mod gate;
+pub(crate) mod placement;
+pub mod ranking;
 mod result;
 mod rounds;
+pub(crate) mod split;
 #[cfg(test)]
 pub use rounds::{GIVE_UP_FACTOR, ONE_REPETITION_FACTOR};
 
@@ -267,7 +271,7 @@ impl<'a> Engine<'a> {
         if !group.contains(base) {
             group.insert(0, base.clone());
         }
-        self.promising = crate::placement::strongest_lever(&group, &start)
+        self.promising = crate::engine::placement::strongest_lever(&group, &start)
             .into_iter()
             .collect();
         (group, "gpu layers")
@@ -695,7 +699,7 @@ impl Engine<'_> {
         if let Some(w) = winner.clone().filter(|_| !self.interrupted) {
             let s = &self.settings;
             let measured: Vec<Candidate> =
-                crate::report::leaderboard(&self.results, &s.workload, s.noise, s.seed)
+                ranking::leaderboard(&self.results, &s.workload, s.noise, s.seed)
                     .into_iter()
                     .filter(|e| e.figures.is_some() && !self.refused(&e.candidate))
                     .map(|e| e.candidate)

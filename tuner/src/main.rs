@@ -1,6 +1,5 @@
 //! `autotune`: finds the fastest way to run a GGUF model with llama.cpp on this machine.
 
-mod baseline;
 mod busy;
 mod cli;
 mod commands;
@@ -13,13 +12,11 @@ mod inputs;
 mod llama;
 mod machine;
 mod measuring;
-mod placement;
 mod probe;
 mod quant;
 mod report;
 mod session;
 mod speculative;
-mod split;
 mod stats;
 mod stored;
 mod term;

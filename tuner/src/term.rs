@@ -30,14 +30,7 @@ pub fn bar(quiet: bool, template: &str) -> Option<ProgressBar> {
     })
 }
 
-/// Multi-line text (llama.cpp's messages, an error's source chain) joined into one line.
-pub fn one_line(s: &str) -> String {
-    s.split(['\n', '\r'])
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" | ")
-}
+pub use profiles::one_line;
 
 /// An error and its causes on one line (anyhow's `{:#}`), each cause once: a message that already
 /// quotes its source (as `ProfileError::Io` and tempfile's errors do) is not followed by it again.

@@ -3,8 +3,8 @@
 //! choice, and autotune's dry-run prediction of its bytes per device against the budgets — so the two
 //! placements can be compared for memory safety and, with `autotune measure`, for speed.
 
-use crate::baseline::FitPlacement;
 use crate::cli::{Cli, DeviceArgs};
+use crate::engine::baseline::FitPlacement;
 use crate::exit::{self, Exit};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::measuring::{FitAnswer, FitRequest};

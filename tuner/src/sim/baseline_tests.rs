@@ -4,7 +4,7 @@
 
 use super::harness::{self, fits, gpus, max_fit, settings, tune, tune_with, Mode, SimRun};
 use super::{Moe, SimMeasurer, SimModel, GIB, MIB};
-use crate::baseline::BaselineSource;
+use crate::engine::baseline::BaselineSource;
 use crate::engine::TuneSettings;
 use crate::report;
 use crate::stats::Verdict;

@@ -7,7 +7,6 @@
 use super::harness::{gpus, settings, tune, Mode};
 use super::GIB;
 use crate::engine::score_seconds;
-use crate::report;
 use search_space::{CacheType, Candidate};
 use std::time::Duration;
 
@@ -73,7 +72,7 @@ fn the_prompt_at_depth_decides_the_kv_cache_type_for_long_tool_results() {
         .iter()
         .find(|r| r.candidate == win)
         .expect("the winner was measured");
-    let f = report::figures(r, &w).expect("figures");
+    let f = crate::engine::ranking::figures(r, &w).expect("figures");
     let (pp_d, tg_d) = (f.pp_depth_tps.unwrap(), f.tg_depth_tps.unwrap());
     assert!(
         pp_d < f.pp_tps * 0.9,

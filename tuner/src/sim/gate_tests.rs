@@ -89,7 +89,7 @@ fn a_gate_nothing_passes_keeps_the_lossless_cache_with_a_note() {
     assert!(!win.kv_lossy(), "{}", win.label());
     assert!(!run.quality.checks.is_empty());
     assert!(run.quality.checks.iter().all(|c| !c.passed));
-    let board = crate::report::leaderboard(&run.results, &w, 0.02, 2);
+    let board = crate::engine::ranking::leaderboard(&run.results, &w, 0.02, 2);
     let lines = crate::report::quality::lines(&run.quality, &win, &board);
     assert!(
         lines

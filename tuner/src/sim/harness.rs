@@ -2,12 +2,11 @@
 //! the winner and runner-up, the final choice), for the engine's tests and `bench/search-sim`.
 
 use super::{Device, Host, Landscape, SimMeasurer, SimModel, Trace, GIB, MIB};
-use crate::baseline::{BaselinePlacement, FitPlacement};
+use crate::engine::baseline::{BaselinePlacement, FitPlacement};
 use crate::engine::gate::DEFAULT_MAX_KV_KLD;
 use crate::engine::{self, CandidateResult, Engine, Progress, QualityGate, TuneSettings};
 use crate::measuring::FitRequest;
 use crate::measuring::{Repetition, Workload};
-use crate::report;
 use search_space::{
     CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, OpOffload,
 };
@@ -188,7 +187,7 @@ pub fn tune_logged(
     let mut runner_up = None;
     let mut drift = Vec::new();
     if let Some(win) = searched.clone() {
-        let board = report::leaderboard(&e.results, &w, noise, seed);
+        let board = crate::engine::ranking::leaderboard(&e.results, &w, noise, seed);
         let measured: Vec<Candidate> = board
             .iter()
             .filter(|x| x.figures.is_some() && !e.refused(&x.candidate))

@@ -3,8 +3,8 @@
 //! same file whoever asked for it (`tune`, or the quantization ladder).
 
 use super::Tuned;
-use crate::baseline::BaselineSource;
 use crate::busy;
+use crate::engine::baseline::BaselineSource;
 use crate::exit::{self, Exit};
 use crate::explain::outputs::{roofline_for_run, Asked};
 use crate::measuring::TrialFailure;
@@ -106,13 +106,14 @@ fn figures_of(t: &Tuned, c: &Candidate) -> Option<Figures> {
         .results
         .iter()
         .find(|r| &r.candidate == c)
-        .and_then(|r| report::figures(r, &t.run.settings.workload))
+        .and_then(|r| crate::engine::ranking::figures(r, &t.run.settings.workload))
 }
 
 /// The ranking, each row with its K/V pair's quality where the gate measured it.
 fn leaderboard(t: &Tuned) -> Vec<profiles::LeaderboardEntry> {
     let s = &t.run.settings;
-    let mut board = report::leaderboard(&t.run.results, &s.workload, s.noise, s.seed);
+    let mut board =
+        crate::engine::ranking::leaderboard(&t.run.results, &s.workload, s.noise, s.seed);
     report::quality::annotate(&mut board, &t.run.quality);
     board
 }

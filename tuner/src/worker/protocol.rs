@@ -3,8 +3,8 @@
 //! its feature module and depends on this file alone.
 
 use crate::llama::{ContextSettings, ModelSettings};
-use crate::measuring::{LoadReport, Repetition};
 pub use crate::measuring::{FitAnswer, FitRequest, GiveUp, MeasureRequest};
+use crate::measuring::{LoadReport, Repetition};
 use search_space::CacheType;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

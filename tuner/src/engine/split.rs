@@ -10,8 +10,8 @@
 //! step as long as the split has moved so far (10, 20, 40 points) and no longer than still holds
 //! every layer.
 
+use crate::engine::placement::last_that_holds;
 use crate::engine::{vary_cache, Engine};
-use crate::placement::last_that_holds;
 use search_space::{Candidate, SplitMode};
 
 /// Percentage points one step of the split moves.

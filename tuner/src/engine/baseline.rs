@@ -249,7 +249,7 @@ impl Engine<'_> {
             return Err(format!(
                 "llama.cpp's fit reported {}: {}",
                 answer.status_name(),
-                crate::term::one_line(&answer.log_tail)
+                profiles::one_line(&answer.log_tail)
             ));
         }
         let (c, note) = FitPlacement::of(&answer, n_layers).candidate(defaults, &answer)?;
