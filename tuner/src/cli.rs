@@ -5,14 +5,16 @@ use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
 mod draft;
+mod fit;
 mod measure;
 mod quant;
 mod tune;
 
 pub use draft::{DraftArgs, DraftSearchArgs};
+pub use fit::FitArgs;
 pub use measure::MeasureArgs;
 pub use quant::{QualityArgs, QuantizeArgs};
-pub use tune::{CtxArg, DeviceArgs, RpcArgs, TrialArgs, TuneArgs, WorkloadArgs, WorkloadPreset};
+pub use tune::{CtxArg, DeviceArgs, RpcArgs, TrialArgs, TuneArgs, WorkloadArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -72,7 +74,7 @@ pub enum Command {
     Draft(Box<DraftArgs>),
     /// llama.cpp's own fit (common_fit_params) under the same budgets: the placement it chooses, its
     /// llama-server flags, and autotune's dry-run prediction of that placement per device
-    Fit(crate::commands::fit::FitArgs),
+    Fit(FitArgs),
 }
 
 #[derive(Debug, Args)]

@@ -22,6 +22,7 @@ mod stored;
 mod term;
 mod tuning;
 mod worker;
+mod workload;
 
 use clap::Parser;
 

@@ -1,6 +1,8 @@
 //! `draft`'s flags, and the draft search settings `tune --draft` shares.
 
-use super::{parse_duration, parse_size, TrialArgs, WorkloadPreset};
+use super::tune::workload_preset;
+use super::{parse_duration, parse_size, TrialArgs};
+use crate::workload::WorkloadPreset;
 use clap::Args;
 use search_space::{CacheType, FlashAttn, KernelChoice};
 use std::path::PathBuf;
@@ -75,7 +77,7 @@ pub struct DraftArgs {
     pub target: PathBuf,
     /// Measure and choose for this workload's prompts: chat (chat), agent (code and repetitive
     /// text), long-prompt (summarisation); default: every built-in prompt. Ignored with --draft-prompts
-    #[arg(long)]
+    #[arg(long, value_parser = workload_preset())]
     pub workload: Option<WorkloadPreset>,
     #[command(flatten)]
     pub search: DraftSearchArgs,

@@ -3,6 +3,7 @@
 
 use super::{parse_duration, parse_size, DraftSearchArgs};
 use crate::session::DeviceBudget;
+use crate::workload::WorkloadPreset;
 use clap::Args;
 use search_space::{CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload};
 use std::path::PathBuf;
@@ -216,7 +217,7 @@ pub struct WorkloadArgs {
     /// the cache), long-prompt (3000-token documents, 128 generated), agent (1024-token tool
     /// results, 256 generated, 2048 in the cache). --prompt/--gen/--depth override its numbers.
     /// Without it: 512 prompt, 128 generated, no depth (llama-bench's pp512/tg128)
-    #[arg(long)]
+    #[arg(long, value_parser = workload_preset())]
     pub workload: Option<WorkloadPreset>,
 
     /// Prompt tokens of a representative request (prompt processing is measured at this length)
@@ -238,29 +239,11 @@ pub struct WorkloadArgs {
     pub parallel: u32,
 }
 
-/// Workload presets: (prompt, gen, depth) of a representative request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum WorkloadPreset {
-    Chat,
-    LongPrompt,
-    Agent,
-}
-
-impl WorkloadPreset {
-    pub fn numbers(self) -> (u32, u32, u32) {
-        match self {
-            WorkloadPreset::Chat => (256, 256, 1024),
-            WorkloadPreset::LongPrompt => (3000, 128, 0),
-            WorkloadPreset::Agent => (1024, 256, 2048),
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            WorkloadPreset::Chat => "chat",
-            WorkloadPreset::LongPrompt => "long-prompt",
-            WorkloadPreset::Agent => "agent",
-        }
-    }
+/// `--workload`: one of the presets' names, listed in `--help`.
+pub(super) fn workload_preset() -> impl clap::builder::TypedValueParser<Value = WorkloadPreset> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(WorkloadPreset::ALL.map(WorkloadPreset::name))
+        .map(|s| s.parse().expect("one of the names listed"))
 }
 
 /// ggml RPC servers as devices (`tune`, `fit`, `measure`, `doctor`).

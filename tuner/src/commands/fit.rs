@@ -3,7 +3,7 @@
 //! choice, and autotune's dry-run prediction of its bytes per device against the budgets — so the two
 //! placements can be compared for memory safety and, with `autotune measure`, for speed.
 
-use crate::cli::{Cli, DeviceArgs};
+use crate::cli::{Cli, FitArgs};
 use crate::engine::baseline::FitPlacement;
 use crate::exit::{self, Exit};
 use crate::llama::{ContextSettings, ModelSettings};
@@ -13,39 +13,11 @@ use crate::probe;
 use crate::session;
 use crate::worker::WorkerPool;
 use crate::worker::{Request, Response};
-use clap::Args;
 use search_space::size::format_size;
 use search_space::{CacheType, FlashAttn};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
-
-#[derive(Debug, Args)]
-#[command(
-    mut_arg("mem_budget", |a| a.help(
-        "Memory a device may use, DEVICE=SIZE (e.g. RPC0=300M); repeatable. llama.cpp's fit is told \
-         to leave free − SIZE free on that device. Default: its free memory minus --mem-margin"
-    )),
-    mut_arg("mem_margin", |a| a.help(
-        "Memory kept free on every device without a --mem-budget (the same default as `tune`, so the \
-         two choices are made under the same budgets)"
-    ))
-)]
-pub struct FitArgs {
-    /// The GGUF model file
-    pub model: PathBuf,
-    /// Context size (-c) the placement must hold; llama.cpp's fit keeps it and moves weights instead
-    #[arg(short = 'c', long = "ctx", default_value_t = 4096)]
-    pub ctx: u32,
-    /// Requests served at once (llama-server's -np): N sequences, each with ctx/N of the context
-    #[arg(long = "parallel", visible_alias = "np", default_value_t = 1)]
-    pub parallel: u32,
-    #[command(flatten)]
-    pub devices: DeviceArgs,
-    /// Print the report as JSON
-    #[arg(long)]
-    pub json: bool,
-}
 
 /// Predicted bytes of the fit's placement on one device, against autotune's budget there.
 #[derive(Debug, Serialize)]

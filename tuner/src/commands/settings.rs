@@ -2,7 +2,6 @@
 //! groups, checks ranges and files, and returns the value the core runs with. Below `commands/`
 //! nothing sees a flag.
 
-use crate::cli::WorkloadPreset;
 use crate::cli::{Cli, CtxArg, DraftSearchArgs, TrialArgs, TuneArgs, WorkloadArgs};
 use crate::engine::gate::DEFAULT_MAX_KV_KLD;
 use crate::engine::GateChoice;
@@ -16,6 +15,7 @@ use crate::speculative::attach::DraftSearch;
 use crate::speculative::ngram::NgramGrid;
 use crate::speculative::{prompts, Grid};
 use crate::tuning::{self, Plan};
+use crate::workload::WorkloadPreset;
 use anyhow::Context as _;
 use std::path::Path;
 

@@ -33,7 +33,7 @@ pub struct DraftSearch {
     /// The prompts are the user's (`--draft-prompts`), not filtered by the workload.
     pub own_prompts: bool,
     /// The workload the choice is made for (its prompt kinds; n-gram only where text repeats).
-    pub workload: Option<crate::cli::WorkloadPreset>,
+    pub workload: Option<crate::workload::WorkloadPreset>,
     pub n_gen: u32,
     pub reps: u32,
     pub budget: Duration,

@@ -4,8 +4,8 @@
 //! — the rule that enables speculation — is about the workload the user runs.
 
 use super::prompts::Prompt;
-use crate::cli::WorkloadPreset;
 use crate::llama::ContextSettings;
+use crate::workload::WorkloadPreset;
 
 /// The built-in prompt kinds a preset stands for: chat is chat; an agent reads and writes code and
 /// repeats its tool calls' text; a long prompt is a document to summarise.

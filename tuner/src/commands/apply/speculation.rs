@@ -4,10 +4,9 @@
 //! acceptance the profile measured.
 
 use super::Timings;
-use crate::cli::WorkloadPreset;
 use crate::speculative::prompts::{self, Prompt};
 use crate::speculative::workload;
-use clap::ValueEnum as _;
+use crate::workload::WorkloadPreset;
 use profiles::Profile;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -101,7 +100,7 @@ pub fn prompt(e: &Expected, workload_name: &str) -> Prompt {
 fn workload_kinds(name: &str) -> Vec<String> {
     name.split_whitespace()
         .next()
-        .and_then(|w| WorkloadPreset::from_str(w, true).ok())
+        .and_then(|w| w.parse::<WorkloadPreset>().ok())
         .map(|w| workload::kinds(w).iter().map(|k| k.to_string()).collect())
         .unwrap_or_default()
 }
