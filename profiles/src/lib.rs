@@ -18,6 +18,7 @@ pub mod serde_one;
 mod server_args;
 mod store;
 mod validate;
+mod workload;
 
 #[cfg(any(test, feature = "test-support"))]
 mod fixture;
@@ -31,8 +32,8 @@ pub use export::{
 pub use mtp::{mtp_options, MtpSettings, DRAFT_MTP};
 pub use ngram::{ngram_options, NgramSettings, MAX_NGRAM_SIZE};
 pub use profile::{
-    slot_ctx, DeviceRef, Figures, Judged, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef,
-    Profile, ProfileSummary, VersusDefaults, Workload, SCHEMA_VERSION,
+    DeviceRef, Figures, Judged, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef, Profile,
+    ProfileSummary, VersusDefaults, Workload, SCHEMA_VERSION,
 };
 pub use quality::{fmt_kld, KvQualityCheck, QualityFigures, QualityRecord};
 pub use roofline::{DeviceBandwidth, Roofline};
@@ -41,6 +42,7 @@ pub use store::{
     write_atomic, MachineProfiles, Store, StoreEntry, StoreLock, StoredProfile, PROFILE_DIR_ENV,
 };
 pub use validate::{is_device_name, MAX_BATCH, MAX_CTX, MAX_GPU_LAYERS, MAX_PARALLEL, MAX_THREADS};
+pub use workload::slot_ctx;
 
 #[cfg(any(test, feature = "test-support"))]
 pub use fixture::example_profile;

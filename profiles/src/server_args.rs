@@ -3,7 +3,7 @@
 //! The server is always started with an argv (never through a shell), so `server_args` is the single
 //! source of truth; `shell_quote` only renders it for a human to copy.
 
-use crate::profile::Workload;
+use crate::workload::Workload;
 use search_space::{Candidate, HostBuffer, KernelChoice};
 use std::path::Path;
 
