@@ -58,6 +58,7 @@ pub fn example_profile() -> Profile {
         ngram: None,
         mtp: None,
         quality: None,
+        budgets: Default::default(),
         leaderboard: leaderboard(winner, figures, baseline),
     };
     profile.refresh_server_args();

@@ -75,6 +75,10 @@ pub struct Profile {
     /// written before the gate existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quality: Option<crate::QualityRecord>,
+    /// The memory each device could hold in the run (given with `--mem-budget`, or free memory
+    /// less the margin): what the winner was chosen under.
+    #[serde(default, skip_serializing_if = "crate::Budgets::is_empty")]
+    pub budgets: crate::Budgets,
 }
 
 /// What the run's decision rule said of the winner against the baseline: the request rate's

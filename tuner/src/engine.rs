@@ -13,6 +13,7 @@ use crate::measuring::{ContextSettings, MeasureRequest, Measurer, ModelSettings,
 use crate::measuring::{LoadReport, Workload};
 use crate::stats::{self, Sample, Verdict};
 use profiles::measurements::MeasurementLog;
+use profiles::Budgets;
 use search_space::{
     CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload,
 };
@@ -59,12 +60,12 @@ pub struct TuneSettings {
     /// Time one candidate may take in one axis before it stops repeating.
     pub candidate_cap: Duration,
     /// Total time for the run; what is not measured by then is reported as such.
-    pub budget: Duration,
+    pub time_budget: Duration,
     /// `Some(cap)` for the default budget: once the baseline's first visit (its load, warm-up and
     /// two repetitions) shows what one configuration costs, the budget grows to [`VISITS`] such
     /// visits where that is more, up to `cap` (a 70B model on four GPUs takes half a minute a
     /// visit, and 10 minutes then end before the KV-cache axis).
-    pub budget_cap: Option<Duration>,
+    pub time_budget_cap: Option<Duration>,
     pub seed: u64,
     pub threads_options: Vec<u32>,
     /// Prompt-processing thread counts (`-tb`) for the prompt-threads axis.
@@ -102,7 +103,7 @@ pub struct TuneSettings {
     pub rpc: Vec<String>,
     /// Bytes each device may hold (device name → bytes); a candidate predicted to need more on any
     /// device is pruned without being loaded.
-    pub budgets: Vec<(String, u64)>,
+    pub mem_budgets: Budgets,
     /// Layers of the model (offload goes up to n_layers + 1, the output layer).
     pub n_layers: u32,
     /// Whether a non-CPU device exists to offload layers to.
@@ -296,7 +297,7 @@ impl<'a> Engine<'a> {
         if (self.stop)() {
             self.interrupted = true;
         }
-        if self.measurer.elapsed() >= self.settings.budget {
+        if self.measurer.elapsed() >= self.settings.time_budget {
             self.budget_spent = true;
         }
         self.interrupted || self.budget_spent
@@ -305,7 +306,7 @@ impl<'a> Engine<'a> {
     /// The default budget, once the baseline's first visit is measured: [`VISITS`] visits of
     /// what that one cost, where that is more than the budget, up to its cap.
     fn size_default_budget(&mut self) {
-        let (Some(cap), None) = (self.settings.budget_cap, self.visit_seconds) else {
+        let (Some(cap), None) = (self.settings.time_budget_cap, self.visit_seconds) else {
             return;
         };
         let Some((base, _)) = &self.defaults else {
@@ -327,7 +328,7 @@ impl<'a> Engine<'a> {
         }
         self.visit_seconds = Some(seconds);
         let want = Duration::from_secs_f64(seconds * VISITS).min(cap);
-        self.settings.budget = self.settings.budget.max(want);
+        self.settings.time_budget = self.settings.time_budget.max(want);
     }
 
     pub(crate) fn request(&self, c: &Candidate) -> MeasureRequest {
@@ -554,7 +555,7 @@ impl<'a> Engine<'a> {
                     &b.label(),
                     margin,
                     self.measurer.elapsed(),
-                    self.settings.budget,
+                    self.settings.time_budget,
                 );
             }
         }

@@ -63,11 +63,7 @@ fn fit_devices(
     devs.iter()
         .map(|(_, name)| {
             let free = free.iter().find(|(n, _)| n == name).map_or(0, |(_, f)| *f);
-            let budget = r
-                .budgets
-                .iter()
-                .find(|(n, _)| n == name)
-                .map_or(free.saturating_sub(r.default_margin), |(_, b)| *b);
+            let budget = (r.budgets.of(name)).unwrap_or(free.saturating_sub(r.default_margin));
             FitDevice {
                 name: name.clone(),
                 free,

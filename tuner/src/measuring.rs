@@ -51,7 +51,7 @@ pub struct FitRequest {
     #[serde(default = "profiles::serde_one::one")]
     pub sequences: u32,
     /// Memory each device may use (autotune's budgets); devices not listed keep `default_margin` free.
-    pub budgets: Vec<(String, u64)>,
+    pub budgets: profiles::Budgets,
     pub default_margin: u64,
 }
 

@@ -5,7 +5,7 @@
 use crate::exit::{self, Exit};
 use crate::machine::Machine;
 use anyhow::Context as _;
-use profiles::{Store, StoreLock};
+use profiles::{Budgets, Store, StoreLock};
 use search_space::gguf::GgufInfo;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,26 +26,7 @@ pub fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| std::env::temp_dir().join("autotune-cache"))
 }
 
-/// One `--mem-budget DEVICE=SIZE` value, parsed (the device is checked against the machine later).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceBudget {
-    pub device: String,
-    pub bytes: u64,
-}
-
-impl std::str::FromStr for DeviceBudget {
-    type Err = String;
-    fn from_str(item: &str) -> Result<Self, String> {
-        let (dev, size) = item
-            .split_once('=')
-            .ok_or_else(|| format!("'{item}': write DEVICE=SIZE, e.g. RPC0=300M"))?;
-        let bytes = search_space::size::parse_size(size).map_err(|e| format!("{dev}: {e}"))?;
-        Ok(DeviceBudget {
-            device: dev.to_string(),
-            bytes,
-        })
-    }
-}
+pub use profiles::DeviceBudget;
 
 /// Memory budget per device (device name → bytes): the `--mem-budget` given for it, else its free
 /// memory minus `margin`. A budget naming a device this machine does not have is a usage error.
@@ -53,7 +34,7 @@ pub fn budgets_of(
     explicit: &[DeviceBudget],
     margin: u64,
     machine: &Machine,
-) -> anyhow::Result<Vec<(String, u64)>> {
+) -> anyhow::Result<Budgets> {
     if let Some(b) = explicit
         .iter()
         .find(|b| !machine.devices.iter().any(|d| d.name == b.device))
@@ -68,18 +49,18 @@ pub fn budgets_of(
             ),
         ));
     }
-    Ok(machine
-        .devices
-        .iter()
-        .map(|d| {
-            let b = explicit
-                .iter()
-                .find(|b| b.device == d.name)
-                .map(|b| b.bytes)
-                .unwrap_or_else(|| d.memory_free.saturating_sub(margin));
-            (d.name.clone(), b)
-        })
-        .collect())
+    Ok(Budgets(
+        (machine.devices.iter())
+            .map(|d| match explicit.iter().find(|b| b.device == d.name) {
+                Some(given) => given.clone(),
+                None => DeviceBudget {
+                    device: d.name.clone(),
+                    bytes: d.memory_free.saturating_sub(margin),
+                    given: false,
+                },
+            })
+            .collect(),
+    ))
 }
 
 /// llama.cpp's default thread count on this machine ([`Machine::llama_default_threads`]).
@@ -118,18 +99,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn device_budgets_parse_device_equals_size() {
-        let b: DeviceBudget = "RPC0=300M".parse().unwrap();
-        assert_eq!(b.device, "RPC0");
-        assert_eq!(b.bytes, 300 * 1024 * 1024);
-        assert!("RPC0"
-            .parse::<DeviceBudget>()
-            .unwrap_err()
-            .contains("DEVICE=SIZE"));
-        assert!("RPC0=lots".parse::<DeviceBudget>().is_err());
-    }
-
-    #[test]
     fn budgets_are_free_memory_minus_the_margin_unless_given() {
         let m = Machine::probe(vec![crate::llama::DeviceInfo {
             name: "CPU".into(),
@@ -144,18 +113,14 @@ mod tests {
         let margin = 1 << 20;
         let b = budgets_of(&[], margin, &m).unwrap();
         assert_eq!(
-            b,
-            vec![(cpu.name.clone(), cpu.memory_free.saturating_sub(margin))]
+            b.of(&cpu.name),
+            Some(cpu.memory_free.saturating_sub(margin))
         );
-        let given = DeviceBudget {
-            device: cpu.name.clone(),
-            bytes: 42,
-        };
-        assert_eq!(budgets_of(&[given], margin, &m).unwrap()[0].1, 42);
-        let unknown = DeviceBudget {
-            device: "NOPE9".into(),
-            bytes: 1,
-        };
+        assert!(b.given().is_empty());
+        let given: DeviceBudget = format!("{}=42", cpu.name).parse().unwrap();
+        let b = budgets_of(&[given], margin, &m).unwrap();
+        assert_eq!((b.of(&cpu.name), b.given().len()), (Some(42), 1));
+        let unknown: DeviceBudget = "NOPE9=1".parse().unwrap();
         assert!(budgets_of(&[unknown], margin, &m).is_err());
     }
 }

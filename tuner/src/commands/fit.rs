@@ -140,7 +140,7 @@ fn predict(
     settings: ModelSettings,
     (n_ctx, sequences): (u32, u32),
     threads: u32,
-    budgets: &[(String, u64)],
+    budgets: &profiles::Budgets,
 ) -> (Vec<DeviceFit>, Option<String>) {
     let dry = MeasureRequest {
         expect: Vec::new(),
@@ -175,10 +175,7 @@ fn predict(
             r.per_device
                 .iter()
                 .map(|p| {
-                    let budget = budgets
-                        .iter()
-                        .find(|(n, _)| *n == p.device)
-                        .map(|(_, b)| *b);
+                    let budget = budgets.of(&p.device);
                     DeviceFit {
                         device: p.device.clone(),
                         predicted_bytes: p.bytes,

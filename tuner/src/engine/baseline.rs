@@ -238,7 +238,7 @@ impl Engine<'_> {
             rpc: s.rpc.clone(),
             n_ctx: s.workload.n_ctx,
             sequences: s.workload.n_parallel,
-            budgets: s.budgets.clone(),
+            budgets: s.mem_budgets.clone(),
             // Every device of the run has a budget; one the fit finds beside them gets no room.
             default_margin: u64::MAX,
         };
@@ -326,13 +326,13 @@ impl Engine<'_> {
     /// The first device whose budget `c` exceeds by a dry run: its name, the bytes needed and the
     /// budget; `None` when it fits.
     fn over_budget(&mut self, c: &Candidate) -> Result<Option<(String, u64, u64)>, String> {
-        if self.settings.budgets.is_empty() {
+        if self.settings.mem_budgets.is_empty() {
             return Ok(None);
         }
         let report = self.footprint(c)?;
         Ok(report.per_device.iter().find_map(|d| {
-            let (_, budget) = self.settings.budgets.iter().find(|(n, _)| *n == d.device)?;
-            (d.bytes > *budget).then(|| (d.device.clone(), d.bytes, *budget))
+            let budget = self.settings.mem_budgets.of(&d.device)?;
+            (d.bytes > budget).then(|| (d.device.clone(), d.bytes, budget))
         }))
     }
 }

@@ -77,7 +77,7 @@ impl Engine<'_> {
     }
 
     fn check_fit_of(&mut self, c: &Candidate, host: bool) -> Result<LoadReport, String> {
-        if self.settings.budgets.is_empty() {
+        if self.settings.mem_budgets.is_empty() {
             return Ok(LoadReport::default());
         }
         let report = self.footprint(c).map_err(|e| format!("pruned: {e}"))?;
@@ -86,15 +86,10 @@ impl Engine<'_> {
             .iter()
             .filter(|d| host || d.device != "CPU")
         {
-            if let Some((_, budget)) = self
-                .settings
-                .budgets
-                .iter()
-                .find(|(name, _)| *name == d.device)
-            {
-                if d.bytes > *budget {
+            if let Some(budget) = self.settings.mem_budgets.of(&d.device) {
+                if d.bytes > budget {
                     let ram = if d.device == "CPU" { " (host RAM)" } else { "" };
-                    let (need, budget) = format_size_pair(d.bytes, *budget);
+                    let (need, budget) = format_size_pair(d.bytes, budget);
                     return Err(format!(
                         "pruned: needs {need} on {}{ram}, budget {budget}",
                         d.device,

@@ -99,9 +99,8 @@ impl Engine<'_> {
 
     /// The non-CPU devices' budgets in bytes, in llama.cpp's order.
     fn offload_budgets(&self) -> Vec<(String, u64)> {
-        (self.settings.budgets.iter())
-            .filter(|(name, _)| name != "CPU")
-            .cloned()
+        (self.settings.mem_budgets.offload())
+            .map(|b| (b.device.clone(), b.bytes))
             .collect()
     }
 

@@ -206,13 +206,19 @@ fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
         .collect();
     let kv_on_host =
         !at_max.is_empty() && at_max.iter().all(|(e, _)| !e.candidate.kv_offload.is_on());
+    let given = profile.budgets.given();
+    let under = if given.is_empty() {
+        String::new()
+    } else {
+        format!(" under --mem-budget {}", given.join(" "))
+    };
     let devs = if kv_on_host {
         format!(
-            "{} with the KV cache in host memory (-nkvo)",
+            "{}{under} with the KV cache in host memory (-nkvo)",
             devs.join(", ")
         )
     } else {
-        devs.join(", ")
+        format!("{}{under}", devs.join(", "))
     };
     let mut text = layers_that_fit(profile, max_ok, &devs);
     text.push_str(&winner_layers(profile, max_ok, kv_on_host));

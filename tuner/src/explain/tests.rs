@@ -742,3 +742,18 @@ fn the_quality_finding_shows_the_winners_figures_and_what_the_gate_refused() {
         ["kv=q4_0/q4_0 (+5% requests/s) refused: mean KLD 0.0710 > 0.0200"]
     );
 }
+
+/// The budgets a profile was tuned under are its own record: the fit finding names those given with
+/// `--mem-budget` (no status string parsed for them), and says nothing of the free-memory defaults.
+#[test]
+fn the_fit_finding_names_the_budgets_given() {
+    let mut p = budget_profile();
+    let fit = |p: &profiles::Profile| finding(&Explanation::of(p), Topic::Fit).text.clone();
+    assert!(!fit(&p).contains("--mem-budget"), "{}", fit(&p));
+    p.budgets = profiles::Budgets(vec!["RPC0=2178M".parse().unwrap()]);
+    let text = fit(&p);
+    assert!(
+        text.contains("fit on RPC0 under --mem-budget RPC0=2.1 GiB"),
+        "{text}"
+    );
+}

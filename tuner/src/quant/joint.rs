@@ -203,9 +203,9 @@ fn tune_rungs(
     // A floor, so a short budget shared by a long ladder still measures llama.cpp's defaults.
     let per_rung = (j.budget / to_tune.len() as u32).max(MIN_BUDGET_PER_RUNG);
     let rung_plan = Plan {
-        budget: per_rung,
+        time_budget: per_rung,
         // The rungs share the joint budget: none grows its share.
-        budget_grows: false,
+        time_budget_grows: false,
         cache_types: kv_allowed.to_vec(),
         // The ladder's gate already chose the KV types each rung may use.
         kv_gate: crate::engine::GateChoice::Off(

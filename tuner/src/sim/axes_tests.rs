@@ -19,7 +19,7 @@ fn op_offload_is_measured_where_weights_stay_on_the_host_and_follows_the_link() 
         land.devices[0].link = link;
         let mut s = settings(&land, 5);
         // Over the slow link a repetition takes minutes: time for every axis.
-        s.budget = Duration::from_secs(72 * 3600);
+        s.time_budget = Duration::from_secs(72 * 3600);
         let run = tune(land, s.clone(), None, Mode::Search);
         let off = run
             .results
@@ -178,7 +178,7 @@ fn slow_link_long_prompt() -> (Landscape, TuneSettings) {
     land.devices[0].link = 0.25e9;
     let mut s = settings(&land, 5);
     s.workload.n_prompt = 3000;
-    s.budget = Duration::from_secs(72 * 3600);
+    s.time_budget = Duration::from_secs(72 * 3600);
     s.ubatch_options = crate::tuning::ubatch_options(&[], &s.workload, s.offload);
     // The KV cache stays on the GPU: what these tests follow is the micro-batch and the link.
     s.kv_offload = vec![KvOffload::On];

@@ -162,7 +162,7 @@ fn a_budget_that_ends_in_the_first_round_still_measures_the_baseline() {
         first, full.baseline,
         "the first repetition is the baseline's"
     );
-    s.budget = std::time::Duration::from_secs_f64(end - 1.0);
+    s.time_budget = std::time::Duration::from_secs_f64(end - 1.0);
     let run = tune(land, s, None, Mode::Search);
     assert!(run.budget_spent);
     assert!(measured(&run, &run.baseline), "{}", run.baseline.label());
@@ -177,7 +177,7 @@ fn a_fit_placement_over_a_budget_by_the_dry_run_loses_a_layer_there() {
     let mut land = gpus(2, 24 * GIB);
     land.fit_undercount = 450 * MIB;
     let mut s = settings(&land, 5);
-    s.budgets[1].1 = 8 * GIB;
+    s.mem_budgets.0[1].bytes = 8 * GIB;
     let fit = harness::llama_fit(&land, &s);
     assert!(!fits(&land, &s, &fit), "over a budget: {}", fit.label());
     let run = tune(land.clone(), s.clone(), None, Mode::Search);

@@ -189,11 +189,11 @@ fn search_sim_set(first: u64, n: u64) {
     for seed in first..first + n {
         let land = landscape(seed);
         let s = TuneSettings {
-            budget: Duration::from_secs(600),
+            time_budget: Duration::from_secs(600),
             ..settings(&land, seed)
         };
         let unbounded = TuneSettings {
-            budget: Duration::from_secs(1000 * 3600),
+            time_budget: Duration::from_secs(1000 * 3600),
             ..s.clone()
         };
         let choices = [
@@ -281,8 +281,8 @@ fn run_choice(land: &Landscape, s: TuneSettings, mode: Mode) -> Choice {
 /// `s` with `tune`'s default budget: 10 minutes, growing to 40 visits of the baseline up to 30.
 fn default_budget(s: &TuneSettings) -> TuneSettings {
     TuneSettings {
-        budget: crate::tuning::DEFAULT_BUDGET,
-        budget_cap: Some(crate::tuning::GROWN_BUDGET_CAP),
+        time_budget: crate::tuning::DEFAULT_BUDGET,
+        time_budget_cap: Some(crate::tuning::GROWN_BUDGET_CAP),
         ..s.clone()
     }
 }
@@ -298,7 +298,7 @@ fn choices(land: &Landscape, s: &TuneSettings, seed: u64) -> Vec<Choice> {
         reps: 0,
     };
     let unbounded = TuneSettings {
-        budget: Duration::from_secs(1000 * 3600),
+        time_budget: Duration::from_secs(1000 * 3600),
         ..s.clone()
     };
     let default = default_budget(s);
@@ -376,8 +376,8 @@ fn trace_landscape(seed: u64, r: u64, budget: Option<Duration>) {
     let land = landscape(seed);
     let run_seed = run_seed(seed, r);
     let s = match budget {
-        Some(budget) => TuneSettings {
-            budget,
+        Some(time_budget) => TuneSettings {
+            time_budget,
             ..settings(&land, run_seed)
         },
         None => default_budget(&settings(&land, run_seed)),
@@ -516,7 +516,7 @@ fn vs_tuners_set(first: u64, n: u64, budget: Duration, replicas: u64) {
         for r in 0..replicas {
             let run_seed = run_seed(seed, r);
             let s = TuneSettings {
-                budget,
+                time_budget: budget,
                 ..settings(&land, run_seed)
             };
             let choices = choices(&land, &s, run_seed);

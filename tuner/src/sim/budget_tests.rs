@@ -15,7 +15,7 @@ fn a_tiny_budget_still_measures_the_first_visited_candidate() {
     let mut s = settings(&land, 13);
     let full = tune(land.clone(), s.clone(), None, Mode::Search);
     let first_end = full.trace.borrow().calls[0].2;
-    s.budget = Duration::from_secs_f64(first_end - 1.0);
+    s.time_budget = Duration::from_secs_f64(first_end - 1.0);
     let run = tune(land, s, None, Mode::Search);
     assert!(run.budget_spent);
     let measured: Vec<_> = run.results.iter().filter(|r| r.ok()).collect();
@@ -39,7 +39,7 @@ fn a_budget_that_ends_early_names_the_axes_it_did_not_reach() {
     assert!(full.not_reached.is_empty(), "{:?}", full.not_reached);
     // About a third of the full run: the placement and the split are measured, the axes after
     // them are not.
-    s.budget = Duration::from_secs_f64(full.seconds / 3.0);
+    s.time_budget = Duration::from_secs_f64(full.seconds / 3.0);
     let run = tune(land, s.clone(), None, Mode::Search);
     assert!(run.budget_spent);
     assert!(
@@ -75,8 +75,8 @@ fn a_resumed_run_grows_its_default_budget_as_the_first_did() {
     use profiles::measurements::{Context, MeasurementLog};
     let land = gpus(2, 24 * GIB);
     let s = TuneSettings {
-        budget: crate::tuning::DEFAULT_BUDGET,
-        budget_cap: Some(crate::tuning::GROWN_BUDGET_CAP),
+        time_budget: crate::tuning::DEFAULT_BUDGET,
+        time_budget_cap: Some(crate::tuning::GROWN_BUDGET_CAP),
         ..settings(&land, 5)
     };
     let dir = tempfile::tempdir().unwrap();
@@ -124,7 +124,7 @@ fn a_resumed_run_grows_its_default_budget_as_the_first_did() {
 fn the_default_budget_grows_with_what_a_visit_costs_and_a_given_one_stays() {
     let land = gpus(2, 24 * GIB);
     let given = TuneSettings {
-        budget: crate::tuning::DEFAULT_BUDGET,
+        time_budget: crate::tuning::DEFAULT_BUDGET,
         ..settings(&land, 5)
     };
     let fixed = tune(land.clone(), given.clone(), None, Mode::Search);
@@ -132,7 +132,7 @@ fn the_default_budget_grows_with_what_a_visit_costs_and_a_given_one_stays() {
     assert!(fixed.visit_seconds.is_none());
     assert!(!fixed.not_reached.is_empty(), "{:?}", fixed.not_reached);
     let default = TuneSettings {
-        budget_cap: Some(crate::tuning::GROWN_BUDGET_CAP),
+        time_budget_cap: Some(crate::tuning::GROWN_BUDGET_CAP),
         ..given
     };
     let run = tune(land.clone(), default, None, Mode::Search);

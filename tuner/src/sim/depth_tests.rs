@@ -29,7 +29,7 @@ fn the_prompt_at_depth_decides_the_kv_cache_type_for_long_tool_results() {
     s.workload.n_prompt = 4000;
     s.workload.n_gen = 16;
     s.workload.depth = 24000;
-    s.budget = Duration::from_secs(48 * 3600);
+    s.time_budget = Duration::from_secs(48 * 3600);
     let w = s.workload.clone();
 
     let all = Candidate::llama_default(16, land.model.n_layers + 1);

@@ -75,8 +75,8 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         min_reps: 3,
         max_reps: 10,
         candidate_cap: crate::tuning::CANDIDATE_CAP,
-        budget: Duration::from_secs(4 * 3600),
-        budget_cap: None,
+        time_budget: Duration::from_secs(4 * 3600),
+        time_budget_cap: None,
         seed,
         threads_options: vec![1, 8, 16, 32],
         threads_batch_options: vec![1, 8, 16, 32],
@@ -109,7 +109,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         quality: QualityGate::on(DEFAULT_MAX_KV_KLD, &workload, 16),
         flash_attn: vec![FlashAttn::Auto, FlashAttn::On, FlashAttn::Off],
         rpc: Vec::new(),
-        budgets: land
+        mem_budgets: land
             .devices
             .iter()
             .map(|d| (d.name.clone(), d.mem_bytes.saturating_sub(MARGIN)))
@@ -204,7 +204,7 @@ pub fn tune_logged(
         budget_spent: e.budget_spent,
         not_reached: std::mem::take(&mut e.not_reached),
         seconds: e.measurer.elapsed().as_secs_f64(),
-        budget: e.settings.budget,
+        budget: e.settings.time_budget,
         visit_seconds: e.visit_seconds,
         quality: e.quality_record(),
         results: std::mem::take(&mut e.results),
@@ -256,12 +256,7 @@ pub fn fits(land: &Landscape, s: &TuneSettings, c: &Candidate) -> bool {
     land.footprint(c, s.workload.n_ctx)
         .per_device
         .iter()
-        .all(|d| {
-            s.budgets
-                .iter()
-                .find(|(n, _)| *n == d.device)
-                .is_none_or(|(_, b)| d.bytes <= *b)
-        })
+        .all(|d| (s.mem_budgets.of(&d.device)).is_none_or(|b| d.bytes <= b))
 }
 
 /// The most GPU layers that fit with `c`'s other settings, found by trying every count.
@@ -286,7 +281,7 @@ pub fn llama_fit(land: &Landscape, s: &TuneSettings) -> Candidate {
         rpc: Vec::new(),
         n_ctx: s.workload.n_ctx,
         sequences: s.workload.n_parallel,
-        budgets: s.budgets.clone(),
+        budgets: s.mem_budgets.clone(),
         default_margin: u64::MAX,
     };
     let (answer, _) = land.llama_fit(&req);

@@ -24,7 +24,11 @@ fn too_few_layers_offloaded_for_the_rest_to_fit_in_ram_are_pruned_not_the_search
     let land = gpus(1, 24 * GIB);
     let mut s = settings(&land, 5);
     let host_budget = 24 * GIB;
-    s.budgets.push(("CPU".into(), host_budget));
+    s.mem_budgets.0.push(profiles::DeviceBudget {
+        device: "CPU".into(),
+        bytes: host_budget,
+        given: true,
+    });
     let n_ctx = s.workload.n_ctx;
     let base = Candidate::llama_default(16, 81);
     let all_on_host = Candidate {
@@ -38,7 +42,7 @@ fn too_few_layers_offloaded_for_the_rest_to_fit_in_ram_are_pruned_not_the_search
     // The most layers the GPU holds, whatever the host (max_fit checks every budget, so drop the
     // host's for it).
     let mut gpu_only = s.clone();
-    gpu_only.budgets.retain(|(n, _)| n != "CPU");
+    gpu_only.mem_budgets.0.retain(|b| b.device != "CPU");
     let max = max_fit(&land, &gpu_only, &base).unwrap();
     let at_max = Candidate {
         n_gpu_layers: max,
@@ -88,7 +92,7 @@ fn on_two_numa_nodes_the_search_keeps_distribute() {
     let mut s = settings(&land, 11);
     s.numa = vec![Numa::Off, Numa::Distribute, Numa::Isolate];
     // A 70B on the host: minutes a repetition; time for every axis.
-    s.budget = std::time::Duration::from_secs(24 * 3600);
+    s.time_budget = std::time::Duration::from_secs(24 * 3600);
     let run = tune(land, s, None, Mode::Search);
     let win = run.winner.clone().expect("a winner");
     assert_eq!(win.numa, Numa::Distribute, "{}", win.label());

@@ -23,10 +23,7 @@ impl Landscape {
             .devices
             .iter()
             .map(|d| {
-                req.budgets
-                    .iter()
-                    .find(|(n, _)| *n == d.name)
-                    .map_or(d.mem_bytes.saturating_sub(req.default_margin), |(_, b)| *b)
+                (req.budgets.of(&d.name)).unwrap_or(d.mem_bytes.saturating_sub(req.default_margin))
             })
             .collect();
         let mut fit = Fitting {

@@ -97,7 +97,7 @@ fn the_micro_batch_lever_appears_and_wins_when_it_lets_every_layer_fit() {
     };
     let need = land.footprint(&lever, s.workload.n_ctx).per_device[0].bytes;
     land.devices[0].mem_bytes = need + MARGIN + 16 * MIB;
-    s.budgets = vec![("CUDA0".into(), need + 16 * MIB)];
+    s.mem_budgets = [("CUDA0".into(), need + 16 * MIB)].into_iter().collect();
     let at_512 = max_fit(&land, &s, &Candidate::llama_default(16, 49)).unwrap();
     assert!(at_512 < 49, "not every layer fits at -ub 512 ({at_512})");
     let run = tune(land, s, None, Mode::Search);
@@ -139,7 +139,7 @@ fn a_cache_that_fits_every_layer_at_the_default_micro_batch_is_a_lever_too() {
     let budget = need(&q4).max(need(&q8_small)) + 16 * MIB;
     assert!(budget < need(&every_layer(CacheType::Q8_0, 512)));
     land.devices[0].mem_bytes = budget + MARGIN;
-    s.budgets = vec![("CUDA0".into(), budget)];
+    s.mem_budgets = [("CUDA0".into(), budget)].into_iter().collect();
     let start = Candidate::llama_default(16, 49);
     let group = with_engine(land, s, |e| e.placement_group(&start));
     let has = |t: CacheType, ub: u32| {
@@ -183,7 +183,7 @@ fn a_budget_smaller_than_free_memory_is_filled_by_llama_cpps_fit_and_the_winner_
     let land = gpus(2, 24 * GIB);
     let mut s = settings(&land, 5);
     // Another tenant holds two thirds of CUDA1.
-    s.budgets[1].1 = 8 * GIB;
+    s.mem_budgets.0[1].bytes = 8 * GIB;
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let base = &run.baseline;
     assert_eq!(*base, harness::llama_fit(&land, &s));
@@ -331,7 +331,7 @@ fn the_strongest_fit_lever_is_measured_right_after_the_baseline() {
         let full = Candidate::llama_default(16, 49);
         let half = land.footprint(&full, s.workload.n_ctx).per_device[0].bytes / 2;
         land.devices[0].mem_bytes = half + MARGIN;
-        s.budgets = vec![("CUDA0".into(), half)];
+        s.mem_budgets = [("CUDA0".into(), half)].into_iter().collect();
         let run = tune(land, s, None, Mode::Search);
         let mut order: Vec<Candidate> = Vec::new();
         for (c, _, _) in run.trace.borrow().calls.iter() {

@@ -131,7 +131,7 @@ fn setup(search: &DraftSearch, tuned: &Tuned, profile: &Profile, ngram_too: bool
         seed: search.seed.unwrap_or(profile.created_unix),
         trial_timeout: search.trial_timeout,
         budget: search.budget,
-        budgets: tuned.run.settings.budgets.clone(),
+        budgets: tuned.run.settings.mem_budgets.clone(),
         llama_version: profile.llama.version.clone(),
     }
 }

@@ -44,7 +44,7 @@ pub struct Setup {
     pub trial_timeout: Duration,
     pub budget: Duration,
     /// Memory each device may use (target and draft together).
-    pub budgets: Vec<(String, u64)>,
+    pub budgets: profiles::Budgets,
     pub llama_version: String,
 }
 
@@ -418,9 +418,14 @@ impl Helper<'_> {
 pub fn overflow(
     target: &[DeviceBytes],
     draft: &[DeviceBytes],
-    budgets: &[(String, u64)],
+    budgets: &profiles::Budgets,
 ) -> Option<String> {
-    for (device, budget) in budgets {
+    for profiles::DeviceBudget {
+        device,
+        bytes: budget,
+        ..
+    } in budgets.iter()
+    {
         let of = |v: &[DeviceBytes]| {
             v.iter()
                 .filter(|d| &d.device == device)
@@ -451,7 +456,9 @@ mod tests {
             device: device.into(),
             bytes,
         };
-        let budgets = vec![("CPU".to_string(), 1000), ("CUDA0".to_string(), 500)];
+        let budgets: profiles::Budgets = [("CPU".to_string(), 1000), ("CUDA0".to_string(), 500)]
+            .into_iter()
+            .collect();
         assert_eq!(
             overflow(&[dev("CPU", 600)], &[dev("CPU", 300)], &budgets),
             None

@@ -60,9 +60,9 @@ pub struct Plan {
     pub max_reps: u32,
     pub candidate_cap: Duration,
     /// The whole run's time (`--quick` caps it at [`QUICK_BUDGET`]).
-    pub budget: Duration,
+    pub time_budget: Duration,
     /// The budget is the default (no `--budget`): it may grow for a slow model.
-    pub budget_grows: bool,
+    pub time_budget_grows: bool,
     pub seed: u64,
     /// Thread counts to try; `None`: 1, half the cores, the cores, all CPUs.
     pub threads: Option<Vec<u32>>,
@@ -86,7 +86,7 @@ pub struct Plan {
     /// Micro-batch sizes to try; empty: [`ubatch_options`] chooses for the machine and workload.
     pub ubatch_options: Vec<u32>,
     pub rpc: Vec<String>,
-    pub mem_budget: Vec<DeviceBudget>,
+    pub mem_budgets: Vec<DeviceBudget>,
     pub mem_margin: u64,
     pub trial_timeout: Duration,
     pub quick: bool,
@@ -140,12 +140,12 @@ impl Plan {
             candidate_cap: self.candidate_cap,
             // --quick: at most 50 s of search, so with the confirmation and the last repetition in
             // flight the run measures for under a minute.
-            budget: if self.quick {
-                self.budget.min(QUICK_BUDGET)
+            time_budget: if self.quick {
+                self.time_budget.min(QUICK_BUDGET)
             } else {
-                self.budget
+                self.time_budget
             },
-            budget_cap: (self.budget_grows && !self.quick && !self.exhaustive)
+            time_budget_cap: (self.time_budget_grows && !self.quick && !self.exhaustive)
                 .then_some(GROWN_BUDGET_CAP),
             seed: self.seed,
             threads_options,
@@ -169,7 +169,7 @@ impl Plan {
             flash_attn: self.flash_attn.clone(),
             ubatch_options: ubatch_options(&self.ubatch_options, &self.workload, offload),
             rpc: self.rpc.clone(),
-            budgets: session::budgets_of(&self.mem_budget, self.mem_margin, machine)?,
+            mem_budgets: session::budgets_of(&self.mem_budgets, self.mem_margin, machine)?,
             n_layers,
             offload,
             moe: info.is_moe(),

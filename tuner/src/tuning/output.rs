@@ -20,7 +20,7 @@ use std::sync::atomic::AtomicBool;
 /// Why the default budget grew, where it did.
 fn grown_budget_note(run: &crate::engine::Run) -> Option<String> {
     let visit = run.visit_seconds?;
-    let budget = run.settings.budget;
+    let budget = run.settings.time_budget;
     (budget > crate::tuning::DEFAULT_BUDGET).then(|| {
         format!(
             "the default budget grew to {:.0} min: one configuration of this model takes about {visit:.0} s to load, warm up and measure twice (llama.cpp's defaults), and the search needs about {:.0} of those; --budget sets it",
@@ -64,7 +64,7 @@ fn notes(t: &Tuned) -> Vec<String> {
     notes.extend(busy::note(t.others_cpu, cpus, "while autotune measured"));
     // Only the time budget's own skips: a candidate pruned on a memory budget ("needs 10.0 MiB on
     // Vulkan0, budget 8.0 MiB") would not be measured with more time either.
-    let budget = t.run.settings.budget.as_secs();
+    let budget = t.run.settings.time_budget.as_secs();
     if !t.run.not_reached.is_empty() {
         notes.push(format!(
             "the time budget ({budget} s) ran out before the search reached {} (settings left at the best so far); raise --budget",
@@ -148,7 +148,7 @@ pub fn report_of(t: &Tuned) -> Report {
         seed: s.seed,
         noise: s.noise,
         elapsed_s: t.elapsed_s,
-        budget_s: s.budget.as_secs_f64(),
+        budget_s: s.time_budget.as_secs_f64(),
         interrupted: t.interrupted,
         budget_spent: run.budget_spent,
         axes_not_reached: run.not_reached.clone(),
@@ -303,6 +303,7 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
         ngram: None,
         mtp: None,
         quality: Some(t.run.quality.clone()),
+        budgets: t.run.settings.mem_budgets.clone(),
     })
 }
 
