@@ -9,6 +9,7 @@ mod exit;
 mod explain;
 mod fit;
 mod gpus;
+mod hosts;
 mod inputs;
 mod llama;
 mod machine;

@@ -49,7 +49,7 @@ pub enum LlamaError {
     Aborted,
     #[error("unknown device '{0}' (see `autotune doctor` for the device names)")]
     UnknownDevice(String),
-    #[error("rpc: {0}")]
+    #[error("{0}")]
     Rpc(String),
     #[error("path is not valid UTF-8 or contains NUL: {0}")]
     BadPath(String),

@@ -11,6 +11,7 @@ pub(crate) mod memory;
 pub mod pool;
 pub mod protocol;
 pub mod server;
+mod stall;
 mod timing;
 
 pub use client::{TrialFailure, Worker};
