@@ -80,6 +80,16 @@ fn out_of_range_flags_are_usage_errors() {
         ),
         (vec![m, "--budget", "-5m"], "budget"),
         (vec![m, "--cache-types", "q3_x"], "cache type"),
+        (
+            vec![m, "--max-kv-kld", "-0.1"],
+            "--max-kv-kld -0.1: give a mean KL divergence of 0 or more",
+        ),
+        (vec![m, "--max-kv-kld", "NaN"], "--max-kv-kld NaN"),
+        (vec![m, "--max-kv-kld", "lots"], "invalid value 'lots'"),
+        (
+            vec![m, "--max-kv-kld", "0.1", "--no-quality-gate"],
+            "cannot be used with",
+        ),
     ] {
         let o = sb.run(&args);
         let err = stderr(&o);

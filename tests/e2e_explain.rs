@@ -34,8 +34,9 @@ const ONE_CANDIDATE: &[&str] = &[
     "60s",
 ];
 
-const TOPICS: [&str; 6] = [
+const TOPICS: [&str; 7] = [
     "fit",
+    "quality",
     "bandwidth",
     "model",
     "prefill",

@@ -444,7 +444,13 @@ impl Report {
                     "-".into()
                 }));
                 row.push(Cell::new(f.repetitions));
-                row.push(Cell::new(if e.tie_with_previous { "tie" } else { "ok" }));
+                row.push(Cell::new(if e.status.starts_with("refused") {
+                    truncate(&e.status, 70)
+                } else if e.tie_with_previous {
+                    "tie".into()
+                } else {
+                    "ok".into()
+                }));
             }
             None => {
                 let blanks = if depth { 7 } else { 5 };

@@ -123,6 +123,12 @@ impl Progress for Bar {
             None => eprintln!("autotune: {label}: {why}"),
         }
     }
+    fn note(&self, line: &str) {
+        match &self.0 {
+            Some(b) => b.println(line),
+            None => eprintln!("autotune: {line}"),
+        }
+    }
     fn best(&self, label: &str, margin: Option<f64>, elapsed: Duration, budget: Duration) {
         let left = budget.saturating_sub(elapsed).as_secs();
         let m = margin

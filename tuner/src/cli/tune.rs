@@ -41,6 +41,7 @@ pub struct TuneArgs {
     #[arg(
         long = "max-kv-kld",
         value_name = "KLD",
+        allow_hyphen_values = true,
         conflicts_with = "no_quality_gate"
     )]
     pub max_kv_kld: Option<f64>,

@@ -322,6 +322,7 @@ pub fn eval_settings(
         chunk,
         scored: None,
         threads: threads.unwrap_or_else(session::default_threads),
+        n_gpu_layers: 999,
         fresh,
         cache_dir: session::cache_dir(),
         quiet,

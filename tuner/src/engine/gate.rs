@@ -103,6 +103,9 @@ pub struct KvQualityRequest {
     pub window: u32,
     pub max_tokens: u32,
     pub threads: u32,
+    /// Layers on the offload devices: the candidate's, which its budgets hold (the evaluation
+    /// falls back to the CPU where the model does not load so).
+    pub n_gpu_layers: u32,
 }
 
 /// The measurer's answer.
@@ -132,6 +135,11 @@ impl Engine<'_> {
             return false;
         }
         let check = self.measure_kv_quality(c, max);
+        if (self.stop)() {
+            // Cut short: measured again when the run resumes, never a verdict of its own.
+            self.interrupted = true;
+            return false;
+        }
         let passed = check.passed;
         self.kv_checks.push(check);
         passed
@@ -156,6 +164,7 @@ impl Engine<'_> {
             window: q.window,
             max_tokens: q.max_tokens,
             threads: q.threads,
+            n_gpu_layers: c.n_gpu_layers,
         };
         let label = format!("kv={}", c.kv_label());
         self.progress.candidate_started(&label, "quality gate");

@@ -726,6 +726,6 @@ fn the_quality_finding_shows_the_winners_figures_and_what_the_gate_refused() {
     );
     assert_eq!(
         q.details,
-        ["kv=q4_0/q4_0 +5% requests/s, refused: mean KLD 0.0710 > 0.0200"]
+        ["kv=q4_0/q4_0 (+5% requests/s) refused: mean KLD 0.0710 > 0.0200"]
     );
 }

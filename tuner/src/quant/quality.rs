@@ -83,6 +83,9 @@ pub struct EvalSettings {
     /// Compare only the last this many positions of each chunk (see [`QualityRequest::scored`]).
     pub scored: Option<u32>,
     pub threads: u32,
+    /// Layers offloaded where a device exists (falling back to the CPU when the model does not
+    /// load so).
+    pub n_gpu_layers: u32,
     /// Ignore cached results.
     pub fresh: bool,
     pub cache_dir: PathBuf,
@@ -275,7 +278,7 @@ impl<'a> Evaluator<'a> {
             n_ctx: s.chunk,
             scored: s.scored,
             threads: s.threads,
-            n_gpu_layers: 999,
+            n_gpu_layers: s.n_gpu_layers,
             progress: Some(progress.clone()),
         });
         let bar = batch_bar(s.quiet, batch, reference);
@@ -574,6 +577,7 @@ pub fn kv_pair_quality(
         chunk: req.window,
         scored: Some(crate::engine::gate::SCORED_POSITIONS),
         threads: req.threads,
+        n_gpu_layers: req.n_gpu_layers,
         fresh: false,
         cache_dir: crate::session::cache_dir(),
         quiet: true,

@@ -41,7 +41,7 @@ pub fn lines(q: &QualityRecord, winner: &Candidate, board: &[LeaderboardEntry]) 
     let refused: Vec<&KvQualityCheck> = q.checks.iter().filter(|c| !c.passed).collect();
     for c in &refused {
         let speed = match (won, score(c)) {
-            (Some(w), Some(r)) => format!("{:+.0}% requests/s, ", 100.0 * (w / r - 1.0)),
+            (Some(w), Some(r)) => format!("({:+.0}% requests/s) ", 100.0 * (w / r - 1.0)),
             _ => String::new(),
         };
         out.push(format!(

@@ -23,8 +23,14 @@ const HELD_OUT: u64 = 1_000_000;
 /// The landscape sets a bench scores (`SEARCH_SIM_SET`: tuning, held-out or both, the default):
 /// (name, first seed).
 fn landscape_sets() -> Vec<(&'static str, u64)> {
-    let tuning = ("tuning set (seeds from 0: what the heuristics were tuned on)", 0);
-    let held_out = ("held-out set (seeds from 1000000: never used to tune)", HELD_OUT);
+    let tuning = (
+        "tuning set (seeds from 0: what the heuristics were tuned on)",
+        0,
+    );
+    let held_out = (
+        "held-out set (seeds from 1000000: never used to tune)",
+        HELD_OUT,
+    );
     match std::env::var("SEARCH_SIM_SET").as_deref() {
         Ok("tuning") => vec![tuning],
         Ok("held-out") => vec![held_out],
@@ -168,7 +174,9 @@ fn search_sim_bench() {
         "search-sim: tests the search LOGIC on a simulated roofline model of devices and a model,"
     );
     println!("NOT real hardware or llama.cpp. {n} seeded landscapes (1-4 GPUs, 32-80 layers, noise 0.5-2%)");
-    println!("in each set; a KV cache wins only within the default quality gate (its choices too).");
+    println!(
+        "in each set; a KV cache wins only within the default quality gate (its choices too)."
+    );
     for (set, first) in landscape_sets() {
         println!("{set}:");
         search_sim_set(first, n);
@@ -468,8 +476,12 @@ fn vs_tuners_bench() {
     println!(
         "(those of bench/search-sim). Every choice is scored at the same workload: a 4096-token"
     );
-    println!("context, 512-token prompts, 128 generated tokens; a KV cache over the default quality");
-    println!("gate (mean KLD 0.02 on the landscape's model) is never a hit, and never the best known.");
+    println!(
+        "context, 512-token prompts, 128 generated tokens; a KV cache over the default quality"
+    );
+    println!(
+        "gate (mean KLD 0.02 on the landscape's model) is never a hit, and never the best known."
+    );
     let replicas = replica_count();
     if replicas > 1 {
         println!("Each landscape {replicas} times, with other noise and shuffle seeds (run r: seed + r x 2^32).");
@@ -488,7 +500,9 @@ fn vs_tuners_bench() {
     println!(
         "device's memory at the 4096-token context, or none (a search that ended with an error);"
     );
-    println!("over gate: choices whose KV cache is over the quality gate; tuning: median simulated");
+    println!(
+        "over gate: choices whose KV cache is over the quality gate; tuning: median simulated"
+    );
     println!("seconds spent; slower / faster: landscapes where its choice is more than 2% slower");
     println!("/ faster than autotune's.");
 }

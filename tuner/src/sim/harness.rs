@@ -249,8 +249,7 @@ pub fn one_host_expert_layer_fewer(c: &Candidate) -> Candidate {
 /// Whether `c` may win under the run's quality gate: lossless caches, no gate, or its K/V pair's
 /// divergence on the landscape within it.
 pub fn within_gate(land: &Landscape, s: &TuneSettings, c: &Candidate) -> bool {
-    !c.kv_lossy()
-        || (s.quality.max_kv_kld).is_none_or(|max| land.kv_kld(c.type_k, c.type_v) <= max)
+    !c.kv_lossy() || (s.quality.max_kv_kld).is_none_or(|max| land.kv_kld(c.type_k, c.type_v) <= max)
 }
 
 /// Whether a candidate fits every device's budget (by the model, as the dry run would say).
