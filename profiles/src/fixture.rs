@@ -131,6 +131,7 @@ pub fn example_profile() -> Profile {
         ngram: None,
         mtp: None,
         quality: None,
+        hosts: Vec::new(),
         leaderboard: vec![
             LeaderboardEntry {
                 rank: 1,

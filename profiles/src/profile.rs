@@ -74,6 +74,10 @@ pub struct Profile {
     /// written before the gate existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quality: Option<crate::QualityRecord>,
+    /// Each RPC server the run measured over and its link then, used by the winner or not (absent
+    /// without `--rpc`, and in profiles written before links were measured).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<crate::HostLink>,
 }
 
 /// What the run's decision rule said of the winner against the baseline: the request rate's

@@ -9,6 +9,7 @@
 
 pub mod check;
 pub mod endpoint;
+pub mod links;
 
 pub use check::{check, Timeouts};
 pub use endpoint::{parse_endpoint, validate_list};

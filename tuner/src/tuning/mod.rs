@@ -311,6 +311,8 @@ pub struct Tuned {
     pub workload_name: String,
     /// The RPC servers the run used as devices.
     pub rpc: Vec<String>,
+    /// The link to each of them, measured before anything loaded.
+    pub links: Vec<profiles::HostLink>,
     /// How `--ctx max` chose the context.
     pub context: Option<ContextChoice>,
     pub run: Run,
@@ -385,8 +387,9 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     } else {
         1
     };
-    let pool = WorkerPool::new(max_alive, plan.trial_timeout);
     let stop_fn = || stop.load(Ordering::Relaxed);
+    let links = measure_links(plan, &probe, &stop_fn);
+    let pool = WorkerPool::new(max_alive, plan.trial_timeout);
     let bar = Bar::new(plan.quiet);
     let started = Instant::now();
     let measuring = Watch::start(&plan.rpc);
@@ -406,10 +409,31 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         llama,
         workload_name: plan.workload_name.clone(),
         rpc: plan.rpc.clone(),
+        links,
         context,
         run,
         others_cpu,
     })
+}
+
+/// The link to each RPC server of the run (none without `--rpc`), said on stderr as measured.
+fn measure_links(plan: &Plan, probe: &Probe, stop: &dyn Fn() -> bool) -> Vec<profiles::HostLink> {
+    if plan.rpc.is_empty() {
+        return Vec::new();
+    }
+    let devices = crate::hosts::links::rpc_devices(&probe.machine.devices);
+    let links = crate::hosts::links::measure(&devices, &plan.rpc, stop);
+    if !plan.quiet {
+        for l in &links {
+            eprintln!(
+                "autotune: link to {} ({}): {}",
+                l.device,
+                l.endpoint,
+                l.describe()
+            );
+        }
+    }
+    links
 }
 
 /// `--ctx max`: the largest context from the workload's least to its most (`settings`' context) at

@@ -290,7 +290,16 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
         ngram: None,
         mtp: None,
         quality: Some(t.run.quality.clone()),
+        hosts: crate::hosts::links::marked(&t.links, t.run.winner.as_ref()?, &offload_devices(t)),
     })
+}
+
+/// The run's offload devices in llama.cpp's order (what a tensor split without devices follows).
+fn offload_devices(t: &Tuned) -> Vec<String> {
+    (t.run.settings.budgets.iter())
+        .filter(|(name, _)| name != "CPU")
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 /// The report's verdict on the winner against the baseline, as the profile keeps it.

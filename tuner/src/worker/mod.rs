@@ -17,6 +17,6 @@ mod timing;
 pub use client::{TrialFailure, Worker};
 pub use pool::{WorkerPool, Workers};
 pub use protocol::{
-    BandwidthRequest, DeviceBytes, GiveUp, LoadReport, MeasureRequest, Repetition, Request,
-    Response, Workload,
+    BandwidthRequest, DeviceBytes, GiveUp, LinkRequest, LoadReport, MeasureRequest, Repetition,
+    Request, Response, Workload,
 };

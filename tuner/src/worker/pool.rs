@@ -94,7 +94,8 @@ impl WorkerPool {
             | Request::Speculate(_)
             | Request::SpecFootprint(_)
             | Request::LlamaFit(_)
-            | Request::Bandwidth(_) => return Err(TrialFailure::Interrupted),
+            | Request::Bandwidth(_)
+            | Request::Link(_) => return Err(TrialFailure::Interrupted),
         };
         let key = Self::key(m);
         let idx = match self.workers.iter().position(|(k, _)| *k == key) {
