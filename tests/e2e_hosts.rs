@@ -146,3 +146,136 @@ fn a_host_that_freezes_after_its_check_cannot_hold_the_run() {
         "{err}"
     );
 }
+
+/// An `autotune rpc-serve` behind a throttled link (`link`: a link-sim preset); the proxy's
+/// endpoint is what `--rpc` takes.
+struct LinkedHost {
+    _server: RpcServer,
+    proxy: link_sim::Proxy,
+}
+
+impl LinkedHost {
+    fn new(link: &str) -> Self {
+        let server = rpc_server();
+        let upstream = format!("127.0.0.1:{}", server.port).parse().unwrap();
+        let spec = link_sim::LinkSpec::preset(link).unwrap();
+        let proxy = link_sim::Proxy::start("127.0.0.1:0".parse().unwrap(), upstream, spec).unwrap();
+        LinkedHost {
+            _server: server,
+            proxy,
+        }
+    }
+    fn endpoint(&self) -> String {
+        self.proxy.addr().to_string()
+    }
+}
+
+/// One thread on this machine as on each host (each `rpc-serve -t 1`): alike, the link is the
+/// difference. Placement only: one value of every other knob.
+fn tune_over(
+    sb: &Sandbox,
+    rpc: &str,
+    profile: &std::path::Path,
+    extra: &[&str],
+) -> serde_json::Value {
+    let model = demo_model();
+    let mut args = vec![
+        "tune",
+        model.to_str().unwrap(),
+        "--json",
+        "--out",
+        profile.to_str().unwrap(),
+        "--rpc",
+        rpc,
+        "--threads",
+        "1",
+        "--kernels",
+        "plain",
+        "--cache-types",
+        "f16",
+        "--ubatch",
+        "512",
+        "--flash-attn",
+        "auto",
+        "--ctx",
+        "512",
+        "--prompt",
+        "64",
+        "--gen",
+        "32",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "3",
+        "--budget",
+        "150s",
+    ];
+    args.extend_from_slice(extra);
+    sb.run_json(&args)
+}
+
+/// The demo model fits this machine: with one host over Wi-Fi (30 MB/s, 3 ms each way) the search
+/// measures a placement on it and keeps this machine alone, and the profile records the link and
+/// needs no server. Under a host budget the model does not fit (--mem-budget CPU=300M: the CPU-only
+/// placement needs 344 MiB there), with a 10 GbE host and the Wi-Fi host: every layer goes to the
+/// 10 GbE host alone, and the profile keeps only its server.
+#[test]
+fn a_slow_host_is_left_out_when_the_model_fits_and_a_fast_one_used_when_it_does_not() {
+    let sb = Sandbox::new();
+    let wifi = LinkedHost::new("wifi");
+    let profile = sb.dir.path().join("fits.toml");
+    let r = tune_over(&sb, &wifi.endpoint(), &profile, &[]);
+    let w = &r["winner"];
+    assert_eq!(
+        w["n_gpu_layers"].as_u64(),
+        Some(0),
+        "{:#}",
+        r["leaderboard"]
+    );
+    let on_host = (r["leaderboard"].as_array().unwrap().iter())
+        .filter(|e| e["candidate"]["n_gpu_layers"].as_u64() > Some(0))
+        .map(|e| e["status"].as_str().unwrap())
+        .find(|s| *s == "ok" || s.starts_with("stopped"));
+    assert!(
+        on_host.is_some(),
+        "a placement on the host measured: {:#}",
+        r["leaderboard"]
+    );
+    let text = std::fs::read_to_string(&profile).unwrap();
+    assert!(
+        !text.contains("\nrpc = "),
+        "this machine alone needs no server: {text}"
+    );
+    assert!(
+        text.contains("[[hosts]]")
+            && text.contains(&wifi.endpoint())
+            && text.contains("used = false"),
+        "{text}"
+    );
+    let o = sb.run(&["explain", profile.to_str().unwrap()]);
+    let said = stdout(&o);
+    assert!(
+        said.contains("links") && said.contains("local alone") && said.contains("not used"),
+        "{said}"
+    );
+
+    let fast = LinkedHost::new("10gbe");
+    let rpc = format!("{},{}", fast.endpoint(), wifi.endpoint());
+    let profile = sb.dir.path().join("tight.toml");
+    let r = tune_over(&sb, &rpc, &profile, &["--mem-budget", "CPU=300M"]);
+    let w = &r["winner"];
+    assert!(w["n_gpu_layers"].as_u64() > Some(0), "{w}");
+    let on = |dev: &str| {
+        let devices = w["devices"].as_array().cloned().unwrap_or_default();
+        let split = w["tensor_split"].as_array().cloned().unwrap_or_default();
+        let k = if dev == "RPC0" { 0 } else { 1 };
+        (devices.is_empty() || devices.iter().any(|d| d == dev))
+            && split.get(k).is_none_or(|s| s.as_u64() > Some(0))
+    };
+    assert!(on("RPC0") && !on("RPC1"), "the 10 GbE host alone: {w}");
+    let text = std::fs::read_to_string(&profile).unwrap();
+    assert!(
+        text.contains(&format!("rpc = [\"{}\"]", fast.endpoint())),
+        "only the host used: {text}"
+    );
+}

@@ -10,6 +10,7 @@
 pub mod check;
 pub mod endpoint;
 pub mod links;
+pub mod search;
 
 pub use check::{check, Timeouts};
 pub use endpoint::{parse_endpoint, validate_list};

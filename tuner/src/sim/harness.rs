@@ -46,6 +46,7 @@ pub fn gpus(n: usize, mem: u64) -> Landscape {
                 flops: 80e12,
                 link: 25e9,
                 host_buffer: true,
+                latency: 0.0,
             })
             .collect(),
         model: SimModel::llama_70b(),
@@ -110,6 +111,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         quality: QualityGate::on(DEFAULT_MAX_KV_KLD, &workload, 16),
         flash_attn: vec![FlashAttn::Auto, FlashAttn::On, FlashAttn::Off],
         rpc: Vec::new(),
+        links: land.links(),
         budgets: land
             .devices
             .iter()

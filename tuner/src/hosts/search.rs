@@ -1,0 +1,92 @@
+//! The split search where offload devices are other hosts: the link each is reached over (measured
+//! before the run, [`super::links`]) is part of how fast it is. A token's activations cross to a host
+//! and its result comes back once per token whatever share of the layers it holds, so a host's link
+//! adds a fixed cost per token, while its memory bandwidth sets how fast it reads its share.
+//!
+//! Nothing here decides: it orders what is measured first (the host nearest by its link, alone),
+//! and which hosts make up "the fewest fastest that hold the model". Measurements choose.
+
+use crate::engine::Engine;
+use search_space::Candidate;
+
+/// Links this many times apart in round trip (and [`LINK_GAP_S`] apart) are called different.
+const LINK_RATIO: f64 = 2.0;
+/// Round trips closer than this are alike whatever their ratio (two LAN hosts at 0.05 and 0.12 ms).
+const LINK_GAP_S: f64 = 0.2e-3;
+
+impl Engine<'_> {
+    /// Seconds a generated token spends on the link to `device`: its measured round trip; 0 for a
+    /// device without a measured link (a local GPU: its bus is in the scheduler's fixed cost).
+    pub(crate) fn link_seconds(&self, device: &str) -> f64 {
+        (self.settings.links.iter())
+            .find(|l| l.device == device)
+            .map_or(0.0, |l| l.round_trip_ms / 1e3)
+    }
+
+    /// Whether `names` are reached over links that clearly differ ([`LINK_RATIO`], [`LINK_GAP_S`]).
+    pub(crate) fn links_differ(&self, names: &[String]) -> bool {
+        let s: Vec<f64> = names.iter().map(|n| self.link_seconds(n)).collect();
+        let (lo, hi) = s
+            .iter()
+            .fold((f64::INFINITY, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        hi - lo > LINK_GAP_S && hi > LINK_RATIO * lo
+    }
+
+    /// Where the offload devices are hosts reached over clearly different links: the nearest (the
+    /// shortest round trip) alone, at the most layers it holds. A token crosses the least network
+    /// there; measured early in the split group, so a run whose budget ends within the group has
+    /// measured it (over a slow link every load is seconds of weights on the wire).
+    pub(crate) fn nearest_host_alone(&mut self, from: &Candidate) -> Option<Candidate> {
+        let (names, _) = self.budget_split();
+        if names.len() < 2 || !from.devices.is_empty() || !self.links_differ(&names) {
+            return None;
+        }
+        let nearest = names
+            .iter()
+            .min_by(|a, b| self.link_seconds(a).total_cmp(&self.link_seconds(b)))?
+            .clone();
+        let alone = Candidate {
+            devices: vec![nearest],
+            tensor_split: Vec::new(),
+            split_mode: search_space::SplitMode::Layer,
+            ..from.clone()
+        };
+        self.fitted(vec![alone]).into_iter().next()
+    }
+
+    /// The order in which to take devices for the fewest fastest that hold `from`'s offloaded
+    /// layers, `k` of them: by the seconds a token would spend on each holding `1/k` of the bytes
+    /// `from` offloads (its share over its memory bandwidth `bw`, plus its link's round trip).
+    /// Without measured links, or the dry run's bytes, by bandwidth alone.
+    pub(crate) fn fastest_order(
+        &mut self,
+        from: &Candidate,
+        names: &[String],
+        bw: &[f64],
+        k: usize,
+    ) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..names.len()).collect();
+        if self.settings.links.is_empty() {
+            // No hosts: by bandwidth, as before links were measured (no dry run needed for it).
+            order.sort_by(|&a, &b| bw[b].total_cmp(&bw[a]));
+            return order;
+        }
+        let offloaded: u64 = self.footprint(from).map_or(0, |r| {
+            (r.per_device.iter())
+                .filter(|d| d.device != "CPU")
+                .map(|d| d.bytes)
+                .sum()
+        });
+        let share = offloaded as f64 / k.max(1) as f64;
+        let cost = |i: usize| {
+            if offloaded == 0 {
+                -bw[i]
+            } else {
+                share / bw[i].max(1.0) + self.link_seconds(&names[i])
+            }
+        };
+        let costs: Vec<f64> = (0..names.len()).map(cost).collect();
+        order.sort_by(|&a, &b| costs[a].total_cmp(&costs[b]));
+        order
+    }
+}
