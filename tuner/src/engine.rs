@@ -346,7 +346,7 @@ impl<'a> Engine<'a> {
             .collect();
         // Hosts over clearly different links: the nearest alone right after the baseline, before
         // placements whose every load sends weights over the slowest link too.
-        if let Some(near) = self.nearest_host_alone(&start) {
+        if let Some(near) = self.nearest_hosts(&start) {
             if !group.contains(&near) {
                 group.push(near.clone());
             }

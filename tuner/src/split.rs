@@ -377,10 +377,10 @@ impl Engine<'_> {
         if group.is_empty() {
             return best;
         }
-        // The host nearest by its link alone is visited first, then the roofline's split, then the
+        // The fewest hosts nearest by their links are visited first, then the roofline's split, then the
         // fastest devices alone: where the budget ends within the group (a large model on several
         // GPUs, weights sent over slow links), they are the ones measured.
-        let mut promising: Vec<Candidate> = self.nearest_host_alone(&from).into_iter().collect();
+        let mut promising: Vec<Candidate> = self.nearest_hosts(&from).into_iter().collect();
         promising.extend(self.fill_fastest(&from));
         promising.extend(self.fastest_devices_alone(&from));
         group.extend(promising.iter().cloned());

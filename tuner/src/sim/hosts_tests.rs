@@ -170,3 +170,76 @@ fn a_large_model_that_does_not_fit_uses_one_host_not_the_slow_one() {
         );
     }
 }
+
+/// How the search scales to many hosts (`cargo test --release -p tuner --bin autotune --
+/// --ignored --nocapture hosts_scaling`): the 8B model on 2 to 16 hosts of 8 GiB each over a mix of
+/// links (1 in 4 over Wi-Fi, 1 in 4 over 1 GbE, the rest over 10 GbE), this machine's budget holding only its
+/// embeddings, with the default's first 10 minutes and with 4 hours. Per run: dry runs, loads,
+/// candidates measured, simulated minutes, the winner's hosts and its time against the best single
+/// placement the landscape has on the fewest 10 GbE hosts that hold it. docs/several-machines.md
+/// has its figures.
+#[test]
+#[ignore]
+fn hosts_scaling() {
+    println!("hosts budget   dry runs loads measured minutes winner (hosts: links)            s/request vs two 10 GbE");
+    for n in [2usize, 4, 8, 16] {
+        let devices: Vec<Device> = (0..n)
+            .map(|i| {
+                let (link, latency) = match i % 4 {
+                    0 => ONE_GBE,
+                    1 => WIFI,
+                    _ => TEN_GBE,
+                };
+                Device {
+                    mem_bytes: 4 * GIB,
+                    ..remote(&format!("RPC{i}"), link, latency)
+                }
+            })
+            .collect();
+        let land = landscape(eight_b(), devices);
+        // The fewest 10 GbE hosts that hold the model (4 GiB each, 7.3 GiB of weights): two.
+        let ten: Vec<String> = (0..n)
+            .filter(|i| i % 4 >= 2)
+            .take(2)
+            .map(|i| format!("RPC{i}"))
+            .collect();
+        let w = settings(&land, 1).workload;
+        let reference = (ten.len() == 2).then(|| {
+            land.true_seconds(
+                &Candidate {
+                    n_gpu_layers: 33,
+                    devices: ten.clone(),
+                    tensor_split: vec![50, 50],
+                    ..Candidate::llama_default(16, 33)
+                },
+                &w,
+            )
+        });
+        for budget in [Some(Duration::from_secs(600)), None] {
+            let run = tune_hosts(&land, Some(3 * GIB / 2), budget, 1);
+            let t = run.trace.borrow();
+            let win = run.winner.clone().expect("a winner");
+            let used = hosts_used(&land, &win);
+            let kinds: Vec<&str> = (used.iter())
+                .map(
+                    |d| match d.trim_start_matches("RPC").parse::<usize>().unwrap() % 4 {
+                        0 => "1G",
+                        1 => "wifi",
+                        _ => "10G",
+                    },
+                )
+                .collect();
+            let s = land.true_seconds(&win, &w);
+            let vs = reference.map_or("-".to_string(), |r| format!("{:.2}x", r / s));
+            println!(
+                "{n:>5} {:>6} {:>9} {:>5} {:>8} {:>7.0} {:<40} {s:>9.3} {vs:>8}",
+                budget.map_or("4 h".into(), |b| format!("{} min", b.as_secs() / 60)),
+                t.dry_runs,
+                t.loads,
+                t.count(super::Outcome::Measured),
+                t.calls.last().map_or(0.0, |c| c.2) / 60.0,
+                format!("{} ({})", used.len(), kinds.join(" ")),
+            );
+        }
+    }
+}
