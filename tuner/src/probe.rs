@@ -51,7 +51,7 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
     // Each server is checked in seconds before ggml connects to it; ggml's own calls (its device
     // count, each device's memory) have no timeout, so a server frozen right after its check ends
     // the process with an error naming the servers rather than blocking it.
-    let _guard = (!rpc.is_empty()).then(|| {
+    let guard = (!rpc.is_empty()).then(|| {
         crate::hosts::Guard::start(
             crate::hosts::PROBE_LIMIT,
             exit::RPC_HOST,
@@ -68,6 +68,7 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
         modules: module_statuses(&found_modules, log, Drivers::this_machine()),
     };
     let (devices, skipped_devices) = llama::device_view();
+    drop(guard);
     let backends = llama::backends();
     let found = gpus::this_machine();
     // A GPU llama.cpp skips on purpose (an integrated one beside a discrete GPU, one GPU seen by two
