@@ -59,6 +59,7 @@ pub fn example_profile() -> Profile {
         mtp: None,
         quality: None,
         budgets: Default::default(),
+        hosts: Vec::new(),
         leaderboard: leaderboard(winner, figures, baseline),
     };
     profile.refresh_server_args();

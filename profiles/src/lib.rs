@@ -9,6 +9,7 @@ mod budgets;
 mod draft;
 mod error;
 mod export;
+mod hosts;
 pub mod measurements;
 mod mtp;
 mod ngram;
@@ -31,6 +32,7 @@ pub use export::{
     export, export_args, export_json, export_llama_swap, export_many, export_ollama,
     export_presets, ExportFormat, UnknownExportFormat,
 };
+pub use hosts::HostLink;
 pub use mtp::{mtp_options, MtpSettings, DRAFT_MTP};
 pub use ngram::{ngram_options, NgramSettings, MAX_NGRAM_SIZE};
 pub use profile::{

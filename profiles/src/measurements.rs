@@ -134,6 +134,14 @@ pub enum TrialFailure {
     TimedOut { seconds: u64 },
     /// The run was interrupted (Ctrl-C / SIGTERM) while this trial was in flight.
     Interrupted,
+    /// The worker failed (`failure`) and, asked right after, an RPC server the trial ran on was
+    /// down or did not answer (`problem`, naming `endpoint`): the host's fault, not the
+    /// configuration's.
+    RpcHost {
+        endpoint: String,
+        problem: String,
+        failure: Box<TrialFailure>,
+    },
     /// Stopped by autotune, the worker alive: the time it had taken already proved a request
     /// slower than `limit_ms`, a multiple of `best_ms` (the best median measured so far), so it
     /// could not win. A figure of the configuration, not a fault of it. `load`: the memory of the
@@ -182,6 +190,14 @@ impl std::fmt::Display for TrialFailure {
                 write!(f, "no answer within {seconds} s; worker killed")
             }
             TrialFailure::Interrupted => write!(f, "interrupted"),
+            TrialFailure::RpcHost {
+                endpoint,
+                problem,
+                failure,
+            } => write!(
+                f,
+                "RPC server {endpoint} lost mid-trial: {problem} (the trial: {failure})"
+            ),
             TrialFailure::GaveUp {
                 limit_ms,
                 best_ms,

@@ -79,6 +79,10 @@ pub struct Profile {
     /// less the margin): what the winner was chosen under.
     #[serde(default, skip_serializing_if = "crate::Budgets::is_empty")]
     pub budgets: crate::Budgets,
+    /// Each RPC server the run measured over and its link then, used by the winner or not (absent
+    /// without `--rpc`, and in profiles written before links were measured).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<crate::HostLink>,
 }
 
 /// What the run's decision rule said of the winner against the baseline: the request rate's

@@ -25,7 +25,8 @@ pub use tune::{CtxArg, DeviceArgs, RpcArgs, TrialArgs, TuneArgs, WorkloadArgs};
         `autotune model.gguf` is short for `autotune tune model.gguf`: it measures real configurations \
         through linked llama.cpp and saves the fastest that fits as a profile.",
     after_help = "Exit codes: 0 ok, 1 error, 2 bad usage, 3 bad model file, 4 nothing could be measured, \
-        5 bad profile or store, 6 llama-server refused the profile's arguments, 130 interrupted."
+        5 bad profile or store, 6 llama-server refused the profile's arguments, 7 an RPC server does not \
+        answer, 130 interrupted."
 )]
 pub struct Cli {
     /// Print llama.cpp's own log lines on stderr (useful when a trial fails)

@@ -30,6 +30,7 @@ mod axes;
 pub mod baseline;
 pub mod context;
 pub mod gate;
+mod hosts;
 pub(crate) mod placement;
 pub mod ranking;
 mod result;
@@ -101,6 +102,9 @@ pub struct TuneSettings {
     pub ubatch_options: Vec<u32>,
     /// ggml RPC servers the workers connect to.
     pub rpc: Vec<String>,
+    /// The link to each of their devices, measured before the run (empty without them): how the
+    /// split search ranks hosts ([`hosts`]).
+    pub links: Vec<profiles::HostLink>,
     /// Bytes each device may hold (device name → bytes); a candidate predicted to need more on any
     /// device is pruned without being loaded.
     pub mem_budgets: Budgets,
@@ -275,6 +279,14 @@ impl<'a> Engine<'a> {
         self.promising = crate::engine::placement::strongest_lever(&group, &start)
             .into_iter()
             .collect();
+        // Hosts over clearly different links: the nearest alone right after the baseline, before
+        // placements whose every load sends weights over the slowest link too.
+        if let Some(near) = self.nearest_hosts(&start) {
+            if !group.contains(&near) {
+                group.push(near.clone());
+            }
+            self.promising.insert(0, near);
+        }
         (group, "gpu layers")
     }
 

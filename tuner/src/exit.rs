@@ -15,6 +15,9 @@ pub const BAD_PROFILE: i32 = 5;
 /// llama-server refused the profile's command line (`apply --exec`): a build without an option the
 /// profile uses, e.g. an older one without `--spec-type ngram-simple`.
 pub const SERVER_REFUSED: i32 = 6;
+/// An RPC server given with `--rpc` cannot be reached or does not answer as one (refused,
+/// unreachable, stopped or frozen, another protocol version); the message names it.
+pub const RPC_HOST: i32 = 7;
 /// Interrupted by SIGINT or SIGTERM (after keeping what was measured).
 pub const INTERRUPTED: i32 = 130;
 

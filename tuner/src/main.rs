@@ -8,6 +8,7 @@ mod exit;
 mod explain;
 mod fit;
 mod gpus;
+mod hosts;
 mod inputs;
 mod llama;
 mod machine;

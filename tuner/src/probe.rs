@@ -2,6 +2,7 @@
 //! CPU variant it loaded, and its system info line (which SIMD kernels are in use). Every command that
 //! loads a model starts with [`probe`]; `autotune doctor` prints it.
 
+use crate::exit::{self, Exit};
 use crate::{gpus, llama, machine::Machine};
 use serde::Serialize;
 
@@ -44,15 +45,30 @@ pub struct ModuleStatus {
 
 /// Starts llama.cpp in this process (connecting the RPC servers given) and reads what it sees.
 pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
+    crate::hosts::validate_list(rpc).map_err(|e| Exit::new(exit::USAGE, format!("--rpc {e}")))?;
     llama::init(verbose);
     let log = llama::startup_log();
-    llama::rpc_add_servers(rpc).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Each server is checked in seconds before ggml connects to it; ggml's own calls (its device
+    // count, each device's memory) have no timeout, so a server frozen right after its check ends
+    // the process with an error naming the servers rather than blocking it.
+    let guard = (!rpc.is_empty()).then(|| {
+        crate::hosts::Guard::start(
+            crate::hosts::PROBE_LIMIT,
+            exit::RPC_HOST,
+            format!(
+                "an RPC server ({}) stopped answering while autotune asked about its devices",
+                rpc.join(", ")
+            ),
+        )
+    });
+    llama::rpc_add_servers(rpc).map_err(|e| Exit::new(exit::RPC_HOST, e.to_string()))?;
     let (dir, found_modules) = llama::backend_modules(log);
     let modules = Modules {
         dir: dir.map(|d| d.display().to_string()),
         modules: module_statuses(&found_modules, log, Drivers::this_machine()),
     };
     let (devices, skipped_devices) = llama::device_view();
+    drop(guard);
     let backends = llama::backends();
     let found = gpus::this_machine();
     // A GPU llama.cpp skips on purpose (an integrated one beside a discrete GPU, one GPU seen by two

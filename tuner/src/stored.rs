@@ -203,8 +203,15 @@ fn staleness(p: &Profile, here: &Probe) -> Vec<String> {
     // RPC devices count when the profile uses them (its `rpc` servers, connected by `resolve`); a run
     // that merely had them connected left no trace in the winner.
     let uses_rpc = !p.rpc.is_empty();
+    // Of the run's RPC devices, those of the servers the profile keeps (a host after the last one the
+    // winner used is left out of `rpc`, and so not connected now).
+    let kept = |d: &&profiles::DeviceRef| {
+        !d.backend.eq_ignore_ascii_case("RPC") || p.rpc.contains(&d.description)
+    };
     let was = device_names(
-        p.machine.devices.iter().map(|d| (&*d.name, &*d.backend)),
+        (p.machine.devices.iter())
+            .filter(kept)
+            .map(|d| (&*d.name, &*d.backend)),
         uses_rpc,
     );
     let now = device_names(

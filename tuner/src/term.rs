@@ -10,13 +10,37 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A flag set by SIGINT and SIGTERM, so a long run stops cleanly and keeps what it measured.
+/// How long an interrupted run may take to stop cleanly before it is ended anyway: a clean stop
+/// (the worker killed, the report printed) takes well under a second, so only a call that cannot
+/// be cancelled (ggml reading from an RPC server that stopped answering) is still running then.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// A flag set by SIGINT and SIGTERM, so a long run stops cleanly and keeps what it measured. A run
+/// still alive [`STOP_GRACE`] after the first signal, or given a second, exits at once with status
+/// 130: every measurement is already in the log (each is appended and flushed as it arrives), and
+/// the workers die with it (`PR_SET_PDEATHSIG`).
 pub fn interrupt_flag() -> anyhow::Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // The second signal: the flag is already set when it comes.
+        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(&stop))
+            .context("cannot install the interrupt handler")?;
         signal_hook::flag::register(sig, Arc::clone(&stop))
             .context("cannot install the interrupt handler")?;
     }
+    let watched = Arc::clone(&stop);
+    std::thread::spawn(move || {
+        while !watched.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(STOP_GRACE);
+        eprintln!(
+            "autotune: interrupted; still blocked {} s later (an RPC server that stopped answering?), \
+             so ending now. Measurements are kept: run the same command again to continue.",
+            STOP_GRACE.as_secs()
+        );
+        std::process::exit(130);
+    });
     Ok(stop)
 }
 

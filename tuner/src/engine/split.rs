@@ -153,7 +153,7 @@ impl Engine<'_> {
 
     /// Each shape at the most layers it lets fit (the user's pinned count when that fits); shapes
     /// that fit no layer are left out.
-    fn fitted(&mut self, shapes: Vec<Candidate>) -> Vec<Candidate> {
+    pub(crate) fn fitted(&mut self, shapes: Vec<Candidate>) -> Vec<Candidate> {
         let mut out = Vec::new();
         for c in shapes.into_iter().filter(|c| c.validate().is_ok()) {
             if self.settings.n_gpu_layers_pinned {
@@ -280,16 +280,16 @@ impl Engine<'_> {
         if names.len() < 3 || !from.devices.is_empty() {
             return Vec::new();
         }
+        // Hosts reached over different links differ by them even where their memory is alike.
         let Some(bw) = self
             .device_speeds(&names)
-            .filter(|bw| clearly_fastest(bw).is_some())
+            .filter(|bw| clearly_fastest(bw).is_some() || self.links_differ(&names))
         else {
             return Vec::new();
         };
-        let mut order: Vec<usize> = (0..names.len()).collect();
-        order.sort_by(|&a, &b| bw[b].total_cmp(&bw[a]));
         let mut out = Vec::new();
         for k in 2..names.len() {
+            let order = self.fastest_order(from, &names, &bw, k);
             let mut chosen = order[..k].to_vec();
             chosen.sort();
             let c = Candidate {
@@ -376,9 +376,11 @@ impl Engine<'_> {
         if group.is_empty() {
             return best;
         }
-        // The roofline's split is visited first, then the fastest devices alone: where the budget
-        // ends within the group (a large model on several GPUs), they are the ones measured.
-        let mut promising: Vec<Candidate> = self.fill_fastest(&from).into_iter().collect();
+        // The fewest hosts nearest by their links are visited first, then the roofline's split, then the
+        // fastest devices alone: where the budget ends within the group (a large model on several
+        // GPUs, weights sent over slow links), they are the ones measured.
+        let mut promising: Vec<Candidate> = self.nearest_hosts(&from).into_iter().collect();
+        promising.extend(self.fill_fastest(&from));
         promising.extend(self.fastest_devices_alone(&from));
         group.extend(promising.iter().cloned());
         group.insert(0, best.clone());

@@ -1,7 +1,7 @@
 //! The diagnosis: one finding per question, in the order of their usual impact, each backed by a
 //! figure of the run. Does the model fit (and what spilling costs), is generation bandwidth-bound, is
 //! what a full context costs, is the model dense, is prefill the delay, is another device faster,
-//! and which setting mattered.
+//! what each other host's link cost, and which setting mattered.
 
 use super::{decimal_bytes, generation_tps, offload_devices, RooflineScope, RooflineView};
 use profiles::{LeaderboardEntry, Profile};
@@ -11,6 +11,7 @@ use serde::Serialize;
 
 mod context;
 mod knobs;
+mod links;
 #[cfg(test)]
 pub use context::at_full_context;
 pub use knobs::{knob_effects, KnobEffect};
@@ -37,6 +38,7 @@ pub enum Topic {
     Model,
     Prefill,
     Devices,
+    Links,
     Settings,
 }
 
@@ -50,6 +52,7 @@ impl Topic {
             Topic::Model => "model",
             Topic::Prefill => "prefill",
             Topic::Devices => "devices",
+            Topic::Links => "links",
             Topic::Settings => "settings",
         }
     }
@@ -128,12 +131,9 @@ pub fn findings(
         bandwidth(roofline),
     ];
     v.extend(context::context(profile, roofline));
-    v.extend([
-        model(profile, roofline),
-        prefill(profile),
-        devices(profile),
-        settings(knobs),
-    ]);
+    v.extend([model(profile, roofline), prefill(profile), devices(profile)]);
+    v.extend(links::links(profile));
+    v.push(settings(knobs));
     v
 }
 

@@ -11,6 +11,7 @@ mod bandwidth;
 mod breakdown;
 mod context;
 mod devices;
+mod link;
 mod log;
 mod model;
 mod mtp;
@@ -25,6 +26,7 @@ pub use bandwidth::device_read_bandwidth;
 pub use breakdown::{breakdown_per_device, memory_breakdown};
 pub use context::{server_outputs, Context, SeqToken};
 pub use devices::{device_free, device_view, devices, SkippedDevice};
+pub use link::device_link;
 #[cfg(test)]
 pub use log::loaded_modules;
 pub use log::{bytes_per_device, cpu_variant, log_tail, parse_buffer_reports, take_log};
@@ -49,7 +51,7 @@ pub enum LlamaError {
     Aborted,
     #[error("unknown device '{0}' (see `autotune doctor` for the device names)")]
     UnknownDevice(String),
-    #[error("rpc: {0}")]
+    #[error("{0}")]
     Rpc(String),
     #[error("path is not valid UTF-8 or contains NUL: {0}")]
     BadPath(String),

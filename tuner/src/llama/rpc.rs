@@ -37,15 +37,13 @@ pub fn rpc_add_server(endpoint: &str) -> Result<(), LlamaError> {
         .ok_or_else(|| LlamaError::Rpc("this build has no RPC backend".into()))?;
     let c = CString::new(endpoint)
         .map_err(|_| LlamaError::Rpc(format!("bad endpoint '{endpoint}'")))?;
-    // ggml aborts the process when it cannot reach the server: check first.
-    use std::net::ToSocketAddrs;
-    let addr = endpoint
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| LlamaError::Rpc(format!("'{endpoint}' is not a host:port address")))?;
-    std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(3))
-        .map_err(|e| LlamaError::Rpc(format!("cannot connect to the RPC server at {endpoint}: {e} (start one with `autotune rpc-serve`)")))?;
+    // ggml aborts the process when it cannot reach the server, and blocks for ever on one that
+    // accepts and never answers: it is asked here first, in bounded time.
+    let addr = crate::hosts::parse_endpoint(endpoint)
+        .and_then(|e| e.resolve())
+        .map_err(|e| LlamaError::Rpc(e.to_string()))?;
+    crate::hosts::check(endpoint, addr, crate::hosts::Timeouts::default())
+        .map_err(|e| LlamaError::Rpc(e.to_string()))?;
     // SAFETY: the proc address has this signature in ggml-rpc.h.
     let reg = unsafe {
         let f: unsafe extern "C" fn(*const c_char) -> sys::ggml_backend_reg_t =

@@ -108,14 +108,20 @@ pub struct ContextSettings {
 
 impl ModelSettings {
     /// The model side of a search-space candidate: a real load on the candidate's devices, with the
-    /// run's RPC servers connected. The one place a candidate becomes model settings.
+    /// run's RPC servers connected where it offloads layers (with none offloaded nothing goes to a
+    /// device: the host alone is measured as it is, over no link, and runs with its servers down).
+    /// The one place a candidate becomes model settings.
     pub fn for_candidate(c: &Candidate, rpc: &[String]) -> ModelSettings {
         ModelSettings {
             n_gpu_layers: c.n_gpu_layers,
             devices: c.devices.clone(),
             use_extra_bufts: c.kernels.use_extra_bufts(),
             no_alloc: false,
-            rpc: rpc.to_vec(),
+            rpc: if c.n_gpu_layers > 0 {
+                rpc.to_vec()
+            } else {
+                Vec::new()
+            },
             n_cpu_moe: c.n_cpu_moe,
             n_cpu_ffn: c.n_cpu_ffn,
             tensor_overrides: Vec::new(),

@@ -81,6 +81,7 @@ fn landscape(seed: u64) -> Landscape {
                 flops: 80e12,
                 link: 25e9,
                 host_buffer: true,
+                latency: 0.0,
             })
             .collect(),
         model,

@@ -45,6 +45,7 @@ pub fn gpus(n: usize, mem: u64) -> Landscape {
                 flops: 80e12,
                 link: 25e9,
                 host_buffer: true,
+                latency: 0.0,
             })
             .collect(),
         model: SimModel::llama_70b(),
@@ -109,6 +110,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         quality: QualityGate::on(DEFAULT_MAX_KV_KLD, &workload, 16),
         flash_attn: vec![FlashAttn::Auto, FlashAttn::On, FlashAttn::Off],
         rpc: Vec::new(),
+        links: land.links(),
         mem_budgets: land
             .devices
             .iter()

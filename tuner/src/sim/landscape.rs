@@ -24,6 +24,11 @@ pub struct Device {
     pub link: f64,
     /// Pinned host memory (CUDA's, Vulkan's): llama.cpp puts host weights there unless `--no-host`.
     pub host_buffer: bool,
+    /// Another host's device (an RPC server): the network's one-way latency in seconds, `link` then
+    /// being the network's bandwidth. Each step (and each micro-batch of a prompt) sends the
+    /// activations there and gets the result back. 0 for a device of this machine, whose bus costs
+    /// are in the fixed per-split overhead.
+    pub latency: f64,
 }
 
 /// The host: memory bandwidth (reached with about half the physical cores), compute per core.
@@ -413,7 +418,21 @@ impl Landscape {
             .filter(|s| s.layers > 0)
             .count()
             .saturating_sub(1);
-        t + hops as f64 * 20e-6 + self.overhead_s * (1.0 + 0.002 * c.threads as f64)
+        let activations = self.model.n_embd as f64 * 4.0 * np as f64;
+        t + hops as f64 * 20e-6
+            + self.network_seconds(&shares, activations)
+            + self.overhead_s * (1.0 + 0.002 * c.threads as f64)
+    }
+
+    /// Seconds the network takes for one pass over `shares`: for each other host holding layers, a
+    /// round trip and `bytes` of activations there and back over its link.
+    fn network_seconds(&self, shares: &[Share], bytes: f64) -> f64 {
+        (shares.iter())
+            .filter(|s| s.layers > 0)
+            .filter_map(|s| s.device.map(|d| &self.devices[d]))
+            .filter(|d| d.latency > 0.0)
+            .map(|d| 2.0 * d.latency + 2.0 * bytes / d.link)
+            .sum()
     }
 
     /// Seconds to process an `n`-token prompt: matrix products at each device's compute; the
@@ -439,7 +458,8 @@ impl Landscape {
         let batches = (n as f64 / ub).ceil();
         let shares = self.shares(c, n_ctx);
         let used = self.used(c);
-        let mut t = batches * 1e-3;
+        let mut t = batches * 1e-3
+            + batches * self.network_seconds(&shares, self.model.n_embd as f64 * 4.0 * tokens);
         let attention_per_layer = 4.0 * self.model.n_embd as f64 * n as f64 * depth as f64;
         let attention_cost = if c.flash_attn == FlashAttn::Off {
             1.5
@@ -539,6 +559,24 @@ impl Landscape {
             .filter_map(|s| Some(s.weights as f64 / self.devices[s.device?].link))
             .sum();
         1.0 + disk as f64 / 3e9 + upload
+    }
+}
+
+impl Landscape {
+    /// The links to its other hosts' devices as a run measures them before it starts (a round trip
+    /// is twice the one-way latency).
+    pub fn links(&self) -> Vec<profiles::HostLink> {
+        (self.devices.iter())
+            .filter(|d| d.latency > 0.0)
+            .map(|d| profiles::HostLink {
+                endpoint: format!("sim:{}", d.name),
+                device: d.name.clone(),
+                round_trip_ms: 2.0 * d.latency * 1e3,
+                upload_bytes_per_s: d.link,
+                download_bytes_per_s: d.link,
+                used: false,
+            })
+            .collect()
     }
 }
 

@@ -22,6 +22,7 @@ mod gate_tests;
 pub mod harness;
 mod host_buffer_tests;
 mod host_tests;
+mod hosts_tests;
 pub mod landscape;
 mod llama_fit;
 mod moe_tests;

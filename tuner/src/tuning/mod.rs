@@ -169,6 +169,7 @@ impl Plan {
             flash_attn: self.flash_attn.clone(),
             ubatch_options: ubatch_options(&self.ubatch_options, &self.workload, offload),
             rpc: self.rpc.clone(),
+            links: Vec::new(),
             mem_budgets: session::budgets_of(&self.mem_budgets, self.mem_margin, machine)?,
             n_layers,
             offload,
@@ -374,20 +375,10 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     };
     let mut log = open_log(plan, &identity, &llama, &probe.machine, &settings.workload)?;
     let reused = log.previous_count();
-    // Two models loaded at once only when they fit comfortably in memory, and never with a non-CPU
-    // device: every real load there takes device memory (layers, KV cache, compute buffers), and the
-    // budgets are for one load, so at most one trial worker holds a device at a time (dry runs
-    // allocate nothing). A ggml RPC server also serves one client at a time.
-    let max_alive = if !settings.offload
-        && plan.rpc.is_empty()
-        && info.file_size.saturating_mul(4) < probe.machine.ram_available_bytes
-    {
-        2
-    } else {
-        1
-    };
-    let pool = WorkerPool::new(max_alive, plan.trial_timeout);
+    let max_alive = models_at_once(&settings, plan, &info, &probe.machine);
     let stop_fn = || stop.load(Ordering::Relaxed);
+    settings.links = measure_links(plan, &probe, &stop_fn);
+    let pool = WorkerPool::new(max_alive, plan.trial_timeout);
     let bar = Bar::new(plan.quiet);
     let started = Instant::now();
     let measuring = Watch::start(&plan.rpc);
@@ -418,6 +409,41 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         run,
         others_cpu,
     })
+}
+
+/// Trial workers that may hold a model at once. Two only when they fit comfortably in memory, and
+/// never with a non-CPU device: every real load there takes device memory (layers, KV cache,
+/// compute buffers), and the budgets are for one load, so at most one trial worker holds a device
+/// at a time (dry runs allocate nothing). A ggml RPC server also serves one client at a time.
+fn models_at_once(settings: &TuneSettings, plan: &Plan, info: &GgufInfo, m: &Machine) -> usize {
+    if !settings.offload
+        && plan.rpc.is_empty()
+        && info.file_size.saturating_mul(4) < m.ram_available_bytes
+    {
+        2
+    } else {
+        1
+    }
+}
+
+/// The link to each RPC server of the run (none without `--rpc`), said on stderr as measured.
+fn measure_links(plan: &Plan, probe: &Probe, stop: &dyn Fn() -> bool) -> Vec<profiles::HostLink> {
+    if plan.rpc.is_empty() {
+        return Vec::new();
+    }
+    let devices = crate::hosts::links::rpc_devices(&probe.machine.devices);
+    let links = crate::hosts::links::measure(&devices, &plan.rpc, stop);
+    if !plan.quiet {
+        for l in &links {
+            eprintln!(
+                "autotune: link to {} ({}): {}",
+                l.device,
+                l.endpoint,
+                l.describe()
+            );
+        }
+    }
+    links
 }
 
 /// `--ctx max`: the largest context from the workload's least to its most (`settings`' context) at

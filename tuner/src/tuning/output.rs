@@ -244,12 +244,7 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
             .unwrap_or(0),
         autotune_version: env!("CARGO_PKG_VERSION").to_string(),
         server_args: Vec::new(),
-        // The RPC servers the winner's layers live on: llama-server needs them (`--rpc`).
-        rpc: if winner.n_gpu_layers > 0 {
-            t.rpc.clone()
-        } else {
-            Vec::new()
-        },
+        rpc: rpc_needed(t, &winner),
         notes: profile_notes(t),
         model: profiles::ModelRef {
             path: t.model.clone(),
@@ -304,7 +299,38 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
         mtp: None,
         quality: Some(t.run.quality.clone()),
         budgets: t.run.settings.mem_budgets.clone(),
+        hosts: crate::hosts::links::marked(
+            &t.run.settings.links,
+            t.run.winner.as_ref()?,
+            &offload_devices(t),
+        ),
     })
+}
+
+/// The RPC servers llama-server needs for the winner (`--rpc`): those its layers live on, and any
+/// given before one of them, since llama.cpp numbers RPC devices in the order of `--rpc` (a host
+/// given after the last one used is left out, so `apply` does not need it up).
+fn rpc_needed(t: &Tuned, winner: &search_space::Candidate) -> Vec<String> {
+    let offload = offload_devices(t);
+    let at: Vec<Option<usize>> = (t.probe.machine.devices.iter())
+        .filter(|d| d.is_rpc() && crate::hosts::links::runs_on(winner, &offload, &d.name))
+        .map(|d| t.rpc.iter().position(|e| *e == d.description))
+        .collect();
+    match at.iter().copied().collect::<Option<Vec<usize>>>() {
+        Some(v) => v
+            .into_iter()
+            .max()
+            .map_or_else(Vec::new, |k| t.rpc[..=k].to_vec()),
+        // A device that names no server of the run (not seen): all of them, as llama.cpp had.
+        None => t.rpc.clone(),
+    }
+}
+
+/// The run's offload devices in llama.cpp's order (what a tensor split without devices follows).
+fn offload_devices(t: &Tuned) -> Vec<String> {
+    (t.run.settings.mem_budgets.offload())
+        .map(|b| b.device.clone())
+        .collect()
 }
 
 /// The report's verdict on the winner against the baseline, as the profile keeps it.

@@ -14,6 +14,8 @@ pub struct Worker {
     stdin: ChildStdin,
     lines: Receiver<String>,
     stderr: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// The longest it took to answer a request so far (`None` before its first answer).
+    pub slowest: Option<Duration>,
 }
 
 impl Worker {
@@ -79,6 +81,7 @@ impl Worker {
             stdin,
             lines: rx,
             stderr,
+            slowest: None,
         })
     }
 
@@ -101,6 +104,8 @@ impl Worker {
         loop {
             match self.lines.recv_timeout(Duration::from_millis(100)) {
                 Ok(answer) => {
+                    let took = start.elapsed();
+                    self.slowest = Some(self.slowest.map_or(took, |s| s.max(took)));
                     return match serde_json::from_str::<Response>(&answer) {
                         Ok(Response::Failed { stage, message }) => {
                             Err(TrialFailure::Refused { stage, message })

@@ -11,8 +11,9 @@ pub(crate) mod memory;
 pub mod pool;
 pub mod protocol;
 pub mod server;
+mod stall;
 mod timing;
 
 pub use client::Worker;
 pub use pool::{WorkerPool, Workers};
-pub use protocol::{BandwidthRequest, Request, Response};
+pub use protocol::{BandwidthRequest, LinkRequest, Request, Response};

@@ -3,6 +3,7 @@
 
 use super::client::{TrialFailure, Worker};
 use super::protocol::{Request, Response};
+use super::stall::Pace;
 use crate::measuring::{FitAnswer, FitRequest, KvQualityAnswer, KvQualityRequest, Measurer};
 use crate::measuring::{LoadReport, MeasureRequest, Repetition};
 use std::collections::HashMap;
@@ -18,6 +19,10 @@ pub struct WorkerPool {
     /// Crashes per model key: a placement that keeps crashing is skipped.
     crashes: HashMap<ModelKey, u32>,
     pub timeout: Duration,
+    /// Answer times of requests over RPC, which bound how long the next may take ([`Pace`]).
+    pace: Pace,
+    /// This pool runs dry runs (bounded sooner before anything over RPC answered).
+    dry: bool,
 }
 
 impl WorkerPool {
@@ -27,7 +32,16 @@ impl WorkerPool {
             max_alive: max_alive.max(1),
             crashes: HashMap::new(),
             timeout,
+            pace: Pace::default(),
+            dry: false,
         }
+    }
+
+    /// A pool for dry runs.
+    fn for_dry_runs(timeout: Duration) -> Self {
+        let mut pool = WorkerPool::new(1, timeout);
+        pool.dry = true;
+        pool
     }
 
     fn key(m: &MeasureRequest) -> ModelKey {
@@ -80,7 +94,8 @@ impl WorkerPool {
             | Request::Speculate(_)
             | Request::SpecFootprint(_)
             | Request::LlamaFit(_)
-            | Request::Bandwidth(_) => return Err(TrialFailure::Interrupted),
+            | Request::Bandwidth(_)
+            | Request::Link(_) => return Err(TrialFailure::Interrupted),
         };
         let key = Self::key(m);
         let idx = match self.workers.iter().position(|(k, _)| *k == key) {
@@ -98,8 +113,18 @@ impl WorkerPool {
                 self.workers.len() - 1
             }
         };
-        let timeout = self.timeout;
-        let result = self.workers[idx].1.call(request, timeout, stop);
+        let over_rpc = !m.settings.rpc.is_empty();
+        let worker = &mut self.workers[idx].1;
+        let fresh = worker.slowest.is_none();
+        let timeout = if over_rpc {
+            self.pace.deadline(worker.slowest, self.timeout, self.dry)
+        } else {
+            self.timeout
+        };
+        let result = worker.call(request, timeout, stop);
+        if over_rpc && fresh && result.is_ok() {
+            self.pace.fresh_answered(worker.slowest.unwrap_or_default());
+        }
         match &result {
             Ok(_) | Err(TrialFailure::Refused { .. } | TrialFailure::GaveUp { .. }) => {
                 // Most recently used last, so eviction takes the oldest.
@@ -109,12 +134,19 @@ impl WorkerPool {
             Err(failure) => {
                 // The worker is gone (crashed, killed or timed out): forget it.
                 self.workers.remove(idx);
-                if matches!(
+                let crashed = matches!(
                     failure,
                     TrialFailure::Crashed { .. }
                         | TrialFailure::Exited { .. }
                         | TrialFailure::TimedOut { .. }
-                ) {
+                );
+                if crashed && over_rpc {
+                    if let Some(lost) = host_lost(&m.settings.rpc, failure) {
+                        // The host's fault, not the placement's: not counted as its crash.
+                        return Err(lost);
+                    }
+                }
+                if crashed {
                     *self.crashes.entry(key).or_insert(0) += 1;
                 }
             }
@@ -127,6 +159,17 @@ impl WorkerPool {
             w.quit();
         }
     }
+}
+
+/// Where a worker over RPC failed and one of its servers is now down or does not answer its check
+/// (asked in seconds, the worker gone, so the server is free for it), that as the failure.
+fn host_lost(rpc: &[String], failure: &TrialFailure) -> Option<TrialFailure> {
+    let (endpoint, problem) = crate::hosts::first_problem(rpc)?;
+    Some(TrialFailure::RpcHost {
+        endpoint,
+        problem,
+        failure: Box::new(failure.clone()),
+    })
 }
 
 impl Drop for WorkerPool {
@@ -145,7 +188,7 @@ pub struct Workers {
 
 impl Workers {
     pub fn new(pool: WorkerPool) -> Self {
-        let dry = WorkerPool::new(1, pool.timeout);
+        let dry = WorkerPool::for_dry_runs(pool.timeout);
         Workers {
             pool,
             dry,

@@ -31,6 +31,19 @@ pub enum Request {
     LlamaFit(FitRequest),
     /// The read bandwidth of a device's memory with its own kernels (`explain`'s roofline).
     Bandwidth(BandwidthRequest),
+    /// The link to a device (an RPC server's network): round trip, rates each way.
+    Link(LinkRequest),
+}
+
+/// Measure the link to a device (`llama::device_link`); RPC servers are connected first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LinkRequest {
+    pub device: String,
+    pub rpc: Vec<String>,
+    /// Bytes each timed write and read moves.
+    pub bytes: u64,
+    pub round_trips: u32,
+    pub passes: u32,
 }
 
 /// Measure a device's memory read bandwidth; RPC servers are connected first.
@@ -70,6 +83,13 @@ pub enum Response {
         bytes_per_s: f64,
         bytes: u64,
         passes: u32,
+    },
+    /// The link's median round trip (seconds) and best rates each way (bytes per second).
+    Link {
+        round_trip_s: f64,
+        upload_bytes_per_s: f64,
+        download_bytes_per_s: f64,
+        bytes: u64,
     },
 }
 

@@ -8,7 +8,7 @@
 
 use super::fault;
 use super::memory::{self, committed_bytes, rss_bytes, short_of_device_memory};
-use super::protocol::{BandwidthRequest, Request, Response};
+use super::protocol::{BandwidthRequest, LinkRequest, Request, Response};
 use super::timing::{self, Cutoff, TokenSource};
 use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
 use crate::measuring::{DeviceBytes, LoadReport, MeasureRequest, Repetition};
@@ -52,11 +52,33 @@ pub fn serve() -> anyhow::Result<()> {
             Request::SpecFootprint(r) => crate::speculative::serve::footprint(&r),
             Request::LlamaFit(r) => crate::fit::serve(&r),
             Request::Bandwidth(r) => bandwidth(&r),
+            Request::Link(r) => link(&r),
         };
         writeln!(stdout, "{}", serde_json::to_string(&response)?)?;
         stdout.flush()?;
     }
     Ok(())
+}
+
+fn link(r: &LinkRequest) -> Response {
+    if let Err(e) = llama::rpc_add_servers(&r.rpc) {
+        return Response::Failed {
+            stage: "rpc".into(),
+            message: e.to_string(),
+        };
+    }
+    match llama::device_link(&r.device, r.bytes, r.round_trips, r.passes) {
+        Ok(p) => Response::Link {
+            round_trip_s: p.round_trip_s,
+            upload_bytes_per_s: p.upload_bytes_per_s,
+            download_bytes_per_s: p.download_bytes_per_s,
+            bytes: p.bytes,
+        },
+        Err(e) => Response::Failed {
+            stage: "link".into(),
+            message: e.to_string(),
+        },
+    }
 }
 
 fn bandwidth(r: &BandwidthRequest) -> Response {
