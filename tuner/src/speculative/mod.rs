@@ -22,6 +22,7 @@ pub mod discover;
 pub mod evaluate;
 pub mod logits;
 pub mod mtp;
+pub mod mtp_search;
 pub mod mtp_serve;
 pub mod ngram;
 pub mod ngram_search;
