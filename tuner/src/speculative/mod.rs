@@ -28,6 +28,8 @@ pub mod ngram;
 pub mod ngram_search;
 pub mod prompts;
 pub mod report;
+pub mod request;
+pub mod round;
 pub mod search;
 pub mod serve;
 pub mod together;
