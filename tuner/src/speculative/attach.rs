@@ -154,7 +154,7 @@ fn ngram_settings(w: &Winner, s: &Setup) -> Option<NgramSettings> {
     let n = w.ngram?;
     let kinds = kinds(s);
     Some(NgramSettings {
-        spec_type: super::search::NGRAM_SIMPLE.into(),
+        spec_type: super::ngram::NGRAM_SIMPLE.into(),
         size_n: n.size_n,
         size_m: n.size_m,
         kinds,

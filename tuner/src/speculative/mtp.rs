@@ -1,13 +1,15 @@
 //! Multi-token prediction (llama-server's `--spec-type draft-mtp`): a model that carries its own
 //! next-token heads (GGUF tensors `blk.N.nextn.*`, as llama.cpp loads them) can draft without a
-//! second model. Only such a model is measured ([`measure`]: the draft lengths in ascending order,
-//! through the worker's [`super::mtp_serve`] loop, against the same baseline and output check as the
-//! other kinds); any other is reported as having no MTP heads.
+//! second model. Only such a model is measured ([`super::mtp_search`]: the draft lengths in
+//! ascending order, through the worker's [`super::mtp_serve`] loop, against the same baseline and
+//! output check as the other kinds); any other is reported as having no MTP heads.
 
-use super::search::{DraftEntry, Runner, Trial};
 pub use crate::worker::protocol::MtpParams;
 use search_space::gguf::GgufInfo;
 use serde::Serialize;
+
+/// The name the MTP entry carries (llama-server's `--spec-type`).
+pub const DRAFT_MTP: &str = "draft-mtp";
 
 /// The draft lengths tried by default: llama-server's default (3) and around it.
 pub const DEFAULT_N_MAX: [u32; 4] = [1, 2, 3, 4];
@@ -19,52 +21,7 @@ pub fn label(p: MtpParams) -> String {
 
 /// Its settings with its name, for a progress message that stands alone.
 pub fn progress_label(p: MtpParams) -> String {
-    format!("{} {}", super::search::DRAFT_MTP, label(p))
-}
-
-/// Walks the draft lengths, ascending, and stops where a longer draft is slower than the shorter one
-/// by more than the noise.
-pub(super) fn measure(r: &mut Runner, entry: &mut DraftEntry) {
-    let noise = r.s.noise;
-    let mut failures = 0;
-    let mut previous: Option<(f64, u32)> = None;
-    let lengths = r.s.mtp.clone();
-    for (k, &n_max) in lengths.iter().enumerate() {
-        let params = MtpParams { n_max };
-        let mut t = Trial::mtp(params, "grid");
-        if let Some(why) = r.out_of_time() {
-            t.skipped = Some(why);
-            entry.trials.push(t);
-            continue;
-        }
-        (r.progress)(&progress_label(params));
-        match r.pass_mtp(params) {
-            Ok(runs) => r.record(&mut t, &runs),
-            Err(e) => {
-                failures += 1;
-                let fatal = failures >= 2 || e.starts_with("llama.cpp refused");
-                t.failure = Some(e);
-                entry.trials.push(t);
-                if fatal {
-                    entry.status = "failed: see its trials".into();
-                    return;
-                }
-                continue;
-            }
-        }
-        let tg = t.median_tg().unwrap_or(0.0);
-        let slower = previous.filter(|&(p, _)| tg < p * (1.0 - noise));
-        entry.trials.push(t);
-        if let Some((_, m)) = slower {
-            for &rest in &lengths[k + 1..] {
-                let mut skip = Trial::mtp(MtpParams { n_max: rest }, "grid");
-                skip.skipped = Some(format!("longer drafts got slower from n_max {m} on"));
-                entry.trials.push(skip);
-            }
-            break;
-        }
-        previous = Some((tg, n_max));
-    }
+    format!("{} {}", DRAFT_MTP, label(p))
 }
 
 /// What the report says about MTP for the target.

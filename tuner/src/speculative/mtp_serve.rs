@@ -9,13 +9,11 @@
 //! the target alone in [`super::serve`]: the drafter's target context emits hidden states, which a
 //! baseline must not pay for.
 
-use super::serve::{
-    failed, prompt_set, rollback_failed, take, target_choices, Generation, PromptRun,
-    SpeculateAnswer, SpeculateRequest,
-};
+use super::request::{failed, prompt_set};
+use super::round::{rollback_failed, take, target_choices, Generation};
 use super::together::{self, Slot};
 use crate::llama::{ContextSettings, LlamaError, Model, MtpDrafter, MtpWant, SeqToken};
-use crate::worker::protocol::{MtpParams, Response};
+use crate::worker::protocol::{MtpParams, PromptRun, Response, SpeculateAnswer, SpeculateRequest};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -44,26 +42,25 @@ pub fn request_error(r: &SpeculateRequest) -> Option<String> {
     None
 }
 
-/// Answers an MTP request: the target is loaded with its MTP layers (by the caller); the drafter
-/// is (re)made for these settings, then every prompt is generated, after a warm-up when anything
-/// was made afresh.
+/// Answers an MTP request: the target `model` is loaded with its MTP layers (by the caller); the
+/// drafter kept in `mtp` is (re)made for these settings, then every prompt is generated, after a
+/// warm-up when anything was made afresh.
 pub(super) fn speculate(
-    state: &mut super::serve::WorkerState,
+    model: Arc<Model>,
+    mtp: &mut Option<Drafter>,
     r: &SpeculateRequest,
     p: MtpParams,
     fresh: bool,
 ) -> Response {
-    let model = Arc::clone(&state.target.as_ref().expect("ensured").model);
     let mut fresh = fresh;
-    if state
-        .mtp
+    if mtp
         .as_ref()
         .is_none_or(|d| d.context != r.context || d.params != p)
     {
-        state.mtp = None;
+        *mtp = None;
         match MtpDrafter::new(&model, &r.context, p.n_max) {
             Ok(drafter) => {
-                state.mtp = Some(Drafter {
+                *mtp = Some(Drafter {
                     context: r.context.clone(),
                     params: p,
                     drafter,
@@ -73,7 +70,7 @@ pub(super) fn speculate(
         }
         fresh = true;
     }
-    let d = &mut state.mtp.as_mut().expect("made above").drafter;
+    let d = &mut mtp.as_mut().expect("made above").drafter;
     let prompts = match prompt_set(&model, r) {
         Ok(p) => p,
         Err(e) => return e,

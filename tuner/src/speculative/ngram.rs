@@ -11,7 +11,11 @@
 //! than `size_n` are available.
 
 pub use crate::worker::protocol::NgramParams;
+use crate::worker::protocol::SpeculateRequest;
 use serde::Serialize;
+
+/// The name n-gram speculation's entry carries (llama-server's `--spec-type`).
+pub const NGRAM_SIMPLE: &str = "ngram-simple";
 
 /// The server's limit for both sizes (`common/arg.cpp`).
 pub const MAX_SIZE: u32 = 1024;
@@ -92,7 +96,7 @@ pub fn draft(p: NgramParams, history: &[i32], sampled: i32) -> Vec<i32> {
 }
 
 /// Why a worker request's n-gram settings cannot run, if they cannot.
-pub fn request_error(r: &super::serve::SpeculateRequest) -> Option<String> {
+pub fn request_error(r: &SpeculateRequest) -> Option<String> {
     let p = r.ngram?;
     if r.draft.is_some() || r.follow.is_some() {
         return Some("n-gram speculation runs without a draft model and is never followed".into());

@@ -2,7 +2,8 @@
 //! acceptance and output check as a draft model's, through the same worker and against the same
 //! baseline, so the final comparison can weigh them side by side.
 
-use super::search::{DraftEntry, Runner, Trial};
+use super::search::outcome::{DraftEntry, Trial};
+use super::search::runner::Runner;
 
 /// Walks each lookup length's line of draft lengths, ascending, and stops a line where a longer
 /// draft is slower than the shorter one by more than the noise.

@@ -19,6 +19,8 @@
 //! ([`Choice`]), and the target alone can be made to *follow* a given output instead of choosing
 //! (`follow`): that is what [`super::verify`] checks a draft's output against once it differs.
 
+use super::request::{failed, prompt_set};
+use super::round::Generation;
 use super::{compat, DraftParams};
 use crate::llama::{Context, ContextSettings, LlamaError, Model, ModelSettings};
 use crate::measuring::LoadReport;
@@ -32,7 +34,6 @@ use std::sync::Arc;
 
 mod generation;
 use generation::generate;
-pub(super) use generation::{choices_at, rollback_failed, take, target_choices, Generation};
 
 pub fn footprint(r: &FootprintRequest) -> Response {
     let settings = ModelSettings {
@@ -57,13 +58,6 @@ pub fn footprint(r: &FootprintRequest) -> Response {
     })
 }
 
-pub(super) fn failed(stage: &str, message: impl Into<String>) -> Response {
-    Response::Failed {
-        stage: stage.into(),
-        message: message.into(),
-    }
-}
-
 pub fn check(r: &CheckRequest) -> Response {
     let target = match Model::load_vocab_only(&r.target) {
         Ok(m) => m,
@@ -79,20 +73,20 @@ pub fn check(r: &CheckRequest) -> Response {
 }
 
 /// A model kept loaded, with its context.
-pub(super) struct Loaded {
+struct Loaded {
     key: (PathBuf, ModelSettings),
     /// Loaded with its MTP layers (serves requests without MTP too).
     with_mtp: bool,
-    pub(super) model: Arc<Model>,
+    model: Arc<Model>,
     context: Option<(ContextSettings, Context)>,
 }
 
 #[derive(Default)]
-pub(super) struct WorkerState {
-    pub(super) target: Option<Loaded>,
+struct WorkerState {
+    target: Option<Loaded>,
     draft: Option<Loaded>,
     /// The target's MTP drafter (its own target context), with the settings it was made for.
-    pub(super) mtp: Option<super::mtp_serve::Drafter>,
+    mtp: Option<super::mtp_serve::Drafter>,
 }
 
 thread_local! {
@@ -152,7 +146,8 @@ fn speculate_with(state: &mut WorkerState, r: &SpeculateRequest) -> Response {
         Err(e) => return e,
     };
     if let Some(p) = r.mtp {
-        return super::mtp_serve::speculate(state, r, p, fresh);
+        let model = Arc::clone(&state.target.as_ref().expect("ensured").model);
+        return super::mtp_serve::speculate(model, &mut state.mtp, r, p, fresh);
     }
     let target = state.target.as_mut().expect("ensured");
     let model = Arc::clone(&target.model);
@@ -282,36 +277,6 @@ fn load(state: &mut WorkerState, r: &SpeculateRequest) -> Result<bool, Response>
     Ok(fresh)
 }
 
-/// The request's prompts as tokens, each cut so that the generation (and, with a fault, the stale
-/// cells it leaves) still fits the context.
-pub(super) fn prompt_set(model: &Model, r: &SpeculateRequest) -> Result<Vec<Vec<i32>>, Response> {
-    let n_max = r
-        .draft
-        .as_ref()
-        .map(|(_, p)| p.n_max)
-        .or(r.ngram.map(|p| p.size_m))
-        .or(r.mtp.map(|p| p.n_max))
-        .unwrap_or(0);
-    let mut reserve = r.n_gen + n_max + 2;
-    if r.fault.is_some() {
-        // Rejected tokens left in the cache take positions too: at most n_max per round.
-        reserve += r.n_gen * n_max;
-    }
-    // Each sequence holds its share of the context (llama.cpp's KV streams, not unified).
-    let per_sequence = r.context.n_ctx / r.context.sequences.max(1);
-    let mut prompts = Vec::with_capacity(r.prompts.len());
-    for text in &r.prompts {
-        match prompt_tokens(model, text, per_sequence.saturating_sub(reserve)) {
-            Ok(t) => prompts.push(t),
-            Err(e) => return Err(failed("tokenize", e)),
-        }
-    }
-    if prompts.is_empty() {
-        return Err(failed("settings", "no prompts"));
-    }
-    Ok(prompts)
-}
-
 /// Generates over every prompt, after a discarded warm-up on the first when `fresh`.
 fn generate_all(
     model: &Model,
@@ -370,24 +335,6 @@ fn generate_in_groups(
         )?);
     }
     Ok(runs)
-}
-
-/// The prompt's tokens with BOS where the vocabulary wants one, cut to its last `max` tokens.
-fn prompt_tokens(model: &Model, text: &str, max: u32) -> Result<Vec<i32>, String> {
-    let mut tokens = model.tokenize(text)?;
-    let bos = model.add_bos().then(|| model.bos()).filter(|&b| b >= 0);
-    let room = (max as usize)
-        .saturating_sub(usize::from(bos.is_some()))
-        .max(1);
-    if tokens.len() > room {
-        tokens.drain(..tokens.len() - room);
-    }
-    let mut out: Vec<i32> = bos.into_iter().collect();
-    out.extend(tokens);
-    if out.is_empty() {
-        return Err("the prompt has no tokens".into());
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -12,9 +12,10 @@
 //! requests at once. Prompts are processed one slot at a time (their logits are read as they end).
 
 use super::logits::{top_with_probability, Choice};
-use super::serve::{choices_at, rollback_failed, take, Generation, PromptRun};
+use super::round::{choices_at, rollback_failed, take, Generation};
 use super::DraftParams;
 use crate::llama::{Context, LlamaError, Model, SeqToken};
+use crate::worker::protocol::PromptRun;
 use std::time::Instant;
 
 /// One slot: its sequence, what it holds and what it has produced.

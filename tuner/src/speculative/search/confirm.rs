@@ -2,9 +2,10 @@
 //! in interleaved, shuffled rounds (the seed is recorded), and the winner chosen by the paired
 //! comparison of those rounds ([`stats::compare_paired`]).
 
-use super::{
-    kind_rates, rate, Candidate, DraftEntry, Outcome, Runner, SearchSettings, Trial, Winner,
-};
+use super::outcome::{DraftEntry, Outcome, Trial, Winner};
+use super::runner::{kind_rates, rate, Runner};
+use super::settings::{Candidate, SearchSettings};
+use crate::speculative::mtp::progress_label;
 use crate::speculative::serve::PromptRun;
 use crate::stats::{self, Sample, Verdict};
 
@@ -141,7 +142,7 @@ fn final_pass(
         return r.pass_ngram(p);
     }
     if let Some(p) = trial.mtp {
-        progress(&super::super::mtp::progress_label(p));
+        progress(&progress_label(p));
         return r.pass_mtp(p);
     }
     let cand = candidates[e]

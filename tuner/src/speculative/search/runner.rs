@@ -1,14 +1,32 @@
 //! The draft search's runner: one worker for the whole search (the target stays loaded), its
 //! requests and their time limits, and the budget each draft gets.
 
-use super::{file_name, kind_rates, rate, KindAcceptance, Runner, Trial};
+use super::outcome::{KindAcceptance, Trial};
+use super::settings::SearchSettings;
 use crate::measuring::TrialFailure;
 use crate::speculative::ngram::NgramParams;
+use crate::speculative::prompts::Prompt;
 use crate::speculative::serve::{DraftModel, PromptRun, SpeculateRequest};
 use crate::speculative::verify::OutputCheck;
 use crate::speculative::DraftParams;
 use crate::worker::protocol::MtpParams;
 use crate::worker::{Request, Response, Worker};
+use std::time::Instant;
+
+/// The search's state while it measures: its settings, the worker, the clock and the reference
+/// output.
+pub(in crate::speculative) struct Runner<'a> {
+    pub(in crate::speculative) s: &'a SearchSettings,
+    pub(super) worker: Option<Worker>,
+    pub(in crate::speculative) stop: &'a dyn Fn() -> bool,
+    pub(in crate::speculative) progress: &'a dyn Fn(&str),
+    pub(super) started: Instant,
+    /// The grid's share of the budget used up to the end of the current draft's turn: each draft
+    /// gets an equal share, and what one leaves unused passes to the next.
+    pub(super) grid_share: f64,
+    /// The target alone's first pass: what every draft setting's output is checked against.
+    pub(super) reference: Vec<PromptRun>,
+}
 
 impl Runner<'_> {
     pub(in crate::speculative) fn out_of_time(&self) -> Option<String> {
@@ -197,4 +215,43 @@ impl Runner<'_> {
         self.reference = reference;
         check
     }
+}
+
+/// Effective generation speed of a pass: loop tokens over loop time, all prompts together.
+pub(super) fn rate(runs: &[PromptRun]) -> f64 {
+    let tokens: u64 = runs.iter().map(|r| u64::from(r.loop_tokens())).sum();
+    let seconds: f64 = runs.iter().map(|r| r.gen_seconds).sum();
+    if seconds > 0.0 {
+        tokens as f64 / seconds
+    } else {
+        0.0
+    }
+}
+
+/// Generation speed per prompt kind of one pass; none when several requests ran at once
+/// (`slots` > 1): a group's prompts share its time, which is no one kind's.
+pub(super) fn kind_rates(runs: &[PromptRun], prompts: &[Prompt], slots: u32) -> Vec<(String, f64)> {
+    if slots > 1 {
+        return Vec::new();
+    }
+    let mut kinds: Vec<&str> = prompts.iter().map(|p| p.kind.as_str()).collect();
+    kinds.dedup();
+    kinds
+        .into_iter()
+        .map(|k| {
+            let of_kind: Vec<PromptRun> = runs
+                .iter()
+                .zip(prompts)
+                .filter(|(_, p)| p.kind == k)
+                .map(|(r, _)| r.clone())
+                .collect();
+            (k.to_string(), rate(&of_kind))
+        })
+        .collect()
+}
+
+pub(super) fn file_name(p: &std::path::Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
