@@ -1,12 +1,12 @@
 //! `autotune`: finds the fastest way to run a GGUF model with llama.cpp on this machine.
 
 mod busy;
+mod child;
 mod cli;
 mod commands;
 mod engine;
 mod exit;
 mod explain;
-mod fit;
 mod gpus;
 mod hosts;
 mod inputs;
@@ -76,7 +76,7 @@ fn main() {
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
     let result = match &cli.command {
-        cli::Command::Worker => worker::server::serve().map(|_| exit::OK),
+        cli::Command::Worker => child::serve().map(|_| exit::OK),
         cli::Command::Doctor(a) => commands::doctor::run(&cli, a),
         cli::Command::Show(a) => commands::show::run(&cli, a),
         cli::Command::Tune(a) => commands::tune::run(&cli, a),

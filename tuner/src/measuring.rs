@@ -6,6 +6,10 @@
 //! The records the answers carry live in `profiles::measurements` (they are written to the
 //! measurement log as they arrive) and are re-exported here.
 
+/// The type of [`FitAnswer::devices`], which the simulator's fit writes.
+#[cfg(test)]
+pub use crate::llama::fit::FitDevice;
+pub use crate::llama::fit::{FitAnswer, FitRequest, TensorOverride};
 pub use crate::llama::{ContextSettings, ModelSettings};
 pub use profiles::measurements::{DeviceBytes, LoadReport, Repetition, TrialFailure, Workload};
 pub use profiles::QualityFigures;
@@ -39,63 +43,6 @@ pub struct MeasureRequest {
 pub struct GiveUp {
     pub limit_ms: u64,
     pub best_ms: u64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FitRequest {
-    pub model: PathBuf,
-    /// ggml RPC servers to connect first (they become devices).
-    pub rpc: Vec<String>,
-    pub n_ctx: u32,
-    /// Sequences decoded at once (`-np`), each with `n_ctx / sequences` of the KV cache.
-    #[serde(default = "profiles::serde_one::one")]
-    pub sequences: u32,
-    /// Memory each device may use (autotune's budgets); devices not listed keep `default_margin` free.
-    pub budgets: profiles::Budgets,
-    pub default_margin: u64,
-}
-
-/// One tensor-buffer override llama.cpp's fit set: tensors matching `pattern` go to `buffer_type`
-/// (its ggml name, what llama-server's `-ot` expects), which belongs to `device`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct TensorOverride {
-    pub pattern: String,
-    pub buffer_type: String,
-    pub device: String,
-}
-
-/// A device the fit planned for, with the margin it was told to keep free.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FitDevice {
-    pub name: String,
-    pub free: u64,
-    pub budget: u64,
-    pub margin: u64,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FitAnswer {
-    /// 0 success, 1 no allocation projected to fit, 2 error (common_params_fit_status).
-    pub status: i32,
-    pub n_gpu_layers: i32,
-    pub n_ctx: u32,
-    /// Layers per non-CPU device (only set by the fit when there are several).
-    pub tensor_split: Vec<f32>,
-    pub overrides: Vec<TensorOverride>,
-    /// The devices in the model's order (the order of `tensor_split`).
-    pub devices: Vec<FitDevice>,
-    /// The fit's last log lines (why it failed, when it did).
-    pub log_tail: String,
-}
-
-impl FitAnswer {
-    pub fn status_name(&self) -> &'static str {
-        match self.status {
-            0 => "success",
-            1 => "failure",
-            _ => "error",
-        }
-    }
 }
 
 /// What the measurer evaluates: the model with a K/V pair against the same model with f16.

@@ -7,7 +7,7 @@
 //! that fit by autotune's dry runs, and says why.
 
 use crate::engine::Engine;
-use crate::fit::as_n_cpu_moe;
+use crate::llama::fit::as_n_cpu_moe;
 use crate::measuring::{FitAnswer, FitRequest, TensorOverride};
 use search_space::size::format_size;
 use search_space::Candidate;

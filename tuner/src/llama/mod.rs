@@ -11,6 +11,7 @@ mod bandwidth;
 mod breakdown;
 mod context;
 mod devices;
+pub mod fit;
 mod link;
 mod log;
 mod model;

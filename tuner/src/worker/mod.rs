@@ -6,7 +6,7 @@
 //! the protocol.
 
 pub mod client;
-mod fault;
+pub(crate) mod fault;
 pub(crate) mod memory;
 pub mod pool;
 pub mod protocol;

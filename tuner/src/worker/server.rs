@@ -1,66 +1,22 @@
-//! The worker process: the same binary started as `autotune __worker`, which loads llama.cpp models
-//! and measures on request, one JSON line in, one JSON line out; requests of other features go to
-//! their handlers (`quant::serve`, `speculative::serve`, `fit`).
+//! The worker process's measuring side: the requests of the measuring contract (a repetition, a dry
+//! run) and the device probes, answered in `autotune __worker` (whose loop, `child.rs`, hands the
+//! other features' requests to their own handlers).
 //!
 //! llama.cpp aborts the whole process on some failures (device out of memory, bad tensors, an illegal
 //! instruction in a kernel the OS has not enabled), so the tuner never measures in its own process.
 //! A worker keeps its model loaded while requests only change context settings.
 
-use super::fault;
 use super::memory::{self, committed_bytes, rss_bytes, short_of_device_memory};
-use super::protocol::{BandwidthRequest, LinkRequest, Request, Response};
+use super::protocol::{BandwidthRequest, LinkRequest, Response};
 use super::timing::{self, Cutoff, TokenSource};
 use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
 use crate::measuring::{DeviceBytes, LoadReport, MeasureRequest, Repetition};
-use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Entry point of `autotune __worker`: serve requests from stdin until EOF or `Quit`.
-pub fn serve() -> anyhow::Result<()> {
-    llama::init(std::env::var_os("AUTOTUNE_WORKER_LOG").is_some());
-    let stdin = std::io::stdin();
-    let mut stdout = std::io::stdout().lock();
-    let mut state = WorkerState::default();
-    for line in stdin.lock().lines() {
-        let line = line?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let request: Request = match serde_json::from_str(&line) {
-            Ok(r) => r,
-            Err(e) => {
-                let r = Response::Failed {
-                    stage: "protocol".into(),
-                    message: e.to_string(),
-                };
-                writeln!(stdout, "{}", serde_json::to_string(&r)?)?;
-                stdout.flush()?;
-                continue;
-            }
-        };
-        fault::before_request(&request);
-        let response = match request {
-            Request::Quit => break,
-            Request::Measure(m) => state.measure(&m),
-            Request::Footprint(m) => state.footprint(&m),
-            Request::Quantize(q) => crate::quant::serve::quantize(&q),
-            Request::Quality(q) => crate::quant::serve::quality(&q),
-            Request::DraftCheck(c) => crate::speculative::serve::check(&c),
-            Request::Speculate(r) => crate::speculative::serve::speculate(&r),
-            Request::SpecFootprint(r) => crate::speculative::serve::footprint(&r),
-            Request::LlamaFit(r) => crate::fit::serve(&r),
-            Request::Bandwidth(r) => bandwidth(&r),
-            Request::Link(r) => link(&r),
-        };
-        writeln!(stdout, "{}", serde_json::to_string(&response)?)?;
-        stdout.flush()?;
-    }
-    Ok(())
-}
-
-fn link(r: &LinkRequest) -> Response {
+/// A link probe to an RPC server's device (`hosts::links`).
+pub fn link(r: &LinkRequest) -> Response {
     if let Err(e) = llama::rpc_add_servers(&r.rpc) {
         return Response::Failed {
             stage: "rpc".into(),
@@ -81,7 +37,8 @@ fn link(r: &LinkRequest) -> Response {
     }
 }
 
-fn bandwidth(r: &BandwidthRequest) -> Response {
+/// A device's memory read bandwidth (explain's roofline).
+pub fn bandwidth(r: &BandwidthRequest) -> Response {
     let failed = |stage: &str, e: llama::LlamaError| Response::Failed {
         stage: stage.into(),
         message: e.to_string(),
@@ -100,8 +57,10 @@ fn bandwidth(r: &BandwidthRequest) -> Response {
     }
 }
 
+/// What a measuring worker holds between requests: its model and context, and what it saw before
+/// the load.
 #[derive(Default)]
-struct WorkerState {
+pub struct WorkerState {
     // Field order matters: the context is dropped before the model it holds.
     context: Option<(ContextSettings, Context)>,
     model: Option<((PathBuf, ModelSettings), Arc<Model>)>,
@@ -272,14 +231,14 @@ impl WorkerState {
         report.actual = actual;
     }
 
-    fn footprint(&mut self, m: &MeasureRequest) -> Response {
+    pub fn footprint(&mut self, m: &MeasureRequest) -> Response {
         match self.ensure(m) {
             Ok(report) => Response::Footprint(report.unwrap_or_default()),
             Err(r) => r,
         }
     }
 
-    fn measure(&mut self, m: &MeasureRequest) -> Response {
+    pub fn measure(&mut self, m: &MeasureRequest) -> Response {
         let load = match self.ensure(m) {
             Ok(l) => l,
             Err(r) => return r,

@@ -8,11 +8,69 @@
 //! free memory per device: the margin is set to free − budget so that each device's usable memory is
 //! its autotune budget.
 
-use crate::llama::{self, cstr, LlamaError};
-use crate::measuring::{FitAnswer, FitDevice, FitRequest, TensorOverride};
-use crate::worker::protocol::Response;
+use super::{cstr, LlamaError};
+use crate::llama;
 use llama_cpp_sys_2 as sys;
+use serde::{Deserialize, Serialize};
 use std::ffi::CString;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FitRequest {
+    pub model: PathBuf,
+    /// ggml RPC servers to connect first (they become devices).
+    pub rpc: Vec<String>,
+    pub n_ctx: u32,
+    /// Sequences decoded at once (`-np`), each with `n_ctx / sequences` of the KV cache.
+    #[serde(default = "profiles::serde_one::one")]
+    pub sequences: u32,
+    /// Memory each device may use (autotune's budgets); devices not listed keep `default_margin` free.
+    pub budgets: profiles::Budgets,
+    pub default_margin: u64,
+}
+
+/// One tensor-buffer override llama.cpp's fit set: tensors matching `pattern` go to `buffer_type`
+/// (its ggml name, what llama-server's `-ot` expects), which belongs to `device`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TensorOverride {
+    pub pattern: String,
+    pub buffer_type: String,
+    pub device: String,
+}
+
+/// A device the fit planned for, with the margin it was told to keep free.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FitDevice {
+    pub name: String,
+    pub free: u64,
+    pub budget: u64,
+    pub margin: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FitAnswer {
+    /// 0 success, 1 no allocation projected to fit, 2 error (common_params_fit_status).
+    pub status: i32,
+    pub n_gpu_layers: i32,
+    pub n_ctx: u32,
+    /// Layers per non-CPU device (only set by the fit when there are several).
+    pub tensor_split: Vec<f32>,
+    pub overrides: Vec<TensorOverride>,
+    /// The devices in the model's order (the order of `tensor_split`).
+    pub devices: Vec<FitDevice>,
+    /// The fit's last log lines (why it failed, when it did).
+    pub log_tail: String,
+}
+
+impl FitAnswer {
+    pub fn status_name(&self) -> &'static str {
+        match self.status {
+            0 => "success",
+            1 => "failure",
+            _ => "error",
+        }
+    }
+}
 
 /// The devices llama.cpp gives a model, in its order (`llama::devices`: RPC servers first, each GPU
 /// once), with their registry handles.
@@ -29,20 +87,12 @@ fn model_devices() -> Vec<(sys::ggml_backend_dev_t, String)> {
         .collect()
 }
 
-/// Runs `common_fit_params` (worker side).
-pub fn serve(r: &FitRequest) -> Response {
-    let failed = |stage: &str, message: String| Response::Failed {
-        stage: stage.into(),
-        message,
-    };
-    if let Err(e) = llama::rpc_add_servers(&r.rpc) {
-        return failed("rpc", e.to_string());
-    }
+/// Runs `common_fit_params` (in a worker: it can abort the process); `Err` with the stage that
+/// failed (`rpc`, `load`) and why.
+pub fn fit(r: &FitRequest) -> Result<FitAnswer, (&'static str, LlamaError)> {
+    llama::rpc_add_servers(&r.rpc).map_err(|e| ("rpc", e))?;
     let Some(path) = r.model.to_str().and_then(|p| CString::new(p).ok()) else {
-        return failed(
-            "load",
-            LlamaError::BadPath(r.model.display().to_string()).to_string(),
-        );
+        return Err(("load", LlamaError::BadPath(r.model.display().to_string())));
     };
     let free: Vec<(String, u64)> = llama::devices()
         .into_iter()
@@ -50,7 +100,7 @@ pub fn serve(r: &FitRequest) -> Response {
         .collect();
     let devs = model_devices();
     let fit_devices = fit_devices(r, &devs, &free);
-    Response::Fitted(fit_params(&path, &devs, fit_devices, r.n_ctx, r.sequences))
+    Ok(fit_params(&path, &devs, fit_devices, r.n_ctx, r.sequences))
 }
 
 /// Each model device's free memory (from `free`, by name), autotune's budget on it (the request's,
