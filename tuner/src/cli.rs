@@ -1,8 +1,10 @@
 //! Command-line flags as clap parses them ("low args"); `commands::*` turns them into validated
 //! settings ("high args"). Flag names mirror llama.cpp's where they overlap.
 
+use crate::workload::WorkloadPreset;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
+use std::time::Duration;
 
 mod draft;
 mod fit;
@@ -14,7 +16,7 @@ pub use draft::{DraftArgs, DraftSearchArgs};
 pub use fit::FitArgs;
 pub use measure::MeasureArgs;
 pub use quant::{QualityArgs, QuantizeArgs};
-pub use tune::{CtxArg, DeviceArgs, RpcArgs, TrialArgs, TuneArgs, WorkloadArgs};
+pub use tune::{CtxArg, DeviceArgs, RpcArgs, TuneArgs, WorkloadArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -327,4 +329,32 @@ mod tests {
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("5").is_ok());
     }
+}
+
+/// How candidates are judged and how long one may take (`tune`, `draft`).
+#[derive(Debug, Args)]
+pub struct TrialArgs {
+    /// Relative difference below which two configurations are called a tie
+    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE, allow_negative_numbers = true)]
+    pub noise: f64,
+
+    /// Seed of the candidate order shuffle and the prompt tokens (recorded in the report)
+    #[arg(long)]
+    pub seed: Option<u64>,
+
+    /// A trial that gives no answer within this time is killed and recorded as timed out
+    #[arg(
+        long = "trial-timeout",
+        default_value = "5m",
+        allow_hyphen_values = true,
+        value_parser = parse_duration
+    )]
+    pub trial_timeout: Duration,
+}
+
+/// `--workload`: one of the presets' names, listed in `--help`.
+pub(crate) fn workload_preset() -> impl clap::builder::TypedValueParser<Value = WorkloadPreset> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(WorkloadPreset::ALL.map(WorkloadPreset::name))
+        .map(|s| s.parse().expect("one of the names listed"))
 }

@@ -8,16 +8,12 @@
 //! Every candidate is measured in rounds: each round runs every unfinished candidate once, in a
 //! shuffled order (seeded, recorded), so slow drift of the machine hits all candidates alike.
 
-use crate::engine::baseline::{BaselinePlacement, BaselineSource};
+use crate::measuring::LoadReport;
 use crate::measuring::{ContextSettings, MeasureRequest, Measurer, ModelSettings, Progress};
-use crate::measuring::{LoadReport, Workload};
 use crate::stats::{self, Sample, Verdict};
 use profiles::measurements::MeasurementLog;
-use profiles::Budgets;
-use search_space::{
-    CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload,
-};
-use std::path::PathBuf;
+use run::{BaselinePlacement, BaselineSource};
+use search_space::{CacheType, Candidate};
 use std::time::Duration;
 
 /// The simulated landscape the engine's decisions are tested on (tests and `bench/search-sim` only;
@@ -29,12 +25,14 @@ pub(crate) mod sim;
 mod axes;
 pub mod baseline;
 pub mod context;
-pub mod gate;
+mod gate;
 mod hosts;
 pub(crate) mod placement;
 pub mod ranking;
 mod result;
 mod rounds;
+mod run;
+mod settings;
 pub(crate) mod split;
 #[cfg(test)]
 pub use rounds::{GIVE_UP_FACTOR, ONE_REPETITION_FACTOR};
@@ -45,78 +43,12 @@ pub(crate) use axes::in_space;
 pub(crate) use axes::offloads_host_ops;
 pub(crate) use axes::vary_cache;
 use axes::*;
-pub use gate::{GateChoice, QualityGate};
 use result::tie_break;
 pub use result::{score_seconds, CandidateResult, BUDGET_SPENT};
-
-/// Everything a run needs to know, validated.
-#[derive(Debug, Clone)]
-pub struct TuneSettings {
-    pub model: PathBuf,
-    pub workload: Workload,
-    /// Relative difference below which two candidates are a tie (e.g. 0.02).
-    pub noise: f64,
-    pub min_reps: u32,
-    pub max_reps: u32,
-    /// Time one candidate may take in one axis before it stops repeating.
-    pub candidate_cap: Duration,
-    /// Total time for the run; what is not measured by then is reported as such.
-    pub time_budget: Duration,
-    /// `Some(cap)` for the default budget: once the baseline's first visit (its load, warm-up and
-    /// two repetitions) shows what one configuration costs, the budget grows to [`VISITS`] such
-    /// visits where that is more, up to `cap` (a 70B model on four GPUs takes half a minute a
-    /// visit, and 10 minutes then end before the KV-cache axis).
-    pub time_budget_cap: Option<Duration>,
-    pub seed: u64,
-    pub threads_options: Vec<u32>,
-    /// Prompt-processing thread counts (`-tb`) for the prompt-threads axis.
-    pub threads_batch_options: Vec<u32>,
-    pub default_threads: u32,
-    /// GPU layers: all that fit by default (searched downward from there when a non-CPU device
-    /// exists); one count the user pinned with --n-gpu-layers is measured as given, never searched.
-    pub n_gpu_layers: u32,
-    pub n_gpu_layers_pinned: bool,
-    pub kernels: Vec<KernelChoice>,
-    /// Where host weights live (`mapped` alone unless a device with pinned host memory takes part
-    /// or the user asked for more): varied where weights stay in host memory.
-    pub host_buffers: Vec<HostBuffer>,
-    /// The offload devices with pinned host memory (CUDA, Vulkan; not RPC servers): beside any of
-    /// them llama.cpp puts host weights in that memory unless `--no-host`, so the CPU kernel choice
-    /// changes nothing there.
-    pub host_buffer_devices: Vec<String>,
-    /// llama.cpp's NUMA strategies to try (`off` alone unless the machine has several NUMA nodes
-    /// or the user asked for more).
-    pub numa: Vec<Numa>,
-    /// Op offload settings to try; only candidates that leave weights in host memory are varied
-    /// (with every weight on a device nothing is left to offload).
-    pub op_offload: Vec<OpOffload>,
-    /// KV offload settings allowed: with `off` among them, the KV cache in host memory is a fit lever
-    /// (measured when it lets more layers fit than the device's KV cache does).
-    pub kv_offload: Vec<KvOffload>,
-    /// The K/V cache pairs searched (`search_space::kv_pairs` of the types given: each type for
-    /// both, and K one step more precise than V where every device's backend runs the pair).
-    pub kv_pairs: Vec<(CacheType, CacheType)>,
-    /// How quantized caches are held to quality ([`gate`]).
-    pub quality: QualityGate,
-    pub flash_attn: Vec<FlashAttn>,
-    pub ubatch_options: Vec<u32>,
-    /// ggml RPC servers the workers connect to.
-    pub rpc: Vec<String>,
-    /// The link to each of their devices, measured before the run (empty without them): how the
-    /// split search ranks hosts ([`hosts`]).
-    pub links: Vec<profiles::HostLink>,
-    /// Bytes each device may hold (device name → bytes); a candidate predicted to need more on any
-    /// device is pruned without being loaded.
-    pub mem_budgets: Budgets,
-    /// Layers of the model (offload goes up to n_layers + 1, the output layer).
-    pub n_layers: u32,
-    /// Whether a non-CPU device exists to offload layers to.
-    pub offload: bool,
-    /// Whether the model is a mixture of experts (expert placement is searched).
-    pub moe: bool,
-    /// `--quick`: fewer placements (the most layers that fit, half, none).
-    pub quick: bool,
-}
+pub use run::Run;
+#[cfg(test)]
+pub use settings::TEXT;
+pub use settings::{GateChoice, QualityGate, TuneSettings, DEFAULT_MAX_KV_KLD, SCORED_POSITIONS};
 
 /// The axes of the coordinate descent after the placement and the split, in order. Where layers
 /// stay on the host, [`HOST_AXES`] come before the split too.
@@ -276,9 +208,7 @@ impl<'a> Engine<'a> {
         if !group.contains(base) {
             group.insert(0, base.clone());
         }
-        self.promising = crate::engine::placement::strongest_lever(&group, &start)
-            .into_iter()
-            .collect();
+        self.promising = strongest_lever(&group, &start).into_iter().collect();
         // Hosts over clearly different links: the nearest alone right after the baseline, before
         // placements whose every load sends weights over the slowest link too.
         if let Some(near) = self.nearest_hosts(&start) {
@@ -671,31 +601,6 @@ impl<'a> Engine<'a> {
     pub fn shutdown(&mut self) {
         self.measurer.shutdown();
     }
-}
-
-/// What a tuning run found: every candidate's outcome, the winner after the confirmation rounds, and
-/// how the run ended. Reports and profiles are built from it (`tuning`), never from flags.
-#[derive(Debug, Clone)]
-pub struct Run {
-    pub settings: TuneSettings,
-    pub results: Vec<CandidateResult>,
-    pub winner: Option<Candidate>,
-    /// llama.cpp's defaults as this run measured them (with an offload device, its fit's placement).
-    pub baseline: Candidate,
-    pub baseline_placement: BaselinePlacement,
-    /// Relative drift of the winner and the runner-up over the confirmation rounds, by label.
-    pub confirm_drift: Vec<(String, f64)>,
-    /// The candidates the confirmation rounds re-measured (winner first).
-    pub confirmed: Vec<Candidate>,
-    pub interrupted: bool,
-    pub budget_spent: bool,
-    /// The search's axes the budget left unmeasured.
-    pub not_reached: Vec<String>,
-    /// The quality gate and every K/V pair held to it.
-    pub quality: profiles::QualityRecord,
-    /// Where the default budget grew: the seconds one visit of the baseline took (told from its
-    /// figures where its repetitions were reused).
-    pub visit_seconds: Option<f64>,
 }
 
 impl Engine<'_> {

@@ -1,7 +1,6 @@
 //! `draft`'s flags, and the draft search settings `tune --draft` shares.
 
-use super::tune::workload_preset;
-use super::{parse_duration, parse_size, TrialArgs};
+use super::{parse_duration, parse_size, workload_preset, TrialArgs};
 use crate::workload::WorkloadPreset;
 use clap::Args;
 use search_space::{CacheType, FlashAttn, KernelChoice};

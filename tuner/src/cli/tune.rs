@@ -1,7 +1,7 @@
 //! `tune`'s flags, and the groups other subcommands share with it: the workload, RPC servers,
 //! devices and budgets, trial limits.
 
-use super::{parse_duration, parse_size, DraftSearchArgs};
+use super::{parse_duration, parse_size, workload_preset, DraftSearchArgs, TrialArgs};
 use crate::session::DeviceBudget;
 use crate::workload::WorkloadPreset;
 use clap::Args;
@@ -239,13 +239,6 @@ pub struct WorkloadArgs {
     pub parallel: u32,
 }
 
-/// `--workload`: one of the presets' names, listed in `--help`.
-pub(super) fn workload_preset() -> impl clap::builder::TypedValueParser<Value = WorkloadPreset> {
-    use clap::builder::TypedValueParser as _;
-    clap::builder::PossibleValuesParser::new(WorkloadPreset::ALL.map(WorkloadPreset::name))
-        .map(|s| s.parse().expect("one of the names listed"))
-}
-
 /// ggml RPC servers as devices (`tune`, `fit`, `measure`, `doctor`).
 #[derive(Debug, Args)]
 pub struct RpcArgs {
@@ -269,25 +262,4 @@ pub struct DeviceArgs {
     /// 1 GiB, which costs whole layers on small cards)
     #[arg(long = "mem-margin", default_value = "256M", value_parser = parse_size)]
     pub mem_margin: u64,
-}
-
-/// How candidates are judged and how long one may take (`tune`, `draft`).
-#[derive(Debug, Args)]
-pub struct TrialArgs {
-    /// Relative difference below which two configurations are called a tie
-    #[arg(long, default_value_t = crate::stats::DEFAULT_NOISE, allow_negative_numbers = true)]
-    pub noise: f64,
-
-    /// Seed of the candidate order shuffle and the prompt tokens (recorded in the report)
-    #[arg(long)]
-    pub seed: Option<u64>,
-
-    /// A trial that gives no answer within this time is killed and recorded as timed out
-    #[arg(
-        long = "trial-timeout",
-        default_value = "5m",
-        allow_hyphen_values = true,
-        value_parser = parse_duration
-    )]
-    pub trial_timeout: Duration,
 }

@@ -5,6 +5,7 @@
 mod report;
 mod server;
 mod speculation;
+mod timings;
 
 use crate::cli::{ApplyArgs, Cli};
 use crate::exit::{self, Exit};
@@ -12,7 +13,7 @@ use crate::session;
 use crate::stored;
 use anyhow::Context as _;
 use profiles::Profile;
-use report::{Check, Timings};
+use report::Check;
 use server::ServerProcess;
 use speculation::SpeculationCheck;
 use std::io::Read;
@@ -21,6 +22,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use timings::Timings;
 
 pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     if !(args.tolerance.is_finite() && args.tolerance > 0.0) {

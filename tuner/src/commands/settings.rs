@@ -3,8 +3,8 @@
 //! nothing sees a flag.
 
 use crate::cli::{Cli, CtxArg, DraftSearchArgs, TrialArgs, TuneArgs, WorkloadArgs};
-use crate::engine::gate::DEFAULT_MAX_KV_KLD;
 use crate::engine::GateChoice;
+use crate::engine::DEFAULT_MAX_KV_KLD;
 use crate::exit::{self, Exit};
 use crate::inputs::{self, Also};
 use crate::measuring::Workload;

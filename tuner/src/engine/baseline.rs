@@ -6,67 +6,12 @@
 //! When the fit gives no placement that can be measured, the baseline falls back to the most layers
 //! that fit by autotune's dry runs, and says why.
 
+pub use super::run::{BaselinePlacement, BaselineSource};
 use crate::engine::Engine;
 use crate::llama::fit::as_n_cpu_moe;
 use crate::measuring::{FitAnswer, FitRequest, TensorOverride};
 use search_space::size::format_size;
 use search_space::Candidate;
-use serde::{Deserialize, Serialize};
-
-/// Where the baseline's placement came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BaselineSource {
-    /// llama.cpp's defaults as they are: no device to offload to, or layers the user pinned.
-    Defaults,
-    /// llama-server's default placement: llama.cpp's fit under the run's budgets.
-    LlamaFit,
-    /// llama.cpp's fit gave no placement that could be measured: the most layers that fit by
-    /// autotune's dry runs, at llama.cpp's split.
-    DryRunFit,
-}
-
-/// The baseline's placement as a report and a profile name it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BaselinePlacement {
-    pub source: BaselineSource,
-    /// What the headline compares the winner with ("llama.cpp's --fit placement").
-    pub label: String,
-    /// Why the fit was not used, or how its answer became a candidate when not exactly.
-    pub note: Option<String>,
-}
-
-impl BaselinePlacement {
-    pub fn new(source: BaselineSource, note: Option<String>) -> Self {
-        let label = match source {
-            BaselineSource::Defaults => "llama.cpp's defaults",
-            BaselineSource::LlamaFit => "llama.cpp's --fit placement",
-            BaselineSource::DryRunFit => "llama.cpp's defaults at the most layers that fit",
-        };
-        BaselinePlacement {
-            source,
-            label: label.to_string(),
-            note,
-        }
-    }
-
-    /// The baseline in a few words, beside the winner's figures ("winner vs defaults").
-    pub fn short(&self) -> &str {
-        match self.source {
-            BaselineSource::LlamaFit => "llama.cpp's --fit",
-            _ => "defaults",
-        }
-    }
-
-    /// The leaderboard's tag for the baseline's row.
-    pub fn tag(&self) -> &str {
-        match self.source {
-            // Unchanged from before the fit was asked, so CPU-only reports read as they did.
-            BaselineSource::Defaults => "llama.cpp defaults",
-            _ => &self.label,
-        }
-    }
-}
 
 /// llama.cpp's fit's answer as a placement: what `-ngl`, `-ts`, `--n-cpu-moe` / `-ot` pin it.
 #[derive(Debug, Clone, PartialEq)]

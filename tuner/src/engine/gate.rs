@@ -5,93 +5,9 @@
 //! measure a pair that could not win), and the measurer caches the figures across runs.
 
 use super::Engine;
-use crate::measuring::{KvQualityRequest, Workload};
+use crate::measuring::KvQualityRequest;
 use profiles::{KvQualityCheck, QualityRecord};
 use search_space::Candidate;
-
-/// The default gate: the mean KL divergence (nats per token) a quantized K/V cache may add over
-/// the f16 cache. On Llama 3 8B (llama.cpp PR 7412's table) a q8_0/q8_0 cache adds about 0.001 and
-/// q8_0 weights with a q8_0/q8_0 cache 0.0016; weights at Q5_K_M add 0.011 and at Q4_K_M 0.029
-/// (llama.cpp PR 6936's table). 0.02 lets a cache cost at most what going from 6 to 5 bits a
-/// weight costs: q8_0 caches pass (on the 270M demo model 0.009), 4-bit caches that change one
-/// next token in five (the demo model's q4_0: 0.110, top-1 81%) do not.
-pub const DEFAULT_MAX_KV_KLD: f64 = 0.02;
-
-/// Positions compared at the end of each window: their logits are what the evaluation holds in
-/// memory at a time (a 262k vocabulary: 512 MiB a context).
-pub const SCORED_POSITIONS: u32 = 512;
-
-/// What the user asked of the gate (`--max-kv-kld`, `--no-quality-gate`), before the workload and
-/// the machine make it a [`QualityGate`].
-#[derive(Debug, Clone, PartialEq)]
-pub enum GateChoice {
-    /// Hold quantized caches to this mean KL divergence.
-    On(f64),
-    /// No gate, and why (said in the report and the profile).
-    Off(String),
-}
-
-impl GateChoice {
-    /// The gate for `workload`, with `threads` for the evaluation.
-    pub fn gate(&self, workload: &Workload, threads: u32) -> QualityGate {
-        match self {
-            GateChoice::On(max) => QualityGate::on(*max, workload, threads),
-            GateChoice::Off(why) => QualityGate::off(why, workload, threads),
-        }
-    }
-}
-
-/// How a run holds quantized caches to quality (validated from the flags).
-#[derive(Debug, Clone, PartialEq)]
-pub struct QualityGate {
-    /// The gate; `None`: no gate (see `unchecked`).
-    pub max_kv_kld: Option<f64>,
-    /// Why there is no gate, for the report and the profile.
-    pub unchecked: Option<String>,
-    /// Tokens of each window of the evaluation text: a request's context, from
-    /// [`window_for`].
-    pub window: u32,
-    /// Tokens of the text evaluated (whole windows).
-    pub max_tokens: u32,
-    pub threads: u32,
-}
-
-impl QualityGate {
-    /// The default gate (or `max_kv_kld`) for `workload`.
-    pub fn on(max_kv_kld: f64, workload: &Workload, threads: u32) -> Self {
-        let window = window_for(workload);
-        QualityGate {
-            max_kv_kld: Some(max_kv_kld),
-            unchecked: None,
-            window,
-            max_tokens: tokens_for(window),
-            threads,
-        }
-    }
-
-    /// No gate, and why.
-    pub fn off(why: &str, workload: &Workload, threads: u32) -> Self {
-        QualityGate {
-            max_kv_kld: None,
-            unchecked: Some(why.to_string()),
-            ..Self::on(0.0, workload, threads)
-        }
-    }
-}
-
-/// The window a request's cache fills: its depth, prompt and generation, rounded up to a power of
-/// two from 512 to 4096 tokens (a quantized cache hurts more as it fills; past 4096 the built-in
-/// text has too few tokens for a second window).
-pub fn window_for(w: &Workload) -> u32 {
-    let need = w.depth + w.n_prompt + w.n_gen;
-    need.clamp(512, 4096).next_power_of_two().min(4096)
-}
-
-/// Tokens evaluated for a window: at least four windows' worth of scored positions (2048 tokens
-/// at 512), else two whole windows (what the text holds).
-fn tokens_for(window: u32) -> u32 {
-    (2 * window).max(4 * SCORED_POSITIONS)
-}
 
 impl Engine<'_> {
     /// Whether `c` may be chosen: its caches are lossless, no gate applies, or its K/V pair passed
@@ -185,38 +101,10 @@ impl Engine<'_> {
         QualityRecord {
             max_kv_kld: q.max_kv_kld,
             unchecked: q.unchecked.clone(),
-            text: TEXT.to_string(),
+            text: super::settings::TEXT.to_string(),
             window: q.window,
             tokens: q.max_tokens,
             checks: self.kv_checks.clone(),
         }
-    }
-}
-
-/// What the figures are measured on.
-pub const TEXT: &str = "autotune's evaluation text (English prose, code and dialogue)";
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn w(depth: u32, n_prompt: u32, n_gen: u32) -> Workload {
-        Workload {
-            n_ctx: 32768,
-            n_prompt,
-            n_gen,
-            depth,
-            n_parallel: 1,
-        }
-    }
-
-    #[test]
-    fn the_window_is_a_requests_context_rounded_up_within_512_to_4096() {
-        assert_eq!(window_for(&w(0, 128, 32)), 512);
-        assert_eq!(window_for(&w(0, 512, 128)), 1024);
-        assert_eq!(window_for(&w(1024, 256, 256)), 2048);
-        assert_eq!(window_for(&w(16384, 512, 128)), 4096);
-        assert_eq!(tokens_for(512), 2048);
-        assert_eq!(tokens_for(4096), 8192);
     }
 }

@@ -22,24 +22,6 @@ pub(crate) fn last_that_holds(mut lo: u32, mut hi: u32, mut holds: impl FnMut(u3
     lo
 }
 
-/// The fit lever that puts the most layers on the devices at `start`'s micro-batch with the KV cache
-/// kept there (a smaller micro-batch costs prompt speed, `-nkvo` a round trip per layer for every
-/// token), when it reaches more than `start`'s own KV cache does: visited right after the baseline,
-/// so a budget that ends in the first round has measured it. On an H200 with half the memory full
-/// offload needs, a 60 s tune measured llama.cpp's placement, q8_0 at one layer more and one layer
-/// fewer, and never reached q4_0 at two layers more, 24% faster than the baseline with 150 s.
-pub(crate) fn strongest_lever(group: &[Candidate], start: &Candidate) -> Option<Candidate> {
-    let alike = |c: &&Candidate| c.n_ubatch == start.n_ubatch && c.kv_offload == start.kv_offload;
-    let unchanged = (group.iter().filter(alike))
-        .filter(|c| c.type_k == start.type_k && c.type_v == start.type_v)
-        .map(|c| c.n_gpu_layers)
-        .max()?;
-    (group.iter().filter(alike))
-        .filter(|c| c.n_gpu_layers > unchanged)
-        .max_by_key(|c| c.n_gpu_layers)
-        .cloned()
-}
-
 /// The most GPU layers [`Engine::trade_layers_for_batch`] gives up for a larger micro-batch.
 const BATCH_FOR_LAYERS: u32 = 2;
 

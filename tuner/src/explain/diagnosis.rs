@@ -3,69 +3,24 @@
 //! what a full context costs, is the model dense, is prefill the delay, is another device faster,
 //! what each other host's link cost, and which setting mattered.
 
-use super::{decimal_bytes, generation_tps, offload_devices, RooflineScope, RooflineView};
-use profiles::{LeaderboardEntry, Profile};
+use super::view::{decimal_bytes, generation_tps, offload_devices, RooflineScope, RooflineView};
+use profiles::Profile;
 use search_space::size::format_size;
 use search_space::Candidate;
 use serde::Serialize;
 
 mod context;
+mod finding;
 mod knobs;
 mod links;
 #[cfg(test)]
 pub use context::at_full_context;
+use finding::{finding, measured, secs};
+pub use finding::{Finding, Topic};
 pub use knobs::{knob_effects, KnobEffect};
 
 /// Relative differences below this are within the default noise threshold of a run.
 const NOISE: f64 = 0.02;
-
-/// The leaderboard's measured entries with their figures.
-fn measured(profile: &Profile) -> impl Iterator<Item = (&LeaderboardEntry, &profiles::Figures)> {
-    profile
-        .leaderboard
-        .iter()
-        .filter_map(|e| e.figures.as_ref().map(|f| (e, f)))
-}
-
-/// What a finding is about; the order of the variants is the order they are shown in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Topic {
-    Fit,
-    Quality,
-    Bandwidth,
-    Context,
-    Model,
-    Prefill,
-    Devices,
-    Links,
-    Settings,
-}
-
-impl Topic {
-    pub fn name(self) -> &'static str {
-        match self {
-            Topic::Fit => "fit",
-            Topic::Quality => "quality",
-            Topic::Bandwidth => "bandwidth",
-            Topic::Context => "context",
-            Topic::Model => "model",
-            Topic::Prefill => "prefill",
-            Topic::Devices => "devices",
-            Topic::Links => "links",
-            Topic::Settings => "settings",
-        }
-    }
-}
-
-/// One line of the diagnosis, with optional detail lines.
-#[derive(Debug, Clone, Serialize)]
-pub struct Finding {
-    pub topic: Topic,
-    pub text: String,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub details: Vec<String>,
-}
 
 /// The best measured candidate at one GPU-layer count (or why none was measured there).
 #[derive(Debug, Clone, Serialize)]
@@ -157,14 +112,6 @@ fn quality(profile: &Profile) -> Finding {
         topic: Topic::Quality,
         text: lines.next().unwrap_or_default(),
         details: lines.collect(),
-    }
-}
-
-fn finding(topic: Topic, text: String) -> Finding {
-    Finding {
-        topic,
-        text,
-        details: Vec::new(),
     }
 }
 
@@ -403,15 +350,6 @@ fn model(profile: &Profile, roofline: Option<&RooflineView>) -> Finding {
         _ => base,
     };
     finding(Topic::Model, text)
-}
-
-/// Seconds with a precision that suits them.
-fn secs(s: f64) -> String {
-    if s < 10.0 {
-        format!("{s:.3} s")
-    } else {
-        format!("{s:.1} s")
-    }
 }
 
 fn prefill(profile: &Profile) -> Finding {

@@ -718,7 +718,7 @@ fn the_quality_finding_shows_the_winners_figures_and_what_the_gate_refused() {
     let record = profiles::QualityRecord {
         max_kv_kld: Some(0.02),
         unchecked: None,
-        text: crate::engine::gate::TEXT.into(),
+        text: crate::engine::TEXT.into(),
         window: 1024,
         tokens: 2048,
         checks: vec![

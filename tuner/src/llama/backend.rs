@@ -3,7 +3,7 @@
 
 use super::{cstr, log};
 use llama_cpp_sys_2 as sys;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::ffi::c_char;
 use std::sync::OnceLock;
 
@@ -11,37 +11,6 @@ static BACKEND: OnceLock<llama_cpp_2::llama_backend::LlamaBackend> = OnceLock::n
 /// What llama.cpp logged while starting (the modules it loaded, the CPU variant it chose): logged
 /// once per process, kept for every probe.
 static STARTUP_LOG: OnceLock<Vec<String>> = OnceLock::new();
-
-/// Devices and backends as llama.cpp sees them.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct DeviceInfo {
-    pub name: String,
-    pub description: String,
-    pub backend: String,
-    /// cpu, gpu, igpu, accel
-    pub kind: String,
-    pub memory_free: u64,
-    pub memory_total: u64,
-    /// The device offers pinned host memory (`ggml_backend_dev_host_buffer_type`: CUDA, Vulkan),
-    /// which llama.cpp puts host weights in before the CPU's own buffer types ([`HostBuffer`]).
-    ///
-    /// [`HostBuffer`]: search_space::HostBuffer
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub host_buffer: bool,
-}
-
-impl DeviceInfo {
-    /// A device served by a ggml RPC server (`RPC0`, …).
-    pub fn is_rpc(&self) -> bool {
-        self.backend.eq_ignore_ascii_case("RPC")
-    }
-
-    /// A device llama.cpp places layers on (a GPU, integrated or not, or an RPC server); CPU and
-    /// accelerator devices (BLAS, AMX) only serve the CPU's tensors.
-    pub fn takes_layers(&self) -> bool {
-        matches!(self.kind.as_str(), "gpu" | "igpu")
-    }
-}
 
 /// Starts llama.cpp once per process: routes its log into our buffer (echoed to stderr when `echo`),
 /// and loads every backend module present (CPU variants, CUDA, Vulkan, RPC, ...).

@@ -5,7 +5,8 @@
 //! (CUDA0 and Vulkan0 on an NVIDIA machine) is one device, and a split's first share goes to the
 //! first RPC server whatever order the registry has.
 
-use super::{cstr, DeviceInfo};
+use super::cstr;
+use super::device::DeviceInfo;
 use llama_cpp_sys_2 as sys;
 use serde::Serialize;
 

@@ -1,7 +1,7 @@
 //! What llama.cpp logs: captured into a buffer by its log callback, and parsed for the buffer sizes
 //! and backend modules it reports.
 
-use super::DeviceInfo;
+use super::device::DeviceInfo;
 use llama_cpp_sys_2 as sys;
 use profiles::measurements::BufferReport;
 use std::ffi::{c_char, c_void, CStr};

@@ -10,6 +10,7 @@ mod backend;
 mod bandwidth;
 mod breakdown;
 mod context;
+mod device;
 mod devices;
 pub mod fit;
 mod link;
@@ -21,11 +22,12 @@ mod settings;
 
 pub use backend::{
     backend_modules, backends, buffer_type_by_name, build_info, init, numa_init, startup_log,
-    system_info, BackendModule, DeviceInfo,
+    system_info, BackendModule,
 };
 pub use bandwidth::device_read_bandwidth;
 pub use breakdown::{breakdown_per_device, memory_breakdown};
 pub use context::{server_outputs, Context, SeqToken};
+pub use device::DeviceInfo;
 pub use devices::{device_free, device_view, devices, SkippedDevice};
 pub use link::device_link;
 #[cfg(test)]

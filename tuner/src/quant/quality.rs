@@ -556,7 +556,7 @@ pub fn choose_reference(ladder: &Ladder, explicit: Option<&Path>) -> Result<Subj
 
 /// The quality gate's evaluation ([`crate::engine::gate`]): the model with a K/V cache pair against
 /// itself with f16 caches, over windows of a request's context with the last
-/// [`SCORED_POSITIONS`](crate::engine::gate::SCORED_POSITIONS) of each compared, in a worker of its
+/// [`SCORED_POSITIONS`](crate::engine::SCORED_POSITIONS) of each compared, in a worker of its
 /// own; cached like every quality row, so a second tune does not pay again.
 pub fn kv_pair_quality(
     req: &KvQualityRequest,
@@ -576,7 +576,7 @@ pub fn kv_pair_quality(
         text: EVAL_TEXT.to_string(),
         max_tokens: Some(req.max_tokens),
         chunk: req.window,
-        scored: Some(crate::engine::gate::SCORED_POSITIONS),
+        scored: Some(crate::engine::SCORED_POSITIONS),
         threads: req.threads,
         n_gpu_layers: req.n_gpu_layers,
         fresh: false,

@@ -3,7 +3,7 @@
 
 use super::{Device, Host, Landscape, SimMeasurer, SimModel, Trace, GIB, MIB};
 use crate::engine::baseline::{BaselinePlacement, FitPlacement};
-use crate::engine::gate::DEFAULT_MAX_KV_KLD;
+use crate::engine::DEFAULT_MAX_KV_KLD;
 use crate::engine::{self, CandidateResult, Engine, Progress, QualityGate, TuneSettings};
 use crate::measuring::FitRequest;
 use crate::measuring::{Repetition, Workload};

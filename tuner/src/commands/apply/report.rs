@@ -2,7 +2,8 @@
 //! against the profile's figures (and its speculation's), as text or `--json`.
 
 use super::speculation::SpeculationCheck;
-use serde::{Deserialize, Serialize};
+use super::timings::Timings;
+use serde::Serialize;
 use std::path::PathBuf;
 
 /// The result of `apply --exec`: what was started, and how fast it generated compared with the profile.
@@ -37,25 +38,6 @@ pub struct Check {
     /// speculative decoding only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculation: Option<SpeculationCheck>,
-}
-
-/// `timings` of a `/completion` answer (llama-server's names).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Timings {
-    #[serde(default)]
-    pub prompt_n: u64,
-    #[serde(default)]
-    pub prompt_per_second: f64,
-    #[serde(default)]
-    pub predicted_n: u64,
-    #[serde(default)]
-    pub predicted_per_second: f64,
-    /// Tokens drafted and accepted by speculative decoding (llama-server leaves both out when it
-    /// drafted none).
-    #[serde(default)]
-    pub draft_n: u64,
-    #[serde(default)]
-    pub draft_n_accepted: u64,
 }
 
 fn warn_beyond_tolerance(check: &Check) {

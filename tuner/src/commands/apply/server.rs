@@ -2,7 +2,7 @@
 //! messages), waiting for `/health`, the check's completions, and stopping it or serving in the
 //! foreground with signals forwarded.
 
-use super::Timings;
+use super::timings::Timings;
 use crate::exit::{self, Exit};
 use crate::stored::one_line;
 use anyhow::Context as _;

@@ -3,7 +3,7 @@
 //! and the server's own draft figures (`timings.draft_n`, `timings.draft_n_accepted`) beside the
 //! acceptance the profile measured.
 
-use super::Timings;
+use super::timings::Timings;
 use crate::speculative::prompts::{self, Prompt};
 use crate::speculative::workload;
 use crate::workload::WorkloadPreset;

@@ -4,7 +4,7 @@
 //! says by how much at least (a bound: on the 1B test model on 2 CPU cores the ceiling fell 31% at
 //! 8000 cached tokens while generation, its attention compute-bound, fell 77%).
 
-use super::{finding, Finding, Topic};
+use super::finding::{finding, Finding, Topic};
 use crate::explain::{decimal_bytes, RooflineScope, RooflineView};
 use profiles::Profile;
 use search_space::CacheType;

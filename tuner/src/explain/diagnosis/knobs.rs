@@ -1,7 +1,7 @@
 //! "Which setting mattered": for each knob, the best measured rate with each of its values, the
 //! other knobs held at the winner's, and how much the best value gained over the worst.
 
-use super::measured;
+use super::finding::measured;
 use profiles::Profile;
 use search_space::Candidate;
 use serde::Serialize;

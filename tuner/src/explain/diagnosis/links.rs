@@ -3,7 +3,7 @@
 //! "RPC1 over a 30 MB/s link (7.5 ms round trip): 0.41x local alone; not used". Where this machine
 //! alone did not fit, against the winner.
 
-use super::{finding, measured, secs, Finding, Topic};
+use super::finding::{finding, measured, secs, Finding, Topic};
 use crate::explain::offload_devices;
 use crate::hosts::links::runs_on;
 use profiles::Profile;

@@ -1,0 +1,190 @@
+//! What a run needs to know, validated: the workload, the measurement protocol, the budgets, the
+//! space of every knob the search may vary, and the quality gate a quantized KV cache is held to
+//! (built from the flags in `tuning`; the engine reads it and changes only the default time budget).
+
+use crate::measuring::Workload;
+use profiles::Budgets;
+use search_space::{CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything a run needs to know, validated.
+#[derive(Debug, Clone)]
+pub struct TuneSettings {
+    pub model: PathBuf,
+    pub workload: Workload,
+    /// Relative difference below which two candidates are a tie (e.g. 0.02).
+    pub noise: f64,
+    pub min_reps: u32,
+    pub max_reps: u32,
+    /// Time one candidate may take in one axis before it stops repeating.
+    pub candidate_cap: Duration,
+    /// Total time for the run; what is not measured by then is reported as such.
+    pub time_budget: Duration,
+    /// `Some(cap)` for the default budget: once the baseline's first visit (its load, warm-up and
+    /// two repetitions) shows what one configuration costs, the budget grows to [`VISITS`] such
+    /// visits where that is more, up to `cap` (a 70B model on four GPUs takes half a minute a
+    /// visit, and 10 minutes then end before the KV-cache axis).
+    pub time_budget_cap: Option<Duration>,
+    pub seed: u64,
+    pub threads_options: Vec<u32>,
+    /// Prompt-processing thread counts (`-tb`) for the prompt-threads axis.
+    pub threads_batch_options: Vec<u32>,
+    pub default_threads: u32,
+    /// GPU layers: all that fit by default (searched downward from there when a non-CPU device
+    /// exists); one count the user pinned with --n-gpu-layers is measured as given, never searched.
+    pub n_gpu_layers: u32,
+    pub n_gpu_layers_pinned: bool,
+    pub kernels: Vec<KernelChoice>,
+    /// Where host weights live (`mapped` alone unless a device with pinned host memory takes part
+    /// or the user asked for more): varied where weights stay in host memory.
+    pub host_buffers: Vec<HostBuffer>,
+    /// The offload devices with pinned host memory (CUDA, Vulkan; not RPC servers): beside any of
+    /// them llama.cpp puts host weights in that memory unless `--no-host`, so the CPU kernel choice
+    /// changes nothing there.
+    pub host_buffer_devices: Vec<String>,
+    /// llama.cpp's NUMA strategies to try (`off` alone unless the machine has several NUMA nodes
+    /// or the user asked for more).
+    pub numa: Vec<Numa>,
+    /// Op offload settings to try; only candidates that leave weights in host memory are varied
+    /// (with every weight on a device nothing is left to offload).
+    pub op_offload: Vec<OpOffload>,
+    /// KV offload settings allowed: with `off` among them, the KV cache in host memory is a fit lever
+    /// (measured when it lets more layers fit than the device's KV cache does).
+    pub kv_offload: Vec<KvOffload>,
+    /// The K/V cache pairs searched (`search_space::kv_pairs` of the types given: each type for
+    /// both, and K one step more precise than V where every device's backend runs the pair).
+    pub kv_pairs: Vec<(CacheType, CacheType)>,
+    /// How quantized caches are held to quality (`Engine::passes_gate`).
+    pub quality: QualityGate,
+    pub flash_attn: Vec<FlashAttn>,
+    pub ubatch_options: Vec<u32>,
+    /// ggml RPC servers the workers connect to.
+    pub rpc: Vec<String>,
+    /// The link to each of their devices, measured before the run (empty without them): how the
+    /// split search ranks hosts ([`hosts`]).
+    pub links: Vec<profiles::HostLink>,
+    /// Bytes each device may hold (device name → bytes); a candidate predicted to need more on any
+    /// device is pruned without being loaded.
+    pub mem_budgets: Budgets,
+    /// Layers of the model (offload goes up to n_layers + 1, the output layer).
+    pub n_layers: u32,
+    /// Whether a non-CPU device exists to offload layers to.
+    pub offload: bool,
+    /// Whether the model is a mixture of experts (expert placement is searched).
+    pub moe: bool,
+    /// `--quick`: fewer placements (the most layers that fit, half, none).
+    pub quick: bool,
+}
+
+/// The default gate: the mean KL divergence (nats per token) a quantized K/V cache may add over
+/// the f16 cache. On Llama 3 8B (llama.cpp PR 7412's table) a q8_0/q8_0 cache adds about 0.001 and
+/// q8_0 weights with a q8_0/q8_0 cache 0.0016; weights at Q5_K_M add 0.011 and at Q4_K_M 0.029
+/// (llama.cpp PR 6936's table). 0.02 lets a cache cost at most what going from 6 to 5 bits a
+/// weight costs: q8_0 caches pass (on the 270M demo model 0.009), 4-bit caches that change one
+/// next token in five (the demo model's q4_0: 0.110, top-1 81%) do not.
+pub const DEFAULT_MAX_KV_KLD: f64 = 0.02;
+
+/// Positions compared at the end of each window: their logits are what the evaluation holds in
+/// memory at a time (a 262k vocabulary: 512 MiB a context).
+pub const SCORED_POSITIONS: u32 = 512;
+
+/// What the user asked of the gate (`--max-kv-kld`, `--no-quality-gate`), before the workload and
+/// the machine make it a [`QualityGate`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum GateChoice {
+    /// Hold quantized caches to this mean KL divergence.
+    On(f64),
+    /// No gate, and why (said in the report and the profile).
+    Off(String),
+}
+
+impl GateChoice {
+    /// The gate for `workload`, with `threads` for the evaluation.
+    pub fn gate(&self, workload: &Workload, threads: u32) -> QualityGate {
+        match self {
+            GateChoice::On(max) => QualityGate::on(*max, workload, threads),
+            GateChoice::Off(why) => QualityGate::off(why, workload, threads),
+        }
+    }
+}
+
+/// How a run holds quantized caches to quality (validated from the flags).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QualityGate {
+    /// The gate; `None`: no gate (see `unchecked`).
+    pub max_kv_kld: Option<f64>,
+    /// Why there is no gate, for the report and the profile.
+    pub unchecked: Option<String>,
+    /// Tokens of each window of the evaluation text: a request's context, from
+    /// [`window_for`].
+    pub window: u32,
+    /// Tokens of the text evaluated (whole windows).
+    pub max_tokens: u32,
+    pub threads: u32,
+}
+
+impl QualityGate {
+    /// The default gate (or `max_kv_kld`) for `workload`.
+    pub fn on(max_kv_kld: f64, workload: &Workload, threads: u32) -> Self {
+        let window = window_for(workload);
+        QualityGate {
+            max_kv_kld: Some(max_kv_kld),
+            unchecked: None,
+            window,
+            max_tokens: tokens_for(window),
+            threads,
+        }
+    }
+
+    /// No gate, and why.
+    pub fn off(why: &str, workload: &Workload, threads: u32) -> Self {
+        QualityGate {
+            max_kv_kld: None,
+            unchecked: Some(why.to_string()),
+            ..Self::on(0.0, workload, threads)
+        }
+    }
+}
+
+/// The window a request's cache fills: its depth, prompt and generation, rounded up to a power of
+/// two from 512 to 4096 tokens (a quantized cache hurts more as it fills; past 4096 the built-in
+/// text has too few tokens for a second window).
+pub fn window_for(w: &Workload) -> u32 {
+    let need = w.depth + w.n_prompt + w.n_gen;
+    need.clamp(512, 4096).next_power_of_two().min(4096)
+}
+
+/// Tokens evaluated for a window: at least four windows' worth of scored positions (2048 tokens
+/// at 512), else two whole windows (what the text holds).
+fn tokens_for(window: u32) -> u32 {
+    (2 * window).max(4 * SCORED_POSITIONS)
+}
+
+/// What the figures are measured on.
+pub const TEXT: &str = "autotune's evaluation text (English prose, code and dialogue)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(depth: u32, n_prompt: u32, n_gen: u32) -> Workload {
+        Workload {
+            n_ctx: 32768,
+            n_prompt,
+            n_gen,
+            depth,
+            n_parallel: 1,
+        }
+    }
+
+    #[test]
+    fn the_window_is_a_requests_context_rounded_up_within_512_to_4096() {
+        assert_eq!(window_for(&w(0, 128, 32)), 512);
+        assert_eq!(window_for(&w(0, 512, 128)), 1024);
+        assert_eq!(window_for(&w(1024, 256, 256)), 2048);
+        assert_eq!(window_for(&w(16384, 512, 128)), 4096);
+        assert_eq!(tokens_for(512), 2048);
+        assert_eq!(tokens_for(4096), 8192);
+    }
+}

@@ -1,0 +1,73 @@
+//! What every finding is made of (its topic, its line and details) and the readings of a profile
+//! the findings share: the measured leaderboard entries, seconds in words.
+
+use profiles::{LeaderboardEntry, Profile};
+use serde::Serialize;
+
+/// The leaderboard's measured entries with their figures.
+pub(super) fn measured(
+    profile: &Profile,
+) -> impl Iterator<Item = (&LeaderboardEntry, &profiles::Figures)> {
+    profile
+        .leaderboard
+        .iter()
+        .filter_map(|e| e.figures.as_ref().map(|f| (e, f)))
+}
+
+/// What a finding is about; the order of the variants is the order they are shown in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Topic {
+    Fit,
+    Quality,
+    Bandwidth,
+    Context,
+    Model,
+    Prefill,
+    Devices,
+    Links,
+    Settings,
+}
+
+impl Topic {
+    pub fn name(self) -> &'static str {
+        match self {
+            Topic::Fit => "fit",
+            Topic::Quality => "quality",
+            Topic::Bandwidth => "bandwidth",
+            Topic::Context => "context",
+            Topic::Model => "model",
+            Topic::Prefill => "prefill",
+            Topic::Devices => "devices",
+            Topic::Links => "links",
+            Topic::Settings => "settings",
+        }
+    }
+}
+
+/// One line of the diagnosis, with optional detail lines.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    pub topic: Topic,
+    pub text: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<String>,
+}
+
+/// A finding without detail lines.
+pub(super) fn finding(topic: Topic, text: String) -> Finding {
+    Finding {
+        topic,
+        text,
+        details: Vec::new(),
+    }
+}
+
+/// Seconds with a precision that suits them.
+pub(super) fn secs(s: f64) -> String {
+    if s < 10.0 {
+        format!("{s:.3} s")
+    } else {
+        format!("{s:.1} s")
+    }
+}
