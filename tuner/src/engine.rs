@@ -121,7 +121,7 @@ pub struct Engine<'a> {
 
 impl<'a> Engine<'a> {
     /// An engine that measures through `measurer`: the worker processes on a user's run
-    /// (`worker::Workers`), the simulator in tests.
+    /// (`tuning`'s `Workers`), the simulator in tests.
     pub fn new(
         settings: TuneSettings,
         measurer: Box<dyn Measurer + 'a>,

@@ -9,7 +9,7 @@
 use crate::llama::DeviceInfo;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use sysinfo::{CpuRefreshKind, MemoryRefreshKind, RefreshKind, System};
+use sysinfo::{CpuRefreshKind, RefreshKind, System};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Machine {
@@ -40,7 +40,7 @@ impl Machine {
         let physical = (System::new().physical_core_count())
             .map_or(logical, |n| n as u32)
             .clamp(1, logical.max(1));
-        let (ram_bytes, ram_available_bytes) = ram();
+        let (ram_bytes, ram_available_bytes) = crate::ram::total_and_available();
         let os = std::fs::read_to_string("/etc/os-release")
             .ok()
             .and_then(|t| {
@@ -146,15 +146,6 @@ fn cpu_brand() -> Option<String> {
     (!brand.is_empty()).then_some(brand)
 }
 
-/// The RAM's size and what a new process can have of it now (free memory plus the page cache and
-/// slab the kernel can reclaim: Linux's MemTotal and MemAvailable), in bytes, as the OS reports them
-/// (sysinfo); 0 where it cannot say.
-fn ram() -> (u64, u64) {
-    let memory = RefreshKind::nothing().with_memory(MemoryRefreshKind::nothing().with_ram());
-    let sys = System::new_with_specifics(memory);
-    (sys.total_memory(), sys.available_memory())
-}
-
 /// Where Linux lists a hybrid Intel CPU's performance cores' logical CPUs (its efficiency cores'
 /// are under `cpu_atom`).
 const SYS_P_CORES: &str = "/sys/devices/cpu_core/cpus";
@@ -200,11 +191,6 @@ fn cores_among(cpuinfo: &str, keep: impl Fn(u32) -> bool) -> Option<u32> {
         }
     }
     (!seen.is_empty()).then_some(seen.len() as u32)
-}
-
-/// The RAM available to a new process now (see [`ram`]); `None` where the OS does not say.
-pub fn ram_available_now() -> Option<u64> {
-    Some(ram().1).filter(|&a| a > 0)
 }
 
 #[cfg(test)]
@@ -258,8 +244,9 @@ mod tests {
             .find_map(|l| l.strip_prefix("MemTotal:"))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap();
-        assert_eq!(ram().0, mem_total_kib * 1024);
-        assert!(ram_available_now().is_some_and(|a| a > 0 && a <= ram().0));
+        assert_eq!(crate::ram::total_and_available().0, mem_total_kib * 1024);
+        assert!(crate::ram::available_now()
+            .is_some_and(|a| a > 0 && a <= crate::ram::total_and_available().0));
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
         if let Some(cores) = cores_among(&cpuinfo, |_| true) {
             assert_eq!(System::new().physical_core_count(), Some(cores as usize));

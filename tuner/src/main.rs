@@ -15,6 +15,7 @@ mod machine;
 mod measuring;
 mod probe;
 mod quant;
+mod ram;
 mod report;
 mod session;
 mod speculative;

@@ -1,7 +1,7 @@
 //! The measuring contract: what the engine asks of whatever measures for it, and what comes back.
 //! A measurer runs one repetition of a configuration, a dry run of its memory, llama.cpp's own fit,
 //! a device's bandwidth probe and a K/V cache pair's quality; the engine reports its progress
-//! through [`Progress`]. The worker processes (`worker::Workers`, real llama.cpp) and the simulator
+//! through [`Progress`]. The worker processes (`tuning`'s `Workers`, real llama.cpp) and the simulator
 //! (`sim::SimMeasurer`, tests and the benches) implement it; the engine sees only this module.
 //! The records the answers carry live in `profiles::measurements` (they are written to the
 //! measurement log as they arrive) and are re-exported here.

@@ -154,7 +154,7 @@ pub struct TuneArgs {
     #[arg(long, default_value_t = 10)]
     pub top: usize,
 
-    // ---- quantization choice (quant::joint): any of these makes `tune` choose among quantizations ----
+    // ---- quantization choice (tuning::joint): any of these makes `tune` choose among quantizations ----
     /// Other quantizations of MODEL to choose among (files or folders); each is tuned (--budget is
     /// shared among them, at least 30 s each) and the fastest under --max-kld wins
     #[arg(long, value_delimiter = ',', num_args = 1..)]

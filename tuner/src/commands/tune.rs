@@ -8,7 +8,7 @@ use crate::explain::outputs::{self, Asked};
 use crate::inputs::{self, Also};
 use crate::report::Report;
 use crate::tuning::{self, After};
-use crate::{quant, session, term};
+use crate::{session, term};
 
 /// Files named for later stages (quantizations, a reference, drafts) and the files written at the end
 /// (`--out`, `--export-markdown`) are checked first, not after minutes of tuning.
@@ -60,7 +60,7 @@ pub fn run(cli: &Cli, args: &TuneArgs) -> anyhow::Result<i32> {
     let joint = settings::joint(cli, args)?;
     let stop = term::interrupt_flag()?;
     if let Some(joint) = joint {
-        return quant::joint::run(&joint, &plan, &after, &stop);
+        return tuning::joint::run(&joint, &plan, &after, &stop);
     }
     let store = session::open_store()?;
     let _lock = session::lock_store(&store, &stop)?;

@@ -118,7 +118,7 @@ pub struct Bandwidth {
 /// for a buffer that would defeat the cache.
 pub fn measure_cpu() -> Option<Bandwidth> {
     let llc = last_level_cache_bytes();
-    let available = crate::machine::ram_available_now().unwrap_or(u64::MAX);
+    let available = crate::ram::available_now().unwrap_or(u64::MAX);
     let size = buffer_size(llc, available)?;
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())

@@ -7,12 +7,9 @@
 //! blocked for ever. So no endpoint reaches ggml before [`check`] has had it answer here, within
 //! seconds.
 
-pub mod check;
-pub mod endpoint;
 pub mod links;
 
-pub use check::{check, Timeouts};
-pub use endpoint::{parse_endpoint, validate_list};
+pub use crate::llama::rpc_endpoint::validate_list;
 
 use std::sync::mpsc;
 use std::time::Duration;
@@ -42,19 +39,4 @@ impl Guard {
         });
         Guard { _armed: tx }
     }
-}
-
-/// The first of `endpoints` that is down or does not answer its check, with the problem in words
-/// (not naming it: the caller does). Asked right after a trial over RPC failed, to tell a host that
-/// went away or froze from a configuration that crashed.
-pub fn first_problem(endpoints: &[String]) -> Option<(String, String)> {
-    endpoints.iter().find_map(|e| {
-        let addr = match parse_endpoint(e).and_then(|p| p.resolve()) {
-            Ok(a) => a,
-            Err(err) => return Some((e.clone(), err.to_string())),
-        };
-        check(e, addr, Timeouts::default())
-            .err()
-            .map(|err| (e.clone(), err.problem()))
-    })
 }

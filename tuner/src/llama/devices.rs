@@ -86,7 +86,7 @@ fn host_free(t: sys::ggml_backend_dev_type, reported: u64) -> u64 {
     if t != sys::GGML_BACKEND_DEVICE_TYPE_CPU {
         return reported;
     }
-    crate::machine::ram_available_now().map_or(reported, |a| a.min(reported))
+    crate::ram::available_now().map_or(reported, |a| a.min(reported))
 }
 
 fn kind_name(t: sys::ggml_backend_dev_type) -> &'static str {
@@ -169,7 +169,7 @@ mod tests {
         let cpu = sys::GGML_BACKEND_DEVICE_TYPE_CPU;
         assert_eq!(host_free(gpu, 5 << 30), 5 << 30, "a GPU's own figure");
         assert_eq!(host_free(cpu, 1), 1, "never more than llama.cpp says");
-        let available = crate::machine::ram_available_now().expect("the RAM available now");
+        let available = crate::ram::available_now().expect("the RAM available now");
         let free = host_free(cpu, u64::MAX);
         assert!(
             free.abs_diff(available) < 512 << 20,

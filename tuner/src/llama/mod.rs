@@ -18,6 +18,8 @@ mod log;
 mod model;
 mod mtp;
 mod rpc;
+pub mod rpc_check;
+pub mod rpc_endpoint;
 mod settings;
 
 pub use backend::{

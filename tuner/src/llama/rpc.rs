@@ -39,10 +39,10 @@ pub fn rpc_add_server(endpoint: &str) -> Result<(), LlamaError> {
         .map_err(|_| LlamaError::Rpc(format!("bad endpoint '{endpoint}'")))?;
     // ggml aborts the process when it cannot reach the server, and blocks for ever on one that
     // accepts and never answers: it is asked here first, in bounded time.
-    let addr = crate::hosts::parse_endpoint(endpoint)
+    let addr = super::rpc_endpoint::parse_endpoint(endpoint)
         .and_then(|e| e.resolve())
         .map_err(|e| LlamaError::Rpc(e.to_string()))?;
-    crate::hosts::check(endpoint, addr, crate::hosts::Timeouts::default())
+    super::rpc_check::check(endpoint, addr, super::rpc_check::Timeouts::default())
         .map_err(|e| LlamaError::Rpc(e.to_string()))?;
     // SAFETY: the proc address has this signature in ggml-rpc.h.
     let reg = unsafe {

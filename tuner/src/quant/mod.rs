@@ -6,11 +6,10 @@
 //! The parts: [`ladder`] finds the rungs beside a model (header reading only), [`make`] writes new
 //! rungs with llama.cpp's quantizer, [`kld`] is the arithmetic of the comparison, [`serve`] is the
 //! worker-side code that runs llama.cpp for both, [`quality`] runs and caches the evaluations,
-//! [`joint`] tunes each rung (like `tune`, in this process, one file at a time) and [`choice`]
+//! `tuning::joint` tunes each rung (like `tune`, in this process, one file at a time) and [`choice`]
 //! picks under the gate and reports.
 
 pub mod choice;
-pub mod joint;
 pub mod kld;
 pub mod ladder;
 pub mod make;

@@ -12,7 +12,6 @@ use super::prompts::Prompt;
 use super::search::Winner;
 use super::Grid;
 use crate::llama::{ContextSettings, ModelSettings};
-use crate::tuning::Tuned;
 use anyhow::Context as _;
 use profiles::{DraftSettings, MtpSettings, NgramSettings, Profile};
 use search_space::gguf::GgufInfo;
@@ -44,12 +43,20 @@ pub struct DraftSearch {
     pub trial_timeout: Duration,
 }
 
+/// What of a tuned model the draft search needs: the target's header, the run's RPC servers and
+/// budgets.
+pub struct Tuned<'a> {
+    pub info: &'a search_space::gguf::GgufInfo,
+    pub rpc: &'a [String],
+    pub budgets: &'a profiles::Budgets,
+}
+
 /// Runs the draft search for a tuned model's winner. Returns the sentence for the report's and the
 /// profile's notes; sets `profile.draft`, `profile.ngram` or `profile.mtp` when that speculation
 /// pays. `show`: print the search's table on stderr.
 pub fn attach(
     search: &DraftSearch,
-    tuned: &Tuned,
+    tuned: &Tuned<'_>,
     profile: &mut Profile,
     stop: &AtomicBool,
     quiet: bool,
@@ -57,7 +64,7 @@ pub fn attach(
 ) -> anyhow::Result<Option<String>> {
     let ngram_too = super::workload::text_repeats(search.workload) && !search.ngram.is_empty();
     // The target's own MTP heads need no draft model: tried whenever it has some.
-    let mtp_too = super::mtp::heads(&tuned.info) > 0;
+    let mtp_too = super::mtp::heads(tuned.info) > 0;
     if (search.drafts.is_empty() && !ngram_too && !mtp_too) || stop.load(Ordering::Relaxed) {
         return Ok(None);
     }
@@ -93,10 +100,10 @@ pub fn attach(
 
 /// What the search measures: the winner's placement and context (for the profile's slots, which
 /// get the prompts in whole groups), with n-gram speculation where it is tried.
-fn setup(search: &DraftSearch, tuned: &Tuned, profile: &Profile, ngram_too: bool) -> Setup {
+fn setup(search: &DraftSearch, tuned: &Tuned<'_>, profile: &Profile, ngram_too: bool) -> Setup {
     let slots = profile.workload.n_parallel.max(1);
     let w = &profile.winner;
-    let settings = ModelSettings::for_candidate(w, &tuned.rpc);
+    let settings = ModelSettings::for_candidate(w, tuned.rpc);
     let context = super::workload::for_slots(
         ContextSettings::for_candidate(w, profile.workload.n_ctx),
         slots,
@@ -131,7 +138,7 @@ fn setup(search: &DraftSearch, tuned: &Tuned, profile: &Profile, ngram_too: bool
         seed: search.seed.unwrap_or(profile.created_unix),
         trial_timeout: search.trial_timeout,
         budget: search.budget,
-        budgets: tuned.run.settings.mem_budgets.clone(),
+        budgets: tuned.budgets.clone(),
         llama_version: profile.llama.version.clone(),
     }
 }

@@ -3,6 +3,8 @@
 //! llama.cpp build, the measurement log). `autotune tune` and the quantization ladder both tune
 //! through [`tune`]; neither sees flags.
 
+pub mod joint;
+mod measurer;
 mod output;
 
 pub use output::{complete, nothing_measured, profile_from_run, report_of, save, After};
@@ -16,8 +18,9 @@ use crate::measuring::Workload;
 use crate::probe::{self, Probe};
 use crate::session::{self, DeviceBudget};
 use crate::term::Bar;
-use crate::worker::{WorkerPool, Workers};
+use crate::worker::WorkerPool;
 use anyhow::Context as _;
+use measurer::Workers;
 use profiles::measurements::{self, MeasurementLog};
 use search_space::gguf::GgufInfo;
 use search_space::identity::ModelIdentity;

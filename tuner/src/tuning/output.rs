@@ -9,7 +9,7 @@ use crate::exit::{self, Exit};
 use crate::explain::outputs::{roofline_for_run, Asked};
 use crate::measuring::TrialFailure;
 use crate::report::{self, ModelSummary, Report};
-use crate::speculative::attach::{attach, DraftSearch};
+use crate::speculative::attach::{self, DraftSearch};
 use crate::stats::Verdict;
 use anyhow::Context as _;
 use profiles::{Figures, Profile, Store};
@@ -389,7 +389,14 @@ pub fn complete(
 ) -> anyhow::Result<Option<String>> {
     let show = !after.quiet && !after.explain.json;
     let note = match &after.draft {
-        Some(d) => attach(d, t, profile, stop, after.quiet, show)?,
+        Some(d) => {
+            let target = attach::Tuned {
+                info: &t.info,
+                rpc: &t.rpc,
+                budgets: &t.run.settings.mem_budgets,
+            };
+            attach::attach(d, &target, profile, stop, after.quiet, show)?
+        }
         None => None,
     };
     if let Some(n) = &note {

@@ -11,9 +11,9 @@ pub(crate) mod memory;
 pub mod pool;
 pub mod protocol;
 pub mod server;
-mod stall;
+pub(crate) mod stall;
 mod timing;
 
 pub use client::Worker;
-pub use pool::{WorkerPool, Workers};
+pub use pool::WorkerPool;
 pub use protocol::{BandwidthRequest, LinkRequest, Request, Response};

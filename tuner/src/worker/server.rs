@@ -105,7 +105,7 @@ impl WorkerState {
         if !m.settings.no_alloc {
             // The host's part too: the RAM available now, this worker's previous model freed.
             let mut free = self.before_load.free.clone();
-            free.extend(crate::machine::ram_available_now().map(|a| ("CPU".to_string(), a)));
+            free.extend(crate::ram::available_now().map(|a| ("CPU".to_string(), a)));
             if let Some(message) = short_of_device_memory(&m.expect, &free) {
                 return Err(Response::Failed {
                     stage: profiles::measurements::MEMORY_CHECK.into(),

@@ -216,6 +216,21 @@ impl Conn<'_> {
     }
 }
 
+/// The first of `endpoints` that is down or does not answer its check, with the problem in words
+/// (not naming it: the caller does). Asked right after a trial over RPC failed, to tell a host that
+/// went away or froze from a configuration that crashed.
+pub fn first_problem(endpoints: &[String]) -> Option<(String, String)> {
+    endpoints.iter().find_map(|e| {
+        let addr = match super::rpc_endpoint::parse_endpoint(e).and_then(|p| p.resolve()) {
+            Ok(a) => a,
+            Err(err) => return Some((e.clone(), err.to_string())),
+        };
+        check(e, addr, Timeouts::default())
+            .err()
+            .map(|err| (e.clone(), err.problem()))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
