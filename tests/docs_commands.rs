@@ -48,7 +48,8 @@ fn sh_blocks(text: &str) -> Vec<(usize, Vec<&str>)> {
     blocks
 }
 
-/// A shell line's words (quotes grouped, a `#` comment dropped): enough for the docs' commands.
+/// A shell line's words up to the end of its first command (quotes grouped, a `#` comment dropped,
+/// nothing from an unquoted `&`, `|`, `;` or redirection on): enough for the docs' commands.
 fn words(line: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut word: Option<String> = None;
@@ -62,6 +63,7 @@ fn words(line: &str) -> Vec<String> {
                 word.get_or_insert_with(String::new);
             }
             (None, '#') if word.is_none() => break,
+            (None, '&' | '|' | ';' | '>' | '<') => break,
             (None, c) if c.is_whitespace() => out.extend(word.take()),
             (None, c) => word.get_or_insert_with(String::new).push(c),
         }
@@ -184,4 +186,12 @@ fn words_split_like_a_shell_line() {
         ["autotune", "m.gguf", "--rpc", "a:1", "--", "x y"]
     );
     assert_eq!(words("# only a comment"), Vec::<String>::new());
+    assert_eq!(
+        words("autotune rpc-serve --port 50052 &  # in the background"),
+        ["autotune", "rpc-serve", "--port", "50052"]
+    );
+    assert_eq!(
+        words("autotune show --json > p.json"),
+        ["autotune", "show", "--json"]
+    );
 }
