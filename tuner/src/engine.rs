@@ -204,6 +204,8 @@ impl<'a> Engine<'a> {
         let mut group = self.placement_group(&start);
         if self.settings.moe {
             group.extend(self.expert_group(&start));
+        } else if self.settings.host_ffns {
+            group.extend(self.ffn_group(&start));
         }
         if !group.contains(base) {
             group.insert(0, base.clone());
@@ -392,7 +394,7 @@ impl<'a> Engine<'a> {
         };
         let challenger = group
             .iter()
-            .filter(|c| c.n_cpu_moe > 0)
+            .filter(|c| c.n_cpu_moe > 0 || c.n_cpu_ffn > 0)
             .filter_map(|c| self.median_rate(c).map(|r| (r, c)))
             .filter(|(r, _)| *r >= top * (1.0 - EXPERT_CHALLENGE))
             .max_by(|a, b| a.0.total_cmp(&b.0))
@@ -447,7 +449,7 @@ impl<'a> Engine<'a> {
                     n_cpu_moe: n,
                     ..c.clone()
                 };
-                if let Some(n) = self.fewest_host_expert_layers_upto(&at, most - 1) {
+                if let Some(n) = self.fewest_on_host_upto(&at, most - 1) {
                     fewest = Some(at(n));
                 }
             }

@@ -89,6 +89,12 @@ pub struct TuneArgs {
     #[arg(long = "kv-offload", value_delimiter = ',', default_value = "on,off")]
     pub kv_offload: Vec<KvOffload>,
 
+    /// Do not measure placements that keep a dense model's FFN weights in host memory with every
+    /// layer's attention and KV cache on the GPUs (llama.cpp's --n-cpu-ffn; measured by default
+    /// where not every layer fits)
+    #[arg(long = "no-cpu-ffn")]
+    pub no_cpu_ffn: bool,
+
     /// Physical batch sizes (-ub) to try [default: 512,256,128; with a non-CPU device and a prompt
     /// longer than 512 tokens also 1024, 2048, 4096 up to the prompt's length]
     #[arg(long, value_delimiter = ',')]

@@ -154,6 +154,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         numa: a.numa.clone(),
         op_offload: a.op_offload.clone(),
         kv_offload: a.kv_offload.clone(),
+        host_ffns: !a.no_cpu_ffn,
         cache_types: a.cache_types.clone(),
         kv_gate: kv_gate(a)?,
         flash_attn: a.flash_attn.clone(),

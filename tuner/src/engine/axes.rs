@@ -102,7 +102,7 @@ pub(super) type Vary = fn(&TuneSettings, &Candidate) -> Vec<Candidate>;
 /// Whether `c` leaves weights in host memory that ggml could offload a batch's operations for:
 /// fewer layers than the model's on the devices, or experts kept on the CPU.
 pub(super) fn host_weights(s: &TuneSettings, c: &Candidate) -> bool {
-    s.offload && (c.n_gpu_layers <= s.n_layers || c.n_cpu_moe > 0)
+    s.offload && (c.n_gpu_layers <= s.n_layers || c.n_cpu_moe > 0 || c.n_cpu_ffn > 0)
 }
 
 /// Whether the host multiplies any of `c`'s weights: always without a device to offload to, else

@@ -271,6 +271,48 @@ impl Engine<'_> {
         levers
     }
 
+    /// Dense models placed as [`Self::expert_group`] places experts, with llama.cpp's `--n-cpu-ffn`:
+    /// every layer offloaded, the FFN weights (about two thirds of a layer) of the first N layers
+    /// kept in host memory, so every layer's attention and KV cache run on the devices, where whole
+    /// layers on the host (`-ngl`) would attend to the whole cache on the CPU. Only where not every
+    /// layer fits: the fewest such layers that let the rest fit (dry runs), one and two more, and
+    /// each quantized KV cache at the fewest it lets fit where that is fewer (the fit levers,
+    /// jointly). Which wins against `-ngl` depends on the bus, the host, the prompt and the depth:
+    /// measured beside the `-ngl` placements.
+    pub fn ffn_group(&mut self, from: &Candidate) -> Vec<Candidate> {
+        let layers = self.settings.n_layers;
+        let on_device = |c: &Candidate, n: u32| Candidate {
+            n_gpu_layers: layers + 1,
+            n_cpu_ffn: n,
+            ..c.clone()
+        };
+        let at = |n: u32| on_device(from, n);
+        let least = match self.fewest_on_host(&at) {
+            Some(n) if n > 0 => n,
+            // Every layer fits (the -ngl placements hold it) or not even attention alone does.
+            _ => return Vec::new(),
+        };
+        let mut out: Vec<Candidate> = [least, least + 1, least + 2]
+            .into_iter()
+            .filter(|&n| n <= layers)
+            .map(at)
+            .filter(|c| self.check_fit(c).is_ok())
+            .collect();
+        let quantized: Vec<Candidate> = (super::vary_cache(&self.settings, from).into_iter())
+            .filter(|c| c.kv_lossy() && c.validate().is_ok())
+            .collect();
+        for kv in quantized {
+            let at_kv = |n: u32| on_device(&kv, n);
+            if let Some(n) = self
+                .fewest_on_host_upto(&at_kv, least - 1)
+                .filter(|&n| n > 0)
+            {
+                out.push(at_kv(n));
+            }
+        }
+        out
+    }
+
     /// MoE placement, like llama.cpp's `--n-cpu-moe`: every layer offloaded, with the experts of the
     /// first N layers kept in host memory — reading only the active experts there is fast, unlike a
     /// spilled dense layer. N is searched around the fit boundary one layer at a time: the fewest
@@ -285,7 +327,7 @@ impl Engine<'_> {
             n_cpu_moe: n,
             ..from.clone()
         };
-        let Some(least) = self.fewest_host_expert_layers(&on_device) else {
+        let Some(least) = self.fewest_on_host(&on_device) else {
             return Vec::new();
         };
         let mut ns = vec![least, least + 1, least + 2, layers];
@@ -297,15 +339,15 @@ impl Engine<'_> {
             .collect()
     }
 
-    /// The fewest expert layers on the host with which `at(n)` fits the devices (their fit only
-    /// improves as n grows; the host's is checked on the candidates); `None` when not even every
-    /// expert on the host lets the rest fit.
-    fn fewest_host_expert_layers(&mut self, at: &dyn Fn(u32) -> Candidate) -> Option<u32> {
-        self.fewest_host_expert_layers_upto(at, self.settings.n_layers)
+    /// The fewest layers whose experts (or dense FFNs) stay on the host with which `at(n)` fits the
+    /// devices (their fit only improves as n grows; the host's is checked on the candidates);
+    /// `None` when not even every layer's on the host lets the rest fit.
+    fn fewest_on_host(&mut self, at: &dyn Fn(u32) -> Candidate) -> Option<u32> {
+        self.fewest_on_host_upto(at, self.settings.n_layers)
     }
 
-    /// [`Self::fewest_host_expert_layers`] among `0..=most`: `None` when `at(most)` does not fit.
-    pub(crate) fn fewest_host_expert_layers_upto(
+    /// [`Self::fewest_on_host`] among `0..=most`: `None` when `at(most)` does not fit.
+    pub(crate) fn fewest_on_host_upto(
         &mut self,
         at: &dyn Fn(u32) -> Candidate,
         most: u32,
@@ -344,16 +386,24 @@ impl Engine<'_> {
         self.choose(&group).unwrap_or(best)
     }
 
-    /// `best` with more of the model on its devices, where its settings let that fit: a MoE
-    /// placement with the fewest expert layers on the host (its experts' count was found at the
+    /// `best` with more of the model on its devices, where its settings let that fit: a placement
+    /// with the fewest layers' experts (or dense FFNs) on the host (their count was found at the
     /// first group's f16 cache and micro-batch), else the most layers.
     fn more_on_device(&mut self, best: &Candidate) -> Option<Candidate> {
+        if best.n_cpu_ffn > 0 {
+            let at = |n: u32| Candidate {
+                n_cpu_ffn: n,
+                ..best.clone()
+            };
+            let least = self.fewest_on_host(&at)?;
+            return (least < best.n_cpu_ffn).then(|| at(least));
+        }
         if best.n_cpu_moe > 0 {
             let at = |n: u32| Candidate {
                 n_cpu_moe: n,
                 ..best.clone()
             };
-            let least = self.fewest_host_expert_layers(&at)?;
+            let least = self.fewest_on_host(&at)?;
             return (least < best.n_cpu_moe).then(|| at(least));
         }
         let n = self.max_fitting_layers(best)?;

@@ -73,6 +73,9 @@ pub struct TuneSettings {
     pub offload: bool,
     /// Whether the model is a mixture of experts (expert placement is searched).
     pub moe: bool,
+    /// Whether a dense model's FFNs may stay in host memory with every layer's attention on the
+    /// devices (`--n-cpu-ffn`, measured where not every layer fits).
+    pub host_ffns: bool,
     /// `--quick`: fewer placements (the most layers that fit, half, none).
     pub quick: bool,
 }

@@ -181,12 +181,43 @@ fn fit(profile: &Profile, placements: &[PlacementPoint]) -> Finding {
         }
     }
     text.push_str(&failed);
-    let details = placements.iter().map(placement_detail).collect();
+    let details = (ffn_against_layers(profile).into_iter())
+        .chain(placements.iter().map(placement_detail))
+        .collect();
     Finding {
         topic: Topic::Fit,
         text,
         details,
     }
+}
+
+/// Where a dense model's FFNs in host memory (`--n-cpu-ffn`, every layer's attention on the
+/// devices) were measured against whole layers on the host (`-ngl`): the best of each, and how much
+/// faster per request the first ran, at the workload's depth ("attention at depth 16384 on CUDA0:
+/// --n-cpu-ffn 14 1.40x -ngl 41").
+fn ffn_against_layers(profile: &Profile) -> Option<String> {
+    let best = |ffn: bool| {
+        measured(profile)
+            .filter(|(e, _)| (e.candidate.n_cpu_ffn > 0) == ffn && e.candidate.n_cpu_moe == 0)
+            .min_by(|a, b| a.1.score_s.total_cmp(&b.1.score_s))
+    };
+    let ((fe, ff), (le, lf)) = (best(true)?, best(false)?);
+    let devs = offload_devices(profile).join(", ");
+    let at = match profile.workload.depth {
+        0 => format!("attention on {devs}"),
+        d => format!("attention at depth {d} on {devs}"),
+    };
+    let won = if ff.score_s < lf.score_s {
+        "the FFNs on the host won"
+    } else {
+        "whole layers on the host won"
+    };
+    Some(format!(
+        "{at}: --n-cpu-ffn {} {:.2}x -ngl {} per request ({won})",
+        fe.candidate.n_cpu_ffn,
+        lf.score_s / ff.score_s,
+        le.candidate.n_gpu_layers
+    ))
 }
 
 /// "; N configurations did not fit": out of memory when loaded, or pruned by the placement's dry

@@ -757,3 +757,37 @@ fn the_fit_finding_names_the_budgets_given() {
         "{text}"
     );
 }
+
+/// Where FFNs in host memory were measured against whole layers there, the fit finding says which
+/// won and by how much, at the workload's depth.
+#[test]
+fn the_fit_finding_compares_host_ffns_with_whole_layers_on_the_host() {
+    let mut p = budget_profile();
+    p.workload.depth = 16384;
+    let w = p.workload.clone();
+    let ffn = Candidate {
+        n_cpu_ffn: 14,
+        ..Candidate::llama_default(16, 33)
+    };
+    let mut rows = p.leaderboard.clone();
+    rows.push(entry(
+        0,
+        ffn,
+        Some(figures(1500.0, 40.0, &w, 4 << 30)),
+        "ok",
+    ));
+    p.leaderboard = ranked(rows);
+    let fit = finding(&Explanation::of(&p), Topic::Fit).clone();
+    let line = &fit.details[0];
+    assert!(
+        line.starts_with("attention at depth 16384 on RPC0: --n-cpu-ffn 14 ")
+            && line.contains("x -ngl 17 per request (the FFNs on the host won)"),
+        "{line}"
+    );
+    // No such line where no placement kept FFNs on the host.
+    let plain = Explanation::of(&budget_profile());
+    assert!(!finding(&plain, Topic::Fit)
+        .details
+        .iter()
+        .any(|d| d.contains("--n-cpu-ffn")));
+}

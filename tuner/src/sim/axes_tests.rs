@@ -180,8 +180,10 @@ fn slow_link_long_prompt() -> (Landscape, TuneSettings) {
     s.workload.n_prompt = 3000;
     s.time_budget = Duration::from_secs(72 * 3600);
     s.ubatch_options = crate::tuning::ubatch_options(&[], &s.workload, s.offload);
-    // The KV cache stays on the GPU: what these tests follow is the micro-batch and the link.
+    // The KV cache stays on the GPU, and whole layers on the host: what these tests follow is the
+    // micro-batch and the link.
     s.kv_offload = vec![KvOffload::On];
+    s.host_ffns = false;
     (land, s)
 }
 

@@ -96,15 +96,18 @@ fn landscape(seed: u64) -> Landscape {
 /// The grid's fastest configuration that fits, and its noise-free seconds per request.
 fn grid_optimum(land: &Landscape, s: &TuneSettings) -> Option<(f64, Candidate)> {
     let l = land.model.n_layers;
-    let mut placements: Vec<(u32, u32)> = (0..=l + 1).map(|n| (n, 0)).collect();
+    let mut placements: Vec<(u32, u32, u32)> = (0..=l + 1).map(|n| (n, 0, 0)).collect();
     if land.model.moe.is_some() {
-        placements.extend((0..=l).map(|m| (l + 1, m)));
+        placements.extend((0..=l).map(|m| (l + 1, m, 0)));
+    } else {
+        placements.extend((1..=l).map(|f| (l + 1, 0, f)));
     }
     let mut best: Option<(f64, Candidate)> = None;
-    for (n_gpu_layers, n_cpu_moe) in placements {
+    for (n_gpu_layers, n_cpu_moe, n_cpu_ffn) in placements {
         let base = Candidate {
             n_gpu_layers,
             n_cpu_moe,
+            n_cpu_ffn,
             ..Candidate::llama_default(s.default_threads, 0)
         };
         for c in crate::engine::grid(s, &base) {

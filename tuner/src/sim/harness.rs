@@ -119,6 +119,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         n_layers: land.model.n_layers,
         offload,
         moe: land.model.moe.is_some(),
+        host_ffns: true,
         quick: false,
     }
 }

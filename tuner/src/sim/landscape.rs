@@ -172,7 +172,23 @@ pub fn candidate_of(req: &MeasureRequest) -> Candidate {
     }
 }
 
+/// The share of a dense layer's bytes that is its feed-forward network (up, gate and down
+/// projections against attention's four: about two thirds in Llama-class models).
+pub const FFN_SHARE: f64 = 0.66;
+
 impl Landscape {
+    /// Layers living on a device whose dense FFN stays on the host (`--n-cpu-ffn`, counted from the
+    /// first layer as llama.cpp's overrides are; layers already on the host are not counted, nor an
+    /// MoE model's layers, whose FFNs are experts).
+    pub fn host_ffn_layers(&self, c: &Candidate) -> u32 {
+        let m = &self.model;
+        if m.moe.is_some() || self.used(c).is_empty() {
+            return 0;
+        }
+        let first = m.n_layers - c.n_gpu_layers.min(m.n_layers);
+        c.n_cpu_ffn.clamp(first, m.n_layers) - first
+    }
+
     /// The devices a candidate uses (its `--device` list, else all).
     fn used(&self, c: &Candidate) -> Vec<usize> {
         (0..self.devices.len())
@@ -235,6 +251,11 @@ impl Landscape {
         host.weights += bytes + m.embd_bytes;
         host.read_per_token += bytes as f64 * active;
         host.expert_read += bytes as f64 * active;
+        // Dense FFNs kept on the host by --n-cpu-ffn for layers that live on a device: read whole
+        // for every token, where the layer's attention and KV cache stay on the device.
+        let ffn = self.host_ffn_layers(c) as f64 * m.layer_bytes as f64 * FFN_SHARE;
+        host.weights += ffn as u64;
+        host.read_per_token += ffn;
         // -nkvo: every layer's KV cache in host memory.
         if !c.kv_offload.is_on() {
             for s in &mut out {
@@ -258,16 +279,25 @@ impl Landscape {
         let m = &self.model;
         let layers = b.saturating_sub(a);
         let (exp, active) = m.moe.map_or((0.0, 1.0), |e| (e.expert_share, e.active));
-        // On a device, the experts of layers below --n-cpu-moe are not here.
-        let away = if device.is_some() {
-            c.n_cpu_moe.clamp(a, b.max(a)) - a
+        // On a device, the experts of layers below --n-cpu-moe are not here, nor the dense FFNs of
+        // layers below --n-cpu-ffn.
+        let (away, ffn_away) = if device.is_some() {
+            (
+                c.n_cpu_moe.clamp(a, b.max(a)) - a,
+                if m.moe.is_none() {
+                    c.n_cpu_ffn.clamp(a, b.max(a)) - a
+                } else {
+                    0
+                },
+            )
         } else {
-            0
+            (0, 0)
         };
         let lb = m.layer_bytes as f64;
-        let weights = layers as f64 * lb - away as f64 * lb * exp;
+        let ffn = ffn_away as f64 * lb * FFN_SHARE;
+        let weights = layers as f64 * lb - away as f64 * lb * exp - ffn;
         let expert_read = (layers - away) as f64 * lb * exp * active;
-        let read = layers as f64 * lb * (1.0 - exp) + expert_read;
+        let read = layers as f64 * lb * (1.0 - exp) + expert_read - ffn;
         let kv = (layers as u64 * n_ctx as u64 * m.kv_bytes_per_token_layer) as f64
             * c.kv_bytes_factor();
         let ub = c.n_ubatch as u64;
@@ -413,11 +443,13 @@ impl Landscape {
         // trip (there and back) per layer.
         let n = layers_kv_on_host as f64;
         t += np as f64 * n * kv_token / self.host_bandwidth(c.threads) + n * 2.0 * 20e-6;
+        // Each layer whose FFN stays on the host sends its activations there and back.
         let hops = shares
             .iter()
             .filter(|s| s.layers > 0)
             .count()
-            .saturating_sub(1);
+            .saturating_sub(1)
+            + 2 * self.host_ffn_layers(c) as usize;
         let activations = self.model.n_embd as f64 * 4.0 * np as f64;
         t + hops as f64 * 20e-6
             + self.network_seconds(&shares, activations)

@@ -18,6 +18,7 @@ mod budget_tests;
 mod context_tests;
 mod crash_tests;
 mod depth_tests;
+mod ffn_tests;
 mod gate_tests;
 pub mod harness;
 mod host_buffer_tests;

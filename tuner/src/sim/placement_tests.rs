@@ -51,6 +51,7 @@ fn the_search_starts_at_the_most_layers_that_fit_and_never_loads_what_does_not()
                     && !c.type_k.is_quantized()
                     && c.kv_offload == KvOffload::On
                     && c.tensor_split.is_empty()
+                    && c.n_cpu_ffn == 0
             })
             .map(|(c, _, _)| c.n_gpu_layers)
             .max();
@@ -332,6 +333,8 @@ fn the_strongest_fit_lever_is_measured_right_after_the_baseline() {
         let half = land.footprint(&full, s.workload.n_ctx).per_device[0].bytes / 2;
         land.devices[0].mem_bytes = half + MARGIN;
         s.mem_budgets = [("CUDA0".into(), half)].into_iter().collect();
+        // What follows is the order of the -ngl placements and their fit levers.
+        s.host_ffns = false;
         let run = tune(land, s, None, Mode::Search);
         let mut order: Vec<Candidate> = Vec::new();
         for (c, _, _) in run.trace.borrow().calls.iter() {

@@ -82,6 +82,8 @@ pub struct Plan {
     pub op_offload: Vec<OpOffload>,
     /// KV offload settings allowed (`off`: the KV cache in host memory, a fit lever).
     pub kv_offload: Vec<KvOffload>,
+    /// Dense FFNs in host memory (`--n-cpu-ffn`) may be a placement (not `--no-cpu-ffn`).
+    pub host_ffns: bool,
     pub cache_types: Vec<CacheType>,
     /// The quality gate asked for (a quantized K/V cache wins only within it).
     pub kv_gate: GateChoice,
@@ -177,6 +179,7 @@ impl Plan {
             n_layers,
             offload,
             moe: info.is_moe(),
+            host_ffns: self.host_ffns,
             quick: self.quick,
         })
     }
