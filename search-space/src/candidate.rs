@@ -498,6 +498,13 @@ pub enum InvalidCandidate {
     EmptyTensorSplit,
     #[error("split mode tensor needs flash attention; use -fa on or auto")]
     TensorParallelWithoutFlashAttn,
+    #[error(
+        "split mode tensor takes no quantized KV cache ({type_k}/{type_v}); use -ctk f16 -ctv f16"
+    )]
+    TensorParallelWithQuantizedCache {
+        type_k: CacheType,
+        type_v: CacheType,
+    },
 }
 
 fn is_zero(v: &u32) -> bool {
@@ -556,6 +563,12 @@ impl Candidate {
         }
         if self.split_mode == SplitMode::Tensor && self.flash_attn == FlashAttn::Off {
             return Err(InvalidCandidate::TensorParallelWithoutFlashAttn);
+        }
+        if self.split_mode == SplitMode::Tensor && self.kv_lossy() {
+            return Err(InvalidCandidate::TensorParallelWithQuantizedCache {
+                type_k: self.type_k,
+                type_v: self.type_v,
+            });
         }
         Ok(())
     }

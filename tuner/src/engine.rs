@@ -48,7 +48,9 @@ pub use result::{score_seconds, CandidateResult, BUDGET_SPENT};
 pub use run::Run;
 #[cfg(test)]
 pub use settings::TEXT;
-pub use settings::{GateChoice, QualityGate, TuneSettings, DEFAULT_MAX_KV_KLD, SCORED_POSITIONS};
+pub use settings::{
+    split_modes_for, GateChoice, QualityGate, TuneSettings, DEFAULT_MAX_KV_KLD, SCORED_POSITIONS,
+};
 
 /// The axes of the coordinate descent after the placement and the split, in order. Where layers
 /// stay on the host, [`HOST_AXES`] come before the split too.
@@ -172,6 +174,7 @@ impl<'a> Engine<'a> {
         c.kernels = pick(&self.settings.kernels, c.kernels);
         c.host_buffer = pick(&self.settings.host_buffers, c.host_buffer);
         c.numa = pick(&self.settings.numa, c.numa);
+        c.n_cpu_ffn = self.settings.n_cpu_ffn_pinned.unwrap_or(0);
         let d = if self.settings.offload && !self.settings.n_gpu_layers_pinned {
             self.fit_defaults(c)
         } else {

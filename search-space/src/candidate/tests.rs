@@ -68,6 +68,15 @@ fn tensor_parallelism_needs_flash_attention() {
     c.flash_attn = FlashAttn::Auto;
     assert!(c.validate().is_ok());
     assert!(c.label().contains("sm=tensor"), "{}", c.label());
+    // Nor a quantized KV cache (llama.cpp refuses it there).
+    c.type_v = CacheType::Q8_0;
+    assert_eq!(
+        c.validate(),
+        Err(InvalidCandidate::TensorParallelWithQuantizedCache {
+            type_k: CacheType::F16,
+            type_v: CacheType::Q8_0
+        })
+    );
 }
 
 #[test]

@@ -104,6 +104,12 @@ pub struct TuneArgs {
     #[arg(long = "n-gpu-layers", visible_alias = "ngl")]
     pub n_gpu_layers: Option<u32>,
 
+    /// Keep the FFN weights of the first N layers of a dense model in host memory, every layer
+    /// offloaded (--n-cpu-ffn; pins the placement, as --n-gpu-layers does: the other axes are
+    /// searched around it) [default: searched where not every layer fits]
+    #[arg(long = "n-cpu-ffn", conflicts_with_all = ["n_gpu_layers", "no_cpu_ffn"])]
+    pub n_cpu_ffn: Option<u32>,
+
     #[command(flatten)]
     pub devices: DeviceArgs,
 

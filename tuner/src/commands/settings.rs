@@ -149,6 +149,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         threads: a.threads.clone(),
         threads_batch: a.threads_batch.clone(),
         n_gpu_layers: a.n_gpu_layers,
+        n_cpu_ffn: a.n_cpu_ffn,
         kernels: a.kernels.clone(),
         host_buffers: a.host_buffer.clone(),
         numa: a.numa.clone(),

@@ -63,6 +63,9 @@ impl Engine<'_> {
             return Ok(LoadReport::default());
         }
         let report = self.footprint(c).map_err(|e| format!("pruned: {e}"))?;
+        if c.split_mode == search_space::SplitMode::Tensor {
+            self.tensor_parallel_fits(&report)?;
+        }
         for d in report
             .per_device
             .iter()
@@ -80,6 +83,23 @@ impl Engine<'_> {
             }
         }
         Ok(report)
+    }
+
+    /// Tensor parallelism's dry run reports its devices' buffers as one ("Meta(...)"), not per
+    /// device: what the offload devices hold is held to what their budgets allow together.
+    fn tensor_parallel_fits(&self, report: &LoadReport) -> Result<(), String> {
+        let held: u64 = (report.per_device.iter())
+            .filter(|d| d.device != "CPU")
+            .map(|d| d.bytes)
+            .sum();
+        let allowed: u64 = self.settings.mem_budgets.offload().map(|b| b.bytes).sum();
+        if held > allowed {
+            let (need, budget) = format_size_pair(held, allowed);
+            return Err(format!(
+                "pruned: needs {need} on the devices together (-sm tensor), their budgets {budget}"
+            ));
+        }
+        Ok(())
     }
 
     /// The most layers that fit the budgets with `c`'s other settings (binary search over dry runs);

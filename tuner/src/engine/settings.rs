@@ -4,7 +4,9 @@
 
 use crate::measuring::Workload;
 use profiles::Budgets;
-use search_space::{CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload};
+use search_space::{
+    CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload, SplitMode,
+};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -35,6 +37,8 @@ pub struct TuneSettings {
     /// exists); one count the user pinned with --n-gpu-layers is measured as given, never searched.
     pub n_gpu_layers: u32,
     pub n_gpu_layers_pinned: bool,
+    /// Host FFN layers the user pinned with --n-cpu-ffn (every layer offloaded; never searched).
+    pub n_cpu_ffn_pinned: Option<u32>,
     pub kernels: Vec<KernelChoice>,
     /// Where host weights live (`mapped` alone unless a device with pinned host memory takes part
     /// or the user asked for more): varied where weights stay in host memory.
@@ -73,11 +77,31 @@ pub struct TuneSettings {
     pub offload: bool,
     /// Whether the model is a mixture of experts (expert placement is searched).
     pub moe: bool,
+    /// Split modes besides whole layers per device that the split group measures (`-sm row`,
+    /// `-sm tensor`): where two or more GPUs of one backend run them ([`split_modes_for`]). The
+    /// simulator cannot model either, so its runs offer none.
+    pub split_modes: Vec<SplitMode>,
     /// Whether a dense model's FFNs may stay in host memory with every layer's attention on the
     /// devices (`--n-cpu-ffn`, measured where not every layer fits).
     pub host_ffns: bool,
     /// `--quick`: fewer placements (the most layers that fit, half, none).
     pub quick: bool,
+}
+
+/// The split modes besides whole layers to measure on these offload devices' backends (one entry
+/// per device): rows of every layer (`-sm row`, CUDA's) and tensor parallelism (`-sm tensor`,
+/// llama.cpp's experimental mode, which needs flash attention and an f16 cache) where two or more
+/// GPUs of one backend exist (not RPC servers, whose backend this machine does not know).
+pub fn split_modes_for(backends: &[&str]) -> Vec<SplitMode> {
+    let count = |b: &str| backends.iter().filter(|x| **x == b).count();
+    let mut out = Vec::new();
+    if count("CUDA") >= 2 {
+        out.push(SplitMode::Row);
+    }
+    if (backends.iter()).any(|b| *b != "RPC" && *b != "CPU" && count(b) >= 2) {
+        out.push(SplitMode::Tensor);
+    }
+    out
 }
 
 /// The default gate: the mean KL divergence (nats per token) a quantized K/V cache may add over
@@ -170,6 +194,16 @@ pub const TEXT: &str = "autotune's evaluation text (English prose, code and dial
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_modes_are_offered_where_two_gpus_of_one_backend_run_them() {
+        use SplitMode::*;
+        assert_eq!(split_modes_for(&["CUDA", "CUDA"]), [Row, Tensor]);
+        assert_eq!(split_modes_for(&["Vulkan", "Vulkan"]), [Tensor]);
+        assert!(split_modes_for(&["CUDA"]).is_empty());
+        assert!(split_modes_for(&["CUDA", "Vulkan"]).is_empty());
+        assert!(split_modes_for(&["RPC", "RPC"]).is_empty());
+    }
 
     fn w(depth: u32, n_prompt: u32, n_gen: u32) -> Workload {
         Workload {

@@ -12,7 +12,7 @@
 
 use crate::engine::placement::last_that_holds;
 use crate::engine::{vary_cache, Engine};
-use search_space::{Candidate, SplitMode};
+use search_space::{CacheType, Candidate, FlashAttn, SplitMode};
 
 /// Percentage points one step of the split moves.
 const STEP: u32 = 10;
@@ -139,11 +139,18 @@ impl Engine<'_> {
                 }
             }
         }
-        if backends == ["CUDA"] {
-            shapes.push(with(Vec::new(), Vec::new(), SplitMode::Row));
+        for &mode in &self.settings.split_modes {
+            let mut c = with(Vec::new(), Vec::new(), mode);
+            if mode == SplitMode::Tensor {
+                // Its constraints, applied before it is built: flash attention, an f16 cache.
+                c.type_k = CacheType::F16;
+                c.type_v = CacheType::F16;
+                if c.flash_attn == FlashAttn::Off {
+                    c.flash_attn = FlashAttn::Auto;
+                }
+            }
+            shapes.push(c);
         }
-        // Not tensor parallelism (`-sm tensor`): llama.cpp reports its buffers as one "Meta()"
-        // device's, not per device, so the dry run cannot hold each GPU to its budget.
         let mut out = self.fitted(shapes);
         out.retain(|c| c != from && !fewer_layers_on_the_same_devices(c, from));
         out.sort();

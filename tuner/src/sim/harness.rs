@@ -84,6 +84,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         default_threads: 16,
         n_gpu_layers: if offload { land.model.n_layers + 1 } else { 0 },
         n_gpu_layers_pinned: false,
+        n_cpu_ffn_pinned: None,
         kernels: vec![KernelChoice::Repack, KernelChoice::Plain],
         host_buffers: if land.devices.iter().any(|d| d.host_buffer) {
             vec![HostBuffer::Mapped, HostBuffer::Pinned, HostBuffer::Cpu]
@@ -120,6 +121,8 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         offload,
         moe: land.model.moe.is_some(),
         host_ffns: true,
+        // The simulator models neither -sm row nor -sm tensor: they are measured on real devices.
+        split_modes: Vec::new(),
         quick: false,
     }
 }

@@ -266,3 +266,30 @@ fn with_layers_on_the_host_the_threads_come_before_the_split() {
         winner.label()
     );
 }
+
+/// Where the devices run tensor parallelism, the split group offers it with its constraints applied
+/// before it is built (flash attention, an f16 cache), whatever the cache of the best it starts
+/// from; where they do not (the simulator's default, which models neither), it offers neither.
+#[test]
+fn tensor_parallelism_is_offered_with_its_constraints_where_the_backend_runs_it() {
+    let land = gpus(2, 48 * GIB);
+    let mut s = settings(&land, 3);
+    let from = Candidate {
+        type_k: CacheType::Q8_0,
+        type_v: CacheType::Q8_0,
+        ..Candidate::llama_default(16, 81)
+    };
+    let modes = |s: &TuneSettings| {
+        let group = with_engine(land.clone(), s.clone(), |e| e.split_group(&from));
+        (group.iter())
+            .filter(|c| !c.split_mode.is_layer())
+            .map(|c| (c.split_mode, c.type_k, c.type_v))
+            .collect::<Vec<_>>()
+    };
+    assert!(modes(&s).is_empty());
+    s.split_modes = vec![SplitMode::Tensor];
+    assert_eq!(
+        modes(&s),
+        [(SplitMode::Tensor, CacheType::F16, CacheType::F16)]
+    );
+}

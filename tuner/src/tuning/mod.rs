@@ -73,6 +73,8 @@ pub struct Plan {
     pub threads_batch: Option<Vec<u32>>,
     /// Pinned GPU layers; `None`: all when a non-CPU device exists, else 0.
     pub n_gpu_layers: Option<u32>,
+    /// Pinned host FFN layers (every layer offloaded, `--n-cpu-ffn`); `None`: searched.
+    pub n_cpu_ffn: Option<u32>,
     pub kernels: Vec<KernelChoice>,
     /// Host buffers to try; `None`: see [`host_buffer_options`].
     pub host_buffers: Option<Vec<HostBuffer>>,
@@ -136,6 +138,9 @@ impl Plan {
         };
         let offload = !machine.offload_devices().is_empty();
         let n_layers = info.block_count.unwrap_or(0);
+        if let Some(n) = self.n_cpu_ffn {
+            check_host_ffns(n, n_layers, offload, info.is_moe())?;
+        }
         Ok(TuneSettings {
             model: model.to_path_buf(),
             workload: self.workload.clone(),
@@ -156,10 +161,14 @@ impl Plan {
             threads_options,
             threads_batch_options,
             default_threads,
-            n_gpu_layers: self
-                .n_gpu_layers
-                .unwrap_or(if offload { n_layers + 1 } else { 0 }),
-            n_gpu_layers_pinned: self.n_gpu_layers.is_some(),
+            n_gpu_layers: match (self.n_gpu_layers, self.n_cpu_ffn) {
+                (Some(n), _) => n,
+                (None, Some(_)) => n_layers + 1,
+                (None, None) if offload => n_layers + 1,
+                (None, None) => 0,
+            },
+            n_gpu_layers_pinned: self.n_gpu_layers.is_some() || self.n_cpu_ffn.is_some(),
+            n_cpu_ffn_pinned: self.n_cpu_ffn,
             kernels: self.kernels.clone(),
             host_buffers: host_buffer_options(self.host_buffers.as_deref(), machine),
             host_buffer_devices: (machine.offload_devices().into_iter())
@@ -180,6 +189,11 @@ impl Plan {
             offload,
             moe: info.is_moe(),
             host_ffns: self.host_ffns,
+            split_modes: crate::engine::split_modes_for(
+                &(machine.offload_devices().iter())
+                    .map(|d| d.backend.as_str())
+                    .collect::<Vec<_>>(),
+            ),
             quick: self.quick,
         })
     }
@@ -229,6 +243,21 @@ fn fa_quants(system_info: &str) -> Vec<String> {
     let rest = &system_info[at + "FA_QUANTS = ".len()..];
     let list = rest.split(['|', ' ']).next().unwrap_or("");
     list.split(',').map(|p| p.trim().to_string()).collect()
+}
+
+/// `--n-cpu-ffn N` on this model and machine: a dense model's layers, with a device to offload
+/// them to.
+fn check_host_ffns(n: u32, n_layers: u32, offload: bool, moe: bool) -> anyhow::Result<()> {
+    let why = if moe {
+        "the model is a mixture of experts: its FFNs are experts, placed by the search (llama.cpp's --n-cpu-moe)".to_string()
+    } else if !offload {
+        "there is no GPU or RPC device to offload the layers to".to_string()
+    } else if n > n_layers {
+        format!("the model has {n_layers} layers; give at most {n_layers}")
+    } else {
+        return Ok(());
+    };
+    Err(Exit::new(exit::USAGE, format!("--n-cpu-ffn {n}: {why}")))
 }
 
 /// The op offload settings worth measuring on `machine`: those asked for where a device other than an
