@@ -33,8 +33,6 @@ fn tune_args(model: &str, rpc: &str, extra: &[&str]) -> Vec<String> {
         "--kv-offload",
         "on",
         "--json",
-        "--seed",
-        "5",
     ]
     .map(String::from)
     .to_vec();
