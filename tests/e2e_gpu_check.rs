@@ -93,8 +93,8 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
         );
     }
     // The default tune printed its board and its cliff, and measured llama.cpp's fit beside it.
-    let default = section(&text, "tune-default");
-    has(&default, &["winner: ", "the cliff (best tg per GPU-layer count):", "autotune/fit: pp "]);
+    let tuned = section(&text, "tune-default");
+    has(&tuned, &["winner: ", "the cliff (best tg per GPU-layer count):", "autotune/fit: pp "]);
     // Host FFNs measured against whole layers: every layer of the tiny model (4 and the output)
     // offloaded with some FFNs on the host.
     let ffns = section(&text, "host-ffns");
