@@ -83,29 +83,7 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
         ],
     );
     assert!(!text.contains("FAILED"), "a step failed:\n{text}");
-    // Both winners' profiles reached llama-server, and its tg came back as a ratio.
-    for winner in ["full", "budget"] {
-        assert!(
-            section(&text, "apply")
-                .lines()
-                .any(|l| l.starts_with(&format!("  {winner} winner (")) && l.contains("llama-server tg ")),
-            "no {winner} winner applied:\n{text}"
-        );
-    }
-    // The default tune printed its board and its cliff, and measured llama.cpp's fit beside it.
-    let tuned = section(&text, "tune-default");
-    has(&tuned, &["winner: ", "the cliff (best tg per GPU-layer count):", "autotune/fit: pp "]);
-    // Host FFNs measured against whole layers: every layer of the tiny model (4 and the output)
-    // offloaded with some FFNs on the host.
-    let ffns = section(&text, "host-ffns");
-    assert!(
-        ffns.lines()
-            .any(|l| l.starts_with("best --n-cpu-ffn in the tune: ngl=5 ") && l.contains(" ncffn=")),
-        "{ffns}"
-    );
-    has(&ffns, &["/-ngl "]);
-    // The MoE's choice beside llama.cpp's fit under half of what it needs.
-    has(&section(&text, "moe"), &["budget ", "half of it", "autotune/fit: pp "]);
+    new_steps_printed(&text);
     // The cliff lists more than one GPU-layer count, RPC0 holding layers in some of them.
     let cliff: Vec<&str> = text
         .lines()
@@ -114,7 +92,50 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
         .take_while(|l| l.trim_start().starts_with("ngl="))
         .collect();
     assert!(cliff.len() >= 2, "one placement in the cliff:\n{text}");
-    let out = sb.dir.path().join("out");
+    outputs_written(&sb.dir.path().join("out"));
+    resumed_from_state(&sb, &cliff);
+}
+
+/// The steps after the fit: both winners applied, the default tune, host FFNs, the MoE.
+fn new_steps_printed(text: &str) {
+    // Both winners' profiles reached llama-server, and its tg came back as a ratio.
+    for winner in ["full", "budget"] {
+        assert!(
+            section(text, "apply")
+                .lines()
+                .any(|l| l.starts_with(&format!("  {winner} winner ("))
+                    && l.contains("llama-server tg ")),
+            "no {winner} winner applied:\n{text}"
+        );
+    }
+    // The default tune printed its board and its cliff, and measured llama.cpp's fit beside it.
+    let tuned = section(text, "tune-default");
+    has(
+        &tuned,
+        &[
+            "winner: ",
+            "the cliff (best tg per GPU-layer count):",
+            "autotune/fit: pp ",
+        ],
+    );
+    // Host FFNs measured against whole layers: every layer of the tiny model (4 and the output)
+    // offloaded with some FFNs on the host.
+    let ffns = section(text, "host-ffns");
+    assert!(
+        ffns.lines()
+            .any(|l| l.starts_with("best --n-cpu-ffn in the tune: ngl=5 ") && l.contains(" ncffn=")),
+        "{ffns}"
+    );
+    has(&ffns, &["/-ngl "]);
+    // The MoE's choice beside llama.cpp's fit under half of what it needs.
+    has(
+        &section(text, "moe"),
+        &["budget ", "half of it", "autotune/fit: pp "],
+    );
+}
+
+/// OUT holds the text, the budget tune's charts and the JSON with every step's figures.
+fn outputs_written(out: &Path) {
     let file = std::fs::read_to_string(out.join("gpu-check.txt")).expect("OUT/gpu-check.txt");
     has(&file, &["the cliff (best tg per GPU-layer count):"]);
     for chart in ["budget-gpu-layers.svg", "budget-leaderboard.svg"] {
@@ -143,19 +164,29 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
         );
     }
     assert!(
-        json["host_ffns"]["n_cpu_ffn"].as_u64().is_some_and(|n| n > 0),
+        json["host_ffns"]["n_cpu_ffn"]
+            .as_u64()
+            .is_some_and(|n| n > 0),
         "{json}"
     );
-    assert!(json["moe"]["fit"]["tg"].as_f64().is_some_and(|r| r > 0.0), "{json}");
+    assert!(
+        json["moe"]["fit"]["tg"].as_f64().is_some_and(|r| r > 0.0),
+        "{json}"
+    );
     // The context found lies between llama.cpp's least fit context and the trained one, every layer
     // on the device (the budget was chosen between the two).
     let ctx = &json["ctx_max"];
-    let (n, ceiling) = (ctx["n_ctx"].as_u64().unwrap_or(0), ctx["ceiling"].as_u64().unwrap_or(0));
+    let (n, ceiling) = (
+        ctx["n_ctx"].as_u64().unwrap_or(0),
+        ctx["ceiling"].as_u64().unwrap_or(0),
+    );
     assert!(n > 4096 && n < ceiling && ctx["whole"] == true, "{json}");
+}
 
-    // The same command again: every step comes from the state, the cliff lines with it.
+/// The same command again: every step comes from the state, the cliff lines with it.
+fn resumed_from_state(sb: &Sandbox, cliff: &[&str]) {
     let started = std::time::Instant::now();
-    let (ok, again) = gpu_check(&sb, &[]);
+    let (ok, again) = gpu_check(sb, &[]);
     assert!(ok, "the second run failed:\n{again}");
     has(
         &again,
@@ -172,7 +203,7 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
             "## parallel (done in an earlier run)",
         ],
     );
-    for line in &cliff {
+    for line in cliff {
         assert!(again.contains(line), "`{line}` not repeated:\n{again}");
     }
     assert!(
