@@ -81,7 +81,7 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
     let mut gpu_warnings = gpus::unused(&found, &backends, &registered);
     gpu_warnings.extend(gpus::memory_in_use(&devices, gpus::nvidia_compute_apps));
     Ok(Probe {
-        machine: Machine::probe(devices),
+        machine: Machine::probe(devices).with_other_backends(&skipped_devices),
         skipped_devices,
         backends,
         gpus: found,

@@ -29,17 +29,32 @@ pub fn cache_dir() -> PathBuf {
 pub use profiles::DeviceBudget;
 
 /// Memory budget per device (device name → bytes): the `--mem-budget` given for it, else its free
-/// memory minus `margin`. A budget naming a device this machine does not have is a usage error.
+/// memory minus `margin`. A GPU several backends drive has one budget, which names it through each
+/// (given by either name). A budget naming a device this machine does not have is a usage error.
 pub fn budgets_of(
     explicit: &[DeviceBudget],
     margin: u64,
     machine: &Machine,
 ) -> anyhow::Result<Budgets> {
-    if let Some(b) = explicit
-        .iter()
-        .find(|b| !machine.devices.iter().any(|d| d.name == b.device))
-    {
-        let names: Vec<&str> = machine.devices.iter().map(|d| d.name.as_str()).collect();
+    let others = |listed: &str| -> Vec<String> {
+        (machine.other_backends.iter())
+            .filter(|o| o.same_as == listed)
+            .map(|o| o.device.name.clone())
+            .collect()
+    };
+    let known = |name: &str| {
+        machine.devices.iter().any(|d| d.name == name)
+            || machine.other_backends.iter().any(|o| o.device.name == name)
+    };
+    if let Some(b) = explicit.iter().find(|b| !known(&b.device)) {
+        let names: Vec<&str> = (machine.devices.iter().map(|d| d.name.as_str()))
+            .chain(
+                machine
+                    .other_backends
+                    .iter()
+                    .map(|o| o.device.name.as_str()),
+            )
+            .collect();
         return Err(Exit::new(
             exit::USAGE,
             format!(
@@ -51,13 +66,16 @@ pub fn budgets_of(
     }
     Ok(Budgets(
         (machine.devices.iter())
-            .map(|d| match explicit.iter().find(|b| b.device == d.name) {
-                Some(given) => given.clone(),
-                None => DeviceBudget {
+            .map(|d| {
+                let same_gpu = others(&d.name);
+                let given =
+                    (explicit.iter()).find(|b| b.device == d.name || same_gpu.contains(&b.device));
+                DeviceBudget {
                     device: d.name.clone(),
-                    bytes: d.memory_free.saturating_sub(margin),
-                    given: false,
-                },
+                    bytes: given.map_or(d.memory_free.saturating_sub(margin), |b| b.bytes),
+                    given: given.is_some(),
+                    same_gpu,
+                }
             })
             .collect(),
     ))

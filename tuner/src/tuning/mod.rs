@@ -93,6 +93,9 @@ pub struct Plan {
     /// Micro-batch sizes to try; empty: [`ubatch_options`] chooses for the machine and workload.
     pub ubatch_options: Vec<u32>,
     pub rpc: Vec<String>,
+    /// The backends a GPU several of them drive is measured through (`--backend`, ggml's names or
+    /// any case of them); `None`: every one that drives a GPU.
+    pub backends: Option<Vec<String>>,
     pub mem_budgets: Vec<DeviceBudget>,
     pub mem_margin: u64,
     pub trial_timeout: Duration,
@@ -172,6 +175,7 @@ impl Plan {
             kernels: self.kernels.clone(),
             host_buffers: host_buffer_options(self.host_buffers.as_deref(), machine),
             host_buffer_devices: (machine.offload_devices().into_iter())
+                .chain(machine.other_backends.iter().map(|o| &o.device))
                 .filter(|d| d.host_buffer)
                 .map(|d| d.name.clone())
                 .collect(),
@@ -185,6 +189,7 @@ impl Plan {
             rpc: self.rpc.clone(),
             links: Vec::new(),
             mem_budgets: session::budgets_of(&self.mem_budgets, self.mem_margin, machine)?,
+            backends: backends_for(self.backends.as_deref(), machine)?,
             n_layers,
             offload,
             moe: info.is_moe(),
@@ -224,7 +229,8 @@ fn kv_pairs_for(
     system_info: &str,
 ) -> Vec<(CacheType, CacheType)> {
     let cuda = fa_quants(system_info);
-    let backends: Vec<String> = (machine.offload_devices().iter())
+    let backends: Vec<String> = (machine.offload_devices().into_iter())
+        .chain(machine.other_backends.iter().map(|o| &o.device))
         .map(|d| d.backend.clone())
         .collect();
     search_space::kv_pairs(types, |k, v| {
@@ -243,6 +249,45 @@ fn fa_quants(system_info: &str) -> Vec<String> {
     let rest = &system_info[at + "FA_QUANTS = ".len()..];
     let list = rest.split(['|', ' ']).next().unwrap_or("");
     list.split(',').map(|p| p.trim().to_string()).collect()
+}
+
+/// The backends of the backend axis: those that drive a GPU another backend drives too, in
+/// llama.cpp's order, or of them the ones `--backend` names, in its order. A name that drives no
+/// GPU here is a usage error.
+fn backends_for(asked: Option<&[String]>, machine: &Machine) -> anyhow::Result<Vec<String>> {
+    let driving = machine.gpu_backends();
+    let Some(asked) = asked else {
+        return Ok(driving);
+    };
+    let mut here: Vec<String> = Vec::new();
+    for d in (machine.offload_devices().into_iter())
+        .filter(|d| !d.is_rpc())
+        .chain(machine.other_backends.iter().map(|o| &o.device))
+    {
+        if !here.contains(&d.backend) {
+            here.push(d.backend.clone());
+        }
+    }
+    let mut out = Vec::new();
+    for a in asked {
+        let Some(b) = here.iter().find(|b| b.eq_ignore_ascii_case(a)) else {
+            let drive = if here.is_empty() {
+                "none drives a GPU here".to_string()
+            } else {
+                format!("GPUs here are driven by {}", here.join(", "))
+            };
+            return Err(Exit::new(
+                exit::USAGE,
+                format!(
+                    "--backend {a}: no GPU of this machine is driven by it ({drive}; `autotune doctor` says which modules are loaded and how to build others)"
+                ),
+            ));
+        };
+        if !out.contains(b) {
+            out.push(b.clone());
+        }
+    }
+    Ok(out)
 }
 
 /// `--n-cpu-ffn N` on this model and machine: a dense model's layers, with a device to offload
