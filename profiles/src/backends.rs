@@ -44,6 +44,59 @@ impl BackendTrial {
             .collect()
     }
 
+    /// The comparison in one line ("CUDA0 1.31x Vulkan0 at ngl=33"), a trial that was not measured
+    /// with its status; `None` without a measured choice.
+    pub fn summary(trials: &[BackendTrial]) -> Option<String> {
+        let won = trials.iter().find(|t| t.chosen && t.figures.is_some())?;
+        let ngl = won.candidate.n_gpu_layers;
+        let mut parts: Vec<String> = (Self::ratios(trials).into_iter())
+            .map(|(w, o, r)| {
+                let at = if o.candidate.n_gpu_layers == ngl {
+                    String::new()
+                } else {
+                    format!(
+                        " ({} at ngl={})",
+                        o.devices_label(),
+                        o.candidate.n_gpu_layers
+                    )
+                };
+                format!(
+                    "{} {r:.2}x {} at ngl={ngl}{at}",
+                    w.devices_label(),
+                    o.devices_label()
+                )
+            })
+            .collect();
+        parts.extend(
+            (trials.iter())
+                .filter(|t| !t.chosen && t.figures.is_none())
+                .map(|t| format!("{}: {}", t.devices_label(), t.status)),
+        );
+        Some(parts.join("; "))
+    }
+
+    /// One line per trial: its figures (seconds per request, tg, pp), or its status.
+    pub fn detail(&self) -> String {
+        let chosen = if self.chosen { ", chosen" } else { "" };
+        match &self.figures {
+            Some(f) => format!(
+                "{} ({} backend, ngl={}): {:.3} s per request, tg {:.1} t/s, pp {:.1} t/s{chosen}",
+                self.devices_label(),
+                self.backend,
+                self.candidate.n_gpu_layers,
+                f.score_s,
+                f.tg_tps,
+                f.pp_tps
+            ),
+            None => format!(
+                "{} ({} backend): {}",
+                self.devices_label(),
+                self.backend,
+                self.status
+            ),
+        }
+    }
+
     /// The devices this trial's configuration names, as one word (`CUDA0`, `Vulkan0+Vulkan1`).
     pub fn devices_label(&self) -> String {
         let gpus: Vec<&str> = (self.candidate.devices.iter())
@@ -99,5 +152,21 @@ mod tests {
         assert!((r[0].2 - 1.31).abs() < 1e-9, "{}", r[0].2);
         // Nothing chosen, or the chosen one unmeasured: nothing to say.
         assert!(BackendTrial::ratios(&trials[1..]).is_empty());
+        assert_eq!(BackendTrial::summary(&trials[1..]), None);
+        assert_eq!(
+            BackendTrial::summary(&trials).as_deref(),
+            Some("CUDA0 1.31x Vulkan0 at ngl=33; SYCL0: pruned")
+        );
+        assert!(trials[0]
+            .detail()
+            .ends_with("2.000 s per request, tg 50.0 t/s, pp 1000.0 t/s, chosen"));
+        // A backend measured at another placement says which.
+        let mut fewer = trials[1].clone();
+        fewer.candidate.n_gpu_layers = 30;
+        let two = [trials[0].clone(), fewer];
+        assert_eq!(
+            BackendTrial::summary(&two).as_deref(),
+            Some("CUDA0 1.31x Vulkan0 at ngl=33 (Vulkan0 at ngl=30)")
+        );
     }
 }

@@ -141,4 +141,34 @@ mod tests {
         let unknown: DeviceBudget = "NOPE9=1".parse().unwrap();
         assert!(budgets_of(&[unknown], margin, &m).is_err());
     }
+
+    #[test]
+    fn a_gpu_two_backends_drive_has_one_budget_given_by_either_name() {
+        let dev = |name: &str, backend: &str| crate::llama::DeviceInfo {
+            name: name.into(),
+            description: "GPU".into(),
+            backend: backend.into(),
+            kind: "gpu".into(),
+            memory_free: 10 << 30,
+            memory_total: 12 << 30,
+            host_buffer: true,
+        };
+        let skipped = [crate::llama::SkippedDevice {
+            device: dev("Vulkan0", "Vulkan"),
+            reason: "the same GPU".into(),
+            same_as: Some("CUDA0".into()),
+        }];
+        let m = Machine::probe(vec![dev("CUDA0", "CUDA")]).with_other_backends(&skipped);
+        assert_eq!(m.gpu_backends(), ["CUDA", "Vulkan"]);
+        let b = budgets_of(&[], 0, &m).unwrap();
+        assert_eq!(b.offload().count(), 1, "one GPU, one budget");
+        assert_eq!(
+            (b.of("CUDA0"), b.of("Vulkan0")),
+            (Some(10 << 30), Some(10 << 30))
+        );
+        let given: DeviceBudget = "Vulkan0=4G".parse().unwrap();
+        let b = budgets_of(&[given], 0, &m).unwrap();
+        assert_eq!((b.of("CUDA0"), b.given().len()), (Some(4 << 30), 1));
+        assert!(budgets_of(&["Vulkan1=1G".parse().unwrap()], 0, &m).is_err());
+    }
 }

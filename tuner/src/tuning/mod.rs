@@ -758,4 +758,27 @@ mod tests {
         // What the user gave is kept.
         assert_eq!(ubatch_options(&[2048], &w(100, 4096), false), [2048]);
     }
+
+    #[test]
+    fn the_backend_axis_takes_every_backend_of_a_shared_gpu_or_those_asked_for() {
+        let mut m = machine(&[("CPU", "CPU", "cpu"), ("CUDA0", "CUDA", "gpu")]);
+        let asked = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // One backend per GPU: no axis; asking for the one there is no error.
+        assert!(backends_for(None, &m).unwrap().is_empty());
+        assert_eq!(backends_for(Some(&asked(&["cuda"])), &m).unwrap(), ["CUDA"]);
+        let err = backends_for(Some(&asked(&["vulkan"])), &m).unwrap_err();
+        assert!(
+            err.to_string().starts_with("--backend vulkan: no GPU of this machine is driven by it (GPUs here are driven by CUDA"),
+            "{err}"
+        );
+        m.other_backends = vec![crate::machine::OtherBackend {
+            same_as: "CUDA0".into(),
+            device: machine(&[("Vulkan0", "Vulkan", "gpu")]).devices[0].clone(),
+        }];
+        assert_eq!(backends_for(None, &m).unwrap(), ["CUDA", "Vulkan"]);
+        assert_eq!(
+            backends_for(Some(&asked(&["VULKAN", "cuda", "vulkan"])), &m).unwrap(),
+            ["Vulkan", "CUDA"]
+        );
+    }
 }

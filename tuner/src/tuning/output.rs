@@ -194,6 +194,7 @@ pub fn report_of(t: &Tuned) -> Report {
         notes: notes(t),
         others_cpu_share: t.others_cpu,
         memory: report::memory_rows(&run.results),
+        backends: backend_trials(t),
     }
 }
 
