@@ -56,6 +56,8 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
             "llama.cpp's fit: ",
             "## parallel",
             "autotune/llama-batched-bench: pp ",
+            "## backends",
+            "one backend per GPU here (",
         ],
     );
     assert!(!text.contains("FAILED"), "a step failed:\n{text}");
@@ -100,6 +102,7 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
             "## tune-budget (done in an earlier run)",
             "## fit (done in an earlier run)",
             "## parallel (done in an earlier run)",
+            "## backends (done in an earlier run)",
         ],
     );
     for line in &cliff {
