@@ -537,7 +537,12 @@ impl<'a> Engine<'a> {
     /// same protocol (shuffled rounds, the same stopping rule), then the same decision rule.
     pub fn run_exhaustive(&mut self) -> Option<Candidate> {
         let base = self.baseline();
-        let grid = grid(&self.settings, &base);
+        let mut grid = grid(&self.settings, &base);
+        // Where a GPU shows through several backends, the backend is one more knob of the grid.
+        let through: Vec<Candidate> = (self.settings.backends.iter().skip(1))
+            .flat_map(|b| grid.iter().map(|c| self.on_backend(&self.plain(c), b)))
+            .collect();
+        grid.extend(through);
         self.measure_group(&grid, "grid");
         self.choose(&grid)
     }

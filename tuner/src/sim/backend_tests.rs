@@ -3,7 +3,7 @@
 //! workload's objective decides which wins, and the GPU's one budget holds whichever backend a
 //! configuration runs through.
 
-use super::harness::{fits, gpus, settings, tune, Mode, SimRun};
+use super::harness::{fits, gpus, settings, tune, with_engine, Mode, SimRun};
 use super::{Landscape, OtherBackend, Outcome, SimModel, GIB, MIB};
 use crate::engine::TuneSettings;
 use search_space::Candidate;
@@ -139,4 +139,44 @@ fn a_restricted_or_single_backend_run_has_no_backend_axis() {
     let run = tune(plain.clone(), settings(&plain, 3), None, Mode::Search);
     assert!(run.backends.is_empty());
     assert!(run.results.iter().all(|r| r.candidate.devices.is_empty()));
+}
+
+#[test]
+fn the_grid_measures_every_combination_through_each_backend() {
+    let land = landscape(24 * GIB, 1.6, 0.8, 0);
+    let mut s = workload(&land, true);
+    // A small grid: the backend is the knob that matters here.
+    (s.threads_options, s.kernels) = (vec![16], vec![search_space::KernelChoice::Repack]);
+    s.flash_attn = vec![search_space::FlashAttn::Auto];
+    s.ubatch_options = vec![512, 2048];
+    let (win, names) = with_engine(land, s, |e| {
+        let win = e.run_exhaustive();
+        let names: std::collections::BTreeSet<String> =
+            (e.results.iter()).map(|r| named(&r.candidate)).collect();
+        (win, names)
+    });
+    assert_eq!(names.into_iter().collect::<Vec<_>>(), ["CUDA0", "Vulkan0"]);
+    assert_eq!(named(&win.expect("a winner")), "Vulkan0");
+}
+
+#[test]
+fn a_backend_with_smaller_buffers_is_measured_with_more_layers_where_the_first_held_all_it_could() {
+    // The model does not fit a 6 GiB GPU whole; Vulkan's buffers are 256 MiB smaller.
+    let land = landscape(6 * GIB, 1.0, 1.0, -(256 * MIB as i64));
+    let s = workload(&land, false);
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let t = trials(&run, &land, &s);
+    eprintln!("256 MiB less through Vulkan on 6 GiB: {t:?}");
+    let [cuda, vulkan] = [&run.backends[0].candidate, &run.backends[1].candidate];
+    eprintln!("  {} | {}", cuda.label(), vulkan.label());
+    assert!(cuda.n_gpu_layers <= land.model.n_layers, "{}", cuda.label());
+    assert!(fits(&land, &s, cuda) && fits(&land, &s, vulkan), "{t:?}");
+    assert!(
+        vulkan.n_gpu_layers > cuda.n_gpu_layers,
+        "{} vs {}",
+        vulkan.label(),
+        cuda.label()
+    );
+    // More layers on the GPU at the same speeds: Vulkan is chosen.
+    assert_eq!(named(&run.winner.expect("a winner")), "Vulkan0", "{t:?}");
 }

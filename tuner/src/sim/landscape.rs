@@ -32,8 +32,8 @@ pub struct Device {
 }
 
 /// One simulated GPU through another backend that drives it (`Vulkan0` beside `CUDA0`): its
-/// decode and prompt speeds as factors of the device's own, and the bytes its buffers take
-/// beyond the other's on the device (or fewer, negative).
+/// decode and prompt speeds as factors of the device's own, and the bytes it takes on the device
+/// beyond the first backend's (or fewer, negative).
 #[derive(Debug, Clone)]
 pub struct OtherBackend {
     /// The device it is (an index into [`Landscape::devices`]).
@@ -43,7 +43,8 @@ pub struct OtherBackend {
     pub decode: f64,
     /// Factor on the device's compute (prompt processing).
     pub prompt: f64,
-    /// Bytes its compute buffers take beyond the first backend's, per load.
+    /// Bytes a load through it takes on the device beyond one through the first backend (its
+    /// buffers, its weights' padding), held with the weights.
     pub overhead: i64,
 }
 
@@ -353,14 +354,15 @@ impl Landscape {
             compute += ub * m.n_vocab * 4;
             out_bytes = m.output_bytes;
         }
+        let mut weights = weights as u64 + out_bytes;
         if let Some(o) = device.and_then(|d| self.through(c, d)) {
-            compute = compute.saturating_add_signed(o.overhead);
+            weights = weights.saturating_add_signed(o.overhead);
         }
         Share {
             device,
             name: device.map_or("CPU".to_string(), |d| self.name_of(c, d)),
             layers,
-            weights: weights as u64 + out_bytes,
+            weights,
             kv: kv as u64,
             compute,
             read_per_token: read + out_bytes as f64,
