@@ -271,8 +271,9 @@ pub struct DeviceArgs {
     #[command(flatten)]
     pub rpc: RpcArgs,
 
-    /// Memory a device may use, DEVICE=SIZE (e.g. RPC0=300M, CPU=8G); repeatable. Default: its free
-    /// memory minus --mem-margin
+    /// Memory a device may use, DEVICE=SIZE (e.g. RPC0=300M, CPU=8G); repeatable. A GPU two backends
+    /// drive has one budget, given by either name (CUDA0 or Vulkan0). Default: its free memory minus
+    /// --mem-margin
     #[arg(long = "mem-budget", value_delimiter = ',')]
     pub mem_budget: Vec<DeviceBudget>,
 
