@@ -3,6 +3,7 @@
 //! llama.cpp build, the measurement log). `autotune tune` and the quantization ladder both tune
 //! through [`tune`]; neither sees flags.
 
+mod backends;
 pub mod joint;
 mod measurer;
 mod output;
@@ -189,7 +190,7 @@ impl Plan {
             rpc: self.rpc.clone(),
             links: Vec::new(),
             mem_budgets: session::budgets_of(&self.mem_budgets, self.mem_margin, machine)?,
-            backends: backends_for(self.backends.as_deref(), machine)?,
+            backends: backends::backends_for(self.backends.as_deref(), machine)?,
             n_layers,
             offload,
             moe: info.is_moe(),
@@ -249,45 +250,6 @@ fn fa_quants(system_info: &str) -> Vec<String> {
     let rest = &system_info[at + "FA_QUANTS = ".len()..];
     let list = rest.split(['|', ' ']).next().unwrap_or("");
     list.split(',').map(|p| p.trim().to_string()).collect()
-}
-
-/// The backends of the backend axis: those that drive a GPU another backend drives too, in
-/// llama.cpp's order, or of them the ones `--backend` names, in its order. A name that drives no
-/// GPU here is a usage error.
-fn backends_for(asked: Option<&[String]>, machine: &Machine) -> anyhow::Result<Vec<String>> {
-    let driving = machine.gpu_backends();
-    let Some(asked) = asked else {
-        return Ok(driving);
-    };
-    let mut here: Vec<String> = Vec::new();
-    for d in (machine.offload_devices().into_iter())
-        .filter(|d| !d.is_rpc())
-        .chain(machine.other_backends.iter().map(|o| &o.device))
-    {
-        if !here.contains(&d.backend) {
-            here.push(d.backend.clone());
-        }
-    }
-    let mut out = Vec::new();
-    for a in asked {
-        let Some(b) = here.iter().find(|b| b.eq_ignore_ascii_case(a)) else {
-            let drive = if here.is_empty() {
-                "none drives a GPU here".to_string()
-            } else {
-                format!("GPUs here are driven by {}", here.join(", "))
-            };
-            return Err(Exit::new(
-                exit::USAGE,
-                format!(
-                    "--backend {a}: no GPU of this machine is driven by it ({drive}; `autotune doctor` says which modules are loaded and how to build others)"
-                ),
-            ));
-        };
-        if !out.contains(b) {
-            out.push(b.clone());
-        }
-    }
-    Ok(out)
 }
 
 /// `--n-cpu-ffn N` on this model and machine: a dense model's layers, with a device to offload
@@ -757,28 +719,5 @@ mod tests {
         );
         // What the user gave is kept.
         assert_eq!(ubatch_options(&[2048], &w(100, 4096), false), [2048]);
-    }
-
-    #[test]
-    fn the_backend_axis_takes_every_backend_of_a_shared_gpu_or_those_asked_for() {
-        let mut m = machine(&[("CPU", "CPU", "cpu"), ("CUDA0", "CUDA", "gpu")]);
-        let asked = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        // One backend per GPU: no axis; asking for the one there is no error.
-        assert!(backends_for(None, &m).unwrap().is_empty());
-        assert_eq!(backends_for(Some(&asked(&["cuda"])), &m).unwrap(), ["CUDA"]);
-        let err = backends_for(Some(&asked(&["vulkan"])), &m).unwrap_err();
-        assert!(
-            err.to_string().starts_with("--backend vulkan: no GPU of this machine is driven by it (GPUs here are driven by CUDA"),
-            "{err}"
-        );
-        m.other_backends = vec![crate::machine::OtherBackend {
-            same_as: "CUDA0".into(),
-            device: machine(&[("Vulkan0", "Vulkan", "gpu")]).devices[0].clone(),
-        }];
-        assert_eq!(backends_for(None, &m).unwrap(), ["CUDA", "Vulkan"]);
-        assert_eq!(
-            backends_for(Some(&asked(&["VULKAN", "cuda", "vulkan"])), &m).unwrap(),
-            ["Vulkan", "CUDA"]
-        );
     }
 }
