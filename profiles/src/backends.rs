@@ -169,4 +169,27 @@ mod tests {
             Some("CUDA0 1.31x Vulkan0 at ngl=33 (Vulkan0 at ngl=30)")
         );
     }
+
+    #[test]
+    fn the_trials_round_trip_and_the_winners_device_reaches_the_server() {
+        let mut p = crate::example_profile();
+        p.winner.devices = vec!["Vulkan0".into()];
+        p.backends = vec![
+            trial("CUDA", "CUDA0", Some(2.62), false),
+            trial("Vulkan", "Vulkan0", Some(2.0), true),
+        ];
+        p.refresh_server_args();
+        let args = p.server_args.join(" ");
+        assert!(args.contains("--device Vulkan0"), "{args}");
+        p.validate(false).unwrap();
+        let text = p.to_toml().unwrap();
+        assert!(text.contains("[[backends]]"), "{text}");
+        let (back, warnings) = crate::Profile::from_toml(&text).unwrap();
+        assert_eq!(back, p);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        // A trial's figures are held to the same checks as the winner's.
+        p.backends[0].figures.as_mut().unwrap().tg_tps = f64::NAN;
+        let e = p.validate(false).unwrap_err().to_string();
+        assert!(e.contains("backends[0].figures"), "{e}");
+    }
 }
