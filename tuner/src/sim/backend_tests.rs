@@ -180,3 +180,38 @@ fn a_backend_with_smaller_buffers_is_measured_with_more_layers_where_the_first_h
     // More layers on the GPU at the same speeds: Vulkan is chosen.
     assert_eq!(named(&run.winner.expect("a winner")), "Vulkan0", "{t:?}");
 }
+
+#[test]
+fn two_gpus_are_measured_through_each_backend_together() {
+    let mut land = gpus(2, 12 * GIB);
+    land.model = SimModel::dense(32, 600 * MIB, 128_256);
+    land.other_backends = (0..2)
+        .map(|d| OtherBackend {
+            device: d,
+            name: format!("Vulkan{d}"),
+            decode: 0.8,
+            prompt: 1.6,
+            overhead: 0,
+        })
+        .collect();
+    let s = workload(&land, true);
+    assert_eq!(s.mem_budgets.offload().count(), 2, "two GPUs, two budgets");
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let t = trials(&run, &land, &s);
+    eprintln!("two GPUs, prompt-heavy: {t:?}");
+    let names: Vec<&str> = t.iter().map(|x| x.1.as_str()).collect();
+    assert_eq!(names, ["CUDA0+CUDA1", "Vulkan0+Vulkan1"], "{t:?}");
+    let win = run.winner.expect("a winner");
+    assert_eq!(named(&win), "Vulkan0+Vulkan1", "{}", win.label());
+    // No configuration ran one GPU through two backends at once.
+    for r in &run.results {
+        for d in 0..2 {
+            let both = [format!("CUDA{d}"), format!("Vulkan{d}")];
+            assert!(
+                !both.iter().all(|n| r.candidate.devices.contains(n)),
+                "{}",
+                r.candidate.label()
+            );
+        }
+    }
+}
