@@ -1,5 +1,5 @@
 //! bench/gpu-check on this CPU machine: the script a GPU machine runs, with a loopback RPC device in
-//! place of CUDA0 and the tiny test model, so every step but the GPU itself is tested before device
+//! place of CUDA0 and the tiny test models, so every step but the GPU itself is tested before device
 //! time is spent — and its resumption: the same command run again prints what is done and measures
 //! nothing; a deadline leaves steps for the next run.
 
@@ -30,6 +30,16 @@ fn gpu_check(sb: &Sandbox, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// The lines of step `name` in the script's output, up to the next step.
+fn section(text: &str, name: &str) -> String {
+    let start = text
+        .find(&format!("\n## {name}\n"))
+        .unwrap_or_else(|| panic!("no step {name} in:\n{text}"));
+    let rest = &text[start + 1..];
+    let end = rest[3..].find("\n## ").map_or(rest.len(), |i| i + 3);
+    rest[..end].to_string()
+}
+
 fn has(text: &str, wanted: &[&str]) {
     for w in wanted {
         assert!(text.contains(w), "`{w}` missing in:\n{text}");
@@ -54,6 +64,20 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
             "autotune/llama-bench: pp ",
             "tg within ±5%: ",
             "llama.cpp's fit: ",
+            "## apply",
+            "llama-server: ",
+            "## tune-default",
+            "(the stand-in's --budget, in place of the default)",
+            "quality gate: a quantized KV cache may add at most ",
+            "## host-ffns",
+            "a quarter of the weights less: llama.cpp's fit: -ngl ",
+            "best --n-cpu-ffn in the tune: ",
+            "best -ngl in the tune: ",
+            "(tg is at depth 256: ",
+            "## moe",
+            "test-llama-tiny-moe-q4_0.gguf",
+            "## ctx-max",
+            "autotune --ctx max: ",
             "## parallel",
             "autotune/llama-batched-bench: pp ",
             "## backends",
@@ -61,6 +85,29 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
         ],
     );
     assert!(!text.contains("FAILED"), "a step failed:\n{text}");
+    // Both winners' profiles reached llama-server, and its tg came back as a ratio.
+    for winner in ["full", "budget"] {
+        assert!(
+            section(&text, "apply")
+                .lines()
+                .any(|l| l.starts_with(&format!("  {winner} winner (")) && l.contains("llama-server tg ")),
+            "no {winner} winner applied:\n{text}"
+        );
+    }
+    // The default tune printed its board and its cliff, and measured llama.cpp's fit beside it.
+    let tuned = section(&text, "tune-default");
+    has(&tuned, &["winner: ", "the cliff (best tg per GPU-layer count):", "autotune/fit: pp "]);
+    // Host FFNs measured against whole layers: every layer of the tiny model (4 and the output)
+    // offloaded with some FFNs on the host.
+    let ffns = section(&text, "host-ffns");
+    assert!(
+        ffns.lines()
+            .any(|l| l.starts_with("best --n-cpu-ffn in the tune: ngl=5 ") && l.contains(" ncffn=")),
+        "{ffns}"
+    );
+    has(&ffns, &["/-ngl "]);
+    // The MoE's choice beside llama.cpp's fit under half of what it needs.
+    has(&section(&text, "moe"), &["budget ", "half of it", "autotune/fit: pp "]);
     // The cliff lists more than one GPU-layer count, RPC0 holding layers in some of them.
     let cliff: Vec<&str> = text
         .lines()
@@ -89,6 +136,24 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
             .is_some_and(|r| r > 0.0),
         "{json}"
     );
+    for winner in ["full", "budget"] {
+        assert!(
+            json["apply"][winner]["tg_ratio"]
+                .as_f64()
+                .is_some_and(|r| r > 0.0),
+            "{json}"
+        );
+    }
+    assert!(
+        json["host_ffns"]["n_cpu_ffn"].as_u64().is_some_and(|n| n > 0),
+        "{json}"
+    );
+    assert!(json["moe"]["fit"]["tg"].as_f64().is_some_and(|r| r > 0.0), "{json}");
+    // The context found lies between llama.cpp's least fit context and the trained one, every layer
+    // on the device (the budget was chosen between the two).
+    let ctx = &json["ctx_max"];
+    let (n, ceiling) = (ctx["n_ctx"].as_u64().unwrap_or(0), ctx["ceiling"].as_u64().unwrap_or(0));
+    assert!(n > 4096 && n < ceiling && ctx["whole"] == true, "{json}");
 
     // The same command again: every step comes from the state, the cliff lines with it.
     let started = std::time::Instant::now();
@@ -101,6 +166,11 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
             "## fidelity (done in an earlier run)",
             "## tune-budget (done in an earlier run)",
             "## fit (done in an earlier run)",
+            "## apply (done in an earlier run)",
+            "## tune-default (done in an earlier run)",
+            "## host-ffns (done in an earlier run)",
+            "## moe (done in an earlier run)",
+            "## ctx-max (done in an earlier run)",
             "## parallel (done in an earlier run)",
             "## backends (done in an earlier run)",
         ],
