@@ -91,6 +91,10 @@ fn out_of_range_flags_are_usage_errors() {
         ),
         (vec![m, "--max-kv-kld", "lots"], "invalid value 'lots'"),
         (
+            vec![m, "--backend", "cuda"],
+            "--backend cuda: no GPU of this machine is driven by it",
+        ),
+        (
             vec![m, "--max-kv-kld", "0.1", "--no-quality-gate"],
             "cannot be used with",
         ),

@@ -80,6 +80,8 @@ fn gpu_check_runs_every_step_on_a_loopback_rpc_device_and_resumes() {
             "autotune --ctx max: ",
             "## parallel",
             "autotune/llama-batched-bench: pp ",
+            "## backends",
+            "one backend per GPU here (",
         ],
     );
     assert!(!text.contains("FAILED"), "a step failed:\n{text}");
@@ -201,6 +203,7 @@ fn resumed_from_state(sb: &Sandbox, cliff: &[&str]) {
             "## moe (done in an earlier run)",
             "## ctx-max (done in an earlier run)",
             "## parallel (done in an earlier run)",
+            "## backends (done in an earlier run)",
         ],
     );
     for line in cliff {

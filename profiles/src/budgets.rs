@@ -13,6 +13,17 @@ pub struct DeviceBudget {
     /// Given with `--mem-budget` (else the free memory less the margin).
     #[serde(default)]
     pub given: bool,
+    /// The same GPU's names through the other backends that drive it (`Vulkan0` beside `CUDA0`):
+    /// one GPU has one budget, whichever backend a configuration reaches it through.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub same_gpu: Vec<String>,
+}
+
+impl DeviceBudget {
+    /// Whether `name` is this device, by its own name or by another backend's for the same GPU.
+    pub fn names(&self, name: &str) -> bool {
+        self.device == name || self.same_gpu.iter().any(|n| n == name)
+    }
 }
 
 impl std::str::FromStr for DeviceBudget {
@@ -27,6 +38,7 @@ impl std::str::FromStr for DeviceBudget {
             device: dev.to_string(),
             bytes,
             given: true,
+            same_gpu: Vec::new(),
         })
     }
 }
@@ -37,9 +49,20 @@ impl std::str::FromStr for DeviceBudget {
 pub struct Budgets(pub Vec<DeviceBudget>);
 
 impl Budgets {
-    /// The bytes `device` may hold, when it has a budget.
+    /// The bytes `device` may hold, when it has a budget: a GPU's through any backend that drives
+    /// it (`Vulkan0` has `CUDA0`'s budget where both are the same GPU).
     pub fn of(&self, device: &str) -> Option<u64> {
-        self.0.iter().find(|b| b.device == device).map(|b| b.bytes)
+        self.entry(device).map(|b| b.bytes)
+    }
+
+    /// The budget of `device`, named by any backend that drives it.
+    pub fn entry(&self, device: &str) -> Option<&DeviceBudget> {
+        self.0.iter().find(|b| b.names(device))
+    }
+
+    /// Whether a GPU is driven by several backends (its budget names it more than once).
+    pub fn has_same_gpus(&self) -> bool {
+        self.0.iter().any(|b| !b.same_gpu.is_empty())
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &DeviceBudget> {
@@ -78,6 +101,7 @@ impl FromIterator<(String, u64)> for Budgets {
                     device,
                     bytes,
                     given: false,
+                    same_gpu: Vec::new(),
                 })
                 .collect(),
         )
@@ -102,6 +126,7 @@ mod tests {
                 device: "CPU".into(),
                 bytes: 8 << 30,
                 given: false,
+                same_gpu: Vec::new(),
             },
             b,
         ]);
@@ -109,6 +134,31 @@ mod tests {
         assert_eq!(all.of("CUDA0"), None);
         assert_eq!(all.offload().count(), 1);
         assert_eq!(all.given(), ["RPC0=300.0 MiB"]);
+        assert!(!all.has_same_gpus());
+    }
+
+    #[test]
+    fn one_gpu_through_two_backends_has_one_budget() {
+        let mut gpu: DeviceBudget = "CUDA0=10G".parse().unwrap();
+        gpu.same_gpu = vec!["Vulkan0".into()];
+        let all = Budgets(vec![gpu, "CUDA1=4G".parse().unwrap()]);
+        assert_eq!(all.of("Vulkan0"), Some(10 << 30));
+        assert_eq!(all.of("CUDA0"), Some(10 << 30));
+        assert_eq!(all.of("Vulkan1"), None);
+        assert_eq!(all.offload().count(), 2, "a GPU is counted once");
+        assert!(all.has_same_gpus());
+        // Through TOML, the other names stay with the budget.
+        #[derive(Serialize, Deserialize)]
+        struct W {
+            budgets: Budgets,
+        }
+        let text = toml::to_string(&W {
+            budgets: all.clone(),
+        })
+        .unwrap();
+        assert!(text.contains("same_gpu = [\"Vulkan0\"]"), "{text}");
+        let back: W = toml::from_str(&text).unwrap();
+        assert_eq!(back.budgets, all);
     }
 
     #[test]
@@ -119,6 +169,7 @@ mod tests {
                 device: "CPU".into(),
                 bytes: 30 << 30,
                 given: false,
+                same_gpu: Vec::new(),
             },
             "CUDA0=2178M".parse().unwrap(),
         ]);

@@ -60,6 +60,7 @@ pub fn example_profile() -> Profile {
         quality: None,
         budgets: Default::default(),
         hosts: Vec::new(),
+        backends: Vec::new(),
         leaderboard: leaderboard(winner, figures, baseline),
     };
     profile.refresh_server_args();

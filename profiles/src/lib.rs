@@ -5,6 +5,7 @@
 //! llama-server's command line than the winning configuration, and the server is always started with
 //! [`Profile::server_args`] as an argv, never through a shell.
 
+mod backends;
 mod budgets;
 mod draft;
 mod error;
@@ -25,6 +26,7 @@ mod workload;
 #[cfg(any(test, feature = "test-support"))]
 mod fixture;
 
+pub use backends::BackendTrial;
 pub use budgets::{Budgets, DeviceBudget};
 pub use draft::{DraftSettings, MAX_DRAFT};
 pub use error::{ProfileError, Result};

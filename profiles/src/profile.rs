@@ -83,6 +83,10 @@ pub struct Profile {
     /// without `--rpc`, and in profiles written before links were measured).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<crate::HostLink>,
+    /// Where one GPU is driven by several backends (CUDA0 and Vulkan0), the best placement found
+    /// through each, measured against each other (absent where each GPU has one backend).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<crate::BackendTrial>,
 }
 
 /// What the run's decision rule said of the winner against the baseline: the request rate's

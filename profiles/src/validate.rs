@@ -46,6 +46,11 @@ impl Profile {
         if let Some(b) = &self.baseline {
             check_figures("baseline", b)?;
         }
+        for (i, t) in self.backends.iter().enumerate() {
+            if let Some(f) = &t.figures {
+                check_figures(&format!("backends[{i}].figures"), f)?;
+            }
+        }
         if let Some(d) = &self.draft {
             crate::draft::check(d, check_paths)?;
         }

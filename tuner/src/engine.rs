@@ -23,6 +23,7 @@ use std::time::Duration;
 pub(crate) mod sim;
 
 mod axes;
+mod backends;
 pub mod baseline;
 pub mod context;
 mod gate;
@@ -43,9 +44,11 @@ pub(crate) use axes::in_space;
 pub(crate) use axes::offloads_host_ops;
 pub(crate) use axes::vary_cache;
 use axes::*;
+#[cfg(test)]
+pub(crate) use backends::backend_of_device;
 use result::tie_break;
 pub use result::{score_seconds, CandidateResult, BUDGET_SPENT};
-pub use run::Run;
+pub use run::{BackendTried, Run};
 #[cfg(test)]
 pub use settings::TEXT;
 pub use settings::{
@@ -119,6 +122,8 @@ pub struct Engine<'a> {
     pub(crate) promising: Vec<Candidate>,
     /// The K/V pairs held to the quality gate so far, with their verdicts ([`gate`]).
     pub(crate) kv_checks: Vec<profiles::KvQualityCheck>,
+    /// What the backend axis measured ([`backends`]).
+    pub(crate) backend_trials: Vec<BackendTried>,
 }
 
 impl<'a> Engine<'a> {
@@ -148,6 +153,7 @@ impl<'a> Engine<'a> {
             device_bandwidths: None,
             promising: Vec::new(),
             kv_checks: Vec::new(),
+            backend_trials: Vec::new(),
         }
     }
 
@@ -175,11 +181,15 @@ impl<'a> Engine<'a> {
         c.host_buffer = pick(&self.settings.host_buffers, c.host_buffer);
         c.numa = pick(&self.settings.numa, c.numa);
         c.n_cpu_ffn = self.settings.n_cpu_ffn_pinned.unwrap_or(0);
-        let d = if self.settings.offload && !self.settings.n_gpu_layers_pinned {
+        let mut d = if self.settings.offload && !self.settings.n_gpu_layers_pinned {
             self.fit_defaults(c)
         } else {
             (c, BaselinePlacement::new(BaselineSource::Defaults, None))
         };
+        // Where a GPU shows through several backends: through the run's first, named.
+        if let Some(home) = self.home_backend() {
+            d.0 = self.on_backend(&d.0, home);
+        }
         self.defaults = Some(d.clone());
         d
     }
@@ -216,7 +226,8 @@ impl<'a> Engine<'a> {
         self.promising = strongest_lever(&group, &start).into_iter().collect();
         // Hosts over clearly different links: the nearest alone right after the baseline, before
         // placements whose every load sends weights over the slowest link too.
-        if let Some(near) = self.nearest_hosts(&start) {
+        let near = self.nearest_hosts(&self.plain(&start));
+        if let Some(near) = near.and_then(|c| self.like(&c, &start)) {
             if !group.contains(&near) {
                 group.push(near.clone());
             }
@@ -365,7 +376,8 @@ impl<'a> Engine<'a> {
             } else {
                 self.challenge_with_experts(&group, b, &base)
             };
-            best = Some(self.search_split(b));
+            let b = self.search_split(b);
+            best = Some(self.compare_backends(b));
         }
         let best = self.descend(&AXES, best, &base);
         match best {
@@ -525,7 +537,12 @@ impl<'a> Engine<'a> {
     /// same protocol (shuffled rounds, the same stopping rule), then the same decision rule.
     pub fn run_exhaustive(&mut self) -> Option<Candidate> {
         let base = self.baseline();
-        let grid = grid(&self.settings, &base);
+        let mut grid = grid(&self.settings, &base);
+        // Where a GPU shows through several backends, the backend is one more knob of the grid.
+        let through: Vec<Candidate> = (self.settings.backends.iter().skip(1))
+            .flat_map(|b| grid.iter().map(|c| self.on_backend(&self.plain(c), b)))
+            .collect();
+        grid.extend(through);
         self.measure_group(&grid, "grid");
         self.choose(&grid)
     }
@@ -655,6 +672,7 @@ impl Engine<'_> {
             not_reached: std::mem::take(&mut self.not_reached),
             quality: self.quality_record(),
             visit_seconds: self.visit_seconds,
+            backends: std::mem::take(&mut self.backend_trials),
         }
     }
 }

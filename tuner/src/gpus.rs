@@ -5,11 +5,14 @@
 //! and say nothing. So `doctor` and `tune` look for the hardware themselves — NVIDIA's driver files
 //! (`/proc/driver/nvidia/gpus`) or `nvidia-smi`, display controllers under `/sys/class/drm` (AMD, Intel,
 //! NVIDIA without its driver), Apple silicon on macOS — and compare it with the devices llama.cpp
-//! reports: a GPU no loaded backend offers gets one warning, with the command that builds the backend.
+//! reports: a GPU no loaded backend offers gets one warning, with the command that fixes it, and
+//! every GPU a line on the backends that could drive it ([`advice`]).
 
 use crate::llama::DeviceInfo;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+
+pub mod advice;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -185,46 +188,6 @@ fn parse_nvidia_smi_list(text: &str) -> Vec<Gpu> {
             })
         })
         .collect()
-}
-
-/// One warning per vendor whose GPUs no device of the running build is driven by: what was found,
-/// that the run would leave it idle, and the command that builds the backend. A backend that is
-/// loaded but lists no device (a module without a driver) is said as such.
-pub fn unused(gpus: &[Gpu], backends: &[String], devices: &[DeviceInfo]) -> Vec<String> {
-    fn has<'a>(mut list: impl Iterator<Item = &'a str>, wanted: &[&str]) -> bool {
-        list.any(|b| wanted.contains(&b.to_ascii_lowercase().as_str()))
-    }
-    let mut out = Vec::new();
-    for vendor in [Vendor::Nvidia, Vendor::Amd, Vendor::Intel, Vendor::Apple] {
-        let found: Vec<&str> = gpus
-            .iter()
-            .filter(|g| g.vendor == vendor)
-            .map(|g| g.name.as_str())
-            .collect();
-        if found.is_empty() {
-            continue;
-        }
-        let wanted = vendor.backends();
-        if has(devices.iter().map(|d| d.backend.as_str()), wanted) {
-            continue;
-        }
-        let what = found.join(", ");
-        let names: Vec<String> = wanted.iter().map(|b| display_backend(b)).collect();
-        if has(backends.iter().map(String::as_str), wanted) {
-            out.push(format!(
-                "{what} found, and a {} backend is loaded but lists no device: is the {} driver installed and loaded? autotune would tune without the GPU",
-                names.join("/"),
-                vendor.name()
-            ));
-        } else {
-            out.push(format!(
-                "{what} found, but this build has no {} backend: autotune would tune the CPU alone. Build one with: {}",
-                names.join(" or "),
-                vendor.build_hint()
-            ));
-        }
-    }
-    out
 }
 
 /// Memory a discrete GPU already has in use above which the run says so: [`IN_USE_FLOOR`] or this
@@ -450,54 +413,5 @@ mod tests {
         );
         let names: Vec<&str> = gpus.iter().map(|g| g.name.as_str()).collect();
         assert_eq!(names, ["NVIDIA H200", "NVIDIA GeForce RTX 4090"]);
-    }
-
-    #[test]
-    fn a_gpu_without_a_backend_gets_one_warning_with_the_build_command() {
-        let gpu = |vendor, name: &str| Gpu {
-            vendor,
-            name: name.into(),
-            source: "fixture".into(),
-        };
-        let two_nvidia = [
-            gpu(Vendor::Nvidia, "NVIDIA H200"),
-            gpu(Vendor::Nvidia, "NVIDIA H200"),
-        ];
-        let cpu_only = ["CPU".to_string(), "RPC".to_string()];
-        let w = unused(&two_nvidia, &cpu_only, &[device("CPU")]);
-        assert_eq!(w.len(), 1, "{w:?}");
-        assert!(
-            w[0].starts_with(
-                "NVIDIA H200, NVIDIA H200 found, but this build has no CUDA or Vulkan backend"
-            ),
-            "{}",
-            w[0]
-        );
-        assert!(w[0].ends_with("scripts/build-backends cuda"), "{}", w[0]);
-        // The module loaded, no driver: said as such.
-        let with_cuda = ["CPU".to_string(), "CUDA".to_string()];
-        let w = unused(&two_nvidia, &with_cuda, &[device("CPU")]);
-        assert!(
-            w[0].contains("CUDA/Vulkan backend is loaded but lists no device"),
-            "{}",
-            w[0]
-        );
-        // A device of a backend that drives it: nothing to say; Vulkan counts too.
-        assert!(unused(&two_nvidia, &with_cuda, &[device("CPU"), device("CUDA")]).is_empty());
-        assert!(unused(&two_nvidia, &cpu_only, &[device("Vulkan")]).is_empty());
-        // An AMD GPU beside a used NVIDIA one still gets its own warning.
-        let mixed = [
-            gpu(Vendor::Nvidia, "NVIDIA H200"),
-            gpu(Vendor::Amd, "AMD GPU (PCI 1002:744c)"),
-        ];
-        let w = unused(&mixed, &with_cuda, &[device("CUDA")]);
-        assert_eq!(w.len(), 1);
-        assert!(
-            w[0].contains("ROCm or HIP or Vulkan")
-                && w[0].ends_with("scripts/build-backends vulkan"),
-            "{}",
-            w[0]
-        );
-        assert!(unused(&[], &cpu_only, &[device("CPU")]).is_empty());
     }
 }

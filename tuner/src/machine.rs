@@ -28,6 +28,19 @@ pub struct Machine {
     /// A hybrid CPU's performance cores ([`performance_cores`]); `None` on other CPUs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub performance_cores: Option<u32>,
+    /// A GPU that several loaded backends drive, through each backend but the one llama.cpp lists
+    /// it by (`Vulkan0` beside `CUDA0`): a way to run it that the backend axis measures.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_backends: Vec<OtherBackend>,
+}
+
+/// A listed GPU's name through another backend that drives it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OtherBackend {
+    /// The listed device (`CUDA0`).
+    pub same_as: String,
+    /// The same GPU through the other backend (`Vulkan0`).
+    pub device: DeviceInfo,
 }
 
 impl Machine {
@@ -86,7 +99,41 @@ impl Machine {
                 &cpuinfo,
             )
             .filter(|&p| p < physical),
+            other_backends: Vec::new(),
         }
+    }
+
+    /// This machine with the other backends' names for its GPUs: the skipped devices that are a
+    /// listed GPU through another backend.
+    pub fn with_other_backends(mut self, skipped: &[crate::llama::SkippedDevice]) -> Machine {
+        self.other_backends = (skipped.iter())
+            .filter_map(|s| {
+                Some(OtherBackend {
+                    same_as: s.same_as.clone()?,
+                    device: s.device.clone(),
+                })
+            })
+            .collect();
+        self
+    }
+
+    /// The ggml backends that drive some GPU also driven by another (`CUDA`, `Vulkan`), in
+    /// llama.cpp's order: the backend axis's choices. Empty where each GPU has one backend.
+    pub fn gpu_backends(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for o in &self.other_backends {
+            let listed = self.devices.iter().find(|d| d.name == o.same_as);
+            for b in listed
+                .map(|d| &d.backend)
+                .into_iter()
+                .chain([&o.device.backend])
+            {
+                if !out.contains(b) {
+                    out.push(b.clone());
+                }
+            }
+        }
+        out
     }
 
     /// The thread count llama.cpp uses unasked (`-t`): its "math" cores, the physical cores, or on

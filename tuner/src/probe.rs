@@ -17,7 +17,11 @@ pub struct Probe {
     pub llama_version: String,
     /// GPUs the operating system shows, whether or not a loaded backend drives them.
     pub gpus: Vec<gpus::Gpu>,
-    /// One line per vendor whose GPUs no device of this build is driven by (`gpus::unused`).
+    /// For each vendor's GPUs: the backends that could drive them, their state, the command that
+    /// fixes it (`gpus::advice`).
+    pub gpu_advice: Vec<gpus::advice::GpuAdvice>,
+    /// One line per vendor whose GPUs no device of this build is driven by, and per GPU whose
+    /// memory others hold.
     pub gpu_warnings: Vec<String>,
     /// The backend module files found (`libggml-cuda.so`, ...) and what each gave on this machine.
     pub modules: Modules,
@@ -78,13 +82,24 @@ pub fn probe(verbose: bool, rpc: &[String]) -> anyhow::Result<Probe> {
         .cloned()
         .chain(skipped_devices.iter().map(|s| s.device.clone()))
         .collect();
-    let mut gpu_warnings = gpus::unused(&found, &backends, &registered);
+    let seen = gpus::advice::Seen {
+        start_failures: (backends.iter())
+            .filter_map(|b| Some((b.clone(), start_failure(log, b)?)))
+            .collect(),
+        backends: backends.clone(),
+        devices: registered,
+        nvidia_driver: nvidia_driver_present(),
+        vulkan_icds: gpus::advice::vulkan_icds(std::path::Path::new("/")),
+    };
+    let gpu_advice = gpus::advice::advise(&found, &seen);
+    let mut gpu_warnings: Vec<String> = gpu_advice.iter().filter_map(|a| a.warning()).collect();
     gpu_warnings.extend(gpus::memory_in_use(&devices, gpus::nvidia_compute_apps));
     Ok(Probe {
-        machine: Machine::probe(devices),
+        machine: Machine::probe(devices).with_other_backends(&skipped_devices),
         skipped_devices,
         backends,
         gpus: found,
+        gpu_advice,
         gpu_warnings,
         modules,
         cpu_variant: llama::cpu_variant(log),

@@ -68,6 +68,9 @@ pub struct Report {
     /// the real load, and measured (device free-memory drop; on the host the worker's private memory
     /// grown plus the model file's pages inference read).
     pub memory: Vec<MemoryRow>,
+    /// Where a GPU is driven by several backends: the best placement measured through each.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<profiles::BackendTrial>,
 }
 
 /// The headline's claim: the winner's request rate against llama.cpp's defaults, judged by the same
@@ -422,6 +425,9 @@ impl Report {
                 )),
             }
             s.push_str(&self.at_depth_line(wf));
+            if let Some(b) = profiles::BackendTrial::summary(&self.backends) {
+                s.push_str(&format!("backend {b}\n"));
+            }
             for line in quality::lines(&self.quality, w, &self.leaderboard) {
                 s.push_str(&format!("quality {line}\n"));
             }

@@ -29,17 +29,32 @@ pub fn cache_dir() -> PathBuf {
 pub use profiles::DeviceBudget;
 
 /// Memory budget per device (device name → bytes): the `--mem-budget` given for it, else its free
-/// memory minus `margin`. A budget naming a device this machine does not have is a usage error.
+/// memory minus `margin`. A GPU several backends drive has one budget, which names it through each
+/// (given by either name). A budget naming a device this machine does not have is a usage error.
 pub fn budgets_of(
     explicit: &[DeviceBudget],
     margin: u64,
     machine: &Machine,
 ) -> anyhow::Result<Budgets> {
-    if let Some(b) = explicit
-        .iter()
-        .find(|b| !machine.devices.iter().any(|d| d.name == b.device))
-    {
-        let names: Vec<&str> = machine.devices.iter().map(|d| d.name.as_str()).collect();
+    let others = |listed: &str| -> Vec<String> {
+        (machine.other_backends.iter())
+            .filter(|o| o.same_as == listed)
+            .map(|o| o.device.name.clone())
+            .collect()
+    };
+    let known = |name: &str| {
+        machine.devices.iter().any(|d| d.name == name)
+            || machine.other_backends.iter().any(|o| o.device.name == name)
+    };
+    if let Some(b) = explicit.iter().find(|b| !known(&b.device)) {
+        let names: Vec<&str> = (machine.devices.iter().map(|d| d.name.as_str()))
+            .chain(
+                machine
+                    .other_backends
+                    .iter()
+                    .map(|o| o.device.name.as_str()),
+            )
+            .collect();
         return Err(Exit::new(
             exit::USAGE,
             format!(
@@ -51,13 +66,16 @@ pub fn budgets_of(
     }
     Ok(Budgets(
         (machine.devices.iter())
-            .map(|d| match explicit.iter().find(|b| b.device == d.name) {
-                Some(given) => given.clone(),
-                None => DeviceBudget {
+            .map(|d| {
+                let same_gpu = others(&d.name);
+                let given =
+                    (explicit.iter()).find(|b| b.device == d.name || same_gpu.contains(&b.device));
+                DeviceBudget {
                     device: d.name.clone(),
-                    bytes: d.memory_free.saturating_sub(margin),
-                    given: false,
-                },
+                    bytes: given.map_or(d.memory_free.saturating_sub(margin), |b| b.bytes),
+                    given: given.is_some(),
+                    same_gpu,
+                }
             })
             .collect(),
     ))
@@ -122,5 +140,35 @@ mod tests {
         assert_eq!((b.of(&cpu.name), b.given().len()), (Some(42), 1));
         let unknown: DeviceBudget = "NOPE9=1".parse().unwrap();
         assert!(budgets_of(&[unknown], margin, &m).is_err());
+    }
+
+    #[test]
+    fn a_gpu_two_backends_drive_has_one_budget_given_by_either_name() {
+        let dev = |name: &str, backend: &str| crate::llama::DeviceInfo {
+            name: name.into(),
+            description: "GPU".into(),
+            backend: backend.into(),
+            kind: "gpu".into(),
+            memory_free: 10 << 30,
+            memory_total: 12 << 30,
+            host_buffer: true,
+        };
+        let skipped = [crate::llama::SkippedDevice {
+            device: dev("Vulkan0", "Vulkan"),
+            reason: "the same GPU".into(),
+            same_as: Some("CUDA0".into()),
+        }];
+        let m = Machine::probe(vec![dev("CUDA0", "CUDA")]).with_other_backends(&skipped);
+        assert_eq!(m.gpu_backends(), ["CUDA", "Vulkan"]);
+        let b = budgets_of(&[], 0, &m).unwrap();
+        assert_eq!(b.offload().count(), 1, "one GPU, one budget");
+        assert_eq!(
+            (b.of("CUDA0"), b.of("Vulkan0")),
+            (Some(10 << 30), Some(10 << 30))
+        );
+        let given: DeviceBudget = "Vulkan0=4G".parse().unwrap();
+        let b = budgets_of(&[given], 0, &m).unwrap();
+        assert_eq!((b.of("CUDA0"), b.given().len()), (Some(4 << 30), 1));
+        assert!(budgets_of(&["Vulkan1=1G".parse().unwrap()], 0, &m).is_err());
     }
 }

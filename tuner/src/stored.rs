@@ -225,6 +225,11 @@ fn staleness(p: &Profile, here: &Probe) -> Vec<String> {
             now.join(", ")
         ));
     }
+    let offered: Vec<&str> = (here.machine.devices.iter())
+        .chain(here.skipped_devices.iter().map(|s| &s.device))
+        .map(|d| d.name.as_str())
+        .collect();
+    changes.extend(devices_not_offered(p, &offered));
     let build = |version: &str, variant: Option<&str>| match variant {
         Some(v) => format!("{version} ({v})"),
         None => version.to_string(),
@@ -250,6 +255,22 @@ fn staleness(p: &Profile, here: &Probe) -> Vec<String> {
     changes
 }
 
+/// The winner's `--device` names that llama.cpp does not offer here (`offered`: the devices it
+/// lists and those it skips, such as Vulkan0 beside CUDA0): a profile measured through a backend
+/// whose module is gone, in one line.
+fn devices_not_offered(p: &Profile, offered: &[&str]) -> Option<String> {
+    let missing: Vec<&str> = (p.winner.devices.iter())
+        .map(String::as_str)
+        .filter(|d| !offered.contains(d))
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "the winner runs on {}, which llama.cpp does not offer here (`autotune doctor` says which backend modules are loaded)",
+            missing.join(", ")
+        )
+    })
+}
+
 fn short(fingerprint: &str) -> &str {
     fingerprint.get(..12).unwrap_or(fingerprint)
 }
@@ -271,6 +292,19 @@ pub(crate) fn one_line(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_winner_on_a_device_this_build_does_not_offer_is_stale() {
+        let mut p = profiles::example_profile();
+        p.winner.devices = vec!["Vulkan0".into()];
+        assert_eq!(devices_not_offered(&p, &["CPU", "CUDA0", "Vulkan0"]), None);
+        assert_eq!(
+            devices_not_offered(&p, &["CPU", "CUDA0"]).as_deref(),
+            Some("the winner runs on Vulkan0, which llama.cpp does not offer here (`autotune doctor` says which backend modules are loaded)")
+        );
+        p.winner.devices.clear();
+        assert_eq!(devices_not_offered(&p, &["CPU"]), None);
+    }
 
     #[test]
     fn profile_errors_become_one_line() {

@@ -113,6 +113,12 @@ pub struct TuneArgs {
     #[command(flatten)]
     pub devices: DeviceArgs,
 
+    /// Backends to measure a GPU through where several drive it (CUDA and Vulkan on an NVIDIA
+    /// machine with both modules), comma separated, the first where the search starts; e.g.
+    /// `--backend vulkan` to tune through Vulkan alone [default: every backend that drives a GPU]
+    #[arg(long = "backend", value_name = "BACKEND", value_delimiter = ',')]
+    pub backend: Option<Vec<String>>,
+
     /// Measure every combination of the knob values given (grid mode) instead of searching
     #[arg(long)]
     pub exhaustive: bool,
@@ -265,8 +271,9 @@ pub struct DeviceArgs {
     #[command(flatten)]
     pub rpc: RpcArgs,
 
-    /// Memory a device may use, DEVICE=SIZE (e.g. RPC0=300M, CPU=8G); repeatable. Default: its free
-    /// memory minus --mem-margin
+    /// Memory a device may use, DEVICE=SIZE (e.g. RPC0=300M, CPU=8G); repeatable. A GPU two backends
+    /// drive has one budget, given by either name (CUDA0 or Vulkan0). Default: its free memory minus
+    /// --mem-margin
     #[arg(long = "mem-budget", value_delimiter = ',')]
     pub mem_budget: Vec<DeviceBudget>,
 

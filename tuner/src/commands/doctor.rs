@@ -109,6 +109,10 @@ fn print_probe(d: &probe::Probe) {
         for g in &d.gpus {
             println!("  {:<40} {}", g.name, g.source);
         }
+        println!("gpu backends");
+        for a in &d.gpu_advice {
+            println!("  {}", a.line());
+        }
     }
     for w in &d.gpu_warnings {
         println!("warning      {w}");

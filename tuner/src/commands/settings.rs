@@ -161,6 +161,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         flash_attn: a.flash_attn.clone(),
         ubatch_options: a.ubatch.clone(),
         rpc: a.devices.rpc.servers.clone(),
+        backends: a.backend.clone(),
         mem_budgets: a.devices.mem_budget.clone(),
         mem_margin: a.devices.mem_margin,
         trial_timeout: a.trial.trial_timeout,

@@ -409,7 +409,7 @@ impl Engine<'_> {
     /// `best` with more of the model on its devices, where its settings let that fit: a placement
     /// with the fewest layers' experts (or dense FFNs) on the host (their count was found at the
     /// first group's f16 cache and micro-batch), else the most layers.
-    fn more_on_device(&mut self, best: &Candidate) -> Option<Candidate> {
+    pub(crate) fn more_on_device(&mut self, best: &Candidate) -> Option<Candidate> {
         if best.n_cpu_ffn > 0 {
             let at = |n: u32| Candidate {
                 n_cpu_ffn: n,

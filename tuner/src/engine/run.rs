@@ -84,4 +84,17 @@ pub struct Run {
     /// Where the default budget grew: the seconds one visit of the baseline took (told from its
     /// figures where its repetitions were reused).
     pub visit_seconds: Option<f64>,
+    /// Where a GPU shows through several backends: the configuration measured through each
+    /// (`engine/backends.rs`); empty where each GPU has one backend or the axis was not reached.
+    pub backends: Vec<BackendTried>,
+}
+
+/// One backend's configuration in the backend axis.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendTried {
+    /// The ggml backend (`CUDA`, `Vulkan`).
+    pub backend: String,
+    pub candidate: Candidate,
+    /// The axis chose it: the search went on through this backend.
+    pub chosen: bool,
 }

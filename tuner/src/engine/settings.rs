@@ -69,8 +69,12 @@ pub struct TuneSettings {
     /// split search ranks hosts ([`hosts`]).
     pub links: Vec<profiles::HostLink>,
     /// Bytes each device may hold (device name → bytes); a candidate predicted to need more on any
-    /// device is pruned without being loaded.
+    /// device is pruned without being loaded. A GPU several backends drive has one budget, which
+    /// names it through each (`DeviceBudget::same_gpu`).
     pub mem_budgets: Budgets,
+    /// The backends a GPU several of them drive is measured through (ggml's names: `CUDA`,
+    /// `Vulkan`), the first where the search starts; fewer than two: no backend axis.
+    pub backends: Vec<String>,
     /// Layers of the model (offload goes up to n_layers + 1, the output layer).
     pub n_layers: u32,
     /// Whether a non-CPU device exists to offload layers to.

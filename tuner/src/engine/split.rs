@@ -10,6 +10,7 @@
 //! step as long as the split has moved so far (10, 20, 40 points) and no longer than still holds
 //! every layer.
 
+use crate::engine::backends::backend_of_device as backend_of;
 use crate::engine::placement::last_that_holds;
 use crate::engine::{vary_cache, Engine};
 use search_space::{CacheType, Candidate, FlashAttn, SplitMode};
@@ -81,11 +82,6 @@ fn fix_total(v: &mut [u32]) {
     if let Some(k) = (0..v.len()).max_by_key(|&k| v[k]) {
         v[k] = (v[k] as i64 + 100 - sum).max(1) as u32;
     }
-}
-
-/// The backend of a device by its llama.cpp name (`CUDA0` → `CUDA`, `RPC1` → `RPC`).
-fn backend_of(name: &str) -> &str {
-    name.trim_end_matches(|c: char| c.is_ascii_digit())
 }
 
 impl Engine<'_> {
@@ -374,11 +370,14 @@ impl Engine<'_> {
     /// The split search around `best` (the placement group's winner): the split group, then steps in
     /// the winning direction, each as far as the split has moved, while each step wins; a step that
     /// loses after a longer one is followed by one half as long. Returns the new best.
+    ///
+    /// The shapes are built as llama.cpp names the devices by default and run through `best`'s
+    /// backend where a GPU shows through several ([`Engine::like`]).
     pub fn search_split(&mut self, best: Candidate) -> Candidate {
         if !self.settings.offload || self.out_of_time() {
             return best;
         }
-        let from = crate::engine::in_space(&self.settings, &best);
+        let from = crate::engine::in_space(&self.settings, &self.plain(&best));
         let mut group = self.split_group(&from);
         if group.is_empty() {
             return best;
@@ -390,6 +389,10 @@ impl Engine<'_> {
         promising.extend(self.fill_fastest(&from));
         promising.extend(self.fastest_devices_alone(&from));
         group.extend(promising.iter().cloned());
+        let through = |e: &Self, v: Vec<Candidate>| -> Vec<Candidate> {
+            v.iter().filter_map(|c| e.like(c, &best)).collect()
+        };
+        let (mut group, promising) = (through(self, group), through(self, promising));
         group.insert(0, best.clone());
         self.promising = promising;
         self.measure_group(&group, "split");
@@ -400,7 +403,11 @@ impl Engine<'_> {
             if self.out_of_time() {
                 break;
             }
-            let Some(next) = self.split_step(&best, half) else {
+            let plain = self.plain(&best);
+            let Some(next) = self
+                .split_step(&plain, half)
+                .and_then(|c| self.like(&c, &best))
+            else {
                 break;
             };
             let pair = [best.clone(), next];

@@ -20,6 +20,12 @@ const WINNER_COLOR: RGBColor = RGBColor(44, 160, 44);
 const BAR_COLOR: RGBColor = RGBColor(120, 160, 200);
 const DEFAULTS_COLOR: RGBColor = RGBColor(150, 150, 150);
 const FAILED_COLOR: RGBColor = RGBColor(214, 39, 40);
+/// tg and pp of each further backend's series (the first backend's are TG_COLOR and PP_COLOR).
+const BACKEND_COLORS: [(RGBColor, RGBColor); 3] = [
+    (RGBColor(23, 190, 207), RGBColor(148, 103, 189)),
+    (RGBColor(140, 86, 75), RGBColor(227, 119, 194)),
+    (RGBColor(188, 189, 34), RGBColor(127, 127, 127)),
+];
 /// Most leaderboard rows drawn.
 const MAX_BARS: usize = 20;
 
@@ -45,9 +51,11 @@ pub fn write(
         .iter()
         .filter(|p| p.tg_tps.is_some())
         .count();
-    if measured_counts > 1 {
+    // Two backends at one layer count are two points to compare as well.
+    if measured_counts > 1 || explanation.backend_placements.len() > 1 {
         let path = dir.join(format!("{stem}-gpu-layers.svg"));
-        gpu_layers(profile, &explanation.placements, &path)
+        let series = series(&explanation.placements, &explanation.backend_placements);
+        gpu_layers(profile, &explanation.placements, &series, &path)
             .with_context(|| format!("cannot draw {}", path.display()))?;
         out.push(Chart {
             title: "tg and pp against GPU layers".into(),
@@ -69,14 +77,40 @@ fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow::anyhow!("{e}")
 }
 
-/// tg (left axis) and pp (right axis) of the best candidate at each GPU-layer count; counts where
-/// nothing was measured are crosses on the axis; the winner's count and "all layers" are marked.
-fn gpu_layers(profile: &Profile, points: &[PlacementPoint], path: &Path) -> anyhow::Result<()> {
-    let mut ok: Vec<(u32, f64, f64)> = points
-        .iter()
-        .filter_map(|p| Some((p.n_gpu_layers, p.tg_tps?, p.pp_tps?)))
-        .collect();
-    ok.sort_by_key(|p| p.0);
+/// One line of the GPU-layers chart: its backend (`None`: every measured candidate) and its
+/// (layers, tg, pp) points, fewest layers first.
+type Series = (Option<String>, Vec<(u32, f64, f64)>);
+
+/// The chart's lines: one per backend where a GPU was measured through several, else one.
+fn series(points: &[PlacementPoint], by_backend: &[PlacementPoint]) -> Vec<Series> {
+    let ok = |p: &PlacementPoint| Some((p.n_gpu_layers, p.tg_tps?, p.pp_tps?));
+    let mut out: Vec<Series> = Vec::new();
+    if by_backend.is_empty() {
+        out.push((None, points.iter().filter_map(ok).collect()));
+    }
+    for p in by_backend {
+        let Some(point) = ok(p) else { continue };
+        match out.iter_mut().find(|s| s.0 == p.backend) {
+            Some(s) => s.1.push(point),
+            None => out.push((p.backend.clone(), vec![point])),
+        }
+    }
+    for s in &mut out {
+        s.1.sort_by_key(|p| p.0);
+    }
+    out
+}
+
+/// tg (left axis) and pp (right axis) of the best candidate at each GPU-layer count, a line each
+/// per backend where several drove the GPU; counts where nothing was measured are crosses on the
+/// axis; the winner's count and "all layers" are marked.
+fn gpu_layers(
+    profile: &Profile,
+    points: &[PlacementPoint],
+    series: &[Series],
+    path: &Path,
+) -> anyhow::Result<()> {
+    let ok: Vec<(u32, f64, f64)> = series.iter().flat_map(|s| s.1.iter().copied()).collect();
     let all_layers = profile.roofline.as_ref().map(|r| r.layers + 1);
     let x_max = points
         .iter()
@@ -119,24 +153,7 @@ fn gpu_layers(profile: &Profile, points: &[PlacementPoint], path: &Path) -> anyh
         .map_err(err)?;
 
     reference_lines(&mut chart, profile, all_layers, tg_max)?;
-    let tg: Vec<(f64, f64)> = ok.iter().map(|p| (f64::from(p.0), p.1)).collect();
-    let pp: Vec<(f64, f64)> = ok.iter().map(|p| (f64::from(p.0), p.2)).collect();
-    chart
-        .draw_series(LineSeries::new(tg.clone(), TG_COLOR.stroke_width(3)))
-        .map_err(err)?
-        .label("tg (left axis)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], TG_COLOR.stroke_width(3)));
-    chart
-        .draw_series(tg.iter().map(|&p| Circle::new(p, 4, TG_COLOR.filled())))
-        .map_err(err)?;
-    chart
-        .draw_secondary_series(LineSeries::new(pp.clone(), PP_COLOR.stroke_width(3)))
-        .map_err(err)?
-        .label("pp (right axis)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], PP_COLOR.stroke_width(3)));
-    chart
-        .draw_secondary_series(pp.iter().map(|&p| Circle::new(p, 4, PP_COLOR.filled())))
-        .map_err(err)?;
+    draw_series(&mut chart, series)?;
     failed_marks(&mut chart, points)?;
     chart
         .configure_series_labels()
@@ -179,9 +196,54 @@ fn bar_label(entry: &profiles::LeaderboardEntry, defaults: Option<&str>) -> Stri
     label
 }
 
+/// Each series' tg (primary axis) and pp (secondary axis) lines with their points, in colours of
+/// their own, named by backend where there are several.
+fn draw_series(chart: &mut LayersChart2, series: &[Series]) -> anyhow::Result<()> {
+    for (k, (backend, line)) in series.iter().enumerate() {
+        let (tg_color, pp_color) = match k {
+            0 => (TG_COLOR, PP_COLOR),
+            k => BACKEND_COLORS[(k - 1) % BACKEND_COLORS.len()],
+        };
+        let through = backend
+            .as_ref()
+            .map_or_else(String::new, |b| format!(" through {b}"));
+        let tg: Vec<(f64, f64)> = line.iter().map(|p| (f64::from(p.0), p.1)).collect();
+        let pp: Vec<(f64, f64)> = line.iter().map(|p| (f64::from(p.0), p.2)).collect();
+        chart
+            .draw_series(LineSeries::new(tg.clone(), tg_color.stroke_width(3)))
+            .map_err(err)?
+            .label(format!("tg{through} (left axis)"))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], tg_color.stroke_width(3))
+            });
+        chart
+            .draw_series(tg.iter().map(|&p| Circle::new(p, 4, tg_color.filled())))
+            .map_err(err)?;
+        chart
+            .draw_secondary_series(LineSeries::new(pp.clone(), pp_color.stroke_width(3)))
+            .map_err(err)?
+            .label(format!("pp{through} (right axis)"))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], pp_color.stroke_width(3))
+            });
+        chart
+            .draw_secondary_series(pp.iter().map(|&p| Circle::new(p, 4, pp_color.filled())))
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
 /// The primary axes of the GPU-layers chart.
 type LayersChart<'a, 'b> =
     ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// The GPU-layers chart with its secondary (pp) axis.
+type LayersChart2<'a, 'b> = plotters::chart::DualCoordChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<RangedCoordf64, RangedCoordf64>,
+    Cartesian2d<RangedCoordf64, RangedCoordf64>,
+>;
 
 /// Vertical lines at the winner's layer count and at "all layers".
 fn reference_lines(

@@ -7,31 +7,21 @@ use super::view::{decimal_bytes, generation_tps, offload_devices, RooflineScope,
 use profiles::Profile;
 use search_space::size::format_size;
 use search_space::Candidate;
-use serde::Serialize;
 
+mod backends;
 mod context;
 mod finding;
 mod knobs;
 mod links;
+pub use backends::backend_placements;
 #[cfg(test)]
 pub use context::at_full_context;
 use finding::{finding, measured, secs};
-pub use finding::{Finding, Topic};
+pub use finding::{Finding, PlacementPoint, Topic};
 pub use knobs::{knob_effects, KnobEffect};
 
 /// Relative differences below this are within the default noise threshold of a run.
 const NOISE: f64 = 0.02;
-
-/// The best measured candidate at one GPU-layer count (or why none was measured there).
-#[derive(Debug, Clone, Serialize)]
-pub struct PlacementPoint {
-    pub n_gpu_layers: u32,
-    pub pp_tps: Option<f64>,
-    pub tg_tps: Option<f64>,
-    pub score_s: Option<f64>,
-    /// `ok`, or the status of the first candidate at this count when none was measured.
-    pub status: String,
-}
 
 /// The best measured figures at each GPU-layer count, most layers first.
 pub fn placements(profile: &Profile) -> Vec<PlacementPoint> {
@@ -55,6 +45,7 @@ pub fn placements(profile: &Profile) -> Vec<PlacementPoint> {
                     tg_tps: Some(f.tg_tps),
                     score_s: Some(f.score_s),
                     status: "ok".into(),
+                    backend: None,
                 },
                 None => PlacementPoint {
                     n_gpu_layers: n,
@@ -67,6 +58,7 @@ pub fn placements(profile: &Profile) -> Vec<PlacementPoint> {
                         .find(|e| e.candidate.n_gpu_layers == n)
                         .map(|e| e.status.clone())
                         .unwrap_or_default(),
+                    backend: None,
                 },
             }
         })
@@ -87,6 +79,7 @@ pub fn findings(
     ];
     v.extend(context::context(profile, roofline));
     v.extend([model(profile, roofline), prefill(profile), devices(profile)]);
+    v.extend(backends::backends(profile));
     v.extend(links::links(profile));
     v.push(settings(knobs));
     v

@@ -6,6 +6,8 @@
 //! explain PROFILE.toml` can explain any profile, and `autotune tune` shows the same right after a run.
 //! [`Explanation`] is one `Serialize` value, rendered as text or as JSON.
 
+#[cfg(test)]
+mod backend_tests;
 pub mod bandwidth;
 pub mod charts;
 mod diagnosis;
@@ -33,6 +35,12 @@ pub struct Explanation {
     pub knob_effects: Vec<KnobEffect>,
     /// The best measured figures at each GPU-layer count (the offload cliff).
     pub placements: Vec<PlacementPoint>,
+    /// Where a GPU was measured through several backends: the best placement through each, and
+    /// the cliff as a series per backend.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub backends: Vec<profiles::BackendTrial>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub backend_placements: Vec<PlacementPoint>,
 }
 
 impl Explanation {
@@ -46,6 +54,8 @@ impl Explanation {
             findings,
             knob_effects,
             placements,
+            backends: profile.backends.clone(),
+            backend_placements: diagnosis::backend_placements(profile),
         }
     }
 

@@ -6,7 +6,7 @@ use super::*;
 use profiles::{example_profile, DeviceRef, Figures, LeaderboardEntry, Roofline};
 use search_space::{CacheType, Candidate, FlashAttn, KernelChoice};
 
-fn figures(pp: f64, tg: f64, w: &profiles::Workload, mem: u64) -> Figures {
+pub(super) fn figures(pp: f64, tg: f64, w: &profiles::Workload, mem: u64) -> Figures {
     let score = w.n_prompt as f64 / pp + w.n_gen as f64 / tg;
     Figures {
         pp_tps: pp,
@@ -23,11 +23,11 @@ fn figures(pp: f64, tg: f64, w: &profiles::Workload, mem: u64) -> Figures {
 }
 
 /// The explanation's finding on `topic`.
-fn finding(e: &Explanation, topic: Topic) -> &diagnosis::Finding {
+pub(super) fn finding(e: &Explanation, topic: Topic) -> &diagnosis::Finding {
     e.findings.iter().find(|f| f.topic == topic).unwrap()
 }
 
-fn entry(rank: u32, c: Candidate, f: Option<Figures>, status: &str) -> LeaderboardEntry {
+pub(super) fn entry(rank: u32, c: Candidate, f: Option<Figures>, status: &str) -> LeaderboardEntry {
     LeaderboardEntry {
         rank,
         tie_with_previous: false,
@@ -39,7 +39,7 @@ fn entry(rank: u32, c: Candidate, f: Option<Figures>, status: &str) -> Leaderboa
 }
 
 /// Re-ranks measured rows by score (unmeasured ones last, rank 0), as the tuner does.
-fn ranked(mut rows: Vec<LeaderboardEntry>) -> Vec<LeaderboardEntry> {
+pub(super) fn ranked(mut rows: Vec<LeaderboardEntry>) -> Vec<LeaderboardEntry> {
     rows.sort_by(|a, b| match (&a.figures, &b.figures) {
         (Some(x), Some(y)) => x.score_s.total_cmp(&y.score_s),
         (Some(_), None) => std::cmp::Ordering::Less,
@@ -53,7 +53,7 @@ fn ranked(mut rows: Vec<LeaderboardEntry>) -> Vec<LeaderboardEntry> {
 }
 
 /// The figures of `c`'s row in a leaderboard.
-fn figures_of(rows: &[LeaderboardEntry], c: &Candidate) -> Figures {
+pub(super) fn figures_of(rows: &[LeaderboardEntry], c: &Candidate) -> Figures {
     rows.iter()
         .find(|e| &e.candidate == c)
         .and_then(|e| e.figures.clone())

@@ -3,7 +3,9 @@
 //! then integrated GPUs only when there is no discrete GPU. Every budget, tensor split and fit that
 //! autotune builds is indexed by this list, so it must be llama.cpp's: one GPU that two modules see
 //! (CUDA0 and Vulkan0 on an NVIDIA machine) is one device, and a split's first share goes to the
-//! first RPC server whatever order the registry has.
+//! first RPC server whatever order the registry has. The other module's name for such a GPU
+//! (`SkippedDevice::same_as`) is how a configuration runs through that backend instead
+//! (`--device Vulkan0`): the tuner's backend axis measures both.
 
 use super::cstr;
 use super::device::DeviceInfo;
@@ -15,6 +17,9 @@ use serde::Serialize;
 pub struct SkippedDevice {
     pub device: DeviceInfo,
     pub reason: String,
+    /// The listed device that is the same GPU (`CUDA0` for `Vulkan0`), where it is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub same_as: Option<String>,
 }
 
 /// A device as ggml's registry lists it, with the identity llama.cpp compares GPUs by.
@@ -38,12 +43,31 @@ pub fn device_view() -> (Vec<DeviceInfo>, Vec<SkippedDevice>) {
     model_view(registered())
 }
 
-/// Free memory per non-CPU device right now (device name → free bytes).
-pub fn device_free() -> Vec<(String, u64)> {
-    devices()
-        .into_iter()
+/// Free memory per non-CPU device right now (device name → free bytes), a GPU that several
+/// backends drive named as `named` (a load's `--device` list) names it where it does: one entry
+/// per GPU, so its memory is never counted twice.
+pub fn device_free_for(named: &[String]) -> Vec<(String, u64)> {
+    let (listed, skipped) = device_view();
+    free_of(&listed, &skipped, named)
+}
+
+fn free_of(
+    listed: &[DeviceInfo],
+    skipped: &[SkippedDevice],
+    named: &[String],
+) -> Vec<(String, u64)> {
+    listed
+        .iter()
         .filter(|d| d.takes_layers())
-        .map(|d| (d.name, d.memory_free))
+        .map(|d| {
+            let other = skipped.iter().find(|s| {
+                s.same_as.as_deref() == Some(d.name.as_str()) && named.contains(&s.device.name)
+            });
+            match other {
+                Some(s) => (s.device.name.clone(), s.device.memory_free),
+                None => (d.name.clone(), d.memory_free),
+            }
+        })
         .collect()
 }
 
@@ -106,9 +130,10 @@ pub fn model_view(devs: Vec<Registered>) -> (Vec<DeviceInfo>, Vec<SkippedDevice>
     let (mut host, mut rpc) = (Vec::new(), Vec::new());
     let (mut gpus, mut igpus): (Vec<Registered>, Vec<Registered>) = (Vec::new(), Vec::new());
     let mut skipped = Vec::new();
-    let skip = |d: Registered, reason: String| SkippedDevice {
+    let skip = |d: Registered, reason: String, same_as: Option<String>| SkippedDevice {
         device: d.info,
         reason,
+        same_as,
     };
     for d in devs {
         match d.info.kind.as_str() {
@@ -116,11 +141,14 @@ pub fn model_view(devs: Vec<Registered>) -> (Vec<DeviceInfo>, Vec<SkippedDevice>
             "gpu" => match same_gpu(&gpus, &d) {
                 Some(first) => {
                     let reason = format!(
-                        "the same GPU as {} (device id {}): llama.cpp gives a model each GPU once",
+                        "the same GPU as {} (device id {}): llama.cpp gives a model each GPU once; \
+                         tune measures both backends (--device {})",
                         first.info.name,
-                        d.device_id.as_deref().unwrap_or("?")
+                        d.device_id.as_deref().unwrap_or("?"),
+                        d.info.name
                     );
-                    skipped.push(skip(d, reason));
+                    let same = Some(first.info.name.clone());
+                    skipped.push(skip(d, reason, same));
                 }
                 None => gpus.push(d),
             },
@@ -130,7 +158,7 @@ pub fn model_view(devs: Vec<Registered>) -> (Vec<DeviceInfo>, Vec<SkippedDevice>
                         "an integrated GPU {} already shows through {}",
                         first.info.name, first.info.backend
                     );
-                    skipped.push(skip(d, reason));
+                    skipped.push(skip(d, reason, None));
                 }
                 _ => igpus.push(d),
             },
@@ -141,7 +169,7 @@ pub fn model_view(devs: Vec<Registered>) -> (Vec<DeviceInfo>, Vec<SkippedDevice>
         for d in igpus.drain(..) {
             let reason = "an integrated GPU: llama.cpp uses one only when there is no discrete GPU"
                 .to_string();
-            skipped.push(skip(d, reason));
+            skipped.push(skip(d, reason, None));
         }
     }
     let listed = [host, rpc, gpus, igpus]
@@ -221,6 +249,27 @@ mod tests {
             "{}",
             skipped[0].reason
         );
+        assert_eq!(skipped[0].same_as.as_deref(), Some("CUDA0"));
+    }
+
+    /// One GPU's free memory once, named as the load names it.
+    #[test]
+    fn a_gpu_seen_by_two_backends_has_its_free_memory_listed_once() {
+        let (listed, skipped) = model_view(vec![
+            dev("CPU", "CPU", "cpu", None),
+            dev("CUDA0", "CUDA", "gpu", Some("0000:01:00.0")),
+            dev("Vulkan0", "Vulkan", "gpu", Some("0000:01:00.0")),
+        ]);
+        let names = |named: &[&str]| -> Vec<String> {
+            let named: Vec<String> = named.iter().map(|n| n.to_string()).collect();
+            free_of(&listed, &skipped, &named)
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect()
+        };
+        assert_eq!(names(&[]), ["CUDA0"]);
+        assert_eq!(names(&["CUDA0"]), ["CUDA0"]);
+        assert_eq!(names(&["Vulkan0"]), ["Vulkan0"]);
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub use bandwidth::device_read_bandwidth;
 pub use breakdown::{breakdown_per_device, memory_breakdown};
 pub use context::{server_outputs, Context, SeqToken};
 pub use device::DeviceInfo;
-pub use devices::{device_free, device_view, devices, SkippedDevice};
+pub use devices::{device_free_for, device_view, devices, SkippedDevice};
 pub use link::device_link;
 #[cfg(test)]
 pub use log::loaded_modules;

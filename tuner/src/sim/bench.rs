@@ -90,6 +90,7 @@ fn landscape(seed: u64) -> Landscape {
         load_spread: *[0.0, 0.02, 0.05].choose(&mut r).unwrap(),
         crash_rate: 0.005,
         fit_undercount: 0,
+        other_backends: Vec::new(),
     }
 }
 

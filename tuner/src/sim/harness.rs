@@ -54,6 +54,7 @@ pub fn gpus(n: usize, mem: u64) -> Landscape {
         load_spread: 0.0,
         crash_rate: 0.0,
         fit_undercount: 0,
+        other_backends: Vec::new(),
     }
 }
 
@@ -112,11 +113,8 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         flash_attn: vec![FlashAttn::Auto, FlashAttn::On, FlashAttn::Off],
         rpc: Vec::new(),
         links: land.links(),
-        mem_budgets: land
-            .devices
-            .iter()
-            .map(|d| (d.name.clone(), d.mem_bytes.saturating_sub(MARGIN)))
-            .collect(),
+        mem_budgets: budgets(land),
+        backends: backends(land),
         n_layers: land.model.n_layers,
         offload,
         moe: land.model.moe.is_some(),
@@ -125,6 +123,33 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         split_modes: Vec::new(),
         quick: false,
     }
+}
+
+/// Each device's memory less the default margin, a GPU seen through several backends named by
+/// each (one budget per GPU, as `autotune tune` gives it).
+pub fn budgets(land: &Landscape) -> profiles::Budgets {
+    let mut b: profiles::Budgets = (land.devices.iter())
+        .map(|d| (d.name.clone(), d.mem_bytes.saturating_sub(MARGIN)))
+        .collect();
+    for o in &land.other_backends {
+        b.0[o.device].same_gpu.push(o.name.clone());
+    }
+    b
+}
+
+/// The backends of the backend axis: where a GPU shows through others, each backend that drives
+/// one so seen, the listed device's first.
+pub fn backends(land: &Landscape) -> Vec<String> {
+    let backend = |n: &str| crate::engine::backend_of_device(n).to_string();
+    let mut out: Vec<String> = Vec::new();
+    for o in &land.other_backends {
+        for b in [backend(&land.devices[o.device].name), backend(&o.name)] {
+            if !out.contains(&b) {
+                out.push(b);
+            }
+        }
+    }
+    out
 }
 
 /// What one simulated run left behind.
@@ -147,6 +172,8 @@ pub struct SimRun {
     /// The budget at the end (a default one may have grown) and the visit it grew on.
     pub budget: Duration,
     pub visit_seconds: Option<f64>,
+    /// What the backend axis measured.
+    pub backends: Vec<crate::engine::BackendTried>,
 }
 
 /// How the run searches: coordinate descent, or every placement × every knob value.
@@ -212,6 +239,7 @@ pub fn tune_logged(
         seconds: e.measurer.elapsed().as_secs_f64(),
         budget: e.settings.time_budget,
         visit_seconds: e.visit_seconds,
+        backends: std::mem::take(&mut e.backend_trials),
         quality: e.quality_record(),
         results: std::mem::take(&mut e.results),
         winner,

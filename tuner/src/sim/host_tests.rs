@@ -28,6 +28,7 @@ fn too_few_layers_offloaded_for_the_rest_to_fit_in_ram_are_pruned_not_the_search
         device: "CPU".into(),
         bytes: host_budget,
         given: true,
+        same_gpu: Vec::new(),
     });
     let n_ctx = s.workload.n_ctx;
     let base = Candidate::llama_default(16, 81);

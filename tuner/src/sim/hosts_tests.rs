@@ -42,6 +42,7 @@ fn landscape(model: SimModel, devices: Vec<Device>) -> Landscape {
         load_spread: 0.0,
         crash_rate: 0.0,
         fit_undercount: 0,
+        other_backends: Vec::new(),
     }
 }
 
@@ -83,6 +84,7 @@ fn tune_hosts(
             device: "CPU".into(),
             bytes: b,
             given: true,
+            same_gpu: Vec::new(),
         });
     }
     assert_eq!(s.links.len(), land.devices.len(), "every host's link known");

@@ -31,6 +31,23 @@ pub struct Device {
     pub latency: f64,
 }
 
+/// One simulated GPU through another backend that drives it (`Vulkan0` beside `CUDA0`): its
+/// decode and prompt speeds as factors of the device's own, and the bytes it takes on the device
+/// beyond the first backend's (or fewer, negative).
+#[derive(Debug, Clone)]
+pub struct OtherBackend {
+    /// The device it is (an index into [`Landscape::devices`]).
+    pub device: usize,
+    pub name: String,
+    /// Factor on the device's read bandwidth (generation).
+    pub decode: f64,
+    /// Factor on the device's compute (prompt processing).
+    pub prompt: f64,
+    /// Bytes a load through it takes on the device beyond one through the first backend (its
+    /// buffers, its weights' padding), held with the weights.
+    pub overhead: i64,
+}
+
 /// The host: memory bandwidth (reached with about half the physical cores), compute per core.
 #[derive(Debug, Clone)]
 pub struct Host {
@@ -120,6 +137,8 @@ pub struct Landscape {
     /// Bytes per device llama.cpp's fit does not count that the dry run does: its placement can
     /// end this much over the target it was given (seen: 15 MiB on an RPC device).
     pub fit_undercount: u64,
+    /// Its GPUs through other backends: one GPU, two ways to run it ([`OtherBackend`]).
+    pub other_backends: Vec<OtherBackend>,
 }
 
 /// One place a configuration puts weights: a device, or the host (`device == None`).
@@ -192,8 +211,33 @@ impl Landscape {
     /// The devices a candidate uses (its `--device` list, else all).
     fn used(&self, c: &Candidate) -> Vec<usize> {
         (0..self.devices.len())
-            .filter(|&d| c.devices.is_empty() || c.devices.contains(&self.devices[d].name))
+            .filter(|&d| {
+                c.devices.is_empty()
+                    || c.devices.contains(&self.devices[d].name)
+                    || self.through(c, d).is_some()
+            })
             .collect()
+    }
+
+    /// The other backend `c` runs device `d` through, where it names the device by that backend.
+    pub fn through(&self, c: &Candidate, d: usize) -> Option<&OtherBackend> {
+        (self.other_backends.iter()).find(|o| o.device == d && c.devices.contains(&o.name))
+    }
+
+    /// Device `d`'s name as `c` names it.
+    fn name_of(&self, c: &Candidate, d: usize) -> String {
+        self.through(c, d)
+            .map_or_else(|| self.devices[d].name.clone(), |o| o.name.clone())
+    }
+
+    /// Device `d`'s read bandwidth through the backend `c` runs it through.
+    fn bandwidth_of(&self, c: &Candidate, d: usize) -> f64 {
+        self.devices[d].bandwidth * self.through(c, d).map_or(1.0, |o| o.decode)
+    }
+
+    /// Device `d`'s compute through the backend `c` runs it through.
+    fn flops_of(&self, c: &Candidate, d: usize) -> f64 {
+        self.devices[d].flops * self.through(c, d).map_or(1.0, |o| o.prompt)
     }
 
     /// Whether the host's weights are in the CPU's repacked layout: repack kernels, in the CPU's own
@@ -310,11 +354,15 @@ impl Landscape {
             compute += ub * m.n_vocab * 4;
             out_bytes = m.output_bytes;
         }
+        let mut weights = weights as u64 + out_bytes;
+        if let Some(o) = device.and_then(|d| self.through(c, d)) {
+            weights = weights.saturating_add_signed(o.overhead);
+        }
         Share {
             device,
-            name: device.map_or("CPU".to_string(), |d| self.devices[d].name.clone()),
+            name: device.map_or("CPU".to_string(), |d| self.name_of(c, d)),
             layers,
-            weights: weights as u64 + out_bytes,
+            weights,
             kv: kv as u64,
             compute,
             read_per_token: read + out_bytes as f64,
@@ -348,7 +396,7 @@ impl Landscape {
                 format!(
                     "cudaMalloc failed: out of memory ({} MiB on {})",
                     need / MIB,
-                    d.name
+                    s.name
                 )
             })
         })
@@ -422,8 +470,8 @@ impl Landscape {
                         0.99
                     };
                     (
-                        bytes / self.devices[d].bandwidth * fa * quant_kv,
-                        flops / self.devices[d].flops,
+                        bytes / self.bandwidth_of(c, d) * fa * quant_kv,
+                        flops / self.flops_of(c, d),
                     )
                 }
                 None => {
@@ -502,7 +550,7 @@ impl Landscape {
             let flops = 3.6 * s.read_per_token * n as f64;
             let attention = attention_per_layer * s.layers as f64 * attention_cost;
             t += match s.device {
-                Some(d) => attention / (self.devices[d].flops * eff),
+                Some(d) => attention / (self.flops_of(c, d) * eff),
                 None => {
                     let cores = c.batch_threads().min(self.host.physical_cores).max(1) as f64;
                     attention / (self.host.flops_per_core * cores * host_eff)
@@ -515,7 +563,7 @@ impl Landscape {
                     } else {
                         0.95
                     };
-                    flops / (self.devices[d].flops * eff) * fa
+                    flops / (self.flops_of(c, d) * eff) * fa
                 }
                 // Repacked weights are not host memory to ggml's scheduler: never offloaded.
                 None if !used.is_empty()
@@ -525,7 +573,7 @@ impl Landscape {
                 {
                     let d = used[0];
                     batches * s.weights as f64 / self.link_from_host(c, d)
-                        + flops / (self.devices[d].flops * eff)
+                        + flops / (self.flops_of(c, d) * eff)
                 }
                 None => {
                     let cores = c.batch_threads().min(self.host.physical_cores).max(1) as f64;

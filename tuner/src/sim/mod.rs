@@ -12,6 +12,7 @@
 //! `bench/vs-tuners` (`rivals.rs`). Deterministic for a seed.
 
 mod axes_tests;
+mod backend_tests;
 mod baseline_tests;
 mod bench;
 mod budget_tests;
@@ -32,7 +33,7 @@ mod rivals;
 mod rounds_tests;
 mod split_tests;
 
-pub use landscape::{candidate_of, Device, Host, Landscape, Moe, SimModel, GIB, MIB};
+pub use landscape::{candidate_of, Device, Host, Landscape, Moe, OtherBackend, SimModel, GIB, MIB};
 
 use crate::engine::score_seconds;
 use crate::measuring::TrialFailure;

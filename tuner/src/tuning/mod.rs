@@ -3,6 +3,7 @@
 //! llama.cpp build, the measurement log). `autotune tune` and the quantization ladder both tune
 //! through [`tune`]; neither sees flags.
 
+mod backends;
 pub mod joint;
 mod measurer;
 mod output;
@@ -93,6 +94,9 @@ pub struct Plan {
     /// Micro-batch sizes to try; empty: [`ubatch_options`] chooses for the machine and workload.
     pub ubatch_options: Vec<u32>,
     pub rpc: Vec<String>,
+    /// The backends a GPU several of them drive is measured through (`--backend`, ggml's names or
+    /// any case of them); `None`: every one that drives a GPU.
+    pub backends: Option<Vec<String>>,
     pub mem_budgets: Vec<DeviceBudget>,
     pub mem_margin: u64,
     pub trial_timeout: Duration,
@@ -172,6 +176,7 @@ impl Plan {
             kernels: self.kernels.clone(),
             host_buffers: host_buffer_options(self.host_buffers.as_deref(), machine),
             host_buffer_devices: (machine.offload_devices().into_iter())
+                .chain(machine.other_backends.iter().map(|o| &o.device))
                 .filter(|d| d.host_buffer)
                 .map(|d| d.name.clone())
                 .collect(),
@@ -185,6 +190,7 @@ impl Plan {
             rpc: self.rpc.clone(),
             links: Vec::new(),
             mem_budgets: session::budgets_of(&self.mem_budgets, self.mem_margin, machine)?,
+            backends: backends::backends_for(self.backends.as_deref(), machine)?,
             n_layers,
             offload,
             moe: info.is_moe(),
@@ -224,7 +230,8 @@ fn kv_pairs_for(
     system_info: &str,
 ) -> Vec<(CacheType, CacheType)> {
     let cuda = fa_quants(system_info);
-    let backends: Vec<String> = (machine.offload_devices().iter())
+    let backends: Vec<String> = (machine.offload_devices().into_iter())
+        .chain(machine.other_backends.iter().map(|o| &o.device))
         .map(|d| d.backend.clone())
         .collect();
     search_space::kv_pairs(types, |k, v| {

@@ -118,6 +118,23 @@ fn leaderboard(t: &Tuned) -> Vec<profiles::LeaderboardEntry> {
     board
 }
 
+/// What the backend axis measured, each through its backend with its figures or why it has none.
+pub fn backend_trials(t: &Tuned) -> Vec<profiles::BackendTrial> {
+    let board = leaderboard(t);
+    (t.run.backends.iter())
+        .map(|b| {
+            let row = board.iter().find(|r| r.candidate == b.candidate);
+            profiles::BackendTrial {
+                backend: b.backend.clone(),
+                candidate: b.candidate.clone(),
+                figures: row.and_then(|r| r.figures.clone()),
+                status: row.map_or_else(|| "not measured".into(), |r| r.status.clone()),
+                chosen: b.chosen,
+            }
+        })
+        .collect()
+}
+
 /// The run's report (no profile path yet).
 pub fn report_of(t: &Tuned) -> Report {
     let (run, s, info) = (&t.run, &t.run.settings, &t.info);
@@ -177,6 +194,7 @@ pub fn report_of(t: &Tuned) -> Report {
         notes: notes(t),
         others_cpu_share: t.others_cpu,
         memory: report::memory_rows(&run.results),
+        backends: backend_trials(t),
     }
 }
 
@@ -293,6 +311,7 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
             .then(|| t.run.baseline_placement.label.clone()),
         versus_defaults: versus_defaults(t),
         roofline: None,
+        backends: backend_trials(t),
         leaderboard: leaderboard(t),
         draft: None,
         ngram: None,

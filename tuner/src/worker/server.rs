@@ -94,7 +94,8 @@ impl WorkerState {
         self.context = None;
         self.model = None;
         self.before_load = BeforeLoad {
-            free: llama::device_free(),
+            // A GPU several backends drive is named as this load names it (`--device Vulkan0`).
+            free: llama::device_free_for(&m.settings.devices),
             committed: committed_bytes(),
             private: memory::private_bytes(),
         };
@@ -220,7 +221,8 @@ impl WorkerState {
             device: "CPU".into(),
             bytes: host,
         }];
-        for (name, free_after) in llama::device_free() {
+        let named = (self.model.as_ref()).map_or(&[][..], |((_, s), _)| &s.devices[..]);
+        for (name, free_after) in llama::device_free_for(named) {
             if let Some((_, free_before)) = self.before_load.free.iter().find(|(n, _)| *n == name) {
                 actual.push(DeviceBytes {
                     device: name,

@@ -1,5 +1,6 @@
 //! What every finding is made of (its topic, its line and details) and the readings of a profile
-//! the findings share: the measured leaderboard entries, seconds in words.
+//! the findings share: the measured leaderboard entries, seconds in words, the offload cliff's
+//! points.
 
 use profiles::{LeaderboardEntry, Profile};
 use serde::Serialize;
@@ -25,6 +26,7 @@ pub enum Topic {
     Model,
     Prefill,
     Devices,
+    Backends,
     Links,
     Settings,
 }
@@ -39,10 +41,25 @@ impl Topic {
             Topic::Model => "model",
             Topic::Prefill => "prefill",
             Topic::Devices => "devices",
+            Topic::Backends => "backends",
             Topic::Links => "links",
             Topic::Settings => "settings",
         }
     }
+}
+
+/// The best measured candidate at one GPU-layer count (or why none was measured there).
+#[derive(Debug, Clone, Serialize)]
+pub struct PlacementPoint {
+    pub n_gpu_layers: u32,
+    pub pp_tps: Option<f64>,
+    pub tg_tps: Option<f64>,
+    pub score_s: Option<f64>,
+    /// `ok`, or the status of the first candidate at this count when none was measured.
+    pub status: String,
+    /// The backend the GPU ran through, in a series per backend ([`backend_placements`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
 }
 
 /// One line of the diagnosis, with optional detail lines.
