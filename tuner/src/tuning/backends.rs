@@ -49,23 +49,8 @@ pub(super) fn backends_for(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::llama::DeviceInfo;
 
-    fn machine(devices: &[(&str, &str, &str)]) -> Machine {
-        Machine::probe(
-            (devices.iter())
-                .map(|(name, backend, kind)| DeviceInfo {
-                    name: name.to_string(),
-                    description: String::new(),
-                    backend: backend.to_string(),
-                    kind: kind.to_string(),
-                    memory_free: 1 << 30,
-                    memory_total: 1 << 30,
-                    host_buffer: true,
-                })
-                .collect(),
-        )
-    }
+    use crate::tuning::tests::machine;
 
     #[test]
     fn the_backend_axis_takes_every_backend_of_a_shared_gpu_or_those_asked_for() {

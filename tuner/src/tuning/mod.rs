@@ -118,28 +118,8 @@ impl Plan {
         info: &GgufInfo,
         system_info: &str,
     ) -> anyhow::Result<TuneSettings> {
-        let logical = machine.logical_cpus.max(1);
-        let cpus = crate::inputs::logical_cpus().max(logical);
-        let given = |flag: &str, t: &[u32]| -> anyhow::Result<Vec<u32>> {
-            crate::inputs::threads(flag, t, cpus)?;
-            Ok(t.to_vec())
-        };
-        let threads_options = match &self.threads {
-            Some(t) => given("--threads", t)?,
-            None => thread_options(machine),
-        };
-        // llama.cpp's default thread count is its "math" cores: the physical cores, or a hybrid
-        // CPU's performance cores.
-        let llama_default = machine.llama_default_threads();
-        let default_threads = if threads_options.contains(&llama_default) {
-            llama_default
-        } else {
-            threads_options[0]
-        };
-        let threads_batch_options = match &self.threads_batch {
-            Some(t) => given("--threads-batch", t)?,
-            None => threads_options.clone(),
-        };
+        let (threads_options, threads_batch_options, default_threads) =
+            self.threads_for(machine)?;
         let offload = !machine.offload_devices().is_empty();
         let n_layers = info.block_count.unwrap_or(0);
         if let Some(n) = self.n_cpu_ffn {
@@ -175,11 +155,7 @@ impl Plan {
             n_cpu_ffn_pinned: self.n_cpu_ffn,
             kernels: self.kernels.clone(),
             host_buffers: host_buffer_options(self.host_buffers.as_deref(), machine),
-            host_buffer_devices: (machine.offload_devices().into_iter())
-                .chain(machine.other_backends.iter().map(|o| &o.device))
-                .filter(|d| d.host_buffer)
-                .map(|d| d.name.clone())
-                .collect(),
+            host_buffer_devices: host_buffer_devices(machine),
             numa: numa_options(self.numa.as_deref(), machine.numa_nodes),
             op_offload: op_offload_options(&self.op_offload, machine),
             kv_offload: self.kv_offload.clone(),
@@ -203,6 +179,45 @@ impl Plan {
             quick: self.quick,
         })
     }
+}
+
+impl Plan {
+    /// The thread counts to try for generation and for prompts, and the default among them
+    /// (llama.cpp's own where it is tried).
+    fn threads_for(&self, machine: &Machine) -> anyhow::Result<(Vec<u32>, Vec<u32>, u32)> {
+        let logical = machine.logical_cpus.max(1);
+        let cpus = crate::inputs::logical_cpus().max(logical);
+        let given = |flag: &str, t: &[u32]| -> anyhow::Result<Vec<u32>> {
+            crate::inputs::threads(flag, t, cpus)?;
+            Ok(t.to_vec())
+        };
+        let threads_options = match &self.threads {
+            Some(t) => given("--threads", t)?,
+            None => thread_options(machine),
+        };
+        // llama.cpp's default thread count is its "math" cores: the physical cores, or a hybrid
+        // CPU's performance cores.
+        let llama_default = machine.llama_default_threads();
+        let default_threads = if threads_options.contains(&llama_default) {
+            llama_default
+        } else {
+            threads_options[0]
+        };
+        let threads_batch_options = match &self.threads_batch {
+            Some(t) => given("--threads-batch", t)?,
+            None => threads_options.clone(),
+        };
+        Ok((threads_options, threads_batch_options, default_threads))
+    }
+}
+
+/// The offload devices (through any backend) with pinned host memory.
+fn host_buffer_devices(machine: &Machine) -> Vec<String> {
+    (machine.offload_devices().into_iter())
+        .chain(machine.other_backends.iter().map(|o| &o.device))
+        .filter(|d| d.host_buffer)
+        .map(|d| d.name.clone())
+        .collect()
 }
 
 impl Plan {
@@ -578,7 +593,7 @@ mod tests {
     use super::*;
     use crate::llama::DeviceInfo;
 
-    fn machine(devices: &[(&str, &str, &str)]) -> Machine {
+    pub(crate) fn machine(devices: &[(&str, &str, &str)]) -> Machine {
         Machine::probe(
             devices
                 .iter()
