@@ -9,26 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// What makes a measurement reusable: the same file, build, machine and workload.
-/// What one repetition measures.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Workload {
-    /// Context size the server will run with (`-c`).
-    pub n_ctx: u32,
-    /// Prompt tokens processed per request.
-    pub n_prompt: u32,
-    /// Tokens generated per request.
-    pub n_gen: u32,
-    /// Tokens already in the KV cache when generation is measured at depth (0 = no depth figure).
-    pub depth: u32,
-    /// Requests served at once (llama-server's `--parallel` slots, each with `n_ctx / n_parallel`
-    /// of the context): prompt and generation rates are then those of all sequences together.
-    #[serde(
-        default = "crate::serde_one::one",
-        skip_serializing_if = "crate::serde_one::is_one"
-    )]
-    pub n_parallel: u32,
-}
+pub use crate::workload::Workload;
 
 /// Memory of a loaded configuration: what llama.cpp reported per buffer and what the process holds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -230,6 +211,8 @@ fn factor(limit_ms: u64, best_ms: u64) -> String {
     f.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
+/// What makes a measurement reusable: the same file, build, machine and workload (its numbers, not
+/// its name: [`Workload::shape`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Context {
     pub model: String,
@@ -292,6 +275,10 @@ pub struct MeasurementLog {
 impl MeasurementLog {
     /// Opens (creating) the log at `path`; `reuse` loads earlier records with the same context.
     pub fn open(path: &Path, context: Context, reuse: bool) -> std::io::Result<MeasurementLog> {
+        let context = Context {
+            workload: context.workload.shape(),
+            ..context
+        };
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
@@ -441,6 +428,7 @@ mod tests {
                 n_gen: 128,
                 depth,
                 n_parallel: 1,
+                name: String::new(),
             },
         };
         let c = Candidate::llama_default(4, 0);
@@ -458,5 +446,46 @@ mod tests {
         let log = MeasurementLog::open(&path, context(4096), true).unwrap();
         assert_eq!(log.previous_count(), 2);
         assert_eq!(log.previous_reps(&c), [rep(Some(60.0))]);
+    }
+
+    /// A log is keyed on the workload's numbers: a run under a preset's name reuses what a run of
+    /// the same shape under another name (or none, as logs were written before workloads carried
+    /// one) measured, and the lines it writes carry no name.
+    #[test]
+    fn the_workloads_name_is_not_part_of_the_logs_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let context = |name: &str| Context {
+            model: "m".into(),
+            llama: "l".into(),
+            machine: "x".into(),
+            workload: Workload {
+                n_ctx: 4096,
+                n_prompt: 512,
+                n_gen: 128,
+                depth: 0,
+                n_parallel: 1,
+                name: name.into(),
+            },
+        };
+        let c = Candidate::llama_default(4, 0);
+        let rep = Repetition {
+            pp_tps: 100.0,
+            tg_tps: 10.0,
+            pp_depth_tps: None,
+            tg_depth_tps: None,
+            load: None,
+        };
+        let mut log = MeasurementLog::open(&path, context(""), true).unwrap();
+        log.append(&Record::rep(&c, &rep));
+        drop(log);
+        let mut log = MeasurementLog::open(&path, context("chat"), true).unwrap();
+        assert_eq!(log.previous_reps(&c), [rep.clone()]);
+        log.append(&Record::rep(&c, &rep));
+        drop(log);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains("chat"), "{text}");
+        let log = MeasurementLog::open(&path, context("code"), true).unwrap();
+        assert_eq!(log.previous_count(), 2);
     }
 }

@@ -471,6 +471,7 @@ mod tests {
         n_gen: 16,
         depth: 0,
         n_parallel: 1,
+        name: String::new(),
     };
 
     /// A measured candidate: one repetition per round at `tg` t/s (pp 10× faster), times `drift[k]`

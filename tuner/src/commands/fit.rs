@@ -166,6 +166,7 @@ fn predict(
             n_gen: 1,
             depth: 0,
             n_parallel: sequences,
+            name: String::new(),
         },
         seed: 1,
     };

@@ -220,6 +220,7 @@ fn request_of(
         // The deepest asked for must fit; each repetition sets its own.
         depth: depths_of(a).last().copied().unwrap_or(0),
         n_parallel: a.parallel,
+        name: String::new(),
     };
     settings::check_workload(&workload)?;
     let request = MeasureRequest {

@@ -24,8 +24,8 @@ fn usage(m: String) -> anyhow::Error {
 }
 
 /// The request shape: the preset's numbers (or llama-bench's pp512/tg128), overridden by explicit
-/// flags, and the name recorded in the profile.
-pub fn workload(a: &WorkloadArgs, n_ctx: u32) -> (Workload, String) {
+/// flags, named as the profile records it.
+pub fn workload(a: &WorkloadArgs, n_ctx: u32) -> Workload {
     let (p, g, d) = a.workload.map(|w| w.numbers()).unwrap_or((512, 128, 0));
     let name = match (
         a.workload,
@@ -35,14 +35,14 @@ pub fn workload(a: &WorkloadArgs, n_ctx: u32) -> (Workload, String) {
         (Some(w), true) => format!("{} (adjusted)", w.name()),
         (None, _) => "custom".to_string(),
     };
-    let w = Workload {
+    Workload {
         n_ctx,
         n_prompt: a.prompt.unwrap_or(p),
         n_gen: a.gen.unwrap_or(g),
         depth: a.depth.unwrap_or(d),
         n_parallel: a.parallel,
-    };
-    (w, name)
+        name,
+    }
 }
 
 /// The workload's numbers against each other: every request (its depth, then its prompt or its
@@ -107,7 +107,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         CtxArg::Tokens(n) => n,
         CtxArg::Max => max_ctx_ceiling(&a.model, a.workload.parallel)?,
     };
-    let (mut workload, workload_name) = workload(&a.workload, n_ctx);
+    let mut workload = workload(&a.workload, n_ctx);
     check_workload(&workload)?;
     check_noise(a.trial.noise)?;
     if a.min_reps < 2 || a.max_reps < a.min_reps {
@@ -137,7 +137,6 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
     }
     Ok(Plan {
         workload,
-        workload_name,
         ctx_max: a.workload.ctx == CtxArg::Max,
         noise,
         min_reps,

@@ -216,6 +216,7 @@ mod tests {
             n_gen,
             depth,
             n_parallel: 1,
+            name: String::new(),
         }
     }
 

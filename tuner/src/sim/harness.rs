@@ -68,6 +68,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         n_gen: 128,
         depth: 0,
         n_parallel: 1,
+        name: String::new(),
     };
     TuneSettings {
         model: "simulated.gguf".into(),

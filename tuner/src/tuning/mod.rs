@@ -53,9 +53,8 @@ pub const GROWN_BUDGET_CAP: Duration = Duration::from_secs(1800);
 /// machine and the model (thread counts, layers, budgets per device) is resolved by [`Plan::settings`].
 #[derive(Debug, Clone)]
 pub struct Plan {
+    /// The request measured, named as the profile records it.
     pub workload: Workload,
-    /// The preset's name, "… (adjusted)" or "custom" (recorded in the profile).
-    pub workload_name: String,
     /// `--ctx max`: the workload's context is the most asked for (the trained context times the
     /// slots); [`tune`] measures at the largest that fits (see [`context`]).
     pub ctx_max: bool,
@@ -367,7 +366,6 @@ pub struct Tuned {
     pub identity: ModelIdentity,
     pub probe: Probe,
     pub llama: profiles::LlamaBuild,
-    pub workload_name: String,
     /// The RPC servers the run used as devices.
     pub rpc: Vec<String>,
     /// How `--ctx max` chose the context.
@@ -460,7 +458,6 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         identity,
         probe,
         llama,
-        workload_name: plan.workload_name.clone(),
         rpc: plan.rpc.clone(),
         context,
         run,
@@ -698,6 +695,7 @@ mod tests {
             n_gen: 128,
             depth: 0,
             n_parallel: 1,
+            name: String::new(),
         };
         let small = [512, 256, 128];
         assert_eq!(ubatch_options(&[], &w(3000, 8192), false), small);
