@@ -480,7 +480,7 @@ mod tests {
         log.append(&Record::rep(&c, &rep));
         drop(log);
         let mut log = MeasurementLog::open(&path, context("chat"), true).unwrap();
-        assert_eq!(log.previous_reps(&c), [rep.clone()]);
+        assert_eq!(log.previous_reps(&c), std::slice::from_ref(&rep));
         log.append(&Record::rep(&c, &rep));
         drop(log);
         let text = std::fs::read_to_string(&path).unwrap();
