@@ -75,11 +75,8 @@ const AXES: [(&str, Vary); 9] = [
 /// the split moves only what the devices hold (and takes a slow model's budget: each device alone,
 /// the rows, the steps). Generation threads first (every token), then where the weights live and
 /// op offload (the prompt's batches). Measured again from the split's best in [`AXES`]; unchanged,
-/// they cost nothing more. On `bench/vs-tuners`, 300 landscapes twice each: within noise of the
-/// best 82.7 -> 85.7% with a fixed 10 minutes, 91.0 -> 93.7% with the default budget, 94.5 -> 94.8%
-/// without one, against op offload, host buffer, threads (the order of [`AXES`]). With the stop
-/// after one repetition ([`ONE_REPETITION_FACTOR`]), 8 runs of the first 100 landscapes: 81.1 ->
-/// 86.2%, 91.6 -> 94.5%, 94.9 -> 95.9% against neither.
+/// they cost nothing more. Threads first beat the order of [`AXES`] on `bench/vs-tuners` (the
+/// figures: docs/benchmarks.md, "The figures behind the search's choices").
 const HOST_AXES: [(&str, Vary); 3] = [
     ("threads", vary_threads),
     ("host buffer", vary_host_buffer),
@@ -306,12 +303,11 @@ impl<'a> Engine<'a> {
     /// median rate, unless another is statistically tied with it, its median within half the
     /// noise threshold of the best, and it uses less memory or is simpler (closer to llama.cpp's
     /// defaults). A tie further below is more likely slower than not, and such choices compound
-    /// over the axes. Letting every tie win the tie-break on the axes (memory a tie frees can buy
-    /// a later axis more) and limiting only the final choice, autotune was within noise of the best
-    /// on 87.2% of `bench/vs-tuners`' runs with the default budget (100 landscapes, 8 runs each),
-    /// 91.9% without a budget; with this rule on every axis 90.6% and 94.9%. (On landscape 41 the
-    /// threads axis had kept llama.cpp's thread count over `-t 8`, 6% faster there: three
-    /// repetitions under the 40 s cap left the two statistically tied.)
+    /// over the axes. The rule holds on every axis: letting every tie win there (memory a tie frees
+    /// can buy a later axis more) and limiting only the final choice hit fewer landscapes of
+    /// `bench/vs-tuners` (docs/benchmarks.md, "The figures behind the search's choices"). On
+    /// landscape 41 the threads axis had then kept llama.cpp's thread count over `-t 8`, 6% faster
+    /// there, as three repetitions under the 40 s cap left the two statistically tied.
     ///
     /// A candidate with a quantized K or V cache that would be chosen is held to the quality gate
     /// first ([`Engine::passes_gate`]); one refused is left out with every candidate of its K/V
@@ -442,9 +438,8 @@ impl<'a> Engine<'a> {
     /// buffer is worth most where it brings a layer's experts onto the device, which the KV-cache
     /// axis at `from`'s placement does not see: on `bench/vs-tuners`' landscape 227 a placement
     /// with the KV cache in host memory won by 7% over 3 host expert layers at f16, and lost by
-    /// 11% to 1 at q8_0 with 256-token micro-batches. 300 landscapes twice each: 88.5/96.2/97.5% ->
-    /// 88.8/96.5/97.8% within noise of the best (600 s, default budget, none), the worst with the
-    /// default budget +11.7 -> +3.9%; the first 100 eight times each unchanged.
+    /// 11% to 1 at q8_0 with 256-token micro-batches (what it moved on `bench/vs-tuners`:
+    /// docs/benchmarks.md, "The figures behind the search's choices").
     fn expert_fit_levers(&mut self, from: &Candidate) -> Vec<Candidate> {
         let mut ubs: Vec<u32> = (self.settings.ubatch_options.iter().copied())
             .filter(|&ub| ub <= from.n_ubatch)

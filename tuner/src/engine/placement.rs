@@ -222,9 +222,8 @@ impl Engine<'_> {
     /// each lever bought and what it cost. A lever that reaches an earlier one's layers at a larger
     /// micro-batch is listed: on `bench/vs-tuners`' landscape 55, q4_0 at 512 held every layer as
     /// q8_0 at 128 did, and was 7% faster (the KV-cache axis, one layer lower where the two caches
-    /// tie, had kept q8_0). 300 landscapes twice each 89.8/96.3/97.8% -> 90.3/96.5/98.0% within noise
-    /// of the best (600 s, default budget, none); the first 100 eight times each 88.0/95.8/96.6% ->
-    /// 89.0/96.4/97.2%.
+    /// tie, had kept q8_0). What it moved on `bench/vs-tuners`: docs/benchmarks.md, "The figures
+    /// behind the search's choices".
     fn lever_placements(&mut self, from: &Candidate, max: u32) -> Vec<Candidate> {
         let levers = self.levers(from);
         let all = self.settings.n_layers + 1;

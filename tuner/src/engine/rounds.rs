@@ -14,21 +14,18 @@ use std::time::Duration;
 /// than the best median measured so far: it cannot win, and finishing it (the CPU-only point of a
 /// model that belongs on a GPU takes minutes) would spend the budget the axes after it need. Above
 /// [`ONE_REPETITION_FACTOR`], the stop after a whole repetition, which keeps that repetition's
-/// figures. On `bench/vs-tuners` against 2: within noise of the best 90.7/96.5/98.0% ->
-/// 90.8/96.5/98.0% (300 landscapes twice each; 600 s, default budget, none) and 89.8/96.0/97.0% ->
-/// 89.9/96.0/97.0% (the first 100 eight times each); mean time without a budget 870 -> 863 s and
-/// 865 -> 858 s. On landscape 132 each of three GPUs alone, with 46 of 69 layers left on the host,
-/// stopped at 45.0 s a request, not 51.4. (At 1.5, the stop after one repetition is never reached.)
+/// figures. Above 1.5, or the stop after one repetition would never be reached; 1.75 rather than
+/// 2 saved time at the same hit rates on `bench/vs-tuners` (docs/benchmarks.md, "The figures behind
+/// the search's choices"): on landscape 132 each of three GPUs alone, with 46 of 69 layers left on
+/// the host, stopped at 45.0 s a request, not 51.4.
 pub const GIVE_UP_FACTOR: f64 = 1.75;
 
 /// A candidate's first visit takes no second repetition once its first (after a discarded warm-up)
 /// took this many times the best median measured so far a request: it cannot win either, and on a
 /// model that takes a minute a request (a CPU-only point, one GPU alone at half the layers) the
 /// second repetition is the time the axes after it need. Wide of any noise seen between repetitions
-/// (medians of one configuration 8% apart on a shared VM). On `bench/vs-tuners` (8 runs of each
-/// landscape), after the host's axes moved before the split (op offload first then): within noise
-/// of the best 85.5 -> 85.8% with a fixed 10 minutes, 92.8 -> 93.4% with the default budget,
-/// 95.9 -> 96.2% without one, and the median run without a budget 611 -> 602 s.
+/// (medians of one configuration 8% apart on a shared VM). What it moved on `bench/vs-tuners`:
+/// docs/benchmarks.md, "The figures behind the search's choices".
 pub const ONE_REPETITION_FACTOR: f64 = 1.5;
 
 /// The signal a kill sends (the OOM killer's, a user's): not a crash to measure on after.
@@ -198,9 +195,8 @@ impl Engine<'_> {
     /// group's decisions (paired by round). It was measured on alone until its interval was
     /// tight, its `--max-reps` or its time cap; now it keeps repetitions to spare for the next
     /// axis, which measures it again beside its rivals (round by round) where one at its maximum
-    /// would be compared with them unpaired. On `bench/vs-tuners` (the harness at tune's 40 s
-    /// cap): within noise of the best known on 80 → 81 of 100 landscapes with a fixed 10 minutes,
-    /// 87 → 91 with the default budget, 92 → 95 without one.
+    /// would be compared with them unpaired (what it moved on `bench/vs-tuners`:
+    /// docs/benchmarks.md, "The figures behind the search's choices").
     fn alone_and_judged(&self, pending: &[usize], idx: &[usize]) -> bool {
         let [k] = pending else { return false };
         idx.len() > 1 && self.results[idx[*k]].reps.len() as u32 >= self.settings.min_reps

@@ -16,9 +16,7 @@ use std::collections::HashMap;
 /// divergence passes the gate (the report calls it a tie with the defaults), and f16 stays when it
 /// does not. `-ub 256` (3% slower, less memory) is a tie too under a 4% threshold, but 3% below the
 /// best: the faster `-ub 512` stays (a tie that far below is more likely slower than not, and such
-/// choices compound over the axes: on `bench/vs-tuners`, 8 runs of each landscape, 87.2% -> 90.6%
-/// within noise of the best with the default budget when ties beyond half the threshold stopped
-/// winning).
+/// choices compound over the axes: see `Engine::choose`).
 #[test]
 fn a_tie_goes_to_less_memory_within_half_the_noise_threshold() {
     let mut land = gpus(4, 16 * GIB);
