@@ -11,7 +11,7 @@ use serde_json::Value;
 /// the CPU) with everything else pinned, a short workload, and every candidate tied (±50%).
 fn tune_args(model: &str, gate: &str) -> Vec<String> {
     let fixed = "-t 2 --kernels repack --flash-attn on --ubatch 512 --cache-types f16,q8_0 \
-                 --ctx 1024 --prompt 128 --gen 32 --noise 0.5 --budget 120s --seed 3 --json";
+                 --ctx 1024 --prompt 128 --gen 32 --noise 0.5 --budget 300s --seed 3 --json";
     let mut v = vec![model.to_string()];
     v.extend(fixed.split_whitespace().map(String::from));
     v.extend(["--max-kv-kld".to_string(), gate.to_string()]);

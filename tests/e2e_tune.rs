@@ -421,8 +421,13 @@ fn the_time_budget_is_respected() {
         "{}",
         stderr(&o)
     );
-    // One repetition (with its model load) may be in flight when the budget runs out.
-    assert!(took < 15.0 + 12.0, "took {took:.1} s for a 15 s budget");
+    // One repetition (with its model load) may be in flight when the budget runs out; the quality
+    // gate's evaluation of a quantized cache counts against the budget like any measurement.
+    assert!(
+        took < 15.0 + 12.0,
+        "took {took:.1} s for a 15 s budget: {}",
+        stderr(&o)
+    );
 }
 
 /// A micro-batch of one token takes a prompt token by token, several times slower than -ub 256: its

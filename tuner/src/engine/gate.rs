@@ -2,12 +2,15 @@
 //! distributions, so it may win, or win a tie, only when its K/V pair's mean KL divergence from
 //! the f16 cache, measured on the real model at the workload's depth, is within the gate. Each pair
 //! is measured once per run, when a candidate with it first stands to be chosen (most runs never
-//! measure a pair that could not win), and the measurer caches the figures across runs.
+//! measure a pair that could not win), and the measurer caches the figures across runs. The
+//! evaluation counts against the run's time budget like any measurement: cut at its end, it leaves
+//! the pair unmeasured, and an unmeasured pair never wins.
 
 use super::Engine;
 use crate::measuring::KvQualityRequest;
 use profiles::{KvQualityCheck, QualityRecord};
 use search_space::Candidate;
+use std::time::Instant;
 
 impl Engine<'_> {
     /// Whether `c` may be chosen: its caches are lossless, no gate applies, or its K/V pair passed
@@ -61,8 +64,24 @@ impl Engine<'_> {
         };
         let label = format!("kv={}", c.kv_label());
         self.progress.candidate_started(&label, "quality gate");
-        let stop = self.stop;
-        let outcome = self.measurer.kv_quality(&req, stop);
+        let outer = self.stop;
+        // Cached figures come back whatever the time left; an evaluation stops at the budget's end.
+        self.out_of_time();
+        let left = self
+            .settings
+            .time_budget
+            .saturating_sub(self.measurer.elapsed());
+        let until = Instant::now().checked_add(left);
+        let stop = move || outer() || until.is_some_and(|u| Instant::now() >= u);
+        let outcome = self.measurer.kv_quality(&req, &stop);
+        let outcome = outcome.map_err(|e| {
+            if self.out_of_time() && !self.interrupted {
+                let budget = self.settings.time_budget.as_secs();
+                format!("the time budget ({budget} s) ran out first (raise --budget)")
+            } else {
+                e
+            }
+        });
         let check = match outcome {
             Ok(a) => KvQualityCheck {
                 type_k: c.type_k,

@@ -7,6 +7,7 @@ use super::harness::{fits, gpus, settings, tune, Mode};
 use super::{Landscape, GIB};
 use crate::engine::{GateChoice, TuneSettings};
 use search_space::{CacheType, KvOffload};
+use std::time::Duration;
 
 /// One GPU too small for a 70B at a 32k context: a quantized cache lets several more layers onto
 /// it (the cache in host memory is not allowed, so the KV cache is the fit lever), with the
@@ -59,6 +60,32 @@ fn a_quantized_cache_wins_under_a_loose_gate_and_loses_under_a_tight_one() {
     unique.sort_by_key(|(k, v)| (k.bits_per_element() as u32, v.bits_per_element() as u32));
     unique.dedup();
     assert_eq!(checks.len(), unique.len(), "{checks:?}");
+}
+
+/// The evaluation counts against the time budget: a budget spent before the winning pair's gate
+/// leaves that pair unmeasured, said so in the quality record, and the lossless cache wins.
+#[test]
+fn a_budget_spent_before_the_gate_lets_no_unmeasured_pair_win() {
+    let (land, s) = tight(0.0015);
+    let s = with_gate(s, GateChoice::On(1.0));
+    let full = tune(land.clone(), s.clone(), None, Mode::Search);
+    assert!(full.winner.expect("a winner").kv_lossy());
+    let began = full.trace.borrow().kv_checks_began[0];
+    let mut short = s.clone();
+    short.time_budget = Duration::from_secs_f64(began - 0.5);
+    let run = tune(land, short, None, Mode::Search);
+    assert!(run.budget_spent);
+    let win = run.winner.clone().expect("a winner");
+    assert!(!win.kv_lossy(), "{}", win.label());
+    assert!(run.trace.borrow().kv_checks.is_empty());
+    let unmeasured = run
+        .quality
+        .checks
+        .first()
+        .expect("the pair that would have won");
+    assert!(!unmeasured.passed && unmeasured.figures.is_none());
+    let why = unmeasured.error.as_deref().unwrap_or_default();
+    assert!(why.contains("time budget"), "{why}");
 }
 
 #[test]

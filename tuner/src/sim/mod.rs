@@ -70,6 +70,8 @@ pub struct Trace {
     pub llama_fits: u32,
     /// K/V pairs whose quality the gate measured.
     pub kv_checks: Vec<(CacheType, CacheType)>,
+    /// The simulated time each of those began.
+    pub kv_checks_began: Vec<f64>,
 }
 
 impl Trace {
@@ -305,17 +307,21 @@ impl Measurer for SimMeasurer {
     }
 
     /// The landscape's figure for the pair, in the time two passes over the text take (a round
-    /// 10 s and a second per thousand tokens each).
+    /// 10 s and a second per thousand tokens each). The engine's stop (an interruption, or a
+    /// budget already spent) is heeded before it begins; one begun runs to its end.
     fn kv_quality(
         &mut self,
         req: &KvQualityRequest,
-        _stop: &dyn Fn() -> bool,
+        stop: &dyn Fn() -> bool,
     ) -> Result<KvQualityAnswer, String> {
+        if stop() {
+            return Err("stopped before it began".into());
+        }
         self.loaded.clear();
-        self.trace
-            .borrow_mut()
-            .kv_checks
-            .push((req.type_k, req.type_v));
+        let mut trace = self.trace.borrow_mut();
+        trace.kv_checks.push((req.type_k, req.type_v));
+        trace.kv_checks_began.push(self.clock);
+        drop(trace);
         self.clock += 10.0 + 2.0 * f64::from(req.max_tokens) / 1000.0;
         let kld = self.land.kv_kld(req.type_k, req.type_v);
         Ok(KvQualityAnswer {
