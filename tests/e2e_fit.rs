@@ -90,7 +90,6 @@ fn candidates_over_budget_are_pruned_not_loaded() {
         "plain",
         "--budget",
         "90s",
-        "--no-save",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let r: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
@@ -103,7 +102,25 @@ fn candidates_over_budget_are_pruned_not_loaded() {
     assert!(pruned
         .iter()
         .all(|e| e["candidate"]["type_k"] == "f16" && e["figures"].is_null()));
+    // Marked as not fitting, for explain; what was measured is not.
+    assert!(
+        pruned.iter().all(|e| e["did_not_fit"] == true),
+        "{pruned:?}"
+    );
+    assert!(board
+        .iter()
+        .filter(|e| e["status"] == "ok")
+        .all(|e| e.get("did_not_fit").is_none()));
     assert_eq!(r["winner"]["type_k"], "q8_0");
+    let explain = stdout(&sb.run(&["explain", &m]));
+    let n = pruned.len();
+    assert!(
+        explain.contains(&format!(
+            "{n} configuration{} did not fit",
+            if n == 1 { "" } else { "s" }
+        )),
+        "{explain}"
+    );
     // Nothing that was loaded exceeded the budget by llama.cpp's own accounting.
     for row in r["memory"]
         .as_array()

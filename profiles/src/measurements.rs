@@ -144,6 +144,22 @@ impl TrialFailure {
     pub fn gave_up(&self) -> bool {
         matches!(self, TrialFailure::GaveUp { .. })
     }
+
+    /// The configuration did not fit: autotune's memory check refused to load it, or llama.cpp
+    /// ran out of memory loading it (its message says so; a host's fault is not the
+    /// configuration's).
+    pub fn out_of_memory(&self) -> bool {
+        let says = |text: &str| {
+            let t = text.to_lowercase();
+            t.contains("out of memory") || t.contains("outofdevicememory")
+        };
+        match self {
+            TrialFailure::Refused { stage, message } => stage == MEMORY_CHECK || says(message),
+            TrialFailure::Crashed { stderr_tail, .. }
+            | TrialFailure::Exited { stderr_tail, .. } => says(stderr_tail),
+            _ => false,
+        }
+    }
 }
 
 impl std::fmt::Display for TrialFailure {
@@ -357,6 +373,26 @@ mod tests {
         Workload,
     };
     use search_space::Candidate;
+
+    /// What did not fit: autotune's memory check, or llama.cpp's own words on a load; not a crash,
+    /// a timeout or a refusal for another reason.
+    #[test]
+    fn out_of_memory_is_a_memory_check_or_llama_cpps_words() {
+        let refused = |stage: &str, message: &str| TrialFailure::Refused {
+            stage: stage.into(),
+            message: message.into(),
+        };
+        assert!(refused(super::MEMORY_CHECK, "not loaded").out_of_memory());
+        assert!(refused("load", "cudaMalloc failed: out of memory").out_of_memory());
+        assert!(!refused("load", "unknown model architecture").out_of_memory());
+        let exited = |tail: &str| TrialFailure::Exited {
+            code: 1,
+            stderr_tail: tail.into(),
+        };
+        assert!(exited("ggml_vulkan: ErrorOutOfDeviceMemory").out_of_memory());
+        assert!(!exited("GGML_ASSERT(x) failed").out_of_memory());
+        assert!(!TrialFailure::TimedOut { seconds: 9 }.out_of_memory());
+    }
 
     /// A stop's factor reads as the tuner set it, not rounded to one decimal (1.75 was "1.7x" or
     /// "1.8x" by the millisecond).

@@ -243,6 +243,9 @@ pub struct LeaderboardEntry {
     pub tie_with_previous: bool,
     /// `ok`, `failed: <reason>` or `pruned: <reason>`.
     pub status: String,
+    /// It did not fit: pruned as over a device's memory budget, or out of memory when loaded.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub did_not_fit: bool,
     pub candidate: Candidate,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub figures: Option<Figures>,

@@ -128,7 +128,7 @@ impl Engine<'_> {
             e.settings.workload.n_ctx = n;
             e.check_fit(c)
                 .err()
-                .map(|m| m.trim_start_matches("pruned: ").to_string())
+                .map(|u| u.why.trim_start_matches("pruned: ").to_string())
         };
         let Some(over) = at(self, ceiling) else {
             return ContextChoice {

@@ -22,6 +22,24 @@ pub(crate) fn last_that_holds(mut lo: u32, mut hi: u32, mut holds: impl FnMut(u3
     lo
 }
 
+/// Why a candidate is pruned before it is loaded.
+#[derive(Debug, Clone)]
+pub struct Unfit {
+    /// "pruned: needs 9.1 GiB on CUDA0, budget 8.0 GiB", or llama.cpp's dry run's refusal.
+    pub why: String,
+    /// Predicted over a device's memory budget (not a dry run that failed).
+    pub over_budget: bool,
+}
+
+impl Unfit {
+    fn over_budget(why: String) -> Self {
+        Unfit {
+            why,
+            over_budget: true,
+        }
+    }
+}
+
 /// The most GPU layers [`Engine::trade_layers_for_batch`] gives up for a larger micro-batch.
 const BATCH_FOR_LAYERS: u32 = 2;
 
@@ -46,7 +64,7 @@ impl Engine<'_> {
 
     /// Whether a candidate fits every device's budget, the host's (`CPU`: RAM) included; the dry-run
     /// report when it does, the reason (device, need, budget) when not.
-    pub fn check_fit(&mut self, c: &Candidate) -> Result<LoadReport, String> {
+    pub fn check_fit(&mut self, c: &Candidate) -> Result<LoadReport, Unfit> {
         self.check_fit_of(c, true)
     }
 
@@ -54,15 +72,18 @@ impl Engine<'_> {
     /// with the layers (and expert layers) placed on them, while the host's shrinks: the searches
     /// for the most layers that fit bisect on this, and the host's budget prunes the candidates they
     /// lead to (too few layers offloaded for the rest to fit in RAM).
-    pub(crate) fn check_device_fit(&mut self, c: &Candidate) -> Result<LoadReport, String> {
+    pub(crate) fn check_device_fit(&mut self, c: &Candidate) -> Result<LoadReport, Unfit> {
         self.check_fit_of(c, false)
     }
 
-    fn check_fit_of(&mut self, c: &Candidate, host: bool) -> Result<LoadReport, String> {
+    fn check_fit_of(&mut self, c: &Candidate, host: bool) -> Result<LoadReport, Unfit> {
         if self.settings.mem_budgets.is_empty() {
             return Ok(LoadReport::default());
         }
-        let report = self.footprint(c).map_err(|e| format!("pruned: {e}"))?;
+        let report = self.footprint(c).map_err(|e| Unfit {
+            why: format!("pruned: {e}"),
+            over_budget: false,
+        })?;
         if c.split_mode == search_space::SplitMode::Tensor {
             self.tensor_parallel_fits(&report)?;
         }
@@ -75,10 +96,10 @@ impl Engine<'_> {
                 if d.bytes > budget {
                     let ram = if d.device == "CPU" { " (host RAM)" } else { "" };
                     let (need, budget) = format_size_pair(d.bytes, budget);
-                    return Err(format!(
+                    return Err(Unfit::over_budget(format!(
                         "pruned: needs {need} on {}{ram}, budget {budget}",
                         d.device,
-                    ));
+                    )));
                 }
             }
         }
@@ -87,7 +108,7 @@ impl Engine<'_> {
 
     /// Tensor parallelism's dry run reports its devices' buffers as one ("Meta(...)"), not per
     /// device: what the offload devices hold is held to what their budgets allow together.
-    fn tensor_parallel_fits(&self, report: &LoadReport) -> Result<(), String> {
+    fn tensor_parallel_fits(&self, report: &LoadReport) -> Result<(), Unfit> {
         let held: u64 = (report.per_device.iter())
             .filter(|d| d.device != "CPU")
             .map(|d| d.bytes)
@@ -95,9 +116,9 @@ impl Engine<'_> {
         let allowed: u64 = self.settings.mem_budgets.offload().map(|b| b.bytes).sum();
         if held > allowed {
             let (need, budget) = format_size_pair(held, allowed);
-            return Err(format!(
+            return Err(Unfit::over_budget(format!(
                 "pruned: needs {need} on the devices together (-sm tensor), their budgets {budget}"
-            ));
+            )));
         }
         Ok(())
     }

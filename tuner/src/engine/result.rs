@@ -26,6 +26,9 @@ pub struct CandidateResult {
     pub failure: Option<TrialFailure>,
     /// Why it was not measured (budget spent, placement skipped after crashes).
     pub skipped: Option<String>,
+    /// Pruned as predicted over a device's memory budget (its reason in `skipped`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub over_budget: bool,
     /// A crash after it had measured: it was measured on, on a fresh worker; a second crash ends it
     /// ([`CandidateResult::failure`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -47,6 +50,7 @@ impl CandidateResult {
             load: None,
             failure: None,
             skipped: None,
+            over_budget: false,
             crashed_once: None,
             halted: None,
             seconds: 0.0,
@@ -55,6 +59,15 @@ impl CandidateResult {
 
     pub fn ok(&self) -> bool {
         self.failure.is_none() && self.skipped.is_none() && self.reps.len() >= 2
+    }
+
+    /// It did not fit: pruned as over a device's budget, or its load ran out of memory.
+    pub fn did_not_fit(&self) -> bool {
+        self.over_budget
+            || self
+                .failure
+                .as_ref()
+                .is_some_and(TrialFailure::out_of_memory)
     }
 
     /// What a first visit (the load, then two repetitions) took, told from the figures of

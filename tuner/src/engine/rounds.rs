@@ -138,7 +138,10 @@ impl Engine<'_> {
                 let c = self.results[i].candidate.clone();
                 match self.check_fit(&c) {
                     Ok(report) => self.results[i].predicted = Some(report),
-                    Err(why) => self.results[i].skipped = Some(why),
+                    Err(unfit) => {
+                        self.results[i].skipped = Some(unfit.why);
+                        self.results[i].over_budget = unfit.over_budget;
+                    }
                 }
             }
         }

@@ -214,13 +214,9 @@ fn ffn_against_layers(profile: &Profile) -> Option<String> {
 }
 
 /// "; N configurations did not fit": out of memory when loaded, or pruned by the placement's dry
-/// run ("pruned: needs X on DEV"); empty when all fitted.
+/// run as over a budget; empty when all fitted.
 fn did_not_fit(profile: &Profile) -> String {
-    let failures = profile
-        .leaderboard
-        .iter()
-        .filter(|e| e.status.contains("out of memory") || e.status.starts_with("pruned: needs"))
-        .count();
+    let failures = profile.leaderboard.iter().filter(|e| e.did_not_fit).count();
     match failures {
         0 => String::new(),
         1 => "; 1 configuration did not fit".to_string(),

@@ -32,6 +32,8 @@ pub(super) fn entry(rank: u32, c: Candidate, f: Option<Figures>, status: &str) -
         rank,
         tie_with_previous: false,
         status: status.into(),
+        // As the tuner marks them: out of memory when loaded, or pruned as over a budget.
+        did_not_fit: status.contains("out of memory") || status.starts_with("pruned: needs"),
         candidate: c,
         figures: f,
         kv_kld: None,

@@ -80,6 +80,19 @@ fn too_few_layers_offloaded_for_the_rest_to_fit_in_ram_are_pruned_not_the_search
             .map(|r| (r.candidate.label(), r.skipped.clone()))
             .collect::<Vec<_>>()
     );
+    // The leaderboard marks what did not fit, for explain: the rows pruned as over a budget, and
+    // no other.
+    let board = crate::engine::ranking::leaderboard(&run.results, &s.workload, 0.02, 1);
+    for e in &board {
+        assert_eq!(
+            e.did_not_fit,
+            e.status.starts_with("pruned: needs"),
+            "{}: {}",
+            e.candidate.label(),
+            e.status
+        );
+    }
+    assert!(board.iter().any(|e| e.did_not_fit));
 }
 
 /// Two NUMA nodes (a dual-socket server): with the weights on the node that loaded them llama.cpp's
