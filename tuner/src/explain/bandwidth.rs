@@ -133,9 +133,8 @@ pub fn measure_cpu() -> Option<Bandwidth> {
     let started = Instant::now();
     let mut best = 0.0f64;
     let mut passes = 0;
-    let mut others_running = Vec::new();
+    let watch = crate::busy::Watch::start(&[]);
     while passes < MIN_PASSES || (passes < MAX_PASSES && started.elapsed() < READ_TIME) {
-        others_running.extend(runnable_threads().map(|n| n.saturating_sub(1)));
         let t = Instant::now();
         std::thread::scope(|s| {
             for part in buffer.chunks(chunk) {
@@ -158,13 +157,7 @@ pub fn measure_cpu() -> Option<Bandwidth> {
         ),
         None => String::new(),
     };
-    // Other work on the machine takes bandwidth and cores from the probe: say so with the figure.
-    let busy = match others_running.iter().copied().max() {
-        Some(n) if n as usize * 2 > threads => {
-            format!(", while {n} other threads were running on {threads} CPUs: an underestimate")
-        }
-        _ => String::new(),
-    };
+    let busy = busy_note(watch.share(Duration::ZERO));
     Some(Bandwidth {
         bytes_per_s: best,
         method: format!(
@@ -184,17 +177,24 @@ fn buffer_size(llc: Option<u64>, available: u64) -> Option<u64> {
     (size >= MIN_BUFFER / 4).then_some(size)
 }
 
-/// Threads runnable right now on the whole machine, this one included (Linux `/proc/loadavg`'s
-/// fourth field, `running/total`): unlike the load average, it has no memory of work just finished.
-fn runnable_threads() -> Option<u32> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    text.split_whitespace()
-        .nth(3)?
-        .split('/')
-        .next()?
-        .parse()
-        .ok()
+/// ", while other programs took N% of the CPUs' time: an underestimate" where other work (the
+/// hypervisor's steal included) took more than [`BUSY_PROBE_SHARE`] of the CPUs while the probe
+/// read (`share`, [`crate::busy::Watch`]); empty otherwise. The figure is the best pass's: a
+/// moment's work beside one pass (a worker's pages being freed) takes little from the share and
+/// nothing from the best.
+fn busy_note(share: Option<f64>) -> String {
+    match share {
+        Some(s) if s > BUSY_PROBE_SHARE => format!(
+            ", while other programs took {:.0}% of the CPUs' time: an underestimate",
+            s * 100.0
+        ),
+        _ => String::new(),
+    }
 }
+
+/// Other programs' share of the CPUs' time above which the probe's figure is said to be low: a
+/// quarter, one busy thread on two cores being half.
+const BUSY_PROBE_SHARE: f64 = 0.25;
 
 /// The largest cache of CPU 0 (Linux sysfs), in bytes.
 fn last_level_cache_bytes() -> Option<u64> {
@@ -209,6 +209,17 @@ fn last_level_cache_bytes() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_probe_is_called_busy_when_others_took_more_than_a_quarter_of_the_cpus() {
+        assert_eq!(busy_note(Some(0.05)), "");
+        assert_eq!(busy_note(Some(0.25)), "");
+        assert_eq!(
+            busy_note(Some(0.5)),
+            ", while other programs took 50% of the CPUs' time: an underestimate"
+        );
+        assert_eq!(busy_note(None), "");
+    }
 
     #[test]
     fn a_device_method_says_when_the_time_limit_cut_the_passes() {
