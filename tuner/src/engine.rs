@@ -14,6 +14,8 @@ use crate::stats::{self, Sample, Verdict};
 use profiles::measurements::MeasurementLog;
 use run::{BaselinePlacement, BaselineSource};
 use search_space::{CacheType, Candidate};
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// The simulated landscape the engine's decisions are tested on (tests and `bench/search-sim` only;
@@ -25,6 +27,7 @@ pub(crate) mod sim;
 mod axes;
 mod backends;
 pub mod baseline;
+mod challenge;
 pub mod context;
 mod gate;
 mod hosts;
@@ -33,8 +36,10 @@ pub mod ranking;
 mod result;
 mod rounds;
 mod run;
+mod search;
 mod settings;
 pub(crate) mod split;
+mod strategy;
 #[cfg(test)]
 pub use rounds::{GIVE_UP_FACTOR, ONE_REPETITION_FACTOR};
 
@@ -52,40 +57,9 @@ pub use run::{BackendTried, Run};
 #[cfg(test)]
 pub use settings::TEXT;
 pub use settings::{
-    split_modes_for, GateChoice, QualityGate, TuneSettings, DEFAULT_MAX_KV_KLD, SCORED_POSITIONS,
+    split_modes_for, GateChoice, Plan, QualityGate, TuneSettings, DEFAULT_MAX_KV_KLD,
+    SCORED_POSITIONS,
 };
-
-/// The axes of the coordinate descent after the placement and the split, in order. Where layers
-/// stay on the host, [`HOST_AXES`] come before the split too.
-const AXES: [(&str, Vary); 9] = [
-    ("op offload", vary_op_offload),
-    ("host buffer", vary_host_buffer),
-    ("threads", vary_threads),
-    // Right after the threads: on several nodes the strategy can double generation.
-    ("numa", vary_numa),
-    ("prompt threads", vary_threads_batch),
-    ("kernels", vary_kernels),
-    ("flash attention", vary_flash_attn),
-    ("kv cache", vary_cache),
-    ("batch", vary_batch),
-];
-
-/// The axes that set how the host serves the layers it keeps, measured before the split where
-/// layers stay on the host: the host's share of every token is then most of the token's time, and
-/// the split moves only what the devices hold (and takes a slow model's budget: each device alone,
-/// the rows, the steps). Generation threads first (every token), then where the weights live and
-/// op offload (the prompt's batches). Measured again from the split's best in [`AXES`]; unchanged,
-/// they cost nothing more. Threads first beat the order of [`AXES`] on `bench/vs-tuners` (the
-/// figures: docs/benchmarks.md, "The figures behind the search's choices").
-const HOST_AXES: [(&str, Vary); 3] = [
-    ("threads", vary_threads),
-    ("host buffer", vary_host_buffer),
-    ("op offload", vary_op_offload),
-];
-
-/// How far behind a best with every expert on the devices a placement with experts on the host may
-/// be and still get its host's axes tuned ([`Engine::challenge_with_experts`]).
-const EXPERT_CHALLENGE: f64 = 0.15;
 
 /// Visits (a load, its warm-up and two repetitions) a default budget leaves time for: about what
 /// the search needs on a model split over several GPUs (`bench/vs-tuners`).
@@ -94,9 +68,11 @@ pub const VISITS: f64 = 40.0;
 pub struct Engine<'a> {
     pub settings: TuneSettings,
     pub results: Vec<CandidateResult>,
-    pub(crate) measurer: Box<dyn Measurer + 'a>,
+    /// Behind a cell so that dry runs, which allocate nothing and measure nothing, can be asked
+    /// from a shared borrow: the strategies propose from a read-only view ([`search`]).
+    pub(crate) measurer: RefCell<Box<dyn Measurer + 'a>>,
     /// Dry-run results by request key.
-    pub(crate) footprints: std::collections::HashMap<String, Result<LoadReport, String>>,
+    pub(crate) footprints: RefCell<HashMap<String, Result<LoadReport, String>>>,
     log: Option<&'a mut MeasurementLog>,
     round: u64,
     stop: &'a dyn Fn() -> bool,
@@ -136,7 +112,7 @@ impl<'a> Engine<'a> {
         Engine {
             settings,
             results: Vec::new(),
-            measurer,
+            measurer: RefCell::new(measurer),
             footprints: Default::default(),
             log,
             round: 0,
@@ -158,6 +134,11 @@ impl<'a> Engine<'a> {
         self.stop
     }
 
+    /// Time since the run started (the measurer's clock: wall time, or the simulator's).
+    pub fn elapsed(&self) -> Duration {
+        self.measurer.borrow().elapsed()
+    }
+
     /// llama.cpp's defaults, except for a kernel choice the user excluded with --kernels (a user who
     /// knows the extra kernels crash here must not see them loaded, even as the baseline). With a
     /// non-CPU device llama-server places what fits by its own fit (`--fit`), so the defaults carry
@@ -174,10 +155,10 @@ impl<'a> Engine<'a> {
         let mut c =
             Candidate::llama_default(self.settings.default_threads, self.settings.n_gpu_layers);
         // Model-level knobs the user excluded: the baseline loads what the user allowed.
-        c.kernels = pick(&self.settings.kernels, c.kernels);
+        c.kernels = pick(&self.settings.plan.kernels, c.kernels);
         c.host_buffer = pick(&self.settings.host_buffers, c.host_buffer);
         c.numa = pick(&self.settings.numa, c.numa);
-        c.n_cpu_ffn = self.settings.n_cpu_ffn_pinned.unwrap_or(0);
+        c.n_cpu_ffn = self.settings.plan.n_cpu_ffn.unwrap_or(0);
         let mut d = if self.settings.offload && !self.settings.n_gpu_layers_pinned {
             self.fit_defaults(c)
         } else {
@@ -203,36 +184,6 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// The first group measured: the defaults, and with a non-CPU device the GPU-layer placements
-    /// around them (placement first: it matters most, and every placement gets its first
-    /// repetitions before any gets more).
-    fn first_group(&mut self, base: &Candidate) -> (Vec<Candidate>, &'static str) {
-        if !self.settings.offload || self.settings.n_gpu_layers_pinned {
-            return (vec![base.clone()], "defaults");
-        }
-        let start = self.placement_start(base);
-        let mut group = self.placement_group(&start);
-        if self.settings.moe {
-            group.extend(self.expert_group(&start));
-        } else if self.settings.host_ffns {
-            group.extend(self.ffn_group(&start));
-        }
-        if !group.contains(base) {
-            group.insert(0, base.clone());
-        }
-        self.promising = strongest_lever(&group, &start).into_iter().collect();
-        // Hosts over clearly different links: the nearest alone right after the baseline, before
-        // placements whose every load sends weights over the slowest link too.
-        let near = self.nearest_hosts(&self.plain(&start));
-        if let Some(near) = near.and_then(|c| self.like(&c, &start)) {
-            if !group.contains(&near) {
-                group.push(near.clone());
-            }
-            self.promising.insert(0, near);
-        }
-        (group, "gpu layers")
-    }
-
     pub(crate) fn index_of(&mut self, c: &Candidate) -> usize {
         if let Some(i) = self.results.iter().position(|r| &r.candidate == c) {
             return i;
@@ -252,7 +203,7 @@ impl<'a> Engine<'a> {
         if (self.stop)() {
             self.interrupted = true;
         }
-        if self.measurer.elapsed() >= self.settings.time_budget {
+        if self.elapsed() >= self.settings.time_budget {
             self.budget_spent = true;
         }
         self.interrupted || self.budget_spent
@@ -276,7 +227,7 @@ impl<'a> Engine<'a> {
         let seconds = if r.seconds > 0.0 {
             r.seconds
         } else {
-            r.visit_seconds_from_figures(&self.settings.workload)
+            r.visit_seconds_from_figures(&self.settings.plan.workload)
         };
         if seconds <= 0.0 {
             return;
@@ -289,11 +240,11 @@ impl<'a> Engine<'a> {
     pub(crate) fn request(&self, c: &Candidate) -> MeasureRequest {
         MeasureRequest {
             model: self.settings.model.clone(),
-            settings: ModelSettings::for_candidate(c, &self.settings.rpc),
-            context: ContextSettings::for_candidate(c, self.settings.workload.n_ctx)
-                .with_sequences(self.settings.workload.n_parallel),
-            workload: self.settings.workload.clone(),
-            seed: self.settings.seed ^ (self.round.wrapping_mul(0x100_0000_01B3)),
+            settings: ModelSettings::for_candidate(c, &self.settings.plan.rpc),
+            context: ContextSettings::for_candidate(c, self.settings.plan.workload.n_ctx)
+                .with_sequences(self.settings.plan.workload.n_parallel),
+            workload: self.settings.plan.workload.clone(),
+            seed: self.settings.plan.seed ^ (self.round.wrapping_mul(0x100_0000_01B3)),
             expect: Vec::new(),
             give_up: None,
         }
@@ -329,7 +280,7 @@ impl<'a> Engine<'a> {
         among: &[Candidate],
         refused: &[(CacheType, CacheType)],
     ) -> Option<Candidate> {
-        let w = &self.settings.workload;
+        let w = &self.settings.plan.workload;
         let measured: Vec<&CandidateResult> = among
             .iter()
             .filter(|c| !refused.contains(&(c.type_k, c.type_v)))
@@ -343,177 +294,14 @@ impl<'a> Engine<'a> {
             );
             ma.partial_cmp(&mb).unwrap_or(std::cmp::Ordering::Equal)
         })?;
-        let noise = self.settings.noise;
+        let noise = self.settings.plan.noise;
         let tied = measured.iter().filter(|r| {
             std::ptr::eq(**r, *top)
-                || r.compare_with(top, w, noise, self.settings.seed)
+                || r.compare_with(top, w, noise, self.settings.plan.seed)
                     .is_some_and(|c| c.verdict == Verdict::Tie && c.ratio >= -noise / 2.0)
         });
         tied.min_by(|a, b| tie_break(a, b))
             .map(|r| r.candidate.clone())
-    }
-
-    /// The coordinate-descent search. Returns the winner (if anything was measured).
-    pub fn run(&mut self) -> Option<Candidate> {
-        self.probe_device_bandwidths();
-        let base = self.baseline();
-        let (group, axis) = self.first_group(&base);
-        self.measure_group(&group, axis);
-        self.promising = Vec::new();
-        let mut best = self.choose(&group);
-        if axis == "gpu layers" {
-            let start = self.placement_start(&base);
-            best = self.below_the_top(&start, best);
-        }
-        if let Some(b) = best.take() {
-            let b = if host_weights(&self.settings, &b) {
-                self.descend(&HOST_AXES, Some(b.clone()), &base)
-                    .unwrap_or(b)
-            } else {
-                self.challenge_with_experts(&group, b, &base)
-            };
-            let b = self.search_split(b);
-            best = Some(self.compare_backends(b));
-        }
-        let best = self.descend(&AXES, best, &base);
-        match best {
-            // The split again once the KV cache and micro-batch are chosen: with room to spare,
-            // moving layers to the faster device pays where at f16 every byte was needed.
-            Some(b) if !self.out_of_time() => {
-                let b = self.trade_layers_for_batch(b);
-                let b = self.refit_layers(b);
-                Some(self.search_split(b))
-            }
-            other => other,
-        }
-    }
-
-    /// Where the first group's best keeps every expert on the devices and a placement with experts
-    /// on the host came within [`EXPERT_CHALLENGE`] of it: that placement's host axes are tuned
-    /// (its host reads each token's experts, so threads and pinned memory move it, while they
-    /// leave the best alone), then its KV cache and micro-batch where a smaller one brings experts
-    /// onto the devices ([`Engine::expert_fit_levers`]), and it is measured against the best.
-    /// Returns the faster.
-    fn challenge_with_experts(
-        &mut self,
-        group: &[Candidate],
-        best: Candidate,
-        base: &Candidate,
-    ) -> Candidate {
-        let Some(top) = self.median_rate(&best) else {
-            return best;
-        };
-        let challenger = group
-            .iter()
-            .filter(|c| c.n_cpu_moe > 0 || c.n_cpu_ffn > 0)
-            .filter_map(|c| self.median_rate(c).map(|r| (r, c)))
-            .filter(|(r, _)| *r >= top * (1.0 - EXPERT_CHALLENGE))
-            .max_by(|a, b| a.0.total_cmp(&b.0))
-            .map(|(_, c)| c.clone());
-        let Some(c) = challenger else {
-            return best;
-        };
-        let tuned = self.descend(&HOST_AXES, Some(c.clone()), base).unwrap_or(c);
-        // Then the cache and micro-batch that bring the most of its experts onto the devices.
-        let mut levers = vec![tuned.clone()];
-        levers.extend(self.expert_fit_levers(&tuned));
-        let tuned = if levers.len() > 1 && !self.out_of_time() {
-            self.measure_group(&levers, "kv cache");
-            self.choose(&levers).unwrap_or(tuned)
-        } else {
-            tuned
-        };
-        if self.out_of_time() || tuned == best {
-            return best;
-        }
-        let pair = [best.clone(), tuned];
-        self.measure_group(&pair, "gpu layers");
-        self.choose(&pair).unwrap_or(best)
-    }
-
-    /// `from` (a placement with experts on the host) at each KV-cache type, each at the largest
-    /// micro-batch up to its own that keeps the fewest expert layers on the host, where that is
-    /// fewer than `from` keeps but not none (with every expert on the devices it is the best's
-    /// placement, whose cache and micro-batch the descent measures). A smaller cache or compute
-    /// buffer is worth most where it brings a layer's experts onto the device, which the KV-cache
-    /// axis at `from`'s placement does not see: on `bench/vs-tuners`' landscape 227 a placement
-    /// with the KV cache in host memory won by 7% over 3 host expert layers at f16, and lost by
-    /// 11% to 1 at q8_0 with 256-token micro-batches (what it moved on `bench/vs-tuners`:
-    /// docs/benchmarks.md, "The figures behind the search's choices").
-    fn expert_fit_levers(&mut self, from: &Candidate) -> Vec<Candidate> {
-        let mut ubs: Vec<u32> = (self.settings.ubatch_options.iter().copied())
-            .filter(|&ub| ub <= from.n_ubatch)
-            .collect();
-        ubs.sort_unstable_by(|a, b| b.cmp(a));
-        let mut out = Vec::new();
-        for kv in vary_cache(&self.settings, from) {
-            // Each smaller micro-batch is searched only below the fewest a larger one reached.
-            let mut fewest: Option<Candidate> = None;
-            for &ub in &ubs {
-                let most = fewest.as_ref().map_or(from.n_cpu_moe, |f| f.n_cpu_moe);
-                if most < 2 {
-                    break;
-                }
-                let c = kv.with_ubatch(ub);
-                let at = |n: u32| Candidate {
-                    n_cpu_moe: n,
-                    ..c.clone()
-                };
-                if let Some(n) = self.fewest_on_host_upto(&at, most - 1) {
-                    fewest = Some(at(n));
-                }
-            }
-            out.extend(fewest.filter(|f| f.n_cpu_moe > 0 && f.validate().is_ok()));
-        }
-        out
-    }
-
-    /// One pass of the coordinate descent over `axes` from `best`: each axis's variants measured
-    /// beside the best so far, the best kept. A budget that ends on the way records the axes left.
-    fn descend(
-        &mut self,
-        axes: &[(&'static str, Vary)],
-        mut best: Option<Candidate>,
-        base: &Candidate,
-    ) -> Option<Candidate> {
-        for (k, (axis, vary)) in axes.iter().enumerate() {
-            if self.out_of_time() {
-                // The budget's doing, not an interruption's (that run resumes where it stopped).
-                if !self.interrupted {
-                    let from = in_space(&self.settings, best.as_ref().unwrap_or(base));
-                    self.not_reached = self.axes_with_candidates(&axes[k..], &from);
-                }
-                break;
-            }
-            // Varied from inside the user's space: the defaults are the reference, not a start
-            // for knobs the user excluded.
-            let from = in_space(&self.settings, best.as_ref().unwrap_or(base));
-            let mut group: Vec<Candidate> = vary(&self.settings, &from)
-                .into_iter()
-                .filter(|c| c.validate().is_ok())
-                .collect();
-            if !group.contains(&from) {
-                group.insert(0, from.clone());
-            }
-            group.dedup();
-            if group.len() < 2 && best.is_some() {
-                continue;
-            }
-            self.measure_group(&group, axis);
-            if let Some(b) = self.choose(&group) {
-                best = Some(b);
-            }
-            if let Some(b) = &best {
-                let margin = self.margin_over_runner_up(b);
-                self.progress.best(
-                    &b.label(),
-                    margin,
-                    self.measurer.elapsed(),
-                    self.settings.time_budget,
-                );
-            }
-        }
-        best
     }
 
     /// Which of `axes` would vary `from` (what a run cut short by its budget left unmeasured).
@@ -526,20 +314,6 @@ impl<'a> Engine<'a> {
             })
             .map(|(axis, _)| axis.to_string())
             .collect()
-    }
-
-    /// Grid mode (`--exhaustive`): every combination of the declared knob values, measured with the
-    /// same protocol (shuffled rounds, the same stopping rule), then the same decision rule.
-    pub fn run_exhaustive(&mut self) -> Option<Candidate> {
-        let base = self.baseline();
-        let mut grid = grid(&self.settings, &base);
-        // Where a GPU shows through several backends, the backend is one more knob of the grid.
-        let through: Vec<Candidate> = (self.settings.backends.iter().skip(1))
-            .flat_map(|b| grid.iter().map(|c| self.on_backend(&self.plain(c), b)))
-            .collect();
-        grid.extend(through);
-        self.measure_group(&grid, "grid");
-        self.choose(&grid)
     }
 
     /// Relative margin of `best` over the next-best measured candidate.
@@ -561,8 +335,10 @@ impl<'a> Engine<'a> {
 
     /// The median rate at the workload of a measurement that ran.
     fn ok_median(&self, r: &CandidateResult) -> Option<f64> {
-        r.ok()
-            .then(|| r.rate_sample(&self.settings.workload).map(|s| s.median()))?
+        r.ok().then(|| {
+            r.rate_sample(&self.settings.plan.workload)
+                .map(|s| s.median())
+        })?
     }
 
     /// Re-measures the winner and the runner-up, interleaved, at the end of the run; returns the
@@ -572,7 +348,7 @@ impl<'a> Engine<'a> {
         winner: &Candidate,
         runner_up: Option<&Candidate>,
     ) -> Vec<(Candidate, f64)> {
-        let w = self.settings.workload.clone();
+        let w = self.settings.plan.workload.clone();
         let mut group = vec![winner.clone()];
         group.extend(runner_up.cloned());
         let before: Vec<(Candidate, usize, Option<f64>)> = group
@@ -591,12 +367,14 @@ impl<'a> Engine<'a> {
                 break;
             }
             self.round += 1;
-            for o in stats::shuffled_order(group.len(), self.settings.seed.wrapping_add(self.round))
-            {
+            for o in stats::shuffled_order(
+                group.len(),
+                self.settings.plan.seed.wrapping_add(self.round),
+            ) {
                 // Every confirming repetition on a fresh load: one load of a configuration can run
                 // several percent faster or slower than another for as long as it lives (seen on a
                 // VM: `autotune measure --twice` without reloads called identical twins different).
-                self.measurer.unload();
+                self.measurer.get_mut().unload();
                 let i = self.index_of(&group[o]);
                 self.measure_once(i, "confirm");
             }
@@ -616,7 +394,7 @@ impl<'a> Engine<'a> {
     }
 
     pub fn shutdown(&mut self) {
-        self.measurer.shutdown();
+        self.measurer.get_mut().shutdown();
     }
 }
 
@@ -634,7 +412,7 @@ impl Engine<'_> {
         if let Some(w) = winner.clone().filter(|_| !self.interrupted) {
             let s = &self.settings;
             let measured: Vec<Candidate> =
-                ranking::leaderboard(&self.results, &s.workload, s.noise, s.seed)
+                ranking::leaderboard(&self.results, &s.plan.workload, s.plan.noise, s.plan.seed)
                     .into_iter()
                     .filter(|e| e.figures.is_some() && !self.refused(&e.candidate))
                     .map(|e| e.candidate)

@@ -4,6 +4,7 @@
 
 use crate::cli::{Cli, CtxArg, DraftSearchArgs, TrialArgs, TuneArgs, WorkloadArgs};
 use crate::engine::GateChoice;
+use crate::engine::Plan;
 use crate::engine::DEFAULT_MAX_KV_KLD;
 use crate::exit::{self, Exit};
 use crate::inputs::{self, Also};
@@ -13,8 +14,8 @@ use crate::session;
 use crate::speculative::attach::DraftSearch;
 use crate::speculative::ngram::NgramGrid;
 use crate::speculative::{prompts, Grid};
+use crate::tuning;
 use crate::tuning::joint::Joint;
-use crate::tuning::{self, Plan};
 use crate::workload::WorkloadPreset;
 use anyhow::Context as _;
 use std::path::Path;

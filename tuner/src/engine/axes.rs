@@ -19,12 +19,12 @@ pub(super) fn pick<T: Copy + PartialEq>(options: &[T], v: T) -> T {
 pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
     let (type_k, type_v) = pick(&s.kv_pairs, (c.type_k, c.type_v));
     let mut out = Candidate {
-        kernels: pick(&s.kernels, c.kernels),
+        kernels: pick(&s.plan.kernels, c.kernels),
         host_buffer: pick(&s.host_buffers, c.host_buffer),
         numa: pick(&s.numa, c.numa),
         op_offload: pick(&s.op_offload, c.op_offload),
-        kv_offload: pick(&s.kv_offload, c.kv_offload),
-        flash_attn: pick(&s.flash_attn, c.flash_attn),
+        kv_offload: pick(&s.plan.kv_offload, c.kv_offload),
+        flash_attn: pick(&s.plan.flash_attn, c.flash_attn),
         n_ubatch: pick(&s.ubatch_options, c.n_ubatch),
         type_k,
         type_v,
@@ -37,7 +37,8 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
     );
     if out.type_v.is_quantized() && out.flash_attn == FlashAttn::Off {
         out.flash_attn = pick(
-            &s.flash_attn
+            &s.plan
+                .flash_attn
                 .iter()
                 .copied()
                 .filter(|&f| f != FlashAttn::Off)
@@ -73,7 +74,8 @@ pub(super) fn vary_kernels(s: &TuneSettings, from: &Candidate) -> Vec<Candidate>
     if !host_computes(s, from) || pinned_memory_in_use(s, from) {
         return Vec::new();
     }
-    s.kernels
+    s.plan
+        .kernels
         .iter()
         .map(|&k| Candidate {
             kernels: k,
@@ -98,6 +100,34 @@ pub(super) fn vary_numa(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
 
 /// One axis of the coordinate descent: the candidates that differ from `from` in its knob.
 pub(super) type Vary = fn(&TuneSettings, &Candidate) -> Vec<Candidate>;
+
+/// The axes of the coordinate descent after the placement and the split, in order. Where layers
+/// stay on the host, [`HOST_AXES`] come before the split too.
+pub(super) const AXES: [(&str, Vary); 9] = [
+    ("op offload", vary_op_offload),
+    ("host buffer", vary_host_buffer),
+    ("threads", vary_threads),
+    // Right after the threads: on several nodes the strategy can double generation.
+    ("numa", vary_numa),
+    ("prompt threads", vary_threads_batch),
+    ("kernels", vary_kernels),
+    ("flash attention", vary_flash_attn),
+    ("kv cache", vary_cache),
+    ("batch", vary_batch),
+];
+
+/// The axes that set how the host serves the layers it keeps, measured before the split where
+/// layers stay on the host: the host's share of every token is then most of the token's time, and
+/// the split moves only what the devices hold (and takes a slow model's budget: each device alone,
+/// the rows, the steps). Generation threads first (every token), then where the weights live and
+/// op offload (the prompt's batches). Measured again from the split's best in [`AXES`]; unchanged,
+/// they cost nothing more. Threads first beat the order of [`AXES`] on `bench/vs-tuners` (the
+/// figures: docs/benchmarks.md, "The figures behind the search's choices").
+pub(super) const HOST_AXES: [(&str, Vary); 3] = [
+    ("threads", vary_threads),
+    ("host buffer", vary_host_buffer),
+    ("op offload", vary_op_offload),
+];
 
 /// Whether `c` leaves weights in host memory that ggml could offload a batch's operations for:
 /// fewer layers than the model's on the devices, or experts kept on the CPU.
@@ -156,7 +186,8 @@ pub(super) fn vary_op_offload(s: &TuneSettings, from: &Candidate) -> Vec<Candida
         .collect()
 }
 pub(super) fn vary_flash_attn(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
-    s.flash_attn
+    s.plan
+        .flash_attn
         .iter()
         .map(|&f| Candidate {
             flash_attn: f,
@@ -233,8 +264,8 @@ pub(super) fn vary_batch(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
 pub fn grid(s: &TuneSettings, base: &Candidate) -> Vec<Candidate> {
     let mut out = Vec::new();
     for &threads in &s.threads_options {
-        for &kernels in &s.kernels {
-            for &flash_attn in &s.flash_attn {
+        for &kernels in &s.plan.kernels {
+            for &flash_attn in &s.plan.flash_attn {
                 for &(type_k, type_v) in &s.kv_pairs {
                     for &ub in &s.ubatch_options {
                         let c = Candidate {

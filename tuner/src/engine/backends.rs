@@ -13,6 +13,7 @@
 //! names the devices by default ([`Engine::plain`]) and run them through the best's backend
 //! ([`Engine::like`]).
 
+use crate::engine::strategy::{Group, Once};
 use crate::engine::Engine;
 use search_space::{Candidate, SplitMode};
 
@@ -125,29 +126,15 @@ impl Engine<'_> {
     /// measured against each other; the faster is the search's best from here on. Each is
     /// recorded ([`Engine::backend_trials`]) for the report, the profile and `explain`.
     pub(crate) fn compare_backends(&mut self, best: Candidate) -> Candidate {
-        let Some(now) = self.backend_of(&best) else {
-            return best;
-        };
-        let others: Vec<String> = (self.settings.backends.iter())
-            .filter(|b| **b != now)
-            .cloned()
-            .collect();
-        if others.is_empty() || self.out_of_time() {
+        if self.out_of_time() {
             return best;
         }
-        let mut tried = vec![(now, best.clone())];
-        for b in others {
-            let c = self.through(&best, &b);
-            if c != best && !tried.iter().any(|(_, t)| *t == c) {
-                tried.push((b, c));
-            }
-        }
+        let tried = self.backends_to_try(&best);
         if tried.len() < 2 {
             return best;
         }
         let group: Vec<Candidate> = tried.iter().map(|(_, c)| c.clone()).collect();
-        self.measure_group(&group, "backend");
-        let won = self.choose(&group).unwrap_or(best);
+        let won = (self.drive(Once::new(Group::new(group, "backend"), None))).unwrap_or(best);
         self.backend_trials = (tried.into_iter())
             .map(|(backend, candidate)| super::run::BackendTried {
                 chosen: candidate == won,
@@ -158,11 +145,31 @@ impl Engine<'_> {
         won
     }
 
+    /// The backend axis's candidates: `best` through its backend, then through each other backend
+    /// of the run where that differs; fewer than two where there is no other.
+    fn backends_to_try(&self, best: &Candidate) -> Vec<(String, Candidate)> {
+        let Some(now) = self.backend_of(best) else {
+            return Vec::new();
+        };
+        let others: Vec<String> = (self.settings.backends.iter())
+            .filter(|b| **b != now)
+            .cloned()
+            .collect();
+        let mut tried = vec![(now, best.clone())];
+        for b in others {
+            let c = self.through(best, &b);
+            if c != *best && !tried.iter().any(|(_, t)| *t == c) {
+                tried.push((b, c));
+            }
+        }
+        tried
+    }
+
     /// `best`'s configuration through `backend`, at the best placement that fits there: its own
     /// where it fits, with more of the model on the GPU where `best` holds all it can and this
     /// backend holds more (its buffers are smaller), with less where it does not fit (they are
     /// larger). Returned unfitted where not even that fits: measuring it records why.
-    fn through(&mut self, best: &Candidate, backend: &str) -> Candidate {
+    fn through(&self, best: &Candidate, backend: &str) -> Candidate {
         let c = self.on_backend(&self.plain(best), backend);
         if c == *best || self.settings.n_gpu_layers_pinned {
             return c;
@@ -180,7 +187,7 @@ impl Engine<'_> {
     /// `c` (which does not fit its devices) with the least of the model moved off them that fits:
     /// the fewest layers' experts or FFNs on the host where it keeps some there, else the most
     /// layers that fit; `None` where nothing does.
-    fn less_on_device(&mut self, c: &Candidate) -> Option<Candidate> {
+    fn less_on_device(&self, c: &Candidate) -> Option<Candidate> {
         if c.n_cpu_ffn > 0 || c.n_cpu_moe > 0 {
             let ffn = c.n_cpu_ffn > 0;
             let at = |n: u32| Candidate {

@@ -180,16 +180,16 @@ impl Engine<'_> {
         let s = &self.settings;
         let request = FitRequest {
             model: s.model.clone(),
-            rpc: s.rpc.clone(),
-            n_ctx: s.workload.n_ctx,
-            sequences: s.workload.n_parallel,
+            rpc: s.plan.rpc.clone(),
+            n_ctx: s.plan.workload.n_ctx,
+            sequences: s.plan.workload.n_parallel,
             budgets: s.mem_budgets.clone(),
             // Every device of the run has a budget; one the fit finds beside them gets no room.
             default_margin: u64::MAX,
         };
         let n_layers = s.n_layers;
         let stop = self.stop_fn();
-        let answer = self.measurer.llama_fit(&request, stop)?;
+        let answer = self.measurer.get_mut().llama_fit(&request, stop)?;
         if answer.status != 0 {
             return Err(format!(
                 "llama.cpp's fit reported {}: {}",

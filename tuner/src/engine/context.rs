@@ -118,14 +118,14 @@ impl Engine<'_> {
         } else {
             whole
         };
-        self.settings.workload.n_ctx = choice.n_ctx;
+        self.settings.plan.workload.n_ctx = choice.n_ctx;
         choice
     }
 
     fn largest_context_of(&mut self, c: &Candidate, floor: u32, ceiling: u32) -> ContextChoice {
-        let step = CTX_STEP * self.settings.workload.n_parallel.max(1);
+        let step = CTX_STEP * self.settings.plan.workload.n_parallel.max(1);
         let at = |e: &mut Self, n: u32| {
-            e.settings.workload.n_ctx = n;
+            e.settings.plan.workload.n_ctx = n;
             e.check_fit(c)
                 .err()
                 .map(|u| u.why.trim_start_matches("pruned: ").to_string())
@@ -158,7 +158,7 @@ impl Engine<'_> {
                 false
             }
         });
-        self.settings.workload.n_ctx = n;
+        self.settings.plan.workload.n_ctx = n;
         ContextChoice {
             n_ctx: n,
             ceiling,

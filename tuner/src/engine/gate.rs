@@ -67,13 +67,10 @@ impl Engine<'_> {
         let outer = self.stop;
         // Cached figures come back whatever the time left; an evaluation stops at the budget's end.
         self.out_of_time();
-        let left = self
-            .settings
-            .time_budget
-            .saturating_sub(self.measurer.elapsed());
+        let left = self.settings.time_budget.saturating_sub(self.elapsed());
         let until = Instant::now().checked_add(left);
         let stop = move || outer() || until.is_some_and(|u| Instant::now() >= u);
-        let outcome = self.measurer.kv_quality(&req, &stop);
+        let outcome = self.measurer.get_mut().kv_quality(&req, &stop);
         let outcome = outcome.map_err(|e| {
             if self.out_of_time() && !self.interrupted {
                 let budget = self.settings.time_budget.as_secs();

@@ -40,7 +40,7 @@ impl Engine<'_> {
     /// early has measured it: over a slow link every load is seconds of weights on the wire, and on
     /// the simulator with 16 hosts (1 in 4 over Wi-Fi) the first 10 minutes went to placements
     /// over all of them (0.82x the two nearest) without it.
-    pub(crate) fn nearest_hosts(&mut self, from: &Candidate) -> Option<Candidate> {
+    pub(crate) fn nearest_hosts(&self, from: &Candidate) -> Option<Candidate> {
         let budgets: Vec<(String, u64)> = (self.settings.mem_budgets.offload())
             .map(|b| (b.device.clone(), b.bytes))
             .collect();
@@ -85,7 +85,7 @@ impl Engine<'_> {
     /// `from` offloads (its share over its memory bandwidth `bw`, plus its link's round trip).
     /// Without measured links, or the dry run's bytes, by bandwidth alone.
     pub(crate) fn fastest_order(
-        &mut self,
+        &self,
         from: &Candidate,
         names: &[String],
         bw: &[f64],

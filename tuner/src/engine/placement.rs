@@ -3,6 +3,7 @@
 //! allocated), and a candidate that would exceed a device's budget is pruned, never loaded. The
 //! GPU-layer axis starts from the most layers that fit and walks down, so the offload cliff shows.
 
+use crate::engine::strategy::{Group, Once, Strategy};
 use crate::engine::{vary_cache, Engine};
 use crate::measuring::{LoadReport, TrialFailure};
 use search_space::size::format_size_pair;
@@ -45,7 +46,7 @@ const BATCH_FOR_LAYERS: u32 = 2;
 
 impl Engine<'_> {
     /// Dry-run footprint of a candidate (cached); `Err` with the reason when llama.cpp refuses.
-    pub fn footprint(&mut self, c: &Candidate) -> Result<LoadReport, String> {
+    pub fn footprint(&self, c: &Candidate) -> Result<LoadReport, String> {
         let mut req = self.request(c);
         req.settings.no_alloc = true;
         // Thread counts do not change what a load allocates: one dry run serves them all.
@@ -53,18 +54,18 @@ impl Engine<'_> {
         context.threads = 0;
         context.threads_batch = None;
         let key = serde_json::to_string(&(&req.settings, &context)).expect("serialises");
-        if let Some(r) = self.footprints.get(&key) {
+        if let Some(r) = self.footprints.borrow().get(&key) {
             return r.clone();
         }
         let stop = self.stop_fn();
-        let result = self.measurer.footprint(&req, stop);
-        self.footprints.insert(key, result.clone());
+        let result = self.measurer.borrow_mut().footprint(&req, stop);
+        self.footprints.borrow_mut().insert(key, result.clone());
         result
     }
 
     /// Whether a candidate fits every device's budget, the host's (`CPU`: RAM) included; the dry-run
     /// report when it does, the reason (device, need, budget) when not.
-    pub fn check_fit(&mut self, c: &Candidate) -> Result<LoadReport, Unfit> {
+    pub fn check_fit(&self, c: &Candidate) -> Result<LoadReport, Unfit> {
         self.check_fit_of(c, true)
     }
 
@@ -72,11 +73,11 @@ impl Engine<'_> {
     /// with the layers (and expert layers) placed on them, while the host's shrinks: the searches
     /// for the most layers that fit bisect on this, and the host's budget prunes the candidates they
     /// lead to (too few layers offloaded for the rest to fit in RAM).
-    pub(crate) fn check_device_fit(&mut self, c: &Candidate) -> Result<LoadReport, Unfit> {
+    pub(crate) fn check_device_fit(&self, c: &Candidate) -> Result<LoadReport, Unfit> {
         self.check_fit_of(c, false)
     }
 
-    fn check_fit_of(&mut self, c: &Candidate, host: bool) -> Result<LoadReport, Unfit> {
+    fn check_fit_of(&self, c: &Candidate, host: bool) -> Result<LoadReport, Unfit> {
         if self.settings.mem_budgets.is_empty() {
             return Ok(LoadReport::default());
         }
@@ -125,39 +126,39 @@ impl Engine<'_> {
 
     /// The most layers that fit the budgets with `c`'s other settings (binary search over dry runs);
     /// `None` when not even zero layers fit.
-    pub fn max_fitting_layers(&mut self, c: &Candidate) -> Option<u32> {
+    pub fn max_fitting_layers(&self, c: &Candidate) -> Option<u32> {
         self.max_fitting_layers_from(c, 0)
     }
 
     /// [`Self::max_fitting_layers`] when `known` layers are already known to fit (a lever that only
     /// shrinks memory fits at least what the unchanged settings fit).
-    fn max_fitting_layers_from(&mut self, c: &Candidate, known: u32) -> Option<u32> {
+    fn max_fitting_layers_from(&self, c: &Candidate, known: u32) -> Option<u32> {
         let all = self.settings.n_layers + 1;
-        let fits = |e: &mut Self, n: u32| {
-            e.check_device_fit(&Candidate {
+        let fits = |n: u32| {
+            self.check_device_fit(&Candidate {
                 n_gpu_layers: n,
                 ..c.clone()
             })
             .is_ok()
         };
-        if fits(self, all) {
+        if fits(all) {
             return Some(all);
         }
-        if known == 0 && !fits(self, 0) {
+        if known == 0 && !fits(0) {
             return None;
         }
         // known.min(all - 1) fits, all does not.
-        Some(last_that_holds(known.min(all - 1), all, |n| fits(self, n)))
+        Some(last_that_holds(known.min(all - 1), all, fits))
     }
 
     /// GPU-layer counts to measure first: the most that fit, one fewer, and none (CPU only); with
     /// `--quick` the most that fit, half and none. Then the fit levers' placements. The counts in
-    /// between come after, and only while the curve has not fallen ([`Self::below_the_top`]).
-    pub fn placement_group(&mut self, from: &Candidate) -> Vec<Candidate> {
+    /// between come after, and only while the curve has not fallen ([`BelowTheTop`]).
+    pub fn placement_group(&self, from: &Candidate) -> Vec<Candidate> {
         let Some(max) = self.max_fitting_layers(from) else {
             return Vec::new();
         };
-        let mut ns = if self.settings.quick {
+        let mut ns = if self.settings.plan.quick {
             vec![max, max / 2, 0]
         } else {
             vec![max, max.saturating_sub(1), 0]
@@ -177,45 +178,6 @@ impl Engine<'_> {
         group
     }
 
-    /// The cliff, found without walking all the way down: from the most layers that fit, ¾, ½ and ¼
-    /// of them are measured one at a time against the best so far, and the walk stops at the first
-    /// that is slower by more than the noise (the curve has fallen; lower counts only fall further).
-    /// A device slower than the host, or a flat curve, walks on.
-    pub fn below_the_top(
-        &mut self,
-        start: &Candidate,
-        best: Option<Candidate>,
-    ) -> Option<Candidate> {
-        let mut best = best?;
-        if self.settings.quick {
-            return Some(best);
-        }
-        let Some(max) = self.max_fitting_layers(start) else {
-            return Some(best);
-        };
-        let mut steps: Vec<u32> = [max * 3 / 4, max / 2, max / 4]
-            .into_iter()
-            .filter(|&n| n > 0 && n + 1 < max)
-            .collect();
-        steps.dedup();
-        for n in steps {
-            if self.out_of_time() {
-                break;
-            }
-            let lower = Candidate {
-                n_gpu_layers: n,
-                ..start.clone()
-            };
-            let pair = [best.clone(), lower.clone()];
-            self.measure_group(&pair, "gpu layers");
-            if self.slower(&lower, &best) {
-                break;
-            }
-            best = self.choose(&pair).unwrap_or(best);
-        }
-        Some(best)
-    }
-
     /// Whether `a` was measured slower than `b` by more than the noise (the decision rule's verdict),
     /// or `a` stopped mid-repetition as several times slower than the best measured (the walk's `b`
     /// is that best or ties with it).
@@ -230,8 +192,8 @@ impl Engine<'_> {
         if !ra.ok() || !rb.ok() {
             return false;
         }
-        let w = &self.settings.workload;
-        ra.compare_with(rb, w, self.settings.noise, self.settings.seed)
+        let w = &self.settings.plan.workload;
+        ra.compare_with(rb, w, self.settings.plan.noise, self.settings.plan.seed)
             .is_some_and(|c| c.verdict == crate::stats::Verdict::Slower)
     }
 
@@ -245,7 +207,7 @@ impl Engine<'_> {
     /// q8_0 at 128 did, and was 7% faster (the KV-cache axis, one layer lower where the two caches
     /// tie, had kept q8_0). What it moved on `bench/vs-tuners`: docs/benchmarks.md, "The figures
     /// behind the search's choices".
-    fn lever_placements(&mut self, from: &Candidate, max: u32) -> Vec<Candidate> {
+    fn lever_placements(&self, from: &Candidate, max: u32) -> Vec<Candidate> {
         let levers = self.levers(from);
         let all = self.settings.n_layers + 1;
         let mut out: Vec<Candidate> = Vec::new();
@@ -299,7 +261,7 @@ impl Engine<'_> {
         }
         // Last, as it costs a round trip per layer for every token: the KV cache in host memory
         // (-nkvo), alone and with the smallest micro-batch.
-        if self.settings.kv_offload.contains(&KvOffload::Off) {
+        if self.settings.plan.kv_offload.contains(&KvOffload::Off) {
             let host_kv = Candidate {
                 kv_offload: KvOffload::Off,
                 ..from.clone()
@@ -319,7 +281,7 @@ impl Engine<'_> {
     /// each quantized KV cache at the fewest it lets fit where that is fewer (the fit levers,
     /// jointly). Which wins against `-ngl` depends on the bus, the host, the prompt and the depth:
     /// measured beside the `-ngl` placements.
-    pub fn ffn_group(&mut self, from: &Candidate) -> Vec<Candidate> {
+    pub fn ffn_group(&self, from: &Candidate) -> Vec<Candidate> {
         let layers = self.settings.n_layers;
         let on_device = |c: &Candidate, n: u32| Candidate {
             n_gpu_layers: layers + 1,
@@ -360,7 +322,7 @@ impl Engine<'_> {
     /// next one and two above it, and every expert on the host. Fewer experts on the host is usually
     /// faster, but a slow link or a fast host can turn that, so the neighbours are measured, not
     /// assumed. Only placements that fit are returned.
-    pub fn expert_group(&mut self, from: &Candidate) -> Vec<Candidate> {
+    pub fn expert_group(&self, from: &Candidate) -> Vec<Candidate> {
         let layers = self.settings.n_layers;
         let on_device = |n: u32| Candidate {
             n_gpu_layers: layers + 1,
@@ -382,13 +344,13 @@ impl Engine<'_> {
     /// The fewest layers whose experts (or dense FFNs) stay on the host with which `at(n)` fits the
     /// devices (their fit only improves as n grows; the host's is checked on the candidates);
     /// `None` when not even every layer's on the host lets the rest fit.
-    fn fewest_on_host(&mut self, at: &dyn Fn(u32) -> Candidate) -> Option<u32> {
+    fn fewest_on_host(&self, at: &dyn Fn(u32) -> Candidate) -> Option<u32> {
         self.fewest_on_host_upto(at, self.settings.n_layers)
     }
 
     /// [`Self::fewest_on_host`] among `0..=most`: `None` when `at(most)` does not fit.
     pub(crate) fn fewest_on_host_upto(
-        &mut self,
+        &self,
         at: &dyn Fn(u32) -> Candidate,
         most: u32,
     ) -> Option<u32> {
@@ -421,15 +383,14 @@ impl Engine<'_> {
         let Some(more) = self.more_on_device(&best) else {
             return best;
         };
-        let group = [best.clone(), more];
-        self.measure_group(&group, "gpu layers");
-        self.choose(&group).unwrap_or(best)
+        let group = Group::new(vec![best.clone(), more], "gpu layers");
+        self.drive(Once::new(group, None)).unwrap_or(best)
     }
 
     /// `best` with more of the model on its devices, where its settings let that fit: a placement
     /// with the fewest layers' experts (or dense FFNs) on the host (their count was found at the
     /// first group's f16 cache and micro-batch), else the most layers.
-    pub(crate) fn more_on_device(&mut self, best: &Candidate) -> Option<Candidate> {
+    pub(crate) fn more_on_device(&self, best: &Candidate) -> Option<Candidate> {
         if best.n_cpu_ffn > 0 {
             let at = |n: u32| Candidate {
                 n_cpu_ffn: n,
@@ -484,7 +445,70 @@ impl Engine<'_> {
         if group.len() < 2 {
             return best;
         }
-        self.measure_group(&group, "batch");
-        self.choose(&group).unwrap_or(best)
+        (self.drive(Once::new(Group::new(group, "batch"), None))).unwrap_or(best)
+    }
+}
+
+/// The cliff, found without walking all the way down: from the most layers that fit, ¾, ½ and ¼ of
+/// them are proposed one at a time against the best so far, and the walk stops at the first that
+/// is slower by more than the noise (the curve has fallen; lower counts only fall further). A
+/// device slower than the host, or a flat curve, walks on.
+pub(crate) struct BelowTheTop {
+    start: Candidate,
+    best: Option<Candidate>,
+    /// The layer counts left to walk, the next first.
+    steps: Vec<u32>,
+    /// The count out against the best.
+    lower: Option<Candidate>,
+}
+
+impl BelowTheTop {
+    /// The walk down from `start`'s most layers that fit, against `best` (the first group's).
+    pub fn new(view: &Engine, start: &Candidate, best: Option<Candidate>) -> Self {
+        let max = (best.is_some() && !view.settings.plan.quick)
+            .then(|| view.max_fitting_layers(start))
+            .flatten();
+        let mut steps: Vec<u32> = max.map_or(Vec::new(), |max| {
+            [max * 3 / 4, max / 2, max / 4]
+                .into_iter()
+                .filter(|&n| n > 0 && n + 1 < max)
+                .collect()
+        });
+        steps.dedup();
+        BelowTheTop {
+            start: start.clone(),
+            best,
+            steps,
+            lower: None,
+        }
+    }
+}
+
+impl Strategy for BelowTheTop {
+    type Output = Option<Candidate>;
+
+    fn next(&mut self, view: &Engine, chosen: Option<Candidate>) -> Option<Group> {
+        let best = self.best.clone()?;
+        if let Some(lower) = self.lower.take() {
+            if view.slower(&lower, &best) {
+                self.steps.clear();
+                return None;
+            }
+            self.best = Some(chosen.unwrap_or(best));
+        }
+        if self.steps.is_empty() || view.past_budget() {
+            return None;
+        }
+        let lower = Candidate {
+            n_gpu_layers: self.steps.remove(0),
+            ..self.start.clone()
+        };
+        self.lower = Some(lower.clone());
+        let pair = vec![self.best.clone()?, lower];
+        Some(Group::new(pair, "gpu layers"))
+    }
+
+    fn finish(self, _: &Engine) -> Option<Candidate> {
+        self.best
     }
 }

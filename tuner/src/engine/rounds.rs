@@ -39,14 +39,14 @@ impl Engine<'_> {
             return false;
         }
         let n = r.reps.len() as u32;
-        if n < self.settings.min_reps {
+        if n < self.settings.plan.min_reps {
             return true;
         }
-        if n >= self.settings.max_reps || spent >= self.settings.candidate_cap {
+        if n >= self.settings.plan.max_reps || spent >= self.settings.plan.candidate_cap {
             return false;
         }
-        match r.rate_sample(&self.settings.workload) {
-            Some(s) => !stats::enough(&s, self.settings.noise),
+        match r.rate_sample(&self.settings.plan.workload) {
+            Some(s) => !stats::enough(&s, self.settings.plan.noise),
             None => true,
         }
     }
@@ -68,8 +68,10 @@ impl Engine<'_> {
                 break;
             }
             self.round += 1;
-            let mut order =
-                stats::shuffled_order(pending.len(), self.settings.seed.wrapping_add(self.round));
+            let mut order = stats::shuffled_order(
+                pending.len(),
+                self.settings.plan.seed.wrapping_add(self.round),
+            );
             self.baseline_first(&mut order, &pending, &idx);
             for o in order {
                 if self.out_of_time() {
@@ -86,9 +88,9 @@ impl Engine<'_> {
                     1
                 };
                 for _ in 0..visit {
-                    let t = self.measurer.elapsed();
+                    let t = self.elapsed();
                     self.measure_once(i, axis);
-                    let took = self.measurer.elapsed().saturating_sub(t);
+                    let took = self.elapsed().saturating_sub(t);
                     spent[k] += took;
                     self.results[i].seconds += took.as_secs_f64();
                     // A budget that ends during the first repetition still lets the second run
@@ -170,7 +172,7 @@ impl Engine<'_> {
     /// its figures and its place on the leaderboard). Cheap short measurements for losers, longer ones
     /// for the leaders.
     pub(super) fn drop_clear_losers(&self, idx: &[usize], dropped: &mut [bool]) {
-        let w = &self.settings.workload;
+        let w = &self.settings.plan.workload;
         let samples: Vec<Option<Sample>> = idx
             .iter()
             .map(|&i| self.results[i].rate_sample(w))
@@ -185,7 +187,7 @@ impl Engine<'_> {
         };
         for (k, s) in samples.iter().enumerate() {
             if let Some(s) = s {
-                if s.max() < leader * (1.0 - 2.0 * self.settings.noise) {
+                if s.max() < leader * (1.0 - 2.0 * self.settings.plan.noise) {
                     dropped[k] = true;
                 }
             }
@@ -202,14 +204,14 @@ impl Engine<'_> {
     /// docs/benchmarks.md, "The figures behind the search's choices").
     fn alone_and_judged(&self, pending: &[usize], idx: &[usize]) -> bool {
         let [k] = pending else { return false };
-        idx.len() > 1 && self.results[idx[*k]].reps.len() as u32 >= self.settings.min_reps
+        idx.len() > 1 && self.results[idx[*k]].reps.len() as u32 >= self.settings.plan.min_reps
     }
 
     /// The limit of candidate `i`'s first repetition: [`GIVE_UP_FACTOR`] times the best median
     /// measured so far (none before anything is). Only a first repetition: a candidate with figures
     /// keeps them, whatever one slow repetition later says.
     fn give_up(&self, i: usize) -> Option<GiveUp> {
-        let w = &self.settings.workload;
+        let w = &self.settings.plan.workload;
         let best = self
             .results
             .iter()
@@ -233,7 +235,7 @@ impl Engine<'_> {
         };
         let best_ms = self.give_up(i)?.best_ms;
         let limit_ms = (best_ms as f64 * ONE_REPETITION_FACTOR).ceil() as u64;
-        let took_ms = (score_seconds(rep, &self.settings.workload) * 1e3).round() as u64;
+        let took_ms = (score_seconds(rep, &self.settings.plan.workload) * 1e3).round() as u64;
         (took_ms > limit_ms).then(|| TrialFailure::GaveUp {
             limit_ms,
             best_ms,
@@ -278,7 +280,7 @@ impl Engine<'_> {
         if self.results[i].reps.is_empty() && stops_early(axis) {
             req.give_up = self.give_up(i);
         }
-        if self.measurer.crashes_for(&req) >= 2 {
+        if self.measurer.get_mut().crashes_for(&req) >= 2 {
             // One that had measured keeps its figures (a sporadic crash of the same placement in
             // other candidates is not its own); one that had not is skipped.
             let r = &mut self.results[i];
@@ -294,7 +296,7 @@ impl Engine<'_> {
         }
         self.progress.candidate_started(&label, axis);
         let stop = self.stop;
-        match self.measurer.measure(&req, stop) {
+        match self.measurer.get_mut().measure(&req, stop) {
             Ok(rep) => {
                 if let Some(l) = &rep.load {
                     self.results[i].load = Some(l.clone());

@@ -1,34 +1,98 @@
-//! What a run needs to know, validated: the workload, the measurement protocol, the budgets, the
-//! space of every knob the search may vary, and the quality gate a quantized KV cache is held to
-//! (built from the flags in `tuning`; the engine reads it and changes only the default time budget).
+//! What a run needs to know, in two layers: the [`Plan`] (the flags validated, what to tune for
+//! and how, machine-independent) and the [`TuneSettings`] the engine reads (the plan, and what it
+//! comes to on this machine for this model: the space of every knob the search may vary, the
+//! budgets per device, the quality gate a quantized KV cache is held to). The engine changes only
+//! the default time budget, and the context where `--ctx max` has it search for one.
 
 use crate::measuring::Workload;
-use profiles::Budgets;
+use profiles::{Budgets, DeviceBudget};
 use search_space::{
     CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload, SplitMode,
 };
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Everything a run needs to know, validated.
+/// What to tune for and how: the flags validated (`commands/settings.rs` builds it; nothing here
+/// sees clap), the same on any machine and for any model. What it comes to on this machine for this
+/// model (thread counts, layers, budgets per device) is resolved into [`TuneSettings`] by
+/// `Plan::settings` (in `tuning`), which keeps the plan whole beside it: nothing is copied twice.
 #[derive(Debug, Clone)]
-pub struct TuneSettings {
-    pub model: PathBuf,
+pub struct Plan {
+    /// The request measured, named as the profile records it.
     pub workload: Workload,
-    /// Relative difference below which two candidates are a tie (e.g. 0.02).
+    /// `--ctx max`: the workload's context is the most asked for (the trained context times the
+    /// slots); `tuning::tune` measures at the largest that fits (see [`super::context`]).
+    pub ctx_max: bool,
     pub noise: f64,
     pub min_reps: u32,
     pub max_reps: u32,
-    /// Time one candidate may take in one axis before it stops repeating.
     pub candidate_cap: Duration,
-    /// Total time for the run; what is not measured by then is reported as such.
+    /// The whole run's time as asked (`--quick` caps it: [`TuneSettings::time_budget`] is the
+    /// budget in force).
+    pub time_budget: Duration,
+    /// The budget is the default (no `--budget`): it may grow for a slow model.
+    pub time_budget_grows: bool,
+    pub seed: u64,
+    /// Thread counts to try; `None`: 1, half the cores, the cores, all CPUs.
+    pub threads: Option<Vec<u32>>,
+    /// Prompt-processing thread counts to try; `None`: those of `threads`.
+    pub threads_batch: Option<Vec<u32>>,
+    /// Pinned GPU layers; `None`: all when a non-CPU device exists, else 0.
+    pub n_gpu_layers: Option<u32>,
+    /// Pinned host FFN layers (every layer offloaded, `--n-cpu-ffn`); `None`: searched.
+    pub n_cpu_ffn: Option<u32>,
+    pub kernels: Vec<KernelChoice>,
+    /// Host buffers to try; `None`: `tuning` chooses for the machine.
+    pub host_buffers: Option<Vec<HostBuffer>>,
+    /// NUMA strategies to try; `None`: `tuning` chooses for the machine's nodes.
+    pub numa: Option<Vec<Numa>>,
+    /// Op offload settings to try (only `on` is measured without a GPU:
+    /// [`TuneSettings::op_offload`]).
+    pub op_offload: Vec<OpOffload>,
+    /// KV offload settings allowed (`off`: the KV cache in host memory, a fit lever).
+    pub kv_offload: Vec<KvOffload>,
+    /// Dense FFNs in host memory (`--n-cpu-ffn`) may be a placement (not `--no-cpu-ffn`).
+    pub host_ffns: bool,
+    pub cache_types: Vec<CacheType>,
+    /// The quality gate asked for (a quantized K/V cache wins only within it).
+    pub kv_gate: GateChoice,
+    pub flash_attn: Vec<FlashAttn>,
+    /// Micro-batch sizes to try; empty: `tuning` chooses for the machine and workload
+    /// ([`TuneSettings::ubatch_options`]).
+    pub ubatch_options: Vec<u32>,
+    pub rpc: Vec<String>,
+    /// The backends a GPU several of them drive is measured through (`--backend`, ggml's names or
+    /// any case of them); `None`: every one that drives a GPU.
+    pub backends: Option<Vec<String>>,
+    /// `--mem-budget` as given ([`TuneSettings::mem_budgets`]: every device's, resolved).
+    pub mem_budgets: Vec<DeviceBudget>,
+    pub mem_margin: u64,
+    pub trial_timeout: Duration,
+    /// `--quick`: fewer placements (the most layers that fit, half, none), a shorter budget.
+    pub quick: bool,
+    pub exhaustive: bool,
+    /// Ignore earlier measurements; `resume`: fail when there are none.
+    pub fresh: bool,
+    pub resume: bool,
+    pub verbose: bool,
+    pub quiet: bool,
+}
+
+/// Everything a run needs to know: the [`Plan`], and what it comes to on this machine for this
+/// model. What the plan says as it is (the workload, the protocol, the seed, the kernels, the flash
+/// attention modes, the RPC servers, `--quick`) is read through `plan`.
+#[derive(Debug, Clone)]
+pub struct TuneSettings {
+    pub plan: Plan,
+    pub model: PathBuf,
+    /// Total time for the run, in force (the plan's, `--quick`'s cap applied, grown by the engine
+    /// for a slow model); what is not measured by then is reported as such.
     pub time_budget: Duration,
     /// `Some(cap)` for the default budget: once the baseline's first visit (its load, warm-up and
-    /// two repetitions) shows what one configuration costs, the budget grows to [`VISITS`] such
+    /// two repetitions) shows what one configuration costs, the budget grows to [`super::VISITS`] such
     /// visits where that is more, up to `cap` (a 70B model on four GPUs takes half a minute a
     /// visit, and 10 minutes then end before the KV-cache axis).
     pub time_budget_cap: Option<Duration>,
-    pub seed: u64,
     pub threads_options: Vec<u32>,
     /// Prompt-processing thread counts (`-tb`) for the prompt-threads axis.
     pub threads_batch_options: Vec<u32>,
@@ -36,10 +100,8 @@ pub struct TuneSettings {
     /// GPU layers: all that fit by default (searched downward from there when a non-CPU device
     /// exists); one count the user pinned with --n-gpu-layers is measured as given, never searched.
     pub n_gpu_layers: u32,
+    /// Pinned by --n-gpu-layers, or by --n-cpu-ffn (every layer offloaded).
     pub n_gpu_layers_pinned: bool,
-    /// Host FFN layers the user pinned with --n-cpu-ffn (every layer offloaded; never searched).
-    pub n_cpu_ffn_pinned: Option<u32>,
-    pub kernels: Vec<KernelChoice>,
     /// Where host weights live (`mapped` alone unless a device with pinned host memory takes part
     /// or the user asked for more): varied where weights stay in host memory.
     pub host_buffers: Vec<HostBuffer>,
@@ -53,20 +115,15 @@ pub struct TuneSettings {
     /// Op offload settings to try; only candidates that leave weights in host memory are varied
     /// (with every weight on a device nothing is left to offload).
     pub op_offload: Vec<OpOffload>,
-    /// KV offload settings allowed: with `off` among them, the KV cache in host memory is a fit lever
-    /// (measured when it lets more layers fit than the device's KV cache does).
-    pub kv_offload: Vec<KvOffload>,
     /// The K/V cache pairs searched (`search_space::kv_pairs` of the types given: each type for
     /// both, and K one step more precise than V where every device's backend runs the pair).
     pub kv_pairs: Vec<(CacheType, CacheType)>,
     /// How quantized caches are held to quality (`Engine::passes_gate`).
     pub quality: QualityGate,
-    pub flash_attn: Vec<FlashAttn>,
+    /// Micro-batch sizes to try: the plan's, or chosen for the machine and the workload.
     pub ubatch_options: Vec<u32>,
-    /// ggml RPC servers the workers connect to.
-    pub rpc: Vec<String>,
-    /// The link to each of their devices, measured before the run (empty without them): how the
-    /// split search ranks hosts ([`hosts`]).
+    /// The link to each device of the plan's RPC servers, measured before the run (empty without
+    /// them): how the split search ranks hosts (`engine/hosts.rs`).
     pub links: Vec<profiles::HostLink>,
     /// Bytes each device may hold (device name → bytes); a candidate predicted to need more on any
     /// device is pruned without being loaded. A GPU several backends drive has one budget, which
@@ -85,11 +142,6 @@ pub struct TuneSettings {
     /// `-sm tensor`): where two or more GPUs of one backend run them ([`split_modes_for`]). The
     /// simulator cannot model either, so its runs offer none.
     pub split_modes: Vec<SplitMode>,
-    /// Whether a dense model's FFNs may stay in host memory with every layer's attention on the
-    /// devices (`--n-cpu-ffn`, measured where not every layer fits).
-    pub host_ffns: bool,
-    /// `--quick`: fewer placements (the most layers that fit, half, none).
-    pub quick: bool,
 }
 
 /// The split modes besides whole layers to measure on these offload devices' backends (one entry

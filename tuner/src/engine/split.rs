@@ -12,6 +12,7 @@
 
 use crate::engine::backends::backend_of_device as backend_of;
 use crate::engine::placement::last_that_holds;
+use crate::engine::strategy::{Group, Strategy};
 use crate::engine::{vary_cache, Engine};
 use search_space::{CacheType, Candidate, FlashAttn, SplitMode};
 
@@ -101,7 +102,7 @@ impl Engine<'_> {
     }
 
     /// The other ways to spread `from`'s layers over two or more devices (empty with fewer).
-    pub fn split_group(&mut self, from: &Candidate) -> Vec<Candidate> {
+    pub fn split_group(&self, from: &Candidate) -> Vec<Candidate> {
         let (names, by_budget) = self.budget_split();
         if names.len() < 2 {
             return Vec::new();
@@ -156,7 +157,7 @@ impl Engine<'_> {
 
     /// Each shape at the most layers it lets fit (the user's pinned count when that fits); shapes
     /// that fit no layer are left out.
-    pub(crate) fn fitted(&mut self, shapes: Vec<Candidate>) -> Vec<Candidate> {
+    pub(crate) fn fitted(&self, shapes: Vec<Candidate>) -> Vec<Candidate> {
         let mut out = Vec::new();
         for c in shapes.into_iter().filter(|c| c.validate().is_ok()) {
             if self.settings.n_gpu_layers_pinned {
@@ -177,7 +178,7 @@ impl Engine<'_> {
     /// again as it has moved (10, 20, 40 points), so a device far faster than its share of the
     /// budgets says is reached in a few steps; `half` instead steps half as far (after a step that
     /// went too far).
-    fn split_step(&mut self, c: &Candidate, half: bool) -> Option<Candidate> {
+    fn split_step(&self, c: &Candidate, half: bool) -> Option<Candidate> {
         if c.tensor_split.is_empty() || !c.devices.is_empty() {
             return None;
         }
@@ -201,23 +202,23 @@ impl Engine<'_> {
     /// `step`, or where moving that far would push layers off the devices (the device `to` full), the
     /// longest step (bisected on dry runs) that still holds all of `c`'s layers; 0 where not even
     /// one point does.
-    fn longest_step_that_holds(&mut self, c: &Candidate, to: usize, step: u32) -> u32 {
-        let holds = |s: u32, e: &mut Self| {
+    fn longest_step_that_holds(&self, c: &Candidate, to: usize, step: u32) -> u32 {
+        let holds = |s: u32| {
             shifted(&c.tensor_split, to, s).is_some_and(|ts| {
-                e.check_device_fit(&Candidate {
+                self.check_device_fit(&Candidate {
                     tensor_split: ts,
                     ..c.clone()
                 })
                 .is_ok()
             })
         };
-        if holds(step, self) {
+        if holds(step) {
             return step;
         }
-        if !holds(1, self) {
+        if !holds(1) {
             return 0;
         }
-        last_that_holds(1, step, |s| holds(s, self))
+        last_that_holds(1, step, holds)
     }
 
     /// The split that moves as much of `from`'s layers to the clearly fastest device (memory read
@@ -225,7 +226,7 @@ impl Engine<'_> {
     /// layer once per token, one device after the other, so each byte there costs the least (a
     /// step search from the budgets' split takes several measured steps to get there). `None`
     /// where the devices are alike or that device cannot take more than a step.
-    fn fill_fastest(&mut self, from: &Candidate) -> Option<Candidate> {
+    fn fill_fastest(&self, from: &Candidate) -> Option<Candidate> {
         let (names, by_budget) = self.budget_split();
         if names.len() < 2 || !from.devices.is_empty() {
             return None;
@@ -244,7 +245,7 @@ impl Engine<'_> {
     /// `c` with as much of its split moved to device `to` as still holds every layer of `c`, on the
     /// devices left a share (a device with none is left out: all on one is that device alone);
     /// `None` where that is no more than a step.
-    fn filled(&mut self, c: &Candidate, to: usize) -> Option<Candidate> {
+    fn filled(&self, c: &Candidate, to: usize) -> Option<Candidate> {
         let step = self.longest_step_that_holds(c, to, 100);
         let ts = shifted(&c.tensor_split, to, step).filter(|_| step > STEP)?;
         if !ts.contains(&0) {
@@ -277,7 +278,7 @@ impl Engine<'_> {
     /// cache axis, which a fixed budget may not reach (`bench/vs-tuners`' landscape 161: two of three
     /// GPUs at q4_0 ran 1.8x as fast as the three at f16). Empty with fewer than three devices or
     /// where they are alike.
-    fn fastest_devices_alone(&mut self, from: &Candidate) -> Vec<Candidate> {
+    fn fastest_devices_alone(&self, from: &Candidate) -> Vec<Candidate> {
         let budgets = self.offload_budgets();
         let names: Vec<String> = budgets.iter().map(|(n, _)| n.clone()).collect();
         if names.len() < 3 || !from.devices.is_empty() {
@@ -321,7 +322,7 @@ impl Engine<'_> {
 
     /// `c` (devices alone, split by their budgets) and, where one of them is clearly faster than
     /// the rest (`speeds`, in `c`'s device order), that split with it filled.
-    fn with_fastest_filled(&mut self, c: Candidate, speeds: &[f64]) -> Vec<Candidate> {
+    fn with_fastest_filled(&self, c: Candidate, speeds: &[f64]) -> Vec<Candidate> {
         let filled = clearly_fastest(speeds)
             .and_then(|to| self.filled(&c, to))
             // Every layer on one of them is that device alone, which the group measures.
@@ -331,13 +332,13 @@ impl Engine<'_> {
 
     /// The device of `names` clearly fastest at reading its memory ([`FASTER`] than the slowest),
     /// by a probe of each, run once; `None` where they are alike or a probe failed.
-    fn fastest_device(&mut self, names: &[String]) -> Option<usize> {
+    fn fastest_device(&self, names: &[String]) -> Option<usize> {
         clearly_fastest(&self.device_speeds(names)?)
     }
 
-    /// The probed memory read bandwidths of `names`, in their order; `None` where a probe failed.
-    fn device_speeds(&mut self, names: &[String]) -> Option<Vec<f64>> {
-        self.probe_device_bandwidths();
+    /// The probed memory read bandwidths of `names`, in their order ([`Self::probe_device_bandwidths`],
+    /// before the search); `None` where a probe failed or none ran.
+    fn device_speeds(&self, names: &[String]) -> Option<Vec<f64>> {
         let measured = self.device_bandwidths.as_ref()?;
         (names.iter())
             .map(|n| measured.iter().find(|(d, _)| d == n).map(|(_, b)| *b))
@@ -352,11 +353,11 @@ impl Engine<'_> {
         if self.device_bandwidths.is_some() || !self.settings.offload || devices.len() < 2 {
             return;
         }
-        let rpc = self.settings.rpc.clone();
+        let rpc = self.settings.plan.rpc.clone();
         let names: Vec<&str> = devices.iter().map(|(n, _)| n.as_str()).collect();
         let label = format!("memory bandwidth of {}", names.join(", "));
         self.progress.candidate_started(&label, "split");
-        self.device_bandwidths = Some(self.measurer.device_bandwidths(&devices, &rpc));
+        self.device_bandwidths = Some(self.measurer.get_mut().device_bandwidths(&devices, &rpc));
     }
 
     /// Points `c`'s split has moved toward one device from the budgets' split (0 for none).
@@ -367,20 +368,22 @@ impl Engine<'_> {
             .map_or(0, |(v, b)| v - b)
     }
 
-    /// The split search around `best` (the placement group's winner): the split group, then steps in
-    /// the winning direction, each as far as the split has moved, while each step wins; a step that
-    /// loses after a longer one is followed by one half as long. Returns the new best.
-    ///
-    /// The shapes are built as llama.cpp names the devices by default and run through `best`'s
-    /// backend where a GPU shows through several ([`Engine::like`]).
+    /// The split search around `best` ([`SplitSearch`]); returns the new best.
     pub fn search_split(&mut self, best: Candidate) -> Candidate {
-        if !self.settings.offload || self.out_of_time() {
-            return best;
+        let search = SplitSearch::new(self, best);
+        self.drive(search)
+    }
+
+    /// The first group of the split search from `best`: the split group, its promising shapes
+    /// first, as `best`'s backend runs them; `None` where there is nothing to split.
+    fn split_search_group(&self, best: &Candidate) -> Option<Group> {
+        if !self.settings.offload || self.past_budget() {
+            return None;
         }
-        let from = crate::engine::in_space(&self.settings, &self.plain(&best));
+        let from = crate::engine::in_space(&self.settings, &self.plain(best));
         let mut group = self.split_group(&from);
         if group.is_empty() {
-            return best;
+            return None;
         }
         // The fewest hosts nearest by their links are visited first, then the roofline's split, then the
         // fastest devices alone: where the budget ends within the group (a large model on several
@@ -389,38 +392,95 @@ impl Engine<'_> {
         promising.extend(self.fill_fastest(&from));
         promising.extend(self.fastest_devices_alone(&from));
         group.extend(promising.iter().cloned());
-        let through = |e: &Self, v: Vec<Candidate>| -> Vec<Candidate> {
-            v.iter().filter_map(|c| e.like(c, &best)).collect()
+        let through = |v: Vec<Candidate>| -> Vec<Candidate> {
+            v.iter().filter_map(|c| self.like(c, best)).collect()
         };
-        let (mut group, promising) = (through(self, group), through(self, promising));
+        let (mut group, promising) = (through(group), through(promising));
         group.insert(0, best.clone());
-        self.promising = promising;
-        self.measure_group(&group, "split");
-        self.promising = Vec::new();
-        let mut best = self.choose(&group).unwrap_or(best);
-        let mut half = false;
-        for _ in 0..MAX_STEPS {
-            if self.out_of_time() {
-                break;
-            }
-            let plain = self.plain(&best);
-            let Some(next) = self
-                .split_step(&plain, half)
-                .and_then(|c| self.like(&c, &best))
-            else {
-                break;
-            };
-            let pair = [best.clone(), next];
-            self.measure_group(&pair, "split");
-            match self.choose(&pair) {
-                Some(c) if c == pair[1] && !half => best = c,
-                Some(c) if c == pair[1] => return c,
-                // Too far: half as far from the best, once, where the step was longer than one.
-                _ if !half && self.split_moved(&best) > STEP => half = true,
-                _ => break,
-            }
+        Some(Group {
+            promising,
+            ..Group::new(group, "split")
+        })
+    }
+}
+
+/// The split search around a best (the placement group's winner): the split group, then steps in
+/// the winning direction, each as far as the split has moved, while each step wins; a step that
+/// loses after a longer one is followed by one half as long.
+///
+/// The shapes are built as llama.cpp names the devices by default and run through the best's
+/// backend where a GPU shows through several ([`Engine::like`]).
+pub(crate) struct SplitSearch {
+    best: Candidate,
+    /// The split group, until proposed.
+    first: Option<Group>,
+    /// The group is out: its choice comes next.
+    group_out: bool,
+    /// The step out against the best.
+    step: Option<Candidate>,
+    /// Steps taken (at most [`MAX_STEPS`]).
+    taken: usize,
+    /// The next step is half as long (the last went too far).
+    half: bool,
+}
+
+impl SplitSearch {
+    pub fn new(view: &Engine, best: Candidate) -> Self {
+        SplitSearch {
+            first: view.split_search_group(&best),
+            best,
+            group_out: false,
+            step: None,
+            taken: 0,
+            half: false,
         }
-        best
+    }
+
+    /// Hears the last step's choice; `false`: the search is over.
+    fn hear_step(&mut self, view: &Engine, step: &Candidate, chosen: Option<Candidate>) -> bool {
+        match chosen {
+            Some(c) if c == *step && !self.half => self.best = c,
+            Some(c) if c == *step => {
+                self.best = c;
+                return false;
+            }
+            // Too far: half as far from the best, once, where the step was longer than one.
+            _ if !self.half && view.split_moved(&self.best) > STEP => self.half = true,
+            _ => return false,
+        }
+        true
+    }
+}
+
+impl Strategy for SplitSearch {
+    type Output = Candidate;
+
+    fn next(&mut self, view: &Engine, chosen: Option<Candidate>) -> Option<Group> {
+        if let Some(g) = self.first.take() {
+            self.group_out = true;
+            return Some(g);
+        }
+        if std::mem::take(&mut self.group_out) {
+            self.best = chosen.unwrap_or_else(|| self.best.clone());
+        } else if let Some(step) = self.step.take() {
+            if !self.hear_step(view, &step, chosen) {
+                self.taken = MAX_STEPS;
+            }
+        } else {
+            return None;
+        }
+        if self.taken >= MAX_STEPS || view.past_budget() {
+            return None;
+        }
+        self.taken += 1;
+        let plain = view.plain(&self.best);
+        let next = (view.split_step(&plain, self.half)).and_then(|c| view.like(&c, &self.best))?;
+        self.step = Some(next.clone());
+        Some(Group::new(vec![self.best.clone(), next], "split"))
+    }
+
+    fn finish(self, _: &Engine) -> Candidate {
+        self.best
     }
 }
 

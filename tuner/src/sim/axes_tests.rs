@@ -69,8 +69,8 @@ fn long_prompts_with_a_gpu_try_micro_batches_above_512() {
     for (n, mem) in [(2, 80 * GIB), (1, 24 * GIB)] {
         let land = gpus(n, mem);
         let mut s = settings(&land, 9);
-        s.workload.n_prompt = 3000;
-        s.ubatch_options = crate::tuning::ubatch_options(&[], &s.workload, s.offload);
+        s.plan.workload.n_prompt = 3000;
+        s.ubatch_options = crate::tuning::ubatch_options(&[], &s.plan.workload, s.offload);
         assert_eq!(s.ubatch_options, [512, 256, 128, 1024, 2048, 4096]);
         let run = tune(land.clone(), s.clone(), None, Mode::Search);
         let win = run.winner.expect("a winner");
@@ -79,9 +79,9 @@ fn long_prompts_with_a_gpu_try_micro_batches_above_512() {
             .ubatch_options
             .iter()
             .filter(|&&ub| fits(&land, &s, &at(ub)))
-            .map(|&ub| land.true_seconds(&at(ub), &s.workload))
+            .map(|&ub| land.true_seconds(&at(ub), &s.plan.workload))
             .fold(f64::INFINITY, f64::min);
-        let got = land.true_seconds(&win, &s.workload);
+        let got = land.true_seconds(&win, &s.plan.workload);
         assert!(win.n_ubatch > 512, "{n} GPUs: {}", win.label());
         // Within twice the noise threshold: a smaller micro-batch that ties goes first (less memory).
         assert!(
@@ -93,8 +93,8 @@ fn long_prompts_with_a_gpu_try_micro_batches_above_512() {
     let mut land = gpus(0, 0);
     land.devices.clear();
     let mut s = settings(&land, 9);
-    s.workload.n_prompt = 3000;
-    s.ubatch_options = crate::tuning::ubatch_options(&[], &s.workload, s.offload);
+    s.plan.workload.n_prompt = 3000;
+    s.ubatch_options = crate::tuning::ubatch_options(&[], &s.plan.workload, s.offload);
     let run = tune(land, s, None, Mode::Search);
     assert!(run.results.iter().all(|r| r.candidate.n_ubatch <= 512));
     assert_eq!(run.winner.expect("a winner").n_ubatch, 512);
@@ -117,10 +117,10 @@ fn generation_and_prompt_threads_are_chosen_apart_on_the_host() {
         "{}",
         win.label()
     );
-    let got = land.true_seconds(&win, &s.workload);
+    let got = land.true_seconds(&win, &s.plan.workload);
     for t in [8, 16] {
         let same = win.with_threads(t, t);
-        let theirs = land.true_seconds(&same, &s.workload);
+        let theirs = land.true_seconds(&same, &s.plan.workload);
         assert!(
             got < theirs * 0.99,
             "{} {got} vs {} {theirs}",
@@ -139,8 +139,8 @@ fn many_requests_at_once_want_every_core_for_generation_too() {
     let mut land = gpus(0, 0);
     land.devices.clear();
     let mut s = settings(&land, 11);
-    s.workload.n_parallel = 16;
-    s.workload.n_ctx = 16 * 1024;
+    s.plan.workload.n_parallel = 16;
+    s.plan.workload.n_ctx = 16 * 1024;
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let win = run.winner.expect("a winner");
     assert_eq!(
@@ -149,9 +149,9 @@ fn many_requests_at_once_want_every_core_for_generation_too() {
         "{}",
         win.label()
     );
-    let got = land.true_seconds(&win, &s.workload);
+    let got = land.true_seconds(&win, &s.plan.workload);
     let single = win.with_threads(8, 16);
-    let theirs = land.true_seconds(&single, &s.workload);
+    let theirs = land.true_seconds(&single, &s.plan.workload);
     assert!(
         got < theirs * 0.9,
         "{} {got} vs {} {theirs}",
@@ -162,7 +162,7 @@ fn many_requests_at_once_want_every_core_for_generation_too() {
     // either way, take about half of a request here).
     let one = crate::measuring::Workload {
         n_parallel: 1,
-        ..s.workload.clone()
+        ..s.plan.workload.clone()
     };
     let alone = land.true_seconds(&single, &one);
     assert!(
@@ -177,13 +177,13 @@ fn slow_link_long_prompt() -> (Landscape, TuneSettings) {
     let mut land = gpus(1, 24 * GIB);
     land.devices[0].link = 0.25e9;
     let mut s = settings(&land, 5);
-    s.workload.n_prompt = 3000;
+    s.plan.workload.n_prompt = 3000;
     s.time_budget = Duration::from_secs(72 * 3600);
-    s.ubatch_options = crate::tuning::ubatch_options(&[], &s.workload, s.offload);
+    s.ubatch_options = crate::tuning::ubatch_options(&[], &s.plan.workload, s.offload);
     // The KV cache stays on the GPU, and whole layers on the host: what these tests follow is the
     // micro-batch and the link.
-    s.kv_offload = vec![KvOffload::On];
-    s.host_ffns = false;
+    s.plan.kv_offload = vec![KvOffload::On];
+    s.plan.host_ffns = false;
     (land, s)
 }
 
@@ -201,7 +201,7 @@ fn op_offload_is_measured_again_at_the_largest_micro_batch() {
         op_offload: op,
         ..win.with_ubatch(ub)
     };
-    let w = &s.workload;
+    let w = &s.plan.workload;
     assert!(
         land.true_seconds(&at(512, OpOffload::Off), w)
             < land.true_seconds(&at(512, OpOffload::On), w)
@@ -262,7 +262,7 @@ fn a_layer_is_given_up_for_a_larger_micro_batch_when_that_pays() {
     let (land, s) = slow_link_long_prompt();
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let win = run.winner.expect("a winner");
-    let w = &s.workload;
+    let w = &s.plan.workload;
     let at = |ngl: u32, ub: u32| Candidate {
         n_gpu_layers: ngl,
         op_offload: OpOffload::On,

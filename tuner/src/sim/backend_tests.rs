@@ -26,9 +26,10 @@ fn landscape(mem: u64, prompt: f64, decode: f64, overhead: i64) -> Landscape {
 /// A long prompt and a few tokens (`prompt_heavy`), else a short prompt and a long answer.
 fn workload(land: &Landscape, prompt_heavy: bool) -> TuneSettings {
     let mut s = settings(land, 11);
-    s.workload.n_ctx = 8192;
-    (s.workload.n_prompt, s.workload.n_gen) = if prompt_heavy { (4096, 8) } else { (128, 512) };
-    s.ubatch_options = crate::tuning::ubatch_options(&[], &s.workload, true);
+    s.plan.workload.n_ctx = 8192;
+    (s.plan.workload.n_prompt, s.plan.workload.n_gen) =
+        if prompt_heavy { (4096, 8) } else { (128, 512) };
+    s.ubatch_options = crate::tuning::ubatch_options(&[], &s.plan.workload, true);
     s
 }
 
@@ -41,7 +42,7 @@ fn named(c: &Candidate) -> String {
 fn trials(run: &SimRun, land: &Landscape, s: &TuneSettings) -> Vec<(String, String, f64, bool)> {
     (run.backends.iter())
         .map(|t| {
-            let secs = land.true_seconds(&t.candidate, &s.workload);
+            let secs = land.true_seconds(&t.candidate, &s.plan.workload);
             (t.backend.clone(), named(&t.candidate), secs, t.chosen)
         })
         .collect()
@@ -146,8 +147,8 @@ fn the_grid_measures_every_combination_through_each_backend() {
     let land = landscape(24 * GIB, 1.6, 0.8, 0);
     let mut s = workload(&land, true);
     // A small grid: the backend is the knob that matters here.
-    (s.threads_options, s.kernels) = (vec![16], vec![search_space::KernelChoice::Repack]);
-    s.flash_attn = vec![search_space::FlashAttn::Auto];
+    (s.threads_options, s.plan.kernels) = (vec![16], vec![search_space::KernelChoice::Repack]);
+    s.plan.flash_attn = vec![search_space::FlashAttn::Auto];
     s.ubatch_options = vec![512, 2048];
     let (win, names) = with_engine(land, s, |e| {
         let win = e.run_exhaustive();

@@ -13,7 +13,14 @@ use search_space::{CacheType, Candidate};
 /// The decision rule's verdict on the run's winner against its baseline, as the headline says it.
 fn verdict(run: &SimRun, s: &TuneSettings) -> Option<Verdict> {
     let w = run.winner.as_ref()?;
-    let v = report::versus_defaults(&run.results, w, &run.baseline, &s.workload, s.noise, s.seed)?;
+    let v = report::versus_defaults(
+        &run.results,
+        w,
+        &run.baseline,
+        &s.plan.workload,
+        s.plan.noise,
+        s.plan.seed,
+    )?;
     v.comparison.map(|c| c.verdict)
 }
 
@@ -37,11 +44,11 @@ fn on_two_unequal_gpus_the_baseline_is_llama_cpps_fit_and_the_winner_beats_it() 
     assert!(measured(&run, base), "the baseline was measured");
     let win = run.winner.clone().expect("a winner");
     let (got, fit) = (
-        land.true_seconds(&win, &s.workload),
-        land.true_seconds(base, &s.workload),
+        land.true_seconds(&win, &s.plan.workload),
+        land.true_seconds(base, &s.plan.workload),
     );
     assert!(
-        got < fit * (1.0 - 2.0 * s.noise),
+        got < fit * (1.0 - 2.0 * s.plan.noise),
         "{}: {got} vs {fit}",
         win.label()
     );
@@ -56,7 +63,7 @@ fn on_two_unequal_gpus_the_baseline_is_llama_cpps_fit_and_the_winner_beats_it() 
 fn a_fit_lever_fits_more_layers_than_llama_cpps_fit_at_f16_and_wins() {
     let land = gpus(1, 24 * GIB);
     let mut s = settings(&land, 2);
-    s.workload.n_ctx = 32768;
+    s.plan.workload.n_ctx = 32768;
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let base = &run.baseline;
     assert_eq!(*base, harness::llama_fit(&land, &s));
@@ -99,11 +106,11 @@ fn llama_cpps_fit_of_an_moe_model_puts_the_fewest_experts_on_the_host() {
     assert!(!fits(&land, &s, &one_fewer), "{}", one_fewer.label());
     let win = run.winner.clone().expect("a winner");
     let (got, fit) = (
-        land.true_seconds(&win, &s.workload),
-        land.true_seconds(base, &s.workload),
+        land.true_seconds(&win, &s.plan.workload),
+        land.true_seconds(base, &s.plan.workload),
     );
     assert!(
-        got <= fit * (1.0 + s.noise),
+        got <= fit * (1.0 + s.plan.noise),
         "{}: {got} vs {fit}",
         win.label()
     );
@@ -113,7 +120,7 @@ fn llama_cpps_fit_of_an_moe_model_puts_the_fewest_experts_on_the_host() {
 fn when_llama_cpps_fit_fails_the_baseline_is_the_most_layers_that_fit_and_says_why() {
     let land = gpus(1, 24 * GIB);
     let s = settings(&land, 3);
-    let mut m = SimMeasurer::new(land.clone(), s.seed);
+    let mut m = SimMeasurer::new(land.clone(), s.plan.seed);
     m.llama_fit_error = Some("llama.cpp's fit failed: the worker crashed (SIGABRT)".into());
     let run = tune_with(m, s.clone(), Mode::Search);
     let most = max_fit(&land, &s, &Candidate::llama_default(16, 81)).unwrap();

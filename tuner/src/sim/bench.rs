@@ -113,7 +113,7 @@ fn grid_optimum(land: &Landscape, s: &TuneSettings) -> Option<(f64, Candidate)> 
         };
         for c in crate::engine::grid(s, &base) {
             if fits(land, s, &c) && within_gate(land, s, &c) {
-                let t = land.true_seconds(&c, &s.workload);
+                let t = land.true_seconds(&c, &s.plan.workload);
                 if best.as_ref().is_none_or(|(b, _)| t < *b) {
                     best = Some((t, c));
                 }
@@ -240,8 +240,10 @@ fn score_choices(land: &Landscape, s: &TuneSettings, choices: &[Choice]) -> Vec<
         .iter()
         .map(|ch| {
             let c = ch.candidate.as_ref()?;
-            let loads = land.out_of_memory(c, s.workload.n_ctx, false).is_none();
-            loads.then(|| land.true_seconds(c, &s.workload))
+            let loads = land
+                .out_of_memory(c, s.plan.workload.n_ctx, false)
+                .is_none();
+            loads.then(|| land.true_seconds(c, &s.plan.workload))
         })
         .collect();
     let over_gate: Vec<bool> = (choices.iter())
@@ -261,7 +263,7 @@ fn score_choices(land: &Landscape, s: &TuneSettings, choices: &[Choice]) -> Vec<
         .map(|((ch, g), over_gate)| {
             let t = g.unwrap_or(f64::INFINITY);
             Score {
-                hit: t <= best * (1.0 + s.noise) && !over_gate,
+                hit: t <= best * (1.0 + s.plan.noise) && !over_gate,
                 regret: t / best - 1.0,
                 seconds: ch.seconds,
                 reps: ch.reps,
@@ -388,7 +390,7 @@ fn trace_landscape(seed: u64, r: u64, budget: Option<Duration>) {
         None => default_budget(&settings(&land, run_seed)),
     };
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
-    let w = &s.workload;
+    let w = &s.plan.workload;
     println!(
         "trace seed {seed}/{r}: budget {} s, ran {:.0} s, axes not reached {:?}",
         run.budget.as_secs(),

@@ -85,11 +85,11 @@ fn a_resumed_run_grows_its_default_budget_as_the_first_did() {
         model: "sim".into(),
         llama: "sim".into(),
         machine: "sim".into(),
-        workload: s.workload.clone(),
+        workload: s.plan.workload.clone(),
     };
     let run = |reuse: bool| {
         let mut log = MeasurementLog::open(&path, context.clone(), reuse).unwrap();
-        let m = SimMeasurer::new(land.clone(), s.seed);
+        let m = SimMeasurer::new(land.clone(), s.plan.seed);
         tune_logged(m, s.clone(), Mode::Search, Some(&mut log))
     };
     let first = run(false);
@@ -150,7 +150,7 @@ fn the_default_budget_grows_with_what_a_visit_costs_and_a_given_one_stays() {
         run.not_reached,
         fixed.not_reached
     );
-    let w = &settings(&land, 5).workload;
+    let w = &settings(&land, 5).plan.workload;
     let (got, before) = (
         land.true_seconds(run.winner.as_ref().unwrap(), w),
         land.true_seconds(fixed.winner.as_ref().unwrap(), w),

@@ -10,16 +10,16 @@ use search_space::Candidate;
 /// The choice for `s`'s workload (its context the most asked for) and the candidate it was made with.
 fn choose(land: &super::Landscape, s: &TuneSettings) -> (ContextChoice, Candidate) {
     let stop = || false;
-    let m = SimMeasurer::new(land.clone(), s.seed);
+    let m = SimMeasurer::new(land.clone(), s.plan.seed);
     let mut e = Engine::new(s.clone(), Box::new(m), None, &stop, &Quiet);
-    let w = &s.workload;
+    let w = &s.plan.workload;
     let floor = floor_of(w.n_prompt + w.depth, w.n_parallel, w.n_ctx);
     (e.largest_context(floor, w.n_ctx), e.context_probe())
 }
 
 fn at_ctx(s: &TuneSettings, n_ctx: u32) -> TuneSettings {
     let mut s = s.clone();
-    s.workload.n_ctx = n_ctx;
+    s.plan.workload.n_ctx = n_ctx;
     s
 }
 
@@ -28,8 +28,8 @@ fn the_largest_context_keeps_every_layer_on_the_gpus_and_one_step_more_would_not
     for (n, mem, slots) in [(1, 64 * GIB, 1), (2, 32 * GIB, 1), (1, 64 * GIB, 4)] {
         let land = gpus(n, mem);
         let mut s = settings(&land, 1);
-        s.workload.n_parallel = slots;
-        s.workload.n_ctx = 131072 * slots;
+        s.plan.workload.n_parallel = slots;
+        s.plan.workload.n_ctx = 131072 * slots;
         let (choice, probe) = choose(&land, &s);
         let step = 256 * slots;
         assert!(choice.whole, "{n}x{mem}: {choice:?}");
@@ -57,7 +57,7 @@ fn the_largest_context_keeps_every_layer_on_the_gpus_and_one_step_more_would_not
 fn tuned_at_the_chosen_context_every_layer_stays_on_the_gpu_which_the_trained_context_loses() {
     let land = gpus(1, 64 * GIB);
     let mut s = settings(&land, 3);
-    s.workload.n_ctx = 131072;
+    s.plan.workload.n_ctx = 131072;
     let (choice, _) = choose(&land, &s);
     let chosen = tune(land.clone(), at_ctx(&s, choice.n_ctx), None, Mode::Search);
     let all = land.model.n_layers + 1;
@@ -77,13 +77,13 @@ fn tuned_at_the_chosen_context_every_layer_stays_on_the_gpu_which_the_trained_co
 fn a_model_too_big_for_the_least_context_is_tuned_there_with_the_reason() {
     let land = gpus(1, 24 * GIB);
     let mut s = settings(&land, 1);
-    s.workload.n_ctx = 131072;
+    s.plan.workload.n_ctx = 131072;
     let (choice, _) = choose(&land, &s);
     assert!(!choice.whole);
     assert_eq!(choice.n_ctx, 4096);
     assert!(choice.limit.unwrap().contains("on CUDA0"));
     // A workload longer than llama.cpp's fit minimum raises the least context tried.
-    s.workload.depth = 6000;
+    s.plan.workload.depth = 6000;
     let (choice, _) = choose(&land, &s);
     assert_eq!(choice.n_ctx, 6656);
 }
@@ -98,7 +98,7 @@ fn a_mixture_of_experts_too_big_for_the_gpu_keeps_its_context_there_and_its_expe
     });
     land.model = model;
     let mut s = settings(&land, 1);
-    s.workload.n_ctx = 131072;
+    s.plan.workload.n_ctx = 131072;
     let (choice, probe) = choose(&land, &s);
     assert!(choice.whole && choice.experts_on_host, "{choice:?}");
     assert!((8192..131072).contains(&choice.n_ctx), "{choice:?}");

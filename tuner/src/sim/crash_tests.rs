@@ -49,7 +49,7 @@ fn a_crash_after_a_candidate_measured_is_measured_on_and_a_second_ends_it() {
         let mut land = gpus(1, 24 * GIB);
         land.noise = 0.05;
         let s = settings(&land, 5);
-        let mut m = SimMeasurer::new(land, s.seed);
+        let mut m = SimMeasurer::new(land, s.plan.seed);
         m.crashing = Some(crashing);
         let stop = || false;
         let mut e = Engine::new(s, Box::new(m), None, &stop, &Quiet);
@@ -86,7 +86,7 @@ fn a_crash_after_a_candidate_measured_is_measured_on_and_a_second_ends_it() {
 fn a_measured_candidate_keeps_its_figures_when_its_placement_crashes_twice_since() {
     let land = gpus(1, 24 * GIB);
     let s = settings(&land, 5);
-    let mut m = SimMeasurer::new(land, s.seed);
+    let mut m = SimMeasurer::new(land, s.plan.seed);
     m.crashing = Some(|c| c.threads != 16);
     let stop = || false;
     let mut e = Engine::new(s, Box::new(m), None, &stop, &Quiet);
@@ -106,7 +106,7 @@ fn a_measured_candidate_keeps_its_figures_when_its_placement_crashes_twice_since
     assert!(e.results.iter().any(|r| r.candidate == a && r.ok()));
     e.measure_group(&[b.clone(), c.clone()], "threads");
     // More repetitions asked of it than it has.
-    e.settings.min_reps = 10;
+    e.settings.plan.min_reps = 10;
     e.measure_group(std::slice::from_ref(&a), "threads");
     let r = e.results.iter().find(|r| r.candidate == a).unwrap();
     assert!(r.ok() && r.halted.is_some(), "{r:?}");

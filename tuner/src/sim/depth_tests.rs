@@ -25,12 +25,12 @@ fn the_prompt_at_depth_decides_the_kv_cache_type_for_long_tool_results() {
     // tokens of conversation, 16 tokens generated.
     let land = gpus(1, 80 * GIB);
     let mut s = settings(&land, 3);
-    s.workload.n_ctx = 32768;
-    s.workload.n_prompt = 4000;
-    s.workload.n_gen = 16;
-    s.workload.depth = 24000;
+    s.plan.workload.n_ctx = 32768;
+    s.plan.workload.n_prompt = 4000;
+    s.plan.workload.n_gen = 16;
+    s.plan.workload.depth = 24000;
     s.time_budget = Duration::from_secs(48 * 3600);
-    let w = s.workload.clone();
+    let w = s.plan.workload.clone();
 
     let all = Candidate::llama_default(16, land.model.n_layers + 1);
     let (f16, q8) = (

@@ -17,8 +17,8 @@ fn landscape(link: f64) -> Landscape {
 
 fn at_depth(land: &Landscape, depth: u32) -> TuneSettings {
     let mut s = settings(land, 7);
-    s.workload.n_ctx = 32768;
-    s.workload.depth = depth;
+    s.plan.workload.n_ctx = 32768;
+    s.plan.workload.depth = depth;
     s
 }
 
@@ -27,7 +27,7 @@ fn at_depth(land: &Landscape, depth: u32) -> TuneSettings {
 fn best_measured(run: &SimRun, land: &Landscape, s: &TuneSettings, ffn: bool) -> Option<f64> {
     (run.results.iter())
         .filter(|r| r.ok() && (r.candidate.n_cpu_ffn > 0) == ffn)
-        .map(|r| land.true_seconds(&r.candidate, &s.workload))
+        .map(|r| land.true_seconds(&r.candidate, &s.plan.workload))
         .reduce(f64::min)
 }
 
@@ -52,10 +52,10 @@ fn whole_layers_win_without_depth_and_host_ffns_win_at_depth() {
         win.label()
     );
     let (ffn, layers) = (
-        land.true_seconds(&win, &s.workload),
+        land.true_seconds(&win, &s.plan.workload),
         best_measured(&run, &land, &s, false).unwrap(),
     );
-    assert!(ffn < layers * (1.0 - s.noise), "{ffn} vs {layers}");
+    assert!(ffn < layers * (1.0 - s.plan.noise), "{ffn} vs {layers}");
 }
 
 #[test]
@@ -95,7 +95,7 @@ fn host_ffns_are_placed_one_layer_at_a_time_around_the_fit_boundary() {
     );
     // Without the lever (--no-cpu-ffn) no such placement is measured.
     let mut off = s.clone();
-    off.host_ffns = false;
+    off.plan.host_ffns = false;
     let run = tune(land, off, None, Mode::Search);
     assert!(run.results.iter().all(|r| r.candidate.n_cpu_ffn == 0));
 }

@@ -16,13 +16,13 @@ fn tight(kv_kld_q8: f64) -> (Landscape, TuneSettings) {
     let mut land = gpus(1, 24 * GIB);
     land.model.kv_kld_q8 = kv_kld_q8;
     let mut s = settings(&land, 2);
-    s.workload.n_ctx = 32768;
-    s.kv_offload = vec![KvOffload::On];
+    s.plan.workload.n_ctx = 32768;
+    s.plan.kv_offload = vec![KvOffload::On];
     (land, s)
 }
 
 fn with_gate(mut s: TuneSettings, gate: GateChoice) -> TuneSettings {
-    s.quality = gate.gate(&s.workload, 16);
+    s.quality = gate.gate(&s.plan.workload, 16);
     s
 }
 
@@ -110,7 +110,7 @@ fn the_model_decides_which_pairs_pass_the_default_gate() {
 #[test]
 fn a_gate_nothing_passes_keeps_the_lossless_cache_with_a_note() {
     let (land, s) = tight(1.0);
-    let w = s.workload.clone();
+    let w = s.plan.workload.clone();
     let run = tune(land, s, None, Mode::Search);
     let win = run.winner.clone().expect("a winner");
     assert!(!win.kv_lossy(), "{}", win.label());

@@ -4,7 +4,9 @@
 use super::{Device, Host, Landscape, SimMeasurer, SimModel, Trace, GIB, MIB};
 use crate::engine::baseline::{BaselinePlacement, FitPlacement};
 use crate::engine::DEFAULT_MAX_KV_KLD;
-use crate::engine::{self, CandidateResult, Engine, Progress, QualityGate, TuneSettings};
+use crate::engine::{
+    self, CandidateResult, Engine, GateChoice, Plan, Progress, QualityGate, TuneSettings,
+};
 use crate::measuring::FitRequest;
 use crate::measuring::{Repetition, Workload};
 use search_space::{
@@ -70,24 +72,18 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         n_parallel: 1,
         name: String::new(),
     };
+    let cache_types = [CacheType::F16, CacheType::Q8_0, CacheType::Q4_0];
     TuneSettings {
+        plan: plan(workload.clone(), seed, &cache_types),
         model: "simulated.gguf".into(),
         ubatch_options: crate::tuning::ubatch_options(&[], &workload, offload),
-        workload: workload.clone(),
-        noise: 0.02,
-        min_reps: 3,
-        max_reps: 10,
-        candidate_cap: crate::tuning::CANDIDATE_CAP,
         time_budget: Duration::from_secs(4 * 3600),
         time_budget_cap: None,
-        seed,
         threads_options: vec![1, 8, 16, 32],
         threads_batch_options: vec![1, 8, 16, 32],
         default_threads: 16,
         n_gpu_layers: if offload { land.model.n_layers + 1 } else { 0 },
         n_gpu_layers_pinned: false,
-        n_cpu_ffn_pinned: None,
-        kernels: vec![KernelChoice::Repack, KernelChoice::Plain],
         host_buffers: if land.devices.iter().any(|d| d.host_buffer) {
             vec![HostBuffer::Mapped, HostBuffer::Pinned, HostBuffer::Cpu]
         } else {
@@ -98,7 +94,6 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
             .map(|d| d.name.clone())
             .collect(),
         numa: vec![search_space::Numa::Off],
-        kv_offload: vec![KvOffload::On, KvOffload::Off],
         op_offload: if offload {
             vec![OpOffload::On, OpOffload::Off]
         } else {
@@ -106,23 +101,56 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         },
         // As a CUDA build without GGML_CUDA_FA_ALL_QUANTS runs them: K and V of one type beside a
         // GPU; every pair on the CPU alone.
-        kv_pairs: search_space::kv_pairs(
-            &[CacheType::F16, CacheType::Q8_0, CacheType::Q4_0],
-            |_, _| !offload,
-        ),
+        kv_pairs: search_space::kv_pairs(&cache_types, |_, _| !offload),
         quality: QualityGate::on(DEFAULT_MAX_KV_KLD, &workload, 16),
-        flash_attn: vec![FlashAttn::Auto, FlashAttn::On, FlashAttn::Off],
-        rpc: Vec::new(),
         links: land.links(),
         mem_budgets: budgets(land),
         backends: backends(land),
         n_layers: land.model.n_layers,
         offload,
         moe: land.model.moe.is_some(),
-        host_ffns: true,
         // The simulator models neither -sm row nor -sm tensor: they are measured on real devices.
         split_modes: Vec::new(),
+    }
+}
+
+/// `autotune tune`'s plan unasked (what its flags default to), at `workload` with `seed`.
+fn plan(workload: Workload, seed: u64, cache_types: &[CacheType]) -> Plan {
+    Plan {
+        workload,
+        ctx_max: false,
+        noise: 0.02,
+        min_reps: 3,
+        max_reps: 10,
+        candidate_cap: crate::tuning::CANDIDATE_CAP,
+        time_budget: Duration::from_secs(4 * 3600),
+        time_budget_grows: false,
+        seed,
+        threads: None,
+        threads_batch: None,
+        n_gpu_layers: None,
+        n_cpu_ffn: None,
+        kernels: vec![KernelChoice::Repack, KernelChoice::Plain],
+        host_buffers: None,
+        numa: None,
+        op_offload: vec![OpOffload::On, OpOffload::Off],
+        kv_offload: vec![KvOffload::On, KvOffload::Off],
+        host_ffns: true,
+        cache_types: cache_types.to_vec(),
+        kv_gate: GateChoice::On(DEFAULT_MAX_KV_KLD),
+        flash_attn: vec![FlashAttn::Auto, FlashAttn::On, FlashAttn::Off],
+        ubatch_options: Vec::new(),
+        rpc: Vec::new(),
+        backends: None,
+        mem_budgets: Vec::new(),
+        mem_margin: MARGIN,
+        trial_timeout: Duration::from_secs(300),
         quick: false,
+        exhaustive: false,
+        fresh: false,
+        resume: false,
+        verbose: false,
+        quiet: true,
     }
 }
 
@@ -191,7 +219,7 @@ pub fn tune(
     crashing: Option<fn(&Candidate) -> bool>,
     mode: Mode,
 ) -> SimRun {
-    let seed = s.seed;
+    let seed = s.plan.seed;
     let mut m = SimMeasurer::new(land, seed);
     m.crashing = crashing;
     tune_with(m, s, mode)
@@ -209,7 +237,7 @@ pub fn tune_logged(
     mode: Mode,
     log: Option<&mut profiles::measurements::MeasurementLog>,
 ) -> SimRun {
-    let (w, noise, seed) = (s.workload.clone(), s.noise, s.seed);
+    let (w, noise, seed) = (s.plan.workload.clone(), s.plan.noise, s.plan.seed);
     let trace = Rc::clone(&m.trace);
     let stop = || false;
     let mut e = Engine::new(s, Box::new(m), log, &stop, &Quiet);
@@ -237,7 +265,7 @@ pub fn tune_logged(
         baseline_placement,
         budget_spent: e.budget_spent,
         not_reached: std::mem::take(&mut e.not_reached),
-        seconds: e.measurer.elapsed().as_secs_f64(),
+        seconds: e.elapsed().as_secs_f64(),
         budget: e.settings.time_budget,
         visit_seconds: e.visit_seconds,
         backends: std::mem::take(&mut e.backend_trials),
@@ -288,7 +316,7 @@ pub fn within_gate(land: &Landscape, s: &TuneSettings, c: &Candidate) -> bool {
 
 /// Whether a candidate fits every device's budget (by the model, as the dry run would say).
 pub fn fits(land: &Landscape, s: &TuneSettings, c: &Candidate) -> bool {
-    land.footprint(c, s.workload.n_ctx)
+    land.footprint(c, s.plan.workload.n_ctx)
         .per_device
         .iter()
         .all(|d| (s.mem_budgets.of(&d.device)).is_none_or(|b| d.bytes <= b))
@@ -314,8 +342,8 @@ pub fn llama_fit(land: &Landscape, s: &TuneSettings) -> Candidate {
     let req = FitRequest {
         model: s.model.clone(),
         rpc: Vec::new(),
-        n_ctx: s.workload.n_ctx,
-        sequences: s.workload.n_parallel,
+        n_ctx: s.plan.workload.n_ctx,
+        sequences: s.plan.workload.n_parallel,
         budgets: s.mem_budgets.clone(),
         default_margin: u64::MAX,
     };
@@ -340,7 +368,7 @@ pub fn result<'r>(run: &'r SimRun, c: &Candidate) -> Option<&'r CandidateResult>
 /// Runs `f` on an engine measuring the landscape (for tests of one group at a time).
 pub fn with_engine<T>(land: Landscape, s: TuneSettings, f: impl FnOnce(&mut Engine) -> T) -> T {
     let stop = || false;
-    let m = SimMeasurer::new(land, s.seed);
+    let m = SimMeasurer::new(land, s.plan.seed);
     let mut e = Engine::new(s, Box::new(m), None, &stop, &Quiet);
     f(&mut e)
 }

@@ -30,8 +30,8 @@ fn measured(run: &SimRun) -> Vec<(HostBuffer, KernelChoice)> {
 fn pinned_memory_wins_a_long_prompt_on_a_partial_offload() {
     let land = gpus(1, 24 * GIB);
     let mut s = settings(&land, 11);
-    s.workload.n_prompt = 4096;
-    s.workload.n_gen = 16;
+    s.plan.workload.n_prompt = 4096;
+    s.plan.workload.n_gen = 16;
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let win = run.winner.clone().expect("a winner");
     assert!(win.n_gpu_layers <= s.n_layers, "{}", win.label());
@@ -40,7 +40,7 @@ fn pinned_memory_wins_a_long_prompt_on_a_partial_offload() {
     for h in [HostBuffer::Mapped, HostBuffer::Cpu] {
         assert!(kinds.iter().any(|k| k.0 == h), "{h} measured: {kinds:?}");
     }
-    let w = &s.workload;
+    let w = &s.plan.workload;
     let seconds = |host_buffer| {
         let c = search_space::Candidate {
             host_buffer,
@@ -61,8 +61,8 @@ fn the_cpu_kernels_are_measured_only_where_host_weights_are_in_the_cpus_buffers(
         let mut land = gpus(1, 24 * GIB);
         land.devices[0].host_buffer = host_buffer_device;
         let mut s = settings(&land, 4);
-        s.workload.n_prompt = 16;
-        s.workload.n_gen = 256;
+        s.plan.workload.n_prompt = 16;
+        s.plan.workload.n_gen = 256;
         if !host_buffer_device {
             s.host_buffer_devices.clear();
         }

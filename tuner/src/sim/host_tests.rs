@@ -30,7 +30,7 @@ fn too_few_layers_offloaded_for_the_rest_to_fit_in_ram_are_pruned_not_the_search
         given: true,
         same_gpu: Vec::new(),
     });
-    let n_ctx = s.workload.n_ctx;
+    let n_ctx = s.plan.workload.n_ctx;
     let base = Candidate::llama_default(16, 81);
     let all_on_host = Candidate {
         n_gpu_layers: 0,
@@ -82,7 +82,7 @@ fn too_few_layers_offloaded_for_the_rest_to_fit_in_ram_are_pruned_not_the_search
     );
     // The leaderboard marks what did not fit, for explain: the rows pruned as over a budget, and
     // no other.
-    let board = crate::engine::ranking::leaderboard(&run.results, &s.workload, 0.02, 1);
+    let board = crate::engine::ranking::leaderboard(&run.results, &s.plan.workload, 0.02, 1);
     for e in &board {
         assert_eq!(
             e.did_not_fit,

@@ -209,7 +209,7 @@ fn hosts_scaling() {
             .take(2)
             .map(|i| format!("RPC{i}"))
             .collect();
-        let w = settings(&land, 1).workload;
+        let w = settings(&land, 1).plan.workload;
         let reference = (ten.len() == 2).then(|| {
             land.true_seconds(
                 &Candidate {

@@ -51,8 +51,8 @@ fn moe_experts_are_placed_one_layer_at_a_time_around_the_fit_boundary() {
         ..win.clone()
     };
     let (got, grid) = (
-        land.true_seconds(&win, &s.workload),
-        land.true_seconds(&quarter, &s.workload),
+        land.true_seconds(&win, &s.plan.workload),
+        land.true_seconds(&quarter, &s.plan.workload),
     );
     assert!(
         got < grid * 0.98,
@@ -67,7 +67,7 @@ fn moe_experts_are_placed_one_layer_at_a_time_around_the_fit_boundary() {
 fn mixtral_at_32k() -> (Landscape, TuneSettings) {
     let land = mixtral_on(24 * GIB);
     let mut s = settings(&land, 9);
-    s.workload.n_ctx = 32_768;
+    s.plan.workload.n_ctx = 32_768;
     (land, s)
 }
 

@@ -12,7 +12,7 @@ fn the_model_has_a_cliff_and_footprints_grow_with_layers() {
     let land = gpus(1, 24 * GIB);
     let s = settings(&land, 1);
     let c = |n| Candidate::llama_default(16, n);
-    let w = &s.workload;
+    let w = &s.plan.workload;
     let gpu = |n| land.footprint(&c(n), w.n_ctx).per_device[0].bytes;
     assert!(gpu(40) > gpu(20) && gpu(20) > gpu(0));
     let max = max_fit(&land, &s, &c(81)).unwrap();
@@ -69,13 +69,13 @@ fn the_search_starts_at_the_most_layers_that_fit_and_never_loads_what_does_not()
                         n_gpu_layers: l,
                         ..win.clone()
                     },
-                    &s.workload,
+                    &s.plan.workload,
                 )
             })
             .fold(f64::INFINITY, f64::min);
-        let got = land.true_seconds(&win, &s.workload);
+        let got = land.true_seconds(&win, &s.plan.workload);
         assert!(
-            got <= best * (1.0 + 2.0 * s.noise),
+            got <= best * (1.0 + 2.0 * s.plan.noise),
             "{n} GPUs: {} {got} vs {best}",
             win.label()
         );
@@ -91,12 +91,12 @@ fn the_micro_batch_lever_appears_and_wins_when_it_lets_every_layer_fit() {
     let mut s = settings(&land, 3);
     s.kv_pairs = vec![(CacheType::F16, CacheType::F16)];
     // The micro-batch alone as a lever (the KV cache in host memory frees as much).
-    s.kv_offload = vec![KvOffload::On];
+    s.plan.kv_offload = vec![KvOffload::On];
     let lever = Candidate {
         n_ubatch: 128,
         ..Candidate::llama_default(16, 49)
     };
-    let need = land.footprint(&lever, s.workload.n_ctx).per_device[0].bytes;
+    let need = land.footprint(&lever, s.plan.workload.n_ctx).per_device[0].bytes;
     land.devices[0].mem_bytes = need + MARGIN + 16 * MIB;
     s.mem_budgets = [("CUDA0".into(), need + 16 * MIB)].into_iter().collect();
     let at_512 = max_fit(&land, &s, &Candidate::llama_default(16, 49)).unwrap();
@@ -124,15 +124,15 @@ fn a_cache_that_fits_every_layer_at_the_default_micro_batch_is_a_lever_too() {
     let mut land = gpus(1, 64 * GIB);
     land.model = SimModel::dense(48, 700 * MIB, 262_144);
     let mut s = settings(&land, 3);
-    s.workload.n_ctx = 32_768;
-    s.kv_offload = vec![KvOffload::On];
+    s.plan.workload.n_ctx = 32_768;
+    s.plan.kv_offload = vec![KvOffload::On];
     let every_layer = |t: CacheType, ub: u32| Candidate {
         type_k: t,
         type_v: t,
         n_ubatch: ub,
         ..Candidate::llama_default(16, 49)
     };
-    let need = |c: &Candidate| land.footprint(c, s.workload.n_ctx).per_device[0].bytes;
+    let need = |c: &Candidate| land.footprint(c, s.plan.workload.n_ctx).per_device[0].bytes;
     let (q4, q8_small) = (
         every_layer(CacheType::Q4_0, 512),
         every_layer(CacheType::Q8_0, 128),
@@ -157,7 +157,7 @@ fn knobs_the_user_pinned_hold_in_the_placements_measured_beside_the_defaults() {
     let mut s = settings(&land, 3);
     s.ubatch_options = vec![128];
     s.kv_pairs = vec![(CacheType::F16, CacheType::F16)];
-    s.kernels = vec![KernelChoice::Plain];
+    s.plan.kernels = vec![KernelChoice::Plain];
     let run = tune(land, s, None, Mode::Search);
     let base = run.baseline.clone();
     let trace = run.trace.borrow();
@@ -203,11 +203,11 @@ fn a_budget_smaller_than_free_memory_is_filled_by_llama_cpps_fit_and_the_winner_
     let win = run.winner.clone().expect("a winner");
     assert!(fits(&land, &s, &win), "{}", win.label());
     let (got, fit) = (
-        land.true_seconds(&win, &s.workload),
-        land.true_seconds(base, &s.workload),
+        land.true_seconds(&win, &s.plan.workload),
+        land.true_seconds(base, &s.plan.workload),
     );
     assert!(
-        got <= fit * (1.0 + s.noise),
+        got <= fit * (1.0 + s.plan.noise),
         "{}: {got} vs {fit}",
         win.label()
     );
@@ -225,7 +225,7 @@ fn the_walk_down_stops_once_the_curve_has_fallen_and_goes_on_where_it_has_not() 
         let mut s = settings(&land, 4);
         s.host_buffers = vec![search_space::HostBuffer::Pinned];
         // The KV cache on the device: the walk follows the curve over layers alone.
-        s.kv_offload = vec![KvOffload::On];
+        s.plan.kv_offload = vec![KvOffload::On];
         let run = tune(land.clone(), s.clone(), None, Mode::Search);
         let start = crate::engine::in_space(&s, &run.baseline);
         let max = max_fit(&land, &s, &start).unwrap();
@@ -270,9 +270,9 @@ fn the_kv_cache_on_the_host_is_a_fit_lever_measured_beside_the_placements() {
     let run_with = |kv: Vec<KvOffload>| {
         let land = gpus(1, 24 * GIB);
         let mut s = settings(&land, 11);
-        s.workload.n_ctx = 32768;
+        s.plan.workload.n_ctx = 32768;
         s.kv_pairs = vec![(CacheType::F16, CacheType::F16)];
-        s.kv_offload = kv;
+        s.plan.kv_offload = kv;
         (tune(land.clone(), s.clone(), None, Mode::Search), land, s)
     };
     let (run, land, s) = run_with(vec![KvOffload::On, KvOffload::Off]);
@@ -300,7 +300,7 @@ fn the_kv_cache_on_the_host_is_a_fit_lever_measured_beside_the_placements() {
         run.results
             .iter()
             .filter(|r| r.ok() && r.candidate.kv_offload == kv)
-            .map(|r| land.true_seconds(&r.candidate, &s.workload))
+            .map(|r| land.true_seconds(&r.candidate, &s.plan.workload))
             .fold(f64::INFINITY, f64::min)
     };
     let want = if fastest(KvOffload::Off) < fastest(KvOffload::On) {
@@ -328,13 +328,13 @@ fn the_strongest_fit_lever_is_measured_right_after_the_baseline() {
         let mut land = gpus(1, 64 * GIB);
         land.model = SimModel::dense(48, 700 * MIB, 262_144);
         let mut s = settings(&land, seed);
-        s.workload.n_ctx = 32_768;
+        s.plan.workload.n_ctx = 32_768;
         let full = Candidate::llama_default(16, 49);
-        let half = land.footprint(&full, s.workload.n_ctx).per_device[0].bytes / 2;
+        let half = land.footprint(&full, s.plan.workload.n_ctx).per_device[0].bytes / 2;
         land.devices[0].mem_bytes = half + MARGIN;
         s.mem_budgets = [("CUDA0".into(), half)].into_iter().collect();
         // What follows is the order of the -ngl placements and their fit levers.
-        s.host_ffns = false;
+        s.plan.host_ffns = false;
         let run = tune(land, s, None, Mode::Search);
         let mut order: Vec<Candidate> = Vec::new();
         for (c, _, _) in run.trace.borrow().calls.iter() {

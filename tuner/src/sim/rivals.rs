@@ -25,7 +25,7 @@ const OLLAMA_GPU_MINIMUM: u64 = 457 * MIB;
 /// llama.cpp; MoE layers are sized whole, as its dense formula does.
 pub fn ollama(land: &Landscape, s: &TuneSettings) -> Candidate {
     let m = &land.model;
-    let ctx = s.workload.n_ctx as u64;
+    let ctx = s.plan.workload.n_ctx as u64;
     let layer = m.layer_bytes + ctx * m.kv_bytes_per_token_layer;
     let graph = ollama_graph(land, ctx, ctx.min(512));
     let free: Vec<u64> = land.devices.iter().map(|d| d.mem_bytes).collect();
@@ -417,7 +417,7 @@ fn fituna_bench(
     rng: &mut StdRng,
     seconds: &mut f64,
 ) -> Option<f64> {
-    let ctx = s.workload.n_ctx;
+    let ctx = s.plan.workload.n_ctx;
     let depth = ctx.saturating_sub(640);
     *seconds += land.load_seconds(c, ctx);
     if land.out_of_memory(c, ctx, false).is_some() {
@@ -475,7 +475,9 @@ pub fn ggrun(land: &Landscape, s: &TuneSettings, rng: &mut StdRng) -> GgrunRun {
         }
         let mut c = best.1.clone();
         change(&mut c);
-        let fits = land.out_of_memory(&c, s.workload.n_ctx, false).is_none();
+        let fits = land
+            .out_of_memory(&c, s.plan.workload.n_ctx, false)
+            .is_none();
         // No-ops and predicted OOMs are skipped without a round.
         if c == best.1 || c.n_ubatch > c.n_batch || !fits {
             continue;
@@ -534,7 +536,7 @@ impl Ggrun<'_> {
         use search_space::{CacheType, HostBuffer};
         let (land, s) = (self.land, self.s);
         let m = &land.model;
-        let ctx = s.workload.n_ctx as u64;
+        let ctx = s.plan.workload.n_ctx as u64;
         let size = m.n_layers as u64 * m.layer_bytes + m.output_bytes + m.embd_bytes;
         let kv = ctx * m.n_layers as u64 * m.kv_bytes_per_token_layer * 17 / 32; // q8_0
         let free: Vec<u64> = land.devices.iter().map(|d| d.mem_bytes).collect();
@@ -597,7 +599,7 @@ impl Ggrun<'_> {
     /// generation t/s (0 when it does not load).
     fn launch(&mut self, c: &Candidate) -> f64 {
         self.launches += 1;
-        let (land, ctx) = (self.land, self.s.workload.n_ctx);
+        let (land, ctx) = (self.land, self.s.plan.workload.n_ctx);
         self.seconds += land.load_seconds(c, ctx);
         if land.out_of_memory(c, ctx, false).is_some() {
             return 0.0;

@@ -3,7 +3,7 @@
 
 use super::harness::{gpus, result, settings, tune, with_engine, Mode};
 use super::{Outcome, GIB};
-use crate::engine::{Engine, TuneSettings, GIVE_UP_FACTOR, ONE_REPETITION_FACTOR};
+use crate::engine::{Engine, GIVE_UP_FACTOR, ONE_REPETITION_FACTOR};
 use crate::measuring::TrialFailure;
 use crate::report;
 use crate::stats::Verdict;
@@ -24,8 +24,8 @@ fn a_tie_goes_to_less_memory_within_half_the_noise_threshold() {
     for (kv_kld_q8, q8_wins) in [(0.0015, true), (0.05, false)] {
         land.model.kv_kld_q8 = kv_kld_q8;
         let mut s = settings(&land, 11);
-        s.workload.depth = 2048;
-        let w = s.workload.clone();
+        s.plan.workload.depth = 2048;
+        let w = s.plan.workload.clone();
         with_engine(land.clone(), s, |e| {
             let base = e.baseline();
             let q8 = Candidate {
@@ -49,11 +49,9 @@ fn a_tie_goes_to_less_memory_within_half_the_noise_threshold() {
             }
         });
     }
-    let s = TuneSettings {
-        noise: 0.04,
-        ..settings(&land, 11)
-    };
-    let w = s.workload.clone();
+    let mut s = settings(&land, 11);
+    s.plan.noise = 0.04;
+    let w = s.plan.workload.clone();
     with_engine(land, s, |e| {
         let base = e.baseline();
         let ub256 = base.with_ubatch(256);
@@ -72,8 +70,8 @@ fn a_tie_goes_to_less_memory_within_half_the_noise_threshold() {
 fn a_clearly_slower_candidate_stops_getting_repetitions() {
     let land = gpus(1, 24 * GIB);
     let s = settings(&land, 5);
-    let w = s.workload.clone();
-    let (min_reps, noise) = (s.min_reps as usize, s.noise);
+    let w = s.plan.workload.clone();
+    let (min_reps, noise) = (s.plan.min_reps as usize, s.plan.noise);
     with_engine(land.clone(), s, |e| {
         let base = e.baseline();
         let group = e.placement_group(&base);
@@ -180,7 +178,7 @@ fn a_first_repetition_several_times_slower_than_the_best_stops_early() {
     let land = gpus(2, 24 * GIB);
     let s = settings(&land, 5);
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
-    let w = &s.workload;
+    let w = &s.plan.workload;
     let cpu = run
         .results
         .iter()
@@ -246,14 +244,14 @@ fn a_groups_last_candidate_is_not_measured_on_alone() {
         let win = run.winner.as_ref().expect("a winner");
         let grid = tune(land.clone(), s.clone(), None, Mode::Grid);
         let (got, best) = (
-            land.true_seconds(win, &s.workload),
+            land.true_seconds(win, &s.plan.workload),
             land.true_seconds(
                 grid.winner.as_ref().expect("the grid's winner"),
-                &s.workload,
+                &s.plan.workload,
             ),
         );
         assert!(
-            got <= best * (1.0 + s.noise),
+            got <= best * (1.0 + s.plan.noise),
             "seed {seed}: {} {got} vs {best}",
             win.label()
         );
@@ -268,7 +266,7 @@ fn a_first_repetition_far_behind_the_best_is_not_repeated() {
     let land = gpus(2, 16 * GIB);
     let s = settings(&land, 3);
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
-    let w = &s.workload;
+    let w = &s.plan.workload;
     let best = land.true_seconds(run.winner.as_ref().expect("a winner"), w);
     let mut stopped = 0;
     for r in &run.results {

@@ -31,8 +31,8 @@ fn the_split_moves_toward_the_faster_device_by_measurement() {
         ..plain
     };
     let (got, llama) = (
-        land.true_seconds(&win, &s.workload),
-        land.true_seconds(&plain, &s.workload),
+        land.true_seconds(&win, &s.plan.workload),
+        land.true_seconds(&plain, &s.plan.workload),
     );
     assert!(got < llama * 0.97, "{got} vs {llama}");
 }
@@ -134,7 +134,7 @@ fn the_fastest_devices_that_hold_the_model_are_measured_alone() {
         tensor_split: vec![25, 25, 25, 25],
         ..Candidate::llama_default(16, s.n_layers + 1)
     };
-    let w = &s.workload;
+    let w = &s.plan.workload;
     assert!(land.true_seconds(&win, w) < 0.8 * land.true_seconds(&spread, w));
 }
 
@@ -216,7 +216,7 @@ fn two_fast_one_slow_at_32k() -> (Landscape, TuneSettings) {
     }
     land.model = SimModel::dense(32, 860 * MIB, 262_144);
     let mut s = settings(&land, 7);
-    s.workload.n_ctx = 32_768;
+    s.plan.workload.n_ctx = 32_768;
     (land, s)
 }
 

@@ -12,13 +12,14 @@
 //! 4. [`choice::choose`] picks; the winner's profile is saved with notes on the choice. When no rung
 //!    passes the gate nothing is tuned and no profile is written (exit 4).
 
+use crate::engine::Plan;
 use crate::exit::{self, Exit};
 use crate::measuring::TrialFailure;
 use crate::quant::choice::{self, JointReport, QuantRow};
 use crate::quant::ladder::{self, Ladder};
 use crate::quant::quality::{self, fmt_kld, EvalSettings, Evaluator, QualityRow};
 use crate::session;
-use crate::tuning::{self, After, Plan, Tuned};
+use crate::tuning::{self, After, Tuned};
 use search_space::CacheType;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -12,12 +12,12 @@ pub use output::{complete, nothing_measured, profile_from_run, report_of, save, 
 
 use crate::busy::{self, Watch};
 use crate::engine::context::{self, ContextChoice};
-use crate::engine::{Engine, GateChoice, QualityGate, Run, TuneSettings};
+use crate::engine::{Engine, GateChoice, Plan, QualityGate, Run, TuneSettings};
 use crate::exit::{self, Exit};
 use crate::machine::Machine;
 use crate::measuring::Workload;
 use crate::probe::{self, Probe};
-use crate::session::{self, DeviceBudget};
+use crate::session;
 use crate::term::Bar;
 use crate::worker::WorkerPool;
 use anyhow::Context as _;
@@ -25,7 +25,7 @@ use measurer::Workers;
 use profiles::measurements::{self, MeasurementLog};
 use search_space::gguf::GgufInfo;
 use search_space::identity::ModelIdentity;
-use search_space::{CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload};
+use search_space::{CacheType, HostBuffer, Numa, OpOffload};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 /// The search budget of `--quick` (a ceiling: a shorter budget still wins).
 const QUICK_BUDGET: Duration = Duration::from_secs(50);
 
-/// `--budget`'s default: 10 minutes, growing (see [`crate::engine::TuneSettings::budget_cap`]) up
+/// `--budget`'s default: 10 minutes, growing (see [`crate::engine::TuneSettings::time_budget_cap`]) up
 /// to [`GROWN_BUDGET_CAP`].
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(600);
 
@@ -48,65 +48,6 @@ pub const QUICK_CANDIDATE_CAP: Duration = Duration::from_secs(8);
 
 /// The most a default budget grows to, for a model whose configurations take long to measure.
 pub const GROWN_BUDGET_CAP: Duration = Duration::from_secs(1800);
-
-/// What to tune for and how, validated (built from the flags in `commands/`); what depends on the
-/// machine and the model (thread counts, layers, budgets per device) is resolved by [`Plan::settings`].
-#[derive(Debug, Clone)]
-pub struct Plan {
-    /// The request measured, named as the profile records it.
-    pub workload: Workload,
-    /// `--ctx max`: the workload's context is the most asked for (the trained context times the
-    /// slots); [`tune`] measures at the largest that fits (see [`context`]).
-    pub ctx_max: bool,
-    pub noise: f64,
-    pub min_reps: u32,
-    pub max_reps: u32,
-    pub candidate_cap: Duration,
-    /// The whole run's time (`--quick` caps it at [`QUICK_BUDGET`]).
-    pub time_budget: Duration,
-    /// The budget is the default (no `--budget`): it may grow for a slow model.
-    pub time_budget_grows: bool,
-    pub seed: u64,
-    /// Thread counts to try; `None`: 1, half the cores, the cores, all CPUs.
-    pub threads: Option<Vec<u32>>,
-    /// Prompt-processing thread counts to try; `None`: those of `threads`.
-    pub threads_batch: Option<Vec<u32>>,
-    /// Pinned GPU layers; `None`: all when a non-CPU device exists, else 0.
-    pub n_gpu_layers: Option<u32>,
-    /// Pinned host FFN layers (every layer offloaded, `--n-cpu-ffn`); `None`: searched.
-    pub n_cpu_ffn: Option<u32>,
-    pub kernels: Vec<KernelChoice>,
-    /// Host buffers to try; `None`: see [`host_buffer_options`].
-    pub host_buffers: Option<Vec<HostBuffer>>,
-    /// NUMA strategies to try; `None`: see [`numa_options`].
-    pub numa: Option<Vec<Numa>>,
-    /// Op offload settings to try (only `on` is measured without a GPU: see [`op_offload_options`]).
-    pub op_offload: Vec<OpOffload>,
-    /// KV offload settings allowed (`off`: the KV cache in host memory, a fit lever).
-    pub kv_offload: Vec<KvOffload>,
-    /// Dense FFNs in host memory (`--n-cpu-ffn`) may be a placement (not `--no-cpu-ffn`).
-    pub host_ffns: bool,
-    pub cache_types: Vec<CacheType>,
-    /// The quality gate asked for (a quantized K/V cache wins only within it).
-    pub kv_gate: GateChoice,
-    pub flash_attn: Vec<FlashAttn>,
-    /// Micro-batch sizes to try; empty: [`ubatch_options`] chooses for the machine and workload.
-    pub ubatch_options: Vec<u32>,
-    pub rpc: Vec<String>,
-    /// The backends a GPU several of them drive is measured through (`--backend`, ggml's names or
-    /// any case of them); `None`: every one that drives a GPU.
-    pub backends: Option<Vec<String>>,
-    pub mem_budgets: Vec<DeviceBudget>,
-    pub mem_margin: u64,
-    pub trial_timeout: Duration,
-    pub quick: bool,
-    pub exhaustive: bool,
-    /// Ignore earlier measurements; `resume`: fail when there are none.
-    pub fresh: bool,
-    pub resume: bool,
-    pub verbose: bool,
-    pub quiet: bool,
-}
 
 impl Plan {
     /// The engine's settings for `model` on `machine`.
@@ -125,12 +66,8 @@ impl Plan {
             check_host_ffns(n, n_layers, offload, info.is_moe())?;
         }
         Ok(TuneSettings {
+            plan: self.clone(),
             model: model.to_path_buf(),
-            workload: self.workload.clone(),
-            noise: self.noise,
-            min_reps: self.min_reps,
-            max_reps: self.max_reps,
-            candidate_cap: self.candidate_cap,
             // --quick: at most 50 s of search, so with the confirmation and the last repetition in
             // flight the run measures for under a minute.
             time_budget: if self.quick {
@@ -140,7 +77,6 @@ impl Plan {
             },
             time_budget_cap: (self.time_budget_grows && !self.quick && !self.exhaustive)
                 .then_some(GROWN_BUDGET_CAP),
-            seed: self.seed,
             threads_options,
             threads_batch_options,
             default_threads,
@@ -151,31 +87,24 @@ impl Plan {
                 (None, None) => 0,
             },
             n_gpu_layers_pinned: self.n_gpu_layers.is_some() || self.n_cpu_ffn.is_some(),
-            n_cpu_ffn_pinned: self.n_cpu_ffn,
-            kernels: self.kernels.clone(),
             host_buffers: host_buffer_options(self.host_buffers.as_deref(), machine),
             host_buffer_devices: host_buffer_devices(machine),
             numa: numa_options(self.numa.as_deref(), machine.numa_nodes),
             op_offload: op_offload_options(&self.op_offload, machine),
-            kv_offload: self.kv_offload.clone(),
             kv_pairs: kv_pairs_for(&self.cache_types, machine, system_info),
             quality: self.gate_for(default_threads),
-            flash_attn: self.flash_attn.clone(),
             ubatch_options: ubatch_options(&self.ubatch_options, &self.workload, offload),
-            rpc: self.rpc.clone(),
             links: Vec::new(),
             mem_budgets: session::budgets_of(&self.mem_budgets, self.mem_margin, machine)?,
             backends: backends::backends_for(self.backends.as_deref(), machine)?,
             n_layers,
             offload,
             moe: info.is_moe(),
-            host_ffns: self.host_ffns,
             split_modes: crate::engine::split_modes_for(
                 &(machine.offload_devices().iter())
                     .map(|d| d.backend.as_str())
                     .collect::<Vec<_>>(),
             ),
-            quick: self.quick,
         })
     }
 }
@@ -428,7 +357,8 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         cpu_variant: probe.cpu_variant.clone(),
         system_info: probe.system_info.clone(),
     };
-    let mut log = open_log(plan, &identity, &llama, &probe.machine, &settings.workload)?;
+    // The settings' plan: with `--ctx max`, at the context chosen.
+    let mut log = open_log(&settings.plan, &identity, &llama, &probe.machine)?;
     let reused = log.previous_count();
     let max_alive = models_at_once(&settings, plan, &info, &probe.machine);
     let stop_fn = || stop.load(Ordering::Relaxed);
@@ -507,7 +437,7 @@ fn choose_context(
     settings: &TuneSettings,
     stop: &AtomicBool,
 ) -> anyhow::Result<ContextChoice> {
-    let w = &settings.workload;
+    let w = &settings.plan.workload;
     let need = w.depth + w.n_prompt.max(w.n_gen);
     let floor = context::floor_of(need, w.n_parallel, w.n_ctx);
     if !plan.quiet {
@@ -537,14 +467,13 @@ fn choose_context(
     Ok(choice)
 }
 
-/// The model's measurement log for this workload, machine and build (earlier repetitions reused
-/// unless `fresh`; `resume` fails when there are none).
+/// The model's measurement log for the plan's workload, this machine and build (earlier
+/// repetitions reused unless `fresh`; `resume` fails when there are none).
 fn open_log(
     plan: &Plan,
     identity: &ModelIdentity,
     llama: &profiles::LlamaBuild,
     machine: &Machine,
-    workload: &Workload,
 ) -> anyhow::Result<MeasurementLog> {
     let log_path = session::cache_dir()
         .join("measurements")
@@ -562,7 +491,7 @@ fn open_log(
             llama.cpu_variant.clone().unwrap_or_default()
         ),
         machine: machine.fingerprint.clone(),
-        workload: workload.clone(),
+        workload: plan.workload.clone(),
     };
     let log = MeasurementLog::open(&log_path, context, !plan.fresh)
         .with_context(|| format!("cannot open the measurement log {}", log_path.display()))?;

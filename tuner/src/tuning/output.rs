@@ -106,14 +106,18 @@ fn figures_of(t: &Tuned, c: &Candidate) -> Option<Figures> {
         .results
         .iter()
         .find(|r| &r.candidate == c)
-        .and_then(|r| crate::engine::ranking::figures(r, &t.run.settings.workload))
+        .and_then(|r| crate::engine::ranking::figures(r, &t.run.settings.plan.workload))
 }
 
 /// The ranking, each row with its K/V pair's quality where the gate measured it.
 fn leaderboard(t: &Tuned) -> Vec<profiles::LeaderboardEntry> {
     let s = &t.run.settings;
-    let mut board =
-        crate::engine::ranking::leaderboard(&t.run.results, &s.workload, s.noise, s.seed);
+    let mut board = crate::engine::ranking::leaderboard(
+        &t.run.results,
+        &s.plan.workload,
+        s.plan.noise,
+        s.plan.seed,
+    );
     report::quality::annotate(&mut board, &t.run.quality);
     board
 }
@@ -160,10 +164,10 @@ pub fn report_of(t: &Tuned) -> Report {
             .map(|w| report::devices_of(w, machine))
             .unwrap_or_default(),
         llama: t.llama.clone(),
-        workload: s.workload.clone(),
+        workload: s.plan.workload.clone(),
         context: t.context.clone(),
-        seed: s.seed,
-        noise: s.noise,
+        seed: s.plan.seed,
+        noise: s.plan.noise,
         elapsed_s: t.elapsed_s,
         budget_s: s.time_budget.as_secs_f64(),
         interrupted: t.interrupted,
@@ -185,7 +189,14 @@ pub fn report_of(t: &Tuned) -> Report {
         baseline_figures: figures_of(t, &run.baseline),
         baseline_placement: run.baseline_placement.clone(),
         versus_defaults: run.winner.as_ref().and_then(|w| {
-            report::versus_defaults(&run.results, w, &run.baseline, &s.workload, s.noise, s.seed)
+            report::versus_defaults(
+                &run.results,
+                w,
+                &run.baseline,
+                &s.plan.workload,
+                s.plan.noise,
+                s.plan.seed,
+            )
         }),
         confirm_drift: run.confirm_drift.clone(),
         confirmed: run.confirmed.clone(),
@@ -252,7 +263,7 @@ pub fn nothing_measured(t: &Tuned) -> anyhow::Error {
 pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
     let winner = t.run.winner.clone()?;
     let figures = figures_of(t, &winner)?;
-    let w = &t.run.settings.workload;
+    let w = &t.run.settings.plan.workload;
     let (machine, info, id) = (&t.probe.machine, &t.info, &t.identity);
     Some(Profile {
         schema_version: profiles::SCHEMA_VERSION,
@@ -352,9 +363,9 @@ fn versus_defaults(t: &Tuned) -> Option<profiles::VersusDefaults> {
         &run.results,
         run.winner.as_ref()?,
         &run.baseline,
-        &s.workload,
-        s.noise,
-        s.seed,
+        &s.plan.workload,
+        s.plan.noise,
+        s.plan.seed,
     )?;
     let (verdict, ratio, ci) = match &v.comparison {
         None => (profiles::Judged::Same, 0.0, [0.0, 0.0]),
@@ -372,7 +383,7 @@ fn versus_defaults(t: &Tuned) -> Option<profiles::VersusDefaults> {
         verdict,
         ratio,
         ci,
-        noise: s.noise,
+        noise: s.plan.noise,
     })
 }
 
