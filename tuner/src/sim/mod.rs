@@ -32,6 +32,7 @@ mod placement_tests;
 mod rivals;
 mod rounds_tests;
 mod split_tests;
+mod strategy_tests;
 
 pub use landscape::{candidate_of, Device, Host, Landscape, Moe, OtherBackend, SimModel, GIB, MIB};
 
