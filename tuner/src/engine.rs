@@ -159,7 +159,7 @@ impl<'a> Engine<'a> {
         c.host_buffer = pick(&self.settings.host_buffers, c.host_buffer);
         c.numa = pick(&self.settings.numa, c.numa);
         c.n_cpu_ffn = self.settings.plan.n_cpu_ffn.unwrap_or(0);
-        let mut d = if self.settings.offload && !self.settings.n_gpu_layers_pinned {
+        let mut d = if self.settings.offload && !self.settings.n_gpu_layers_pinned() {
             self.fit_defaults(c)
         } else {
             (c, BaselinePlacement::new(BaselineSource::Defaults, None))

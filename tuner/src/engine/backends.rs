@@ -171,7 +171,7 @@ impl Engine<'_> {
     /// larger). Returned unfitted where not even that fits: measuring it records why.
     fn through(&self, best: &Candidate, backend: &str) -> Candidate {
         let c = self.on_backend(&self.plain(best), backend);
-        if c == *best || self.settings.n_gpu_layers_pinned {
+        if c == *best || self.settings.n_gpu_layers_pinned() {
             return c;
         }
         if self.check_device_fit(&c).is_ok() {

@@ -52,7 +52,7 @@ impl Engine<'_> {
         order.sort_by(|&a, &b| {
             (self.link_seconds(&names[a])).total_cmp(&self.link_seconds(&names[b]))
         });
-        let all = if self.settings.n_gpu_layers_pinned {
+        let all = if self.settings.n_gpu_layers_pinned() {
             from.n_gpu_layers
         } else {
             self.settings.n_layers + 1

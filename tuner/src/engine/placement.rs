@@ -377,7 +377,7 @@ impl Engine<'_> {
     /// fits is measured against it (one layer on the host costs several percent of generation
     /// speed; so do a layer's experts).
     pub(crate) fn refit_layers(&mut self, best: Candidate) -> Candidate {
-        if !self.settings.offload || self.settings.n_gpu_layers_pinned {
+        if !self.settings.offload || self.settings.n_gpu_layers_pinned() {
             return best;
         }
         let Some(more) = self.more_on_device(&best) else {
@@ -420,7 +420,7 @@ impl Engine<'_> {
     /// weights copied to the GPU once per micro-batch, a layer given up can cost generation less
     /// than the prompt gains.
     pub(crate) fn trade_layers_for_batch(&mut self, best: Candidate) -> Candidate {
-        if !self.settings.offload || self.settings.n_gpu_layers_pinned {
+        if !self.settings.offload || self.settings.n_gpu_layers_pinned() {
             return best;
         }
         let larger: Vec<Candidate> = (self.settings.ubatch_options.iter())

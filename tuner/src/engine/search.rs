@@ -82,7 +82,7 @@ impl Engine<'_> {
     /// around them (placement first: it matters most, and every placement gets its first
     /// repetitions before any gets more).
     fn first_group(&self, base: &Candidate) -> Group {
-        if !self.settings.offload || self.settings.n_gpu_layers_pinned {
+        if !self.settings.offload || self.settings.n_gpu_layers_pinned() {
             return Group::new(vec![base.clone()], "defaults");
         }
         let start = self.placement_start(base);

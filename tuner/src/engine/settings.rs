@@ -100,8 +100,6 @@ pub struct TuneSettings {
     /// GPU layers: all that fit by default (searched downward from there when a non-CPU device
     /// exists); one count the user pinned with --n-gpu-layers is measured as given, never searched.
     pub n_gpu_layers: u32,
-    /// Pinned by --n-gpu-layers, or by --n-cpu-ffn (every layer offloaded).
-    pub n_gpu_layers_pinned: bool,
     /// Where host weights live (`mapped` alone unless a device with pinned host memory takes part
     /// or the user asked for more): varied where weights stay in host memory.
     pub host_buffers: Vec<HostBuffer>,
@@ -142,6 +140,14 @@ pub struct TuneSettings {
     /// `-sm tensor`): where two or more GPUs of one backend run them ([`split_modes_for`]). The
     /// simulator cannot model either, so its runs offer none.
     pub split_modes: Vec<SplitMode>,
+}
+
+impl TuneSettings {
+    /// The GPU layers are pinned, not searched: by --n-gpu-layers, or by --n-cpu-ffn (every layer
+    /// offloaded).
+    pub fn n_gpu_layers_pinned(&self) -> bool {
+        self.plan.n_gpu_layers.is_some() || self.plan.n_cpu_ffn.is_some()
+    }
 }
 
 /// The split modes besides whole layers to measure on these offload devices' backends (one entry

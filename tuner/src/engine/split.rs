@@ -160,7 +160,7 @@ impl Engine<'_> {
     pub(crate) fn fitted(&self, shapes: Vec<Candidate>) -> Vec<Candidate> {
         let mut out = Vec::new();
         for c in shapes.into_iter().filter(|c| c.validate().is_ok()) {
-            if self.settings.n_gpu_layers_pinned {
+            if self.settings.n_gpu_layers_pinned() {
                 if self.check_fit(&c).is_ok() {
                     out.push(c);
                 }
@@ -331,7 +331,8 @@ impl Engine<'_> {
     }
 
     /// The device of `names` clearly fastest at reading its memory ([`FASTER`] than the slowest),
-    /// by a probe of each, run once; `None` where they are alike or a probe failed.
+    /// by the probe of each run before the search; `None` where they are alike, a probe failed or
+    /// none ran.
     fn fastest_device(&self, names: &[String]) -> Option<usize> {
         clearly_fastest(&self.device_speeds(names)?)
     }

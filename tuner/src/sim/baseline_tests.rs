@@ -150,7 +150,7 @@ fn without_a_device_or_with_pinned_layers_the_baseline_is_llama_cpps_plain_defau
 
     let land = gpus(1, 24 * GIB);
     let mut s = settings(&land, 4);
-    (s.n_gpu_layers, s.n_gpu_layers_pinned) = (30, true);
+    (s.n_gpu_layers, s.plan.n_gpu_layers) = (30, Some(30));
     let run = tune(land, s, None, Mode::Search);
     assert_eq!(run.baseline, Candidate::llama_default(16, 30));
     assert_eq!(run.baseline_placement.source, BaselineSource::Defaults);

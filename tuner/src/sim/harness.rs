@@ -83,7 +83,6 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         threads_batch_options: vec![1, 8, 16, 32],
         default_threads: 16,
         n_gpu_layers: if offload { land.model.n_layers + 1 } else { 0 },
-        n_gpu_layers_pinned: false,
         host_buffers: if land.devices.iter().any(|d| d.host_buffer) {
             vec![HostBuffer::Mapped, HostBuffer::Pinned, HostBuffer::Cpu]
         } else {

@@ -86,7 +86,6 @@ impl Plan {
                 (None, None) if offload => n_layers + 1,
                 (None, None) => 0,
             },
-            n_gpu_layers_pinned: self.n_gpu_layers.is_some() || self.n_cpu_ffn.is_some(),
             host_buffers: host_buffer_options(self.host_buffers.as_deref(), machine),
             host_buffer_devices: host_buffer_devices(machine),
             numa: numa_options(self.numa.as_deref(), machine.numa_nodes),
