@@ -17,6 +17,7 @@ pub fn example_profile() -> Profile {
         created_unix: 1_760_000_000,
         autotune_version: "0.1.0".into(),
         server_args: Vec::new(),
+        server_env: Default::default(),
         rpc: Vec::new(),
         notes: vec!["flash attention on is required for the q8_0 V cache".into()],
         model: ModelRef {
@@ -88,6 +89,8 @@ fn winner() -> Candidate {
         op_offload: Default::default(),
         kv_offload: Default::default(),
         numa: Default::default(),
+        op_offload_min_batch: None,
+        attn_rot: Default::default(),
     }
 }
 

@@ -7,10 +7,12 @@
 pub mod candidate;
 pub mod gguf;
 pub mod identity;
+pub mod knob;
 pub mod size;
 pub mod testfiles;
 
 pub use candidate::{
-    kv_pairs, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa,
+    kv_pairs, AttnRot, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa,
     OpOffload, SplitMode,
 };
+pub use knob::{Knob, Phases, ServerOption, Side, KNOBS};

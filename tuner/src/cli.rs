@@ -8,6 +8,7 @@ use std::time::Duration;
 
 mod draft;
 mod fit;
+mod knob_value;
 mod measure;
 mod quant;
 mod tune;

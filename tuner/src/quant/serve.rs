@@ -13,7 +13,7 @@ pub use crate::worker::protocol::{
     QualityAnswer, QualityJob, QualityRequest, QuantizeAnswer, QuantizeRequest,
 };
 use rayon::prelude::*;
-use search_space::{CacheType, FlashAttn};
+use search_space::CacheType;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -254,17 +254,11 @@ fn chunk_context(
     Context::new(
         m,
         &ContextSettings {
-            n_ctx,
             n_batch: n_ctx,
             n_ubatch: n_ctx.min(512),
-            threads: threads.max(1),
-            threads_batch: None,
             type_k,
             type_v,
-            flash_attn: FlashAttn::Auto,
-            op_offload: Default::default(),
-            kv_offload: Default::default(),
-            sequences: 1,
+            ..ContextSettings::defaults(n_ctx, threads.max(1))
         },
     )
 }
