@@ -9,6 +9,7 @@
 //! cover), explain's knob findings and `measure`'s value lists. A new knob is a unit type here, a
 //! field of [`Candidate`], and its entry in [`KNOBS`]: `docs/architecture.md`'s recipe.
 
+use crate::backend::Backend;
 use crate::candidate::{
     AttnRot, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa,
     OpOffload, ParseKnobError, SplitMode,
@@ -91,6 +92,8 @@ impl ServerOption {
 pub trait Knob: Sync {
     /// The knob's name in reports, the search's axes and explain ("flash attention").
     fn name(&self) -> &'static str;
+    /// The short key its value is shown with (`t` in `t=2`); empty: the value alone (`repack`).
+    fn key(&self) -> &'static str;
     /// When a change of it takes effect.
     fn side(&self) -> Side;
     /// llama.cpp's default, written as [`Knob::value`] writes it; `None` where it depends on the
@@ -102,9 +105,9 @@ pub trait Knob: Sync {
     }
     /// The phases of a request a change of it can speed up or slow down.
     fn moves(&self) -> Phases;
-    /// The ggml backends that read it, by registry name (`CUDA`, `Vulkan`, `CPU`, …); empty: all.
-    fn runs_on(&self) -> &'static [&'static str] {
-        &[]
+    /// Whether `backend`'s devices read it (the backend facts' table says what each runs).
+    fn runs_on(&self, _backend: &Backend) -> bool {
+        true
     }
     /// One line on what it does, for `explain` and the docs.
     fn explain(&self) -> &'static str;

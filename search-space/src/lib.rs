@@ -4,6 +4,7 @@
 //! This crate knows nothing of llama.cpp at run time: it is pure data and validation, so it can be
 //! tested (and fuzzed) without building llama.cpp.
 
+pub mod backend;
 pub mod candidate;
 pub mod gguf;
 pub mod identity;

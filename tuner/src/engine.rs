@@ -40,6 +40,7 @@ mod search;
 mod settings;
 pub(crate) mod split;
 mod strategy;
+mod view;
 #[cfg(test)]
 pub use rounds::{GIVE_UP_FACTOR, ONE_REPETITION_FACTOR};
 
@@ -305,14 +306,14 @@ impl<'a> Engine<'a> {
     }
 
     /// Which of `axes` would vary `from` (what a run cut short by its budget left unmeasured).
-    fn axes_with_candidates(&self, axes: &[(&str, Vary)], from: &Candidate) -> Vec<String> {
+    pub(super) fn axes_with_candidates(&self, axes: &[Axis], from: &Candidate) -> Vec<String> {
         axes.iter()
-            .filter(|(_, vary)| {
-                vary(&self.settings, from)
+            .filter(|axis| {
+                (axis.vary)(&self.settings, from)
                     .iter()
                     .any(|c| c != from && c.validate().is_ok())
             })
-            .map(|(axis, _)| axis.to_string())
+            .map(|axis| axis.name.to_string())
             .collect()
     }
 
@@ -329,7 +330,7 @@ impl<'a> Engine<'a> {
     }
 
     /// The median rate at the workload of `c`'s measurement, when it ran.
-    fn median_rate(&self, c: &Candidate) -> Option<f64> {
+    pub(super) fn median_rate(&self, c: &Candidate) -> Option<f64> {
         self.ok_median(self.results.iter().find(|r| &r.candidate == c)?)
     }
 

@@ -2,15 +2,14 @@
 
 use super::*;
 
-/// Backends with a host buffer type (pinned host memory) for the weights left on the host.
-const PINNED_HOST: &[&str] = &["CUDA", "Vulkan"];
-/// Backends whose devices run host tensors' operations for large batches (RPC never does).
-const OP_OFFLOADING: &[&str] = &["CUDA", "Vulkan", "Metal", "SYCL", "CANN"];
 
 pub struct Threads;
 impl Knob for Threads {
     fn name(&self) -> &'static str {
         "threads"
+    }
+    fn key(&self) -> &'static str {
+        "t"
     }
     fn side(&self) -> Side {
         Side::Context
@@ -22,8 +21,8 @@ impl Knob for Threads {
         // The prompt's threads are their own knob ([`ThreadsBatch`], its value the count in use).
         Phases::GENERATION
     }
-    fn runs_on(&self) -> &'static [&'static str] {
-        &["CPU"]
+    fn runs_on(&self, backend: &Backend) -> bool {
+        backend.name == "CPU"
     }
     fn explain(&self) -> &'static str {
         "threads that generate (-t): generation streams the weights, and saturates the memory bus with fewer threads than the cores"
@@ -49,6 +48,9 @@ impl Knob for ThreadsBatch {
     fn name(&self) -> &'static str {
         "prompt threads"
     }
+    fn key(&self) -> &'static str {
+        "tb"
+    }
     fn side(&self) -> Side {
         Side::Context
     }
@@ -59,8 +61,8 @@ impl Knob for ThreadsBatch {
     fn moves(&self) -> Phases {
         Phases::PROMPT
     }
-    fn runs_on(&self) -> &'static [&'static str] {
-        &["CPU"]
+    fn runs_on(&self, backend: &Backend) -> bool {
+        backend.name == "CPU"
     }
     fn explain(&self) -> &'static str {
         "threads that process the prompt (-tb): compute-bound, so often more than generation wants"
@@ -95,6 +97,9 @@ impl Knob for Batch {
     fn name(&self) -> &'static str {
         "batch"
     }
+    fn key(&self) -> &'static str {
+        "b"
+    }
     fn side(&self) -> Side {
         Side::Context
     }
@@ -127,6 +132,9 @@ pub struct Ubatch;
 impl Knob for Ubatch {
     fn name(&self) -> &'static str {
         "micro-batch"
+    }
+    fn key(&self) -> &'static str {
+        "ub"
     }
     fn side(&self) -> Side {
         Side::Context
@@ -161,6 +169,9 @@ pub struct KvCache;
 impl Knob for KvCache {
     fn name(&self) -> &'static str {
         "KV cache"
+    }
+    fn key(&self) -> &'static str {
+        "kv"
     }
     fn side(&self) -> Side {
         Side::Context
@@ -205,6 +216,9 @@ impl Knob for Flash {
     fn name(&self) -> &'static str {
         "flash attention"
     }
+    fn key(&self) -> &'static str {
+        "fa"
+    }
     fn side(&self) -> Side {
         Side::Context
     }
@@ -239,6 +253,9 @@ pub struct GpuLayers;
 impl Knob for GpuLayers {
     fn name(&self) -> &'static str {
         "GPU layers"
+    }
+    fn key(&self) -> &'static str {
+        "ngl"
     }
     fn side(&self) -> Side {
         Side::Model
@@ -278,6 +295,9 @@ macro_rules! host_layers_knob {
         impl Knob for $ty {
             fn name(&self) -> &'static str {
                 $name
+            }
+            fn key(&self) -> &'static str {
+                $label
             }
             fn side(&self) -> Side {
                 Side::Model
@@ -335,6 +355,9 @@ impl Knob for Kernels {
     fn name(&self) -> &'static str {
         "kernels"
     }
+    fn key(&self) -> &'static str {
+        ""
+    }
     fn side(&self) -> Side {
         Side::Model
     }
@@ -347,8 +370,8 @@ impl Knob for Kernels {
     fn moves(&self) -> Phases {
         Phases::BOTH
     }
-    fn runs_on(&self) -> &'static [&'static str] {
-        &["CPU"]
+    fn runs_on(&self, backend: &Backend) -> bool {
+        backend.name == "CPU"
     }
     fn explain(&self) -> &'static str {
         "the CPU's weight repacking and AMX kernels, or plain ones (--no-repack)"
@@ -376,6 +399,9 @@ impl Knob for Host {
     fn name(&self) -> &'static str {
         "host buffer"
     }
+    fn key(&self) -> &'static str {
+        "host"
+    }
     fn side(&self) -> Side {
         Side::Model
     }
@@ -388,8 +414,8 @@ impl Knob for Host {
     fn moves(&self) -> Phases {
         Phases::BOTH
     }
-    fn runs_on(&self) -> &'static [&'static str] {
-        PINNED_HOST
+    fn runs_on(&self, backend: &Backend) -> bool {
+        backend.pinned_host
     }
     fn explain(&self) -> &'static str {
         "where host weights live beside a GPU: the mapped file, the GPU's pinned memory (-lm none) or the CPU's repacking buffers (--no-host)"
@@ -417,6 +443,9 @@ pub struct KvOffloadKnob;
 impl Knob for KvOffloadKnob {
     fn name(&self) -> &'static str {
         "KV offload"
+    }
+    fn key(&self) -> &'static str {
+        "kv-offload"
     }
     fn side(&self) -> Side {
         Side::Context
@@ -456,6 +485,9 @@ impl Knob for OpOffloadKnob {
     fn name(&self) -> &'static str {
         "op offload"
     }
+    fn key(&self) -> &'static str {
+        "op-offload"
+    }
     fn side(&self) -> Side {
         Side::Context
     }
@@ -469,8 +501,8 @@ impl Knob for OpOffloadKnob {
         // Generation's batches (a token per sequence) stay under the threshold.
         Phases::PROMPT
     }
-    fn runs_on(&self) -> &'static [&'static str] {
-        OP_OFFLOADING
+    fn runs_on(&self, backend: &Backend) -> bool {
+        backend.op_offload
     }
     fn explain(&self) -> &'static str {
         "host weights copied to a device for a prompt batch's operations (--no-op-offload turns it off): fast behind a fast bus, the slowest part of the prompt behind a slow one"
@@ -497,6 +529,9 @@ pub struct Devices;
 impl Knob for Devices {
     fn name(&self) -> &'static str {
         "devices"
+    }
+    fn key(&self) -> &'static str {
+        "dev"
     }
     fn side(&self) -> Side {
         Side::Model
@@ -533,6 +568,9 @@ impl Knob for TensorSplit {
     fn name(&self) -> &'static str {
         "tensor split"
     }
+    fn key(&self) -> &'static str {
+        "ts"
+    }
     fn side(&self) -> Side {
         Side::Model
     }
@@ -568,6 +606,9 @@ pub struct Split;
 impl Knob for Split {
     fn name(&self) -> &'static str {
         "split mode"
+    }
+    fn key(&self) -> &'static str {
+        "sm"
     }
     fn side(&self) -> Side {
         Side::Model
@@ -607,6 +648,9 @@ impl Knob for NumaKnob {
     fn name(&self) -> &'static str {
         "NUMA"
     }
+    fn key(&self) -> &'static str {
+        "numa"
+    }
     fn side(&self) -> Side {
         Side::Process
     }
@@ -619,8 +663,8 @@ impl Knob for NumaKnob {
     fn moves(&self) -> Phases {
         Phases::BOTH
     }
-    fn runs_on(&self) -> &'static [&'static str] {
-        &["CPU"]
+    fn runs_on(&self, backend: &Backend) -> bool {
+        backend.name == "CPU"
     }
     fn explain(&self) -> &'static str {
         "llama.cpp's NUMA strategy (--numa): threads spread over the nodes or kept on one"
@@ -654,6 +698,9 @@ impl Knob for OpOffloadMinBatch {
     fn name(&self) -> &'static str {
         "op offload threshold"
     }
+    fn key(&self) -> &'static str {
+        "ob"
+    }
     fn side(&self) -> Side {
         Side::Process
     }
@@ -665,8 +712,8 @@ impl Knob for OpOffloadMinBatch {
         // many sequences at once, which the search does not try.
         Phases::PROMPT
     }
-    fn runs_on(&self) -> &'static [&'static str] {
-        OP_OFFLOADING
+    fn runs_on(&self, backend: &Backend) -> bool {
+        backend.op_offload
     }
     fn explain(&self) -> &'static str {
         "the batch size from which host weights go to a device for a batch's operations (GGML_OP_OFFLOAD_MIN_BATCH): below it the host computes them itself"
@@ -696,6 +743,9 @@ pub struct AttnRotation;
 impl Knob for AttnRotation {
     fn name(&self) -> &'static str {
         "attention rotation"
+    }
+    fn key(&self) -> &'static str {
+        "rot"
     }
     fn side(&self) -> Side {
         Side::Context

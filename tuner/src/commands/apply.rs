@@ -42,7 +42,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     let (argv, port) = server_argv(p, args)?;
 
     if !args.exec {
-        print_command(server.as_deref(), argv);
+        print_command(server.as_deref(), &p.server_env, argv);
         return Ok(exit::OK);
     }
 
@@ -71,7 +71,8 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         server_version: version,
         profile_llama,
         same_llama_build: same_build,
-        command: std::iter::once(server.to_string_lossy().into_owned())
+        command: env_words(&p.server_env)
+            .chain(std::iter::once(server.to_string_lossy().into_owned()))
             .chain(argv)
             .collect(),
         url: url.clone(),
@@ -153,7 +154,7 @@ fn start(
     p: &Profile,
 ) -> anyhow::Result<(ServerProcess, String, f64)> {
     let started = Instant::now();
-    let mut proc = ServerProcess::start(server, argv, cli.verbose)?;
+    let mut proc = ServerProcess::start(server, argv, &p.server_env, cli.verbose)?;
     let url = format!("http://{}:{port}", connect_host(&args.host));
     if !cli.quiet {
         eprintln!(
@@ -225,8 +226,18 @@ fn interrupt_counter() -> anyhow::Result<Arc<AtomicUsize>> {
     Ok(signal)
 }
 
-/// The command line `apply` prints without `--exec`.
-fn print_command(server: Option<&Path>, argv: Vec<String>) {
+/// The profile's environment as shell words (`GGML_OP_OFFLOAD_MIN_BATCH=64`), for the line shown.
+fn env_words(env: &std::collections::BTreeMap<String, String>) -> impl Iterator<Item = String> + '_ {
+    env.iter().map(|(k, v)| format!("{k}={v}"))
+}
+
+/// The command line `apply` prints without `--exec`: the environment the profile needs, then the
+/// server and its arguments.
+fn print_command(
+    server: Option<&Path>,
+    env: &std::collections::BTreeMap<String, String>,
+    argv: Vec<String>,
+) {
     let program = match server {
         Some(s) => s.to_string_lossy().into_owned(),
         None => {
@@ -237,7 +248,8 @@ fn print_command(server: Option<&Path>, argv: Vec<String>) {
             "llama-server".to_string()
         }
     };
-    let mut line = vec![program];
+    let mut line: Vec<String> = env_words(env).collect();
+    line.push(program);
     line.extend(argv);
     println!("{}", profiles::shell_quote(&line));
 }

@@ -155,6 +155,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         numa: a.numa.clone(),
         op_offload: a.op_offload.clone(),
         kv_offload: a.kv_offload.clone(),
+        attn_rot: a.attn_rot.clone(),
         host_ffns: !a.no_cpu_ffn,
         cache_types: a.cache_types.clone(),
         kv_gate: kv_gate(a)?,

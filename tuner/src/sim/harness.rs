@@ -77,6 +77,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         plan: plan(workload.clone(), seed, &cache_types),
         model: "simulated.gguf".into(),
         ubatch_options: crate::tuning::ubatch_options(&[], &workload, offload),
+        offload_thresholds: false,
         time_budget: Duration::from_secs(4 * 3600),
         time_budget_cap: None,
         threads_options: vec![1, 8, 16, 32],
@@ -134,6 +135,8 @@ fn plan(workload: Workload, seed: u64, cache_types: &[CacheType]) -> Plan {
         numa: None,
         op_offload: vec![OpOffload::On, OpOffload::Off],
         kv_offload: vec![KvOffload::On, KvOffload::Off],
+        // The landscapes model no rotation: a rotation axis would measure ties.
+        attn_rot: vec![search_space::AttnRot::On],
         host_ffns: true,
         cache_types: cache_types.to_vec(),
         kv_gate: GateChoice::On(DEFAULT_MAX_KV_KLD),
