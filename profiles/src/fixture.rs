@@ -89,8 +89,7 @@ fn winner() -> Candidate {
         op_offload: Default::default(),
         kv_offload: Default::default(),
         numa: Default::default(),
-        op_offload_min_batch: None,
-        attn_rot: Default::default(),
+        ..Candidate::llama_default(8, 99)
     }
 }
 

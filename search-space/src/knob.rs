@@ -11,8 +11,8 @@
 
 use crate::backend::Backend;
 use crate::candidate::{
-    AttnRot, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa,
-    OpOffload, ParseKnobError, SplitMode,
+    AttnRot, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload,
+    ParseKnobError, SplitMode,
 };
 
 /// When a knob takes effect, which is what a change of it costs to measure.
@@ -124,7 +124,8 @@ pub trait Knob: Sync {
     /// neutral value, so that candidates equal after a reset differ only in this knob.
     fn reset(&self, c: &mut Candidate) {
         let d = self.default().unwrap_or("0");
-        self.set(c, d).expect("a knob's default is one of its values");
+        self.set(c, d)
+            .expect("a knob's default is one of its values");
     }
     /// Whether `c`'s value changes the model's output (so it wins only inside the quality gate).
     fn lossy(&self, _c: &Candidate) -> bool {
@@ -197,7 +198,10 @@ pub fn by_name(name: &str) -> Option<&'static dyn Knob> {
 }
 
 /// The knobs whose values differ between `a` and `b`.
-pub fn differing<'c>(a: &'c Candidate, b: &'c Candidate) -> impl Iterator<Item = &'static dyn Knob> + 'c {
+pub fn differing<'c>(
+    a: &'c Candidate,
+    b: &'c Candidate,
+) -> impl Iterator<Item = &'static dyn Knob> + 'c {
     KNOBS
         .iter()
         .copied()
@@ -269,10 +273,7 @@ pub fn lossy(c: &Candidate) -> bool {
 /// How many knobs differ from llama.cpp's defaults (knobs whose default depends on the machine
 /// left out): ties are broken toward the simpler configuration.
 pub fn changed_from_defaults(c: &Candidate) -> u32 {
-    KNOBS
-        .iter()
-        .filter(|k| !k.is_default(c))
-        .count() as u32
+    KNOBS.iter().filter(|k| !k.is_default(c)).count() as u32
 }
 
 /// The leaderboard label, e.g. `ngl=0 t=2 b=2048/512 kv=f16/f16 fa=auto repack`.
@@ -294,7 +295,8 @@ pub fn llama_defaults(threads: u32, n_gpu_layers: u32) -> Candidate {
     let mut c = Candidate::blank(threads, n_gpu_layers);
     for k in KNOBS.iter() {
         if let Some(d) = k.default() {
-            k.set(&mut c, d).expect("a knob's default is one of its values");
+            k.set(&mut c, d)
+                .expect("a knob's default is one of its values");
         }
     }
     c

@@ -4,8 +4,7 @@ use super::*;
 use crate::example_profile;
 use proptest::prelude::*;
 use search_space::{
-    AttnRot,
-    CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, OpOffload,
+    AttnRot, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, OpOffload,
 };
 
 fn invalid(p: &Profile) -> String {

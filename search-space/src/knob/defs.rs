@@ -2,7 +2,6 @@
 
 use super::*;
 
-
 pub struct Threads;
 impl Knob for Threads {
     fn name(&self) -> &'static str {

@@ -23,7 +23,12 @@ fn each_default_reads_back_as_written_and_choices_parse() {
         for choice in k.choices() {
             let mut c = d.clone();
             k.set(&mut c, choice).unwrap();
-            assert_eq!(k.value(&c).split('/').next().unwrap(), choice, "{}", k.name());
+            assert_eq!(
+                k.value(&c).split('/').next().unwrap(),
+                choice,
+                "{}",
+                k.name()
+            );
         }
     }
     assert_eq!(changed_from_defaults(&d), 0);
@@ -38,7 +43,10 @@ fn defaults_are_llama_cpps() {
         "ngl=3 t=8 b=2048/512 kv=f16/f16 fa=auto repack",
         "the label of llama.cpp's defaults"
     );
-    assert_eq!((d.n_batch, d.n_ubatch, d.threads, d.n_gpu_layers), (2048, 512, 8, 3));
+    assert_eq!(
+        (d.n_batch, d.n_ubatch, d.threads, d.n_gpu_layers),
+        (2048, 512, 8, 3)
+    );
     assert!(environment_set(&d).is_empty());
     let env = environment(&d);
     assert!(env.contains(&("GGML_OP_OFFLOAD_MIN_BATCH", None)));
@@ -65,7 +73,10 @@ fn a_knob_set_away_from_its_default_shows_in_every_list() {
         assert_ne!(label(&c), label(&d), "{} shows in the label", k.name());
         let passed = server_options(&c) != server_options(&d) || environment(&c) != environment(&d);
         assert!(passed, "{} reaches llama-server", k.name());
-        assert_eq!(differing(&c, &d).map(|k| k.name()).collect::<Vec<_>>(), [k.name()]);
+        assert_eq!(
+            differing(&c, &d).map(|k| k.name()).collect::<Vec<_>>(),
+            [k.name()]
+        );
         k.reset(&mut c);
         assert_eq!(c, d, "{} resets to its default", k.name());
     }
@@ -81,7 +92,10 @@ fn phases_of_a_difference() {
     // -t without -tb moves both: the prompt's threads follow it.
     let both = d.with_threads(2, 2);
     assert_eq!(phases_moved(&[d.clone(), both]), Phases::BOTH);
-    assert_eq!(phases_moved(&[d.clone(), d.with_ubatch(256)]), Phases::PROMPT);
+    assert_eq!(
+        phases_moved(&[d.clone(), d.with_ubatch(256)]),
+        Phases::PROMPT
+    );
     assert_eq!(phases_moved(&[d.clone(), tb, t]), Phases::BOTH);
     assert_eq!(phases_moved(&[d.clone(), d.clone()]), Phases::NONE);
 }
@@ -93,7 +107,10 @@ fn rotation_is_lossy_only_on_a_quantized_cache() {
     assert!(!lossy(&c), "an f16 cache is never rotated");
     KvCache.set(&mut c, "q8_0/q8_0").unwrap();
     assert!(AttnRotation.lossy(&c));
-    assert_eq!(environment_set(&c), [("LLAMA_ATTN_ROT_DISABLE", "1".to_string())]);
+    assert_eq!(
+        environment_set(&c),
+        [("LLAMA_ATTN_ROT_DISABLE", "1".to_string())]
+    );
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! `measure`'s flags: one configuration, like llama-bench.
 
+use super::knob_value::knob_value;
 use super::RpcArgs;
 use clap::Args;
-use super::knob_value::knob_value;
 use search_space::knob::{self, Knob};
 use search_space::{
     AttnRot, CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload, SplitMode,

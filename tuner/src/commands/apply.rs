@@ -227,7 +227,9 @@ fn interrupt_counter() -> anyhow::Result<Arc<AtomicUsize>> {
 }
 
 /// The profile's environment as shell words (`GGML_OP_OFFLOAD_MIN_BATCH=64`), for the line shown.
-fn env_words(env: &std::collections::BTreeMap<String, String>) -> impl Iterator<Item = String> + '_ {
+fn env_words(
+    env: &std::collections::BTreeMap<String, String>,
+) -> impl Iterator<Item = String> + '_ {
     env.iter().map(|(k, v)| format!("{k}={v}"))
 }
 

@@ -102,13 +102,13 @@ pub(super) fn vary_numa(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
 /// One axis of the coordinate descent: the candidates that differ from `from` in its knob.
 pub(super) type Vary = fn(&TuneSettings, &Candidate) -> Vec<Candidate>;
 
-/// One axis of the search: the knob it varies (from the knob table: its name, the phases it
-/// moves), the descent's variants from a best, and the grid's values (`--exhaustive`).
+/// One axis of the search: the descent's variants from a best along a knob of the table, and
+/// the grid's values (`--exhaustive`). What a group of its variants can move (prompt, generation)
+/// the knob table says from what differs among them (`search_space::knob::phases_moved`).
 #[derive(Clone, Copy)]
 pub(crate) struct Axis {
     /// The axis's name in progress lines, the log and "not reached" notes.
     pub name: &'static str,
-    pub knob: &'static dyn Knob,
     /// The descent's variants of a best along this axis.
     pub vary: Vary,
     /// The grid's values of a candidate along this axis, `None` where the grid holds the axis
@@ -117,10 +117,9 @@ pub(crate) struct Axis {
 }
 
 impl Axis {
-    const fn new(name: &'static str, knob: &'static dyn Knob, vary: Vary) -> Axis {
+    const fn new(name: &'static str, vary: Vary) -> Axis {
         Axis {
             name,
-            knob,
             vary,
             grid: None,
         }
@@ -134,24 +133,17 @@ impl Axis {
     }
 }
 
-const OP_OFFLOAD: Axis =
-    Axis::new("op offload", &knob::OpOffloadKnob, vary_op_offload).in_grid(grid_op_offload);
-const HOST_BUFFER: Axis =
-    Axis::new("host buffer", &knob::Host, vary_host_buffer).in_grid(grid_host_buffer);
-const THREADS: Axis = Axis::new("threads", &knob::Threads, vary_threads).in_grid(grid_threads);
-const NUMA: Axis = Axis::new("numa", &knob::NumaKnob, vary_numa).in_grid(grid_numa);
-const PROMPT_THREADS: Axis = Axis::new("prompt threads", &knob::ThreadsBatch, vary_threads_batch);
-const KERNELS: Axis = Axis::new("kernels", &knob::Kernels, vary_kernels).in_grid(grid_kernels);
-const FLASH_ATTN: Axis =
-    Axis::new("flash attention", &knob::Flash, vary_flash_attn).in_grid(grid_flash_attn);
-const KV_CACHE: Axis = Axis::new("kv cache", &knob::KvCache, vary_cache).in_grid(grid_cache);
-const BATCH: Axis = Axis::new("batch", &knob::Ubatch, vary_batch).in_grid(grid_batch);
-const ATTN_ROTATION: Axis = Axis::new("attention rotation", &knob::AttnRotation, vary_attn_rot);
-const OFFLOAD_THRESHOLD: Axis = Axis::new(
-    "op offload threshold",
-    &knob::OpOffloadMinBatch,
-    vary_offload_threshold,
-);
+const OP_OFFLOAD: Axis = Axis::new("op offload", vary_op_offload).in_grid(grid_op_offload);
+const HOST_BUFFER: Axis = Axis::new("host buffer", vary_host_buffer).in_grid(grid_host_buffer);
+const THREADS: Axis = Axis::new("threads", vary_threads).in_grid(grid_threads);
+const NUMA: Axis = Axis::new("numa", vary_numa).in_grid(grid_numa);
+const PROMPT_THREADS: Axis = Axis::new("prompt threads", vary_threads_batch);
+const KERNELS: Axis = Axis::new("kernels", vary_kernels).in_grid(grid_kernels);
+const FLASH_ATTN: Axis = Axis::new("flash attention", vary_flash_attn).in_grid(grid_flash_attn);
+const KV_CACHE: Axis = Axis::new("kv cache", vary_cache).in_grid(grid_cache);
+const BATCH: Axis = Axis::new("batch", vary_batch).in_grid(grid_batch);
+const ATTN_ROTATION: Axis = Axis::new("attention rotation", vary_attn_rot);
+const OFFLOAD_THRESHOLD: Axis = Axis::new("op offload threshold", vary_offload_threshold);
 
 /// The axes of the coordinate descent after the placement and the split, in order. Where layers
 /// stay on the host, [`HOST_AXES`] come before the split too. The grid of `--exhaustive` is the
@@ -289,7 +281,16 @@ pub(super) fn vary_attn_rot(s: &TuneSettings, from: &Candidate) -> Vec<Candidate
 /// prompt at `-ub 512`), or op offload does not run (no host weights a device would take, the
 /// knob off), no threshold differs from another and nothing is measured.
 pub(super) fn vary_offload_threshold(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
-    if !s.offload_thresholds || !host_weights(s, from) || !offloads_host_ops(s, from) {
+    let read_by = |device: &str| {
+        let backend = search_space::backend::of(search_space::backend::of_device(device));
+        knob::OpOffloadMinBatch.runs_on(&backend)
+    };
+    let devices: Vec<&str> = match from.devices.is_empty() {
+        true => s.mem_budgets.offload().map(|b| b.device.as_str()).collect(),
+        false => from.devices.iter().map(String::as_str).collect(),
+    };
+    let read = devices.into_iter().any(read_by);
+    if !read || !host_weights(s, from) || !offloads_host_ops(s, from) {
         return Vec::new();
     }
     let w = &s.plan.workload;
@@ -300,7 +301,11 @@ pub(super) fn vary_offload_threshold(s: &TuneSettings, from: &Candidate) -> Vec<
         return Vec::new();
     };
     let mut thresholds = vec![default];
-    thresholds.extend((sizes.iter()).filter(|&&b| b >= default && b < largest).map(|b| b + 1));
+    thresholds.extend(
+        (sizes.iter())
+            .filter(|&&b| b >= default && b < largest)
+            .map(|b| b + 1),
+    );
     if thresholds.len() < 2 {
         return Vec::new();
     }
@@ -311,7 +316,11 @@ pub(super) fn vary_offload_threshold(s: &TuneSettings, from: &Candidate) -> Vec<
 
 /// The micro-batch sizes `tokens` are decoded in: batches of `n_batch`, each cut into micro-batches
 /// of `n_ubatch`.
-pub(crate) fn ubatch_sizes(tokens: u32, n_batch: u32, n_ubatch: u32) -> std::collections::BTreeSet<u32> {
+pub(crate) fn ubatch_sizes(
+    tokens: u32,
+    n_batch: u32,
+    n_ubatch: u32,
+) -> std::collections::BTreeSet<u32> {
     let mut out = std::collections::BTreeSet::new();
     let (n_batch, n_ubatch) = (n_batch.max(1), n_ubatch.max(1));
     let mut left = tokens;

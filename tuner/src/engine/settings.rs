@@ -4,9 +4,9 @@
 //! budgets per device, the quality gate a quantized KV cache is held to). The engine changes only
 //! the default time budget, and the context where `--ctx max` has it search for one.
 
-use search_space::backend;
 use crate::measuring::Workload;
 use profiles::{Budgets, DeviceBudget};
+use search_space::backend;
 use search_space::{
     AttnRot, CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload, SplitMode,
 };
@@ -123,9 +123,6 @@ pub struct TuneSettings {
     pub quality: QualityGate,
     /// Micro-batch sizes to try: the plan's, or chosen for the machine and the workload.
     pub ubatch_options: Vec<u32>,
-    /// Whether the op-offload threshold (`GGML_OP_OFFLOAD_MIN_BATCH`) is searched: an offload
-    /// device's backend reads it (the knob table's `runs_on`). The simulator models none.
-    pub offload_thresholds: bool,
 
     /// The link to each device of the plan's RPC servers, measured before the run (empty without
     /// them): how the split search ranks hosts (`engine/hosts.rs`).

@@ -131,11 +131,7 @@ pub(crate) struct Descended {
 }
 
 impl Descend {
-    pub fn new(
-        axes: &'static [Axis],
-        best: Option<Candidate>,
-        base: &Candidate,
-    ) -> Self {
+    pub fn new(axes: &'static [Axis], best: Option<Candidate>, base: &Candidate) -> Self {
         Descend {
             axes,
             k: 0,
@@ -149,7 +145,7 @@ impl Descend {
     /// The candidate the axes vary from: the best so far (else the baseline) inside the user's
     /// space (the defaults are the reference, not a start for knobs the user excluded).
     fn from(&self, view: &View) -> Candidate {
-        in_space(&view.settings, self.best.as_ref().unwrap_or(&self.base))
+        in_space(view.settings, self.best.as_ref().unwrap_or(&self.base))
     }
 
     /// The last group's choice kept, and said.
@@ -176,7 +172,10 @@ impl Strategy for Descend {
         if std::mem::take(&mut self.proposed) {
             self.hear(view, chosen);
         }
-        while let Some(&Axis { name: axis, vary, .. }) = self.axes.get(self.k) {
+        while let Some(&Axis {
+            name: axis, vary, ..
+        }) = self.axes.get(self.k)
+        {
             if view.past_budget() {
                 // The budget's doing, not an interruption's (that run resumes where it stopped).
                 if !view.stopped() {
@@ -188,7 +187,7 @@ impl Strategy for Descend {
             }
             self.k += 1;
             let from = self.from(view);
-            let mut group: Vec<Candidate> = vary(&view.settings, &from)
+            let mut group: Vec<Candidate> = vary(view.settings, &from)
                 .into_iter()
                 .filter(|c| c.validate().is_ok())
                 .collect();

@@ -77,7 +77,6 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         plan: plan(workload.clone(), seed, &cache_types),
         model: "simulated.gguf".into(),
         ubatch_options: crate::tuning::ubatch_options(&[], &workload, offload),
-        offload_thresholds: false,
         time_budget: Duration::from_secs(4 * 3600),
         time_budget_cap: None,
         threads_options: vec![1, 8, 16, 32],

@@ -188,6 +188,8 @@ pub fn candidate_of(req: &MeasureRequest) -> Candidate {
         kv_offload: req.context.kv_offload,
         numa: req.settings.numa,
         host_buffer: req.settings.host_buffer,
+        // The landscapes model neither environment knob: the defaults.
+        ..Candidate::llama_default(req.context.threads, 0)
     }
 }
 

@@ -5,7 +5,6 @@ use super::harness::{gpus, settings, with_engine};
 use super::GIB;
 use crate::engine::strategy::{Group, Once, Strategy};
 use crate::engine::view::View;
-use crate::engine::Engine;
 use search_space::Candidate;
 
 /// Proposes the groups it was given, one after the other, and records what it heard of each.

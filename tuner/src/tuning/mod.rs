@@ -10,8 +10,6 @@ mod output;
 
 pub use output::{complete, nothing_measured, profile_from_run, report_of, save, After};
 
-use search_space::knob::{self, Knob};
-use search_space::backend::MixedKv;
 use crate::busy::{self, Watch};
 use crate::engine::context::{self, ContextChoice};
 use crate::engine::{Engine, GateChoice, Plan, QualityGate, Run, TuneSettings};
@@ -25,6 +23,7 @@ use crate::worker::WorkerPool;
 use anyhow::Context as _;
 use measurer::Workers;
 use profiles::measurements::{self, MeasurementLog};
+use search_space::backend::MixedKv;
 use search_space::gguf::GgufInfo;
 use search_space::identity::ModelIdentity;
 use search_space::{CacheType, HostBuffer, Numa, OpOffload};
@@ -95,8 +94,6 @@ impl Plan {
             kv_pairs: kv_pairs_for(&self.cache_types, machine, system_info),
             quality: self.gate_for(default_threads),
             ubatch_options: ubatch_options(&self.ubatch_options, &self.workload, offload),
-            offload_thresholds: (machine.offload_devices().iter())
-                .any(|d| knob::OpOffloadMinBatch.runs_on(&search_space::backend::of(&d.backend))),
             links: Vec::new(),
             mem_budgets: session::budgets_of(&self.mem_budgets, self.mem_margin, machine)?,
             backends: backends::backends_for(self.backends.as_deref(), machine)?,
@@ -181,11 +178,13 @@ fn kv_pairs_for(
         .map(|d| d.backend.clone())
         .collect();
     search_space::kv_pairs(types, |k, v| {
-        backends.iter().all(|b| match search_space::backend::of(b).mixed_kv {
-            MixedKv::Always => true,
-            MixedKv::AsBuilt => cuda.iter().any(|p| *p == format!("{k}-{v}")),
-            MixedKv::Never => false,
-        })
+        backends
+            .iter()
+            .all(|b| match search_space::backend::of(b).mixed_kv {
+                MixedKv::Always => true,
+                MixedKv::AsBuilt => cuda.iter().any(|p| *p == format!("{k}-{v}")),
+                MixedKv::Never => false,
+            })
     })
 }
 

@@ -32,7 +32,11 @@ pub struct KnobEffect {
 /// value; "default" where the value is llama.cpp's unset one, like no `--device`).
 fn shown(knob: &dyn Knob, c: &Candidate) -> String {
     let value = knob.value(c);
-    let value = if value.is_empty() { "default".into() } else { value };
+    let value = if value.is_empty() {
+        "default".into()
+    } else {
+        value
+    };
     match knob.key() {
         "" => value,
         key => format!("{key}={value}"),
