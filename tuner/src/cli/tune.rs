@@ -92,7 +92,7 @@ pub struct TuneArgs {
     /// Rotations of a quantized KV cache to try: on (llama.cpp's default) and off
     /// (LLAMA_ATTN_ROT_DISABLE=1: faster decode, and it changes the output, so off wins only within
     /// the quality gate); measured where the best so far has a quantized cache
-    #[arg(long = "attn-rot", value_delimiter = ',', default_value = "on,off")]
+    #[arg(long = "attn-rot", value_delimiter = ',', default_value = "on")]
     pub attn_rot: Vec<search_space::AttnRot>,
 
     /// Do not measure placements that keep a dense model's FFN weights in host memory with every

@@ -9,7 +9,7 @@
 use super::Engine;
 use crate::measuring::KvQualityRequest;
 use profiles::{KvQualityCheck, QualityRecord};
-use search_space::Candidate;
+use search_space::{knob, Candidate};
 use std::time::Instant;
 
 impl Engine<'_> {
@@ -20,8 +20,13 @@ impl Engine<'_> {
         let Some(max) = self.settings.quality.max_kv_kld else {
             return true;
         };
-        if !c.kv_lossy() {
+        if !knob::lossy(c) {
             return true;
+        }
+        if !c.attn_rot.is_on() {
+            // Its evaluation does not run the cache unrotated yet: never a verdict of the rotated
+            // pair's.
+            return false;
         }
         if let Some(done) = self.kv_check(c) {
             return done.passed;
