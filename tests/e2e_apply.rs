@@ -234,9 +234,11 @@ fn a_hand_edited_profile_is_refused_before_anything_runs() {
 
 #[test]
 fn export_writes_every_format() {
+    use profiles::ExportFormat;
     let t = tuned();
-    for format in ["args", "presets", "llama-swap", "ollama", "json"] {
-        let o = t.sandbox.run(&["export", s(&t.model), "--format", format]);
+    for &format in ExportFormat::all() {
+        let name = format.to_string();
+        let o = t.sandbox.run(&["export", s(&t.model), "--format", &name]);
         assert!(o.status.success(), "{format}: {}", stderr(&o));
         let text = stdout(&o);
         assert!(
@@ -244,14 +246,14 @@ fn export_writes_every_format() {
             "{format}: {text}"
         );
         match format {
-            "args" => assert!(text.starts_with("llama-server -m "), "{text}"),
-            "llama-swap" => assert!(text.contains("${PORT}"), "{text}"),
-            "json" => {
+            ExportFormat::Args => assert!(text.starts_with("llama-server -m "), "{text}"),
+            ExportFormat::LlamaSwap => assert!(text.contains("${PORT}"), "{text}"),
+            ExportFormat::Json => {
                 let p: profiles::Profile =
                     serde_json::from_str(&text).expect("the json export is a profile");
                 p.validate(true).unwrap();
             }
-            _ => {}
+            ExportFormat::Presets | ExportFormat::Ollama => {}
         }
     }
 
@@ -272,8 +274,9 @@ fn export_writes_every_format() {
         .sandbox
         .run(&["export", s(&t.profile), "--format", "yaml"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let names: Vec<String> = ExportFormat::all().iter().map(|f| f.to_string()).collect();
     assert!(
-        stderr(&o).contains("args, presets, llama-swap, ollama, json"),
+        stderr(&o).contains(&format!("[possible values: {}]", names.join(", "))),
         "{}",
         stderr(&o)
     );
