@@ -502,7 +502,10 @@ fn the_op_offload_threshold_is_searched_saved_and_applied() {
             .any(|e| threshold(e) == t && !e["figures"].is_null())
     };
     assert!(measured(None), "llama.cpp's threshold is measured: {r:#}");
-    assert!(measured(Some(89)), "89 keeps the 88-token batch on the CPU: {r:#}");
+    assert!(
+        measured(Some(89)),
+        "89 keeps the 88-token batch on the CPU: {r:#}"
+    );
     let winner = &r["winner"];
     let text = std::fs::read_to_string(&profile).unwrap();
     match winner["op_offload_min_batch"].as_u64() {

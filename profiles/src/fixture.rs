@@ -105,6 +105,7 @@ fn winner_figures() -> Figures {
         pp_ci: Some([4180.0, 4240.0]),
         tg_ci: Some([117.5, 119.0]),
         repetitions: 5,
+        estimated: Vec::new(),
     }
 }
 
@@ -121,6 +122,7 @@ fn baseline_figures() -> Figures {
         pp_ci: Some([3600.0, 3700.0]),
         tg_ci: Some([103.0, 105.0]),
         repetitions: 5,
+        estimated: Vec::new(),
     }
 }
 

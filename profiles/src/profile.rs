@@ -237,6 +237,11 @@ pub struct Figures {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tg_ci: Option<[f64; 2]>,
     pub repetitions: u32,
+    /// The phases (`prompt`, `generation`) whose figures are estimates: no repetition of this
+    /// configuration timed them, its group moving only the other phase, and they were borrowed
+    /// from the configurations it was compared with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub estimated: Vec<String>,
 }
 
 /// One row of the ranking: every candidate tried, with its outcome.

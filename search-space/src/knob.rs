@@ -27,8 +27,11 @@ pub enum Side {
 }
 
 /// The phases of a request a knob can change the speed of: prompt processing (batches of many
-/// tokens), generation (one token per step for each sequence), or both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// tokens), generation (one token per step for each sequence), or both. Also what a repetition
+/// timed (the rest of its figures borrowed: `profiles::measurements::Repetition::timed`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 pub struct Phases {
     pub prompt: bool,
     pub generation: bool,
@@ -51,6 +54,15 @@ impl Phases {
         prompt: true,
         generation: true,
     };
+
+    /// Both phases (serde's default: what a repetition timed before phases were chosen).
+    pub fn both() -> Phases {
+        Phases::BOTH
+    }
+
+    pub fn is_both(&self) -> bool {
+        *self == Phases::BOTH
+    }
 
     pub fn union(self, other: Phases) -> Phases {
         Phases {

@@ -13,7 +13,7 @@ use crate::measuring::{ContextSettings, MeasureRequest, Measurer, ModelSettings,
 use crate::stats::{self, Sample, Verdict};
 use profiles::measurements::MeasurementLog;
 use run::{BaselinePlacement, BaselineSource};
-use search_space::{CacheType, Candidate};
+use search_space::{CacheType, Candidate, Phases};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -94,6 +94,9 @@ pub struct Engine<'a> {
     /// being measured (the roofline's split, the fastest devices alone): where the budget ends
     /// within the group, they are the ones measured.
     pub(crate) promising: Vec<Candidate>,
+    /// What the group being measured borrows for the phase its repetitions do not time
+    /// ([`Engine::lent_for`]); `None` outside a group and where every phase is timed.
+    lent: Option<rounds::Lent>,
     /// The K/V pairs held to the quality gate so far, with their verdicts ([`gate`]).
     pub(crate) kv_checks: Vec<profiles::KvQualityCheck>,
     /// What the backend axis measured ([`backends`]).
@@ -126,6 +129,7 @@ impl<'a> Engine<'a> {
             defaults: None,
             device_bandwidths: None,
             promising: Vec::new(),
+            lent: None,
             kv_checks: Vec::new(),
             backend_trials: Vec::new(),
         }
@@ -248,6 +252,7 @@ impl<'a> Engine<'a> {
             seed: self.settings.plan.seed ^ (self.round.wrapping_mul(0x100_0000_01B3)),
             expect: Vec::new(),
             give_up: None,
+            phases: self.lent.as_ref().map_or(Phases::BOTH, |l| l.timed),
         }
     }
 

@@ -485,6 +485,7 @@ mod tests {
                 pp_depth_tps: None,
                 tg_depth_tps: None,
                 load: None,
+                timed: search_space::Phases::BOTH,
             });
             r.rounds.push(Some(k as u64 + 1));
         }

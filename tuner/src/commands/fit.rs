@@ -144,6 +144,7 @@ fn predict(
     let dry = MeasureRequest {
         expect: Vec::new(),
         give_up: None,
+        phases: search_space::Phases::BOTH,
         model: model.to_path_buf(),
         settings,
         context: ContextSettings::defaults(n_ctx, threads).with_sequences(sequences),

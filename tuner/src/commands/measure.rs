@@ -231,6 +231,7 @@ fn request_of(
     let request = MeasureRequest {
         expect: Vec::new(),
         give_up: None,
+        phases: search_space::Phases::BOTH,
         model,
         // The candidate's settings, with the `-ot` overrides a candidate does not carry.
         settings: ModelSettings {

@@ -19,6 +19,7 @@ pub(super) fn figures(pp: f64, tg: f64, w: &profiles::Workload, mem: u64) -> Fig
         pp_ci: Some([pp * 0.98, pp * 1.02]),
         tg_ci: Some([tg * 0.99, tg * 1.01]),
         repetitions: 3,
+        estimated: Vec::new(),
     }
 }
 

@@ -270,11 +270,18 @@ impl WorkerState {
             } else {
                 (Cutoff::new(limit, np), Cutoff::off())
             };
-            let pp_tps = timing::prompt(ctx, tokens, w.n_prompt, np, &mut shallow)?;
-            let tg_tps = timing::generation(ctx, tokens, w.n_gen, np, &mut shallow)?;
+            // A phase not asked for is not timed: its figures stay 0 until the engine lends them.
+            let timed = m.phases;
+            let pp_tps = match timed.prompt {
+                true => timing::prompt(ctx, tokens, w.n_prompt, np, &mut shallow)?,
+                false => 0.0,
+            };
+            let tg_tps = match timed.generation {
+                true => timing::generation(ctx, tokens, w.n_gen, np, &mut shallow)?,
+                false => 0.0,
+            };
             let (pp_depth_tps, tg_depth_tps) = if w.depth > 0 {
-                let (pp, tg) =
-                    timing::at_depth(ctx, tokens, w.depth, w.n_prompt, w.n_gen, np, &mut deep)?;
+                let (pp, tg) = timing::at_depth(ctx, tokens, (w, np), timed, &mut deep)?;
                 (Some(pp), Some(tg))
             } else {
                 (None, None)
@@ -285,6 +292,7 @@ impl WorkerState {
                 pp_depth_tps,
                 tg_depth_tps,
                 load: load.clone(),
+                timed,
             })
         };
         match run(ctx, &mut tokens) {
