@@ -480,7 +480,7 @@ mod tests {
             pp_depth_tps: pp_depth,
             tg_depth_tps: Some(8.0),
             load: None,
-            timed: Phases::BOTH,
+            timed: search_space::Phases::BOTH,
         };
         let mut log = MeasurementLog::open(&path, context(4096), true).unwrap();
         log.append(&Record::rep(&c, &rep(None)));
@@ -518,7 +518,7 @@ mod tests {
             pp_depth_tps: None,
             tg_depth_tps: None,
             load: None,
-            timed: Phases::BOTH,
+            timed: search_space::Phases::BOTH,
         };
         let mut log = MeasurementLog::open(&path, context(""), true).unwrap();
         log.append(&Record::rep(&c, &rep));
