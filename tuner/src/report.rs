@@ -234,7 +234,10 @@ impl Report {
         s.push_str(&self.table(top).to_string());
         s.push('\n');
         let shown = self.leaderboard.iter().take(top.max(1));
-        if shown.filter_map(|e| e.figures.as_ref()).any(|f| !f.estimated.is_empty()) {
+        if shown
+            .filter_map(|e| e.figures.as_ref())
+            .any(|f| !f.estimated.is_empty())
+        {
             s.push_str(
                 "(~: not timed for that row, whose group moved only the other phase: the figure of \
                  the configurations it was compared with)\n",

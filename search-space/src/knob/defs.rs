@@ -2,6 +2,19 @@
 
 use super::*;
 
+/// A knob's `value` and `set` for a field of a typed value (an enum with llama.cpp's names).
+macro_rules! typed_value {
+    ($field:ident, $ty:ty) => {
+        fn value(&self, c: &Candidate) -> String {
+            c.$field.to_string()
+        }
+        fn set(&self, c: &mut Candidate, v: &str) -> Result<(), ParseKnobError> {
+            c.$field = parse::<$ty>(v)?;
+            Ok(())
+        }
+    };
+}
+
 pub struct Threads;
 impl Knob for Threads {
     fn name(&self) -> &'static str {
@@ -233,13 +246,7 @@ impl Knob for Flash {
     fn explain(&self) -> &'static str {
         "flash attention (-fa): fused attention kernels; a quantized V cache needs it"
     }
-    fn value(&self, c: &Candidate) -> String {
-        c.flash_attn.to_string()
-    }
-    fn set(&self, c: &mut Candidate, v: &str) -> Result<(), ParseKnobError> {
-        c.flash_attn = parse::<FlashAttn>(v)?;
-        Ok(())
-    }
+    typed_value!(flash_attn, FlashAttn);
     fn server(&self, c: &Candidate) -> Vec<ServerOption> {
         vec![ServerOption::with_value("-fa", "flash-attn", c.flash_attn)]
     }
@@ -375,13 +382,7 @@ impl Knob for Kernels {
     fn explain(&self) -> &'static str {
         "the CPU's weight repacking and AMX kernels, or plain ones (--no-repack)"
     }
-    fn value(&self, c: &Candidate) -> String {
-        c.kernels.to_string()
-    }
-    fn set(&self, c: &mut Candidate, v: &str) -> Result<(), ParseKnobError> {
-        c.kernels = parse::<KernelChoice>(v)?;
-        Ok(())
-    }
+    typed_value!(kernels, KernelChoice);
     fn server(&self, c: &Candidate) -> Vec<ServerOption> {
         (c.kernels == KernelChoice::Plain)
             .then(|| ServerOption::flag("--no-repack", "no-repack"))
@@ -419,13 +420,7 @@ impl Knob for Host {
     fn explain(&self) -> &'static str {
         "where host weights live beside a GPU: the mapped file, the GPU's pinned memory (-lm none) or the CPU's repacking buffers (--no-host)"
     }
-    fn value(&self, c: &Candidate) -> String {
-        c.host_buffer.to_string()
-    }
-    fn set(&self, c: &mut Candidate, v: &str) -> Result<(), ParseKnobError> {
-        c.host_buffer = parse::<HostBuffer>(v)?;
-        Ok(())
-    }
+    typed_value!(host_buffer, HostBuffer);
     fn server(&self, c: &Candidate) -> Vec<ServerOption> {
         match c.host_buffer {
             HostBuffer::Mapped => Vec::new(),
@@ -461,13 +456,7 @@ impl Knob for KvOffloadKnob {
     fn explain(&self) -> &'static str {
         "the KV cache on the devices, or in host memory (-nkvo): frees device memory for layers, costs a round trip per layer per token"
     }
-    fn value(&self, c: &Candidate) -> String {
-        c.kv_offload.to_string()
-    }
-    fn set(&self, c: &mut Candidate, v: &str) -> Result<(), ParseKnobError> {
-        c.kv_offload = parse::<KvOffload>(v)?;
-        Ok(())
-    }
+    typed_value!(kv_offload, KvOffload);
     fn server(&self, c: &Candidate) -> Vec<ServerOption> {
         (!c.kv_offload.is_on())
             .then(|| ServerOption::flag("-nkvo", "no-kv-offload"))
@@ -506,13 +495,7 @@ impl Knob for OpOffloadKnob {
     fn explain(&self) -> &'static str {
         "host weights copied to a device for a prompt batch's operations (--no-op-offload turns it off): fast behind a fast bus, the slowest part of the prompt behind a slow one"
     }
-    fn value(&self, c: &Candidate) -> String {
-        c.op_offload.to_string()
-    }
-    fn set(&self, c: &mut Candidate, v: &str) -> Result<(), ParseKnobError> {
-        c.op_offload = parse::<OpOffload>(v)?;
-        Ok(())
-    }
+    typed_value!(op_offload, OpOffload);
     fn server(&self, c: &Candidate) -> Vec<ServerOption> {
         (!c.op_offload.is_on())
             .then(|| ServerOption::flag("--no-op-offload", "no-op-offload"))
@@ -624,13 +607,7 @@ impl Knob for Split {
     fn explain(&self) -> &'static str {
         "how layers spread over several devices (-sm): whole layers, rows of every layer, or tensor parallelism"
     }
-    fn value(&self, c: &Candidate) -> String {
-        c.split_mode.to_string()
-    }
-    fn set(&self, c: &mut Candidate, v: &str) -> Result<(), ParseKnobError> {
-        c.split_mode = parse::<SplitMode>(v)?;
-        Ok(())
-    }
+    typed_value!(split_mode, SplitMode);
     fn server(&self, c: &Candidate) -> Vec<ServerOption> {
         (!c.split_mode.is_layer())
             .then(|| ServerOption::with_value("-sm", "split-mode", c.split_mode))
@@ -668,13 +645,7 @@ impl Knob for NumaKnob {
     fn explain(&self) -> &'static str {
         "llama.cpp's NUMA strategy (--numa): threads spread over the nodes or kept on one"
     }
-    fn value(&self, c: &Candidate) -> String {
-        c.numa.to_string()
-    }
-    fn set(&self, c: &mut Candidate, v: &str) -> Result<(), ParseKnobError> {
-        c.numa = parse::<Numa>(v)?;
-        Ok(())
-    }
+    typed_value!(numa, Numa);
     fn server(&self, c: &Candidate) -> Vec<ServerOption> {
         (!c.numa.is_off())
             .then(|| ServerOption::with_value("--numa", "numa", c.numa))
@@ -761,13 +732,7 @@ impl Knob for AttnRotation {
     fn explain(&self) -> &'static str {
         "the rotation llama.cpp applies to a quantized KV cache (LLAMA_ATTN_ROT_DISABLE=1 turns it off): off is faster and changes the output"
     }
-    fn value(&self, c: &Candidate) -> String {
-        c.attn_rot.to_string()
-    }
-    fn set(&self, c: &mut Candidate, v: &str) -> Result<(), ParseKnobError> {
-        c.attn_rot = parse::<AttnRot>(v)?;
-        Ok(())
-    }
+    typed_value!(attn_rot, AttnRot);
     fn lossy(&self, c: &Candidate) -> bool {
         // Only a quantized cache is rotated: off changes nothing else.
         !c.attn_rot.is_on() && c.kv_lossy()
