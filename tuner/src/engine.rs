@@ -30,7 +30,9 @@ pub mod baseline;
 mod challenge;
 pub mod context;
 mod gate;
+mod group;
 mod hosts;
+mod lent;
 pub(crate) mod placement;
 pub mod ranking;
 mod result;
@@ -96,7 +98,7 @@ pub struct Engine<'a> {
     pub(crate) promising: Vec<Candidate>,
     /// What the group being measured borrows for the phase its repetitions do not time
     /// ([`Engine::lent_for`]); `None` outside a group and where every phase is timed.
-    lent: Option<rounds::Lent>,
+    lent: Option<lent::Lent>,
     /// The K/V pairs held to the quality gate so far, with their verdicts ([`gate`]).
     pub(crate) kv_checks: Vec<profiles::KvQualityCheck>,
     /// What the backend axis measured ([`backends`]).

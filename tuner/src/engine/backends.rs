@@ -13,7 +13,8 @@
 //! names the devices by default ([`Engine::plain`]) and run them through the best's backend
 //! ([`Engine::like`]).
 
-use crate::engine::strategy::{Group, Once};
+use crate::engine::group::Group;
+use crate::engine::strategy::Once;
 use crate::engine::Engine;
 use search_space::{Candidate, SplitMode};
 

@@ -5,7 +5,8 @@
 //! onto the devices ([`Engine::expert_fit_levers`]), and it is measured against the best. A
 //! [`Strategy`]: it proposes, the engine's loop measures.
 
-use super::strategy::{Descend, Group, Strategy};
+use super::group::Group;
+use super::strategy::{Descend, Strategy};
 use super::view::View;
 use super::{vary_cache, Engine, HOST_AXES};
 use search_space::Candidate;

@@ -3,7 +3,8 @@
 //! allocated), and a candidate that would exceed a device's budget is pruned, never loaded. The
 //! GPU-layer axis starts from the most layers that fit and walks down, so the offload cliff shows.
 
-use crate::engine::strategy::{Group, Once, Strategy};
+use crate::engine::group::Group;
+use crate::engine::strategy::{Once, Strategy};
 use crate::engine::view::View;
 use crate::engine::{vary_cache, Engine};
 use crate::measuring::{LoadReport, TrialFailure};

@@ -6,8 +6,9 @@
 //! measured so far; the engine's one loop ([`Engine::drive`]) measures.
 
 use super::challenge::ExpertChallenge;
+use super::group::Group;
 use super::placement::BelowTheTop;
-use super::strategy::{Descend, Group, Once};
+use super::strategy::{Descend, Once};
 use super::{grid, host_weights, strongest_lever, Axis, Engine, AXES, HOST_AXES};
 use search_space::Candidate;
 

@@ -11,8 +11,9 @@
 //! every layer.
 
 use crate::engine::backends::backend_of_device as backend_of;
+use crate::engine::group::Group;
 use crate::engine::placement::last_that_holds;
-use crate::engine::strategy::{Group, Strategy};
+use crate::engine::strategy::Strategy;
 use crate::engine::view::View;
 use crate::engine::{vary_cache, Engine};
 use search_space::{CacheType, Candidate, FlashAttn, SplitMode};

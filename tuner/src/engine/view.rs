@@ -2,7 +2,7 @@
 //! runs (which allocate nothing and measure nothing). Strategies propose groups from a [`View`];
 //! only the loop ([`Engine::drive`]) measures and chooses, so nothing a strategy holds can.
 
-use super::strategy::Group;
+use super::group::Group;
 use super::{Axis, Engine, TuneSettings};
 use crate::measuring::Progress;
 use search_space::Candidate;

@@ -3,7 +3,8 @@
 
 use super::harness::{gpus, settings, with_engine};
 use super::GIB;
-use crate::engine::strategy::{Group, Once, Strategy};
+use crate::engine::group::Group;
+use crate::engine::strategy::{Once, Strategy};
 use crate::engine::view::View;
 use search_space::Candidate;
 

@@ -256,20 +256,7 @@ impl WorkerState {
                    tokens: &mut TokenSource|
          -> Result<Repetition, llama::LlamaError> {
             if load.is_some() {
-                // Warm-up, discarded: first touches of weights and buffers, thread pool start.
-                // The warm-up's prompt plus its 4 tokens must fit a slot's context: a prompt as
-                // long as the context would otherwise leave no KV slot for them.
-                // Generation timed alone needs no prompt-sized graph warmed: a few tokens touch
-                // every weight (on a 7B model on 2 cores, 20 s less per fresh context).
-                let prompt = match m.phases.prompt {
-                    true => w.n_prompt,
-                    false => w.n_prompt.min(WARM_UP_TOKENS),
-                };
-                let n = prompt
-                    .min(m.context.n_batch / np)
-                    .min((m.context.n_ctx / np).saturating_sub(4))
-                    .max(1);
-                timing::warm_up(ctx, tokens, n, np)?;
+                warm_up(ctx, tokens, m)?;
             }
             // The score counts the phases at depth when there is one, else the others.
             let limit = m.give_up.map(|g| g.limit_ms as f64 / 1e3);
@@ -336,4 +323,27 @@ impl WorkerState {
             },
         }
     }
+}
+
+/// The warm-up before a fresh context's first repetition, discarded: first touches of weights
+/// and buffers, thread pool start. The warm-up's prompt plus its 4 tokens must fit a slot's
+/// context: a prompt as long as the context would otherwise leave no KV slot for them.
+/// Generation timed alone needs no prompt-sized graph warmed: a few tokens touch every weight
+/// (on a 7B model on 2 cores, 20 s less per fresh context).
+fn warm_up(
+    ctx: &mut Context,
+    tokens: &mut TokenSource,
+    m: &MeasureRequest,
+) -> Result<(), llama::LlamaError> {
+    let w = &m.workload;
+    let np = w.n_parallel.max(1);
+    let prompt = match m.phases.prompt {
+        true => w.n_prompt,
+        false => w.n_prompt.min(WARM_UP_TOKENS),
+    };
+    let n = prompt
+        .min(m.context.n_batch / np)
+        .min((m.context.n_ctx / np).saturating_sub(4))
+        .max(1);
+    timing::warm_up(ctx, tokens, n, np)
 }
