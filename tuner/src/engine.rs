@@ -51,7 +51,7 @@ pub(crate) use axes::vary_cache;
 use axes::*;
 #[cfg(test)]
 pub(crate) use backends::backend_of_device;
-use result::tie_break;
+use result::tie_winner;
 pub use result::{score_seconds, CandidateResult, BUDGET_SPENT};
 pub use run::{BackendTried, Run};
 #[cfg(test)]
@@ -252,8 +252,9 @@ impl<'a> Engine<'a> {
 
     /// Chooses among measured candidates (one axis's, or at the end every measured one): the best
     /// median rate, unless another is statistically tied with it, its median within half the
-    /// noise threshold of the best, and it uses less memory or is simpler (closer to llama.cpp's
-    /// defaults). A tie further below is more likely slower than not, and such choices compound
+    /// noise threshold of the best, and it is less lossy (a tie goes to the f16 cache), or of equal
+    /// loss and uses less memory or is simpler (closer to llama.cpp's defaults); see
+    /// [`result::tie_winner`]. A tie further below is more likely slower than not, and such choices compound
     /// over the axes. The rule holds on every axis: letting every tie win there (memory a tie frees
     /// can buy a later axis more) and limiting only the final choice hit fewer landscapes of
     /// `bench/vs-tuners` (docs/benchmarks.md, "The figures behind the search's choices"). On
@@ -300,8 +301,8 @@ impl<'a> Engine<'a> {
                 || r.compare_with(top, w, noise, self.settings.plan.seed)
                     .is_some_and(|c| c.verdict == Verdict::Tie && c.ratio >= -noise / 2.0)
         });
-        tied.min_by(|a, b| tie_break(a, b))
-            .map(|r| r.candidate.clone())
+        let tied: Vec<&CandidateResult> = tied.copied().collect();
+        tie_winner(&tied, self.settings.offload).map(|r| r.candidate.clone())
     }
 
     /// Which of `axes` would vary `from` (what a run cut short by its budget left unmeasured).

@@ -2,6 +2,7 @@
 //! started, asked for a completion and its generation speed compared with the profile's (and, when
 //! the profile speculates, the server's own acceptance figures shown beside the profile's).
 
+mod agreement;
 mod report;
 mod server;
 mod speculation;
@@ -41,6 +42,11 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     let (version, profile_llama, same_build) = build_of(server.as_deref(), p);
     let (argv, port) = server_argv(p, args)?;
 
+    // What the server's cache costs in quality, beside the command (on stderr: stdout is the
+    // command line alone).
+    if !cli.quiet || (p.quality.is_none() && p.winner.kv_lossy()) {
+        eprintln!("autotune: quality {}", stored::quality_line(p));
+    }
     if !args.exec {
         print_command(server.as_deref(), argv);
         return Ok(exit::OK);
@@ -64,6 +70,12 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     let (mut proc, url, ready_s) = start(&server, &argv, args, port, cli, &signal, p)?;
 
     let (timings, profile_tg, speculation) = measure(&mut proc, &url, p, &signal)?;
+    // The server's output against the f16-cache reference: the quality figure where it is used.
+    let agreement = if args.check_only {
+        Some(agreement::check(&mut proc, &url, p, &signal)?)
+    } else {
+        None
+    };
     let tg_ratio = timings.predicted_per_second / profile_tg;
     let check = Check {
         profile: stored.path.clone(),
@@ -84,6 +96,8 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         tolerance: args.tolerance,
         within_tolerance: (tg_ratio - 1.0).abs() <= args.tolerance,
         speculation,
+        quality: stored::quality_line(p),
+        agreement,
     };
     report::print(&check, args.json)?;
 

@@ -30,7 +30,7 @@ pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
         stored::resolve_all(&args.targets, args.force, cli.verbose)?
     };
     let profiles: Vec<&profiles::Profile> = found.iter().map(|s| &s.profile).collect();
-    let text = profiles::export_many(&profiles, format).map_err(|e| {
+    let mut text = profiles::export_many(&profiles, format).map_err(|e| {
         // `--all` found several for a format of one.
         let code = match e {
             profiles::ProfileError::OneProfileOnly { .. } => exit::USAGE,
@@ -38,6 +38,10 @@ pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
         };
         Exit::new(code, e.to_string())
     })?;
+    if let (ExportFormat::Args, [p]) = (format, profiles.as_slice()) {
+        // A comment line of the shell's: the command line's cache with what it costs in quality.
+        text = format!("# quality {}\n{text}", stored::quality_line(p));
+    }
     match &args.out {
         Some(out) => {
             profiles::write_atomic(out, &text)

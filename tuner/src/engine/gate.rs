@@ -55,12 +55,19 @@ impl Engine<'_> {
         let q = &self.settings.quality;
         let req = KvQualityRequest {
             model: self.settings.model.clone(),
+            reference: q.reference.clone(),
             type_k: c.type_k,
             type_v: c.type_v,
+            flash_attn: c.flash_attn,
             window: q.window,
             max_tokens: q.max_tokens,
             threads: q.threads,
             n_gpu_layers: c.n_gpu_layers,
+            devices: if c.n_gpu_layers > 0 {
+                self.devices_listed(c)
+            } else {
+                Vec::new()
+            },
         };
         let label = format!("kv={}", c.kv_label());
         self.progress.candidate_started(&label, "quality gate");
@@ -83,11 +90,15 @@ impl Engine<'_> {
             Ok(a) => KvQualityCheck {
                 type_k: c.type_k,
                 type_v: c.type_v,
-                passed: a.figures.kld_mean <= max,
+                // Against another file, what the cache adds to what the weights alone drift.
+                passed: a.figures.kld_mean - a.weights_kld.unwrap_or(0.0) <= max,
                 figures: Some(a.figures),
                 error: None,
                 cached: a.cached,
                 seconds: a.seconds,
+                measured_with: Some(a.measured_with),
+                against: a.against,
+                weights_kld: a.weights_kld,
             },
             Err(e) => KvQualityCheck {
                 type_k: c.type_k,
@@ -97,6 +108,9 @@ impl Engine<'_> {
                 error: Some(e),
                 cached: false,
                 seconds: 0.0,
+                measured_with: None,
+                against: None,
+                weights_kld: None,
             },
         };
         let verdict = if check.passed {

@@ -56,6 +56,9 @@ pub struct Plan {
     pub cache_types: Vec<CacheType>,
     /// The quality gate asked for (a quantized K/V cache wins only within it).
     pub kv_gate: GateChoice,
+    /// The file the gate measures against, where it is not the model: in a choice among
+    /// quantizations, the most precise one (the combination that will run is measured against it).
+    pub quality_reference: Option<PathBuf>,
     pub flash_attn: Vec<FlashAttn>,
     /// Micro-batch sizes to try; empty: `tuning` chooses for the machine and workload
     /// ([`TuneSettings::ubatch_options`]).
@@ -211,6 +214,8 @@ pub struct QualityGate {
     /// Tokens of the text evaluated (whole windows).
     pub max_tokens: u32,
     pub threads: u32,
+    /// The file the figures are against ([`Plan::quality_reference`]); `None`: the model.
+    pub reference: Option<PathBuf>,
 }
 
 impl QualityGate {
@@ -223,6 +228,7 @@ impl QualityGate {
             window,
             max_tokens: tokens_for(window),
             threads,
+            reference: None,
         }
     }
 
@@ -236,12 +242,14 @@ impl QualityGate {
     }
 }
 
-/// The window a request's cache fills: its depth, prompt and generation, rounded up to a power of
-/// two from 512 to 4096 tokens (a quantized cache hurts more as it fills; past 4096 the built-in
-/// text has too few tokens for a second window).
+/// The window a request's cache fills: its depth, prompt and generation, rounded up to whole
+/// [`SCORED_POSITIONS`] (at least one), however deep: the positions scored at its end are at the
+/// workload's depth (a quantized cache hurts more as it fills). Where the built-in text is shorter
+/// than the windows, each is filled with the text cycled before a segment held out of it
+/// (`quant::windows`).
 pub fn window_for(w: &Workload) -> u32 {
-    let need = w.depth + w.n_prompt + w.n_gen;
-    need.clamp(512, 4096).next_power_of_two().min(4096)
+    let need = (w.depth + w.n_prompt + w.n_gen).max(1);
+    need.div_ceil(SCORED_POSITIONS) * SCORED_POSITIONS
 }
 
 /// Tokens evaluated for a window: at least four windows' worth of scored positions (2048 tokens
@@ -279,12 +287,17 @@ mod tests {
     }
 
     #[test]
-    fn the_window_is_a_requests_context_rounded_up_within_512_to_4096() {
+    fn the_window_is_a_requests_context_rounded_up_to_whole_scored_positions_however_deep() {
         assert_eq!(window_for(&w(0, 128, 32)), 512);
         assert_eq!(window_for(&w(0, 512, 128)), 1024);
-        assert_eq!(window_for(&w(1024, 256, 256)), 2048);
-        assert_eq!(window_for(&w(16384, 512, 128)), 4096);
+        assert_eq!(window_for(&w(1024, 256, 256)), 1536);
+        // A 16k-deep chat is judged at 16k: its scored positions begin past 16,384 tokens.
+        let deep = window_for(&w(16384, 512, 128));
+        assert_eq!(deep, 17408);
+        assert!(deep - SCORED_POSITIONS >= 16384 + 512);
+        assert_eq!(window_for(&w(100_000, 512, 128)), 100_864);
         assert_eq!(tokens_for(512), 2048);
         assert_eq!(tokens_for(4096), 8192);
+        assert_eq!(tokens_for(deep), 2 * deep);
     }
 }

@@ -137,6 +137,7 @@ fn plan(workload: Workload, seed: u64, cache_types: &[CacheType]) -> Plan {
         host_ffns: true,
         cache_types: cache_types.to_vec(),
         kv_gate: GateChoice::On(DEFAULT_MAX_KV_KLD),
+        quality_reference: None,
         flash_attn: vec![FlashAttn::Auto, FlashAttn::On, FlashAttn::Off],
         ubatch_options: Vec::new(),
         rpc: Vec::new(),

@@ -157,7 +157,10 @@ impl Plan {
             }
             c => c.clone(),
         };
-        choice.gate(&self.workload, threads)
+        QualityGate {
+            reference: self.quality_reference.clone(),
+            ..choice.gate(&self.workload, threads)
+        }
     }
 }
 

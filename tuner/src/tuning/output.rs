@@ -321,6 +321,7 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
         ngram: None,
         mtp: None,
         quality: Some(t.run.quality.clone()),
+        quality_unreadable: None,
         budgets: t.run.settings.mem_budgets.clone(),
         hosts: crate::hosts::links::marked(
             &t.run.settings.links,
