@@ -532,9 +532,16 @@ mod tests {
         let (p, _) = Profile::from_toml(&text).unwrap();
         assert!(p.quality.is_none());
         let why = p.quality_unreadable.expect("said why");
-        assert!(why.contains("window") || why.contains("invalid type"), "{why}");
+        assert!(
+            why.contains("window") || why.contains("invalid type"),
+            "{why}"
+        );
         // Anything else that does not parse is still the error it was.
-        let bad = example_profile().to_toml().unwrap().replacen("[winner]\n", "[winner]\nthreads = \"x\"\n", 1);
+        let bad = example_profile().to_toml().unwrap().replacen(
+            "[winner]\n",
+            "[winner]\nthreads = \"x\"\n",
+            1,
+        );
         assert!(Profile::from_toml(&bad).is_err());
     }
 

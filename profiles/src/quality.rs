@@ -174,8 +174,9 @@ impl QualityRecord {
         }
         match self.check(w.type_k, w.type_v) {
             Some(c) if c.passed => {
-                let with = (c.measured_with.as_ref())
-                    .map_or(String::new(), |m| format!("; measured with {}", m.describe()));
+                let with = (c.measured_with.as_ref()).map_or(String::new(), |m| {
+                    format!("; measured with {}", m.describe())
+                });
                 format!(
                     "kv={kv}: {} against f16, within the gate ({}); {}-token windows of {}{with}",
                     c.describe(),

@@ -180,9 +180,10 @@ pub struct TuneArgs {
     /// Choose among the quantizations of MODEL found in its folder (see `autotune quality MODEL --list`)
     #[arg(long)]
     pub ladder: bool,
-    /// Quality gate, in nats per token: the mean KL divergence from the most precise file that a
-    /// weight quantization, and separately a KV-cache type, may add (default 0.05: Q4_K_M-class and
-    /// better on mid-size models; lower it to insist on Q6_K/Q8_0-class fidelity)
+    /// Quality gate of the weights, in nats per token: the mean KL divergence from the most precise
+    /// file that a weight quantization may add (default 0.05: Q4_K_M-class and better on mid-size
+    /// models; lower it to insist on Q6_K/Q8_0-class fidelity); a KV cache is held to --max-kv-kld
+    /// on the weights that will run
     #[arg(long = "max-kld")]
     pub max_kld: Option<f64>,
     /// The file quality is measured against (default: the most precise of the quantizations)

@@ -42,13 +42,8 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     let (version, profile_llama, same_build) = build_of(server.as_deref(), p);
     let (argv, port) = server_argv(p, args)?;
 
-    // What the server's cache costs in quality, beside the command (on stderr: stdout is the
-    // command line alone).
-    if !cli.quiet || (p.quality.is_none() && p.winner.kv_lossy()) {
-        eprintln!("autotune: quality {}", stored::quality_line(p));
-    }
     if !args.exec {
-        print_command(server.as_deref(), argv);
+        print_command(server.as_deref(), argv, p, cli.quiet);
         return Ok(exit::OK);
     }
 
@@ -71,11 +66,9 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
 
     let (timings, profile_tg, speculation) = measure(&mut proc, &url, p, &signal)?;
     // The server's output against the f16-cache reference: the quality figure where it is used.
-    let agreement = if args.check_only {
-        Some(agreement::check(&mut proc, &url, p, &signal)?)
-    } else {
-        None
-    };
+    let agreement = (args.check_only)
+        .then(|| agreement::check(&mut proc, &url, p, &signal))
+        .transpose()?;
     let tg_ratio = timings.predicted_per_second / profile_tg;
     let check = Check {
         profile: stored.path.clone(),
@@ -239,8 +232,13 @@ fn interrupt_counter() -> anyhow::Result<Arc<AtomicUsize>> {
     Ok(signal)
 }
 
-/// The command line `apply` prints without `--exec`.
-fn print_command(server: Option<&Path>, argv: Vec<String>) {
+/// The command line `apply` prints without `--exec`, and on stderr what its cache costs in quality
+/// (stdout is the command line alone; `--exec` says it in its report). `quiet` leaves out all but
+/// a lossy cache nobody checked.
+fn print_command(server: Option<&Path>, argv: Vec<String>, p: &Profile, quiet: bool) {
+    if !quiet || (p.quality.is_none() && p.winner.kv_lossy()) {
+        eprintln!("autotune: quality {}", stored::quality_line(p));
+    }
     let program = match server {
         Some(s) => s.to_string_lossy().into_owned(),
         None => {

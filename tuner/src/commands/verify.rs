@@ -91,7 +91,11 @@ fn lost(mine: &Retrieved, with: &Retrieved) -> usize {
     let facts = retrieval::facts();
     (facts.iter().enumerate())
         .filter(|(i, f)| {
-            let gave = |r: &Retrieved| r.answers.get(*i).is_some_and(|a| retrieval::gives(a, &f.answer));
+            let gave = |r: &Retrieved| {
+                r.answers
+                    .get(*i)
+                    .is_some_and(|a| retrieval::gives(a, &f.answer))
+            };
             gave(with) && !gave(mine)
         })
         .count()

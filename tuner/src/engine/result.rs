@@ -199,8 +199,8 @@ fn on_devices(c: &Candidate) -> (u32, std::cmp::Reverse<u32>, bool) {
     )
 }
 
-/// Among tied candidates of equal loss: less memory first, then fewer changed knobs, then the
-/// label (stable).
+/// Among tied candidates: less memory first, then fewer changed knobs, then the label (stable). On
+/// an axis, over every tied candidate; in the run's choice, among those [`tie_winner`] keeps.
 pub(super) fn tie_break(a: &CandidateResult, b: &CandidateResult) -> std::cmp::Ordering {
     a.mem_bytes()
         .cmp(&b.mem_bytes())
@@ -255,7 +255,10 @@ mod tests {
         let refs: Vec<&CandidateResult> = equal.iter().collect();
         assert_eq!(tie_winner(&refs, false).unwrap().mem_bytes(), 320 << 20);
         // Less lossy first among lossy pairs too.
-        assert_eq!(winner(&[tied(0, Q4_0, 250), tied(0, Q8_0, 300)], false), (0, Q8_0));
+        assert_eq!(
+            winner(&[tied(0, Q4_0, 250), tied(0, Q8_0, 300)], false),
+            (0, Q8_0)
+        );
     }
 
     #[test]

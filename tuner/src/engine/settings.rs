@@ -171,10 +171,12 @@ pub fn split_modes_for(backends: &[&str]) -> Vec<SplitMode> {
 
 /// The default gate: the mean KL divergence (nats per token) a quantized K/V cache may add over
 /// the f16 cache. On Llama 3 8B (llama.cpp PR 7412's table) a q8_0/q8_0 cache adds about 0.001 and
-/// q8_0 weights with a q8_0/q8_0 cache 0.0016; weights at Q5_K_M add 0.011 and at Q4_K_M 0.029
-/// (llama.cpp PR 6936's table). 0.02 lets a cache cost at most what going from 6 to 5 bits a
-/// weight costs: q8_0 caches pass (on the 270M demo model 0.009), 4-bit caches that change one
-/// next token in five (the demo model's q4_0: 0.110, top-1 81%) do not.
+/// q8_0 weights with a q8_0/q8_0 cache 0.0016; weights at Q6_K add 0.0057, at Q5_K_M 0.011 and at
+/// Q4_K_M 0.029 (llama.cpp PR 6936's table). 0.02 is twenty times a q8_0 cache there, between what
+/// Q5_K_M and Q4_K_M weights cost (not the step from 6 to 5 bits a weight, about 0.005): q8_0
+/// caches pass (on the 270M demo model 0.009), 4-bit caches that change one next token in five
+/// (the demo model's q4_0: 0.110, top-1 81%) do not. Where a q4_0 cache lands on a 7-8B model was
+/// not measured (docs/quality.md).
 pub const DEFAULT_MAX_KV_KLD: f64 = 0.02;
 
 /// Positions compared at the end of each window: their logits are what the evaluation holds in

@@ -5,8 +5,8 @@
 //! autotune's.
 
 use crate::llama::{Context, ContextSettings, Model, ModelSettings};
-pub use crate::worker::protocol::{Fact, GreedyRequest, RetrievalAnswer, RetrievalRequest};
 use crate::worker::protocol::Response;
+pub use crate::worker::protocol::{Fact, GreedyRequest, RetrievalAnswer, RetrievalRequest};
 use search_space::{CacheType, FlashAttn};
 use std::sync::Arc;
 
@@ -130,8 +130,7 @@ fn answer(model: &Arc<Model>, prompt: &[i32], q: &RetrievalRequest) -> Result<St
     let mut ctx = Context::new(model, &q.context).map_err(|e| e.to_string())?;
     ctx.decode_at(prompt, 0, false).map_err(|e| e.to_string())?;
     let mut text = Vec::new();
-    let mut pos = prompt.len() as i32;
-    for _ in 0..q.n_gen {
+    for pos in (prompt.len() as i32..).take(q.n_gen as usize) {
         let next = argmax(ctx.last_logits());
         if model.is_eog(next) {
             break;
@@ -139,7 +138,6 @@ fn answer(model: &Arc<Model>, prompt: &[i32], q: &RetrievalRequest) -> Result<St
         text.extend_from_slice(model.token_text(next));
         ctx.decode_at(&[next], pos, false)
             .map_err(|e| e.to_string())?;
-        pos += 1;
     }
     // SentencePiece's word boundary is a space.
     Ok(String::from_utf8_lossy(&text).replace('\u{2581}', " "))

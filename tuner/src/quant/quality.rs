@@ -664,7 +664,10 @@ pub fn kv_pair_quality(
     let weights_kld = if other {
         let w = rows.pop().expect("the weights' row");
         Some(w.kld().ok_or_else(|| {
-            format!("the weights alone: {}", w.error.unwrap_or_else(|| "no figures".into()))
+            format!(
+                "the weights alone: {}",
+                w.error.unwrap_or_else(|| "no figures".into())
+            )
         })?)
     } else {
         None
@@ -675,7 +678,9 @@ pub fn kv_pair_quality(
             figures,
             weights_kld,
             against: other.then(|| reference.file_type.clone()),
-            measured_with: row.measured_with.unwrap_or_else(|| evaluator.settings.with.clone()),
+            measured_with: row
+                .measured_with
+                .unwrap_or_else(|| evaluator.settings.with.clone()),
             cached: row.cached,
             seconds: row.seconds,
         }),
@@ -688,7 +693,10 @@ fn subject_of(path: &Path) -> Result<Subject, String> {
     let info = search_space::gguf::GgufInfo::inspect(path).map_err(|e| e.to_string())?;
     Ok(Subject {
         path: path.to_path_buf(),
-        file_type: info.file_type_name.clone().unwrap_or_else(|| "model".into()),
+        file_type: info
+            .file_type_name
+            .clone()
+            .unwrap_or_else(|| "model".into()),
         size_bytes: info.file_size,
         identity: ModelIdentity::of_file(path).map_err(|e| e.to_string())?,
     })
@@ -774,15 +782,32 @@ mod tests {
         assert_eq!(rows[0].measured_with, Some(measured.settings.with.clone()));
         let found = measured.cached(&task, &model).expect("cached");
         assert!(found.cached && found.kld() == Some(0.01));
-        assert!(at("b7401", "CPU", FlashAttn::Auto).cached(&task, &model).is_none(), "another build");
-        assert!(at("b7400", "CUDA", FlashAttn::Auto).cached(&task, &model).is_none(), "another backend");
-        assert!(at("b7400", "CPU", FlashAttn::On).cached(&task, &model).is_none(), "flash attention");
+        assert!(
+            at("b7401", "CPU", FlashAttn::Auto)
+                .cached(&task, &model)
+                .is_none(),
+            "another build"
+        );
+        assert!(
+            at("b7400", "CUDA", FlashAttn::Auto)
+                .cached(&task, &model)
+                .is_none(),
+            "another backend"
+        );
+        assert!(
+            at("b7400", "CPU", FlashAttn::On)
+                .cached(&task, &model)
+                .is_none(),
+            "flash attention"
+        );
         // Asked on CUDA, measured on the CPU (the model did not load offloaded): cached as the
         // CPU's figure, not CUDA's.
         let asked = at("b7400", "CUDA", FlashAttn::On);
         let rows = asked.answered_rows(&[&task], &model, answer(true));
         assert_eq!(rows[0].measured_with.as_ref().unwrap().backend, "CPU");
         assert!(asked.cached(&task, &model).is_none());
-        assert!(at("b7400", "CPU", FlashAttn::On).cached(&task, &model).is_some());
+        assert!(at("b7400", "CPU", FlashAttn::On)
+            .cached(&task, &model)
+            .is_some());
     }
 }

@@ -28,9 +28,7 @@ pub fn facts() -> Vec<Fact> {
     .into_iter()
     .map(|(what, code)| Fact {
         sentence: format!("Remember this: the code of {what} is {code}."),
-        question: format!(
-            "Question: what is the code of {what}? Answer: the code of {what} is"
-        ),
+        question: format!("Question: what is the code of {what}? Answer: the code of {what} is"),
         answer: code.to_string(),
     })
     .collect()

@@ -103,7 +103,11 @@ thread_local! {
 fn load(path: &Path, n_gpu_layers: u32, devices: &[String]) -> Result<(Arc<Model>, bool), String> {
     let settings = |ngl| ModelSettings {
         n_gpu_layers: ngl,
-        devices: if ngl > 0 { devices.to_vec() } else { Vec::new() },
+        devices: if ngl > 0 {
+            devices.to_vec()
+        } else {
+            Vec::new()
+        },
         ..Default::default()
     };
     match Model::load(path, &settings(n_gpu_layers)) {
@@ -116,7 +120,11 @@ fn load(path: &Path, n_gpu_layers: u32, devices: &[String]) -> Result<(Arc<Model
     }
 }
 
-fn reference(path: &Path, n_gpu_layers: u32, devices: &[String]) -> Result<(Arc<Model>, bool), String> {
+fn reference(
+    path: &Path,
+    n_gpu_layers: u32,
+    devices: &[String],
+) -> Result<(Arc<Model>, bool), String> {
     REFERENCE.with(|slot| {
         let mut slot = slot.borrow_mut();
         if let Some((p, m, fell_back)) = slot.as_ref() {

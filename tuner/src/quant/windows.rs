@@ -119,11 +119,15 @@ mod tests {
         assert_eq!(w.len(), 2);
         assert_eq!(w[0].input, [1, 10, 11, 12, 13, 14]);
         assert_eq!(w[0].next[0], Some(10), "BOS predicts the first token");
-        assert_eq!(w[0].next[5], Some(15), "the last predicts the next chunk's first");
+        assert_eq!(
+            w[0].next[5],
+            Some(15),
+            "the last predicts the next chunk's first"
+        );
         assert_eq!(w[0].skip, 4);
         assert_eq!(w[1].input, [1, 15, 16, 17, 18, 19]);
         // Without `scored` every position of every chunk, a short last one too.
-        let all = windows(&text, None, 6, None, None);
+        let all = windows(&text, Some(1), 6, None, None);
         assert_eq!(all.len(), 4);
         assert_eq!(all[3].input, [1, 25, 26, 27, 28, 29]);
         assert_eq!(all[3].next[5], None);
@@ -141,7 +145,11 @@ mod tests {
             assert_eq!(win.skip, 47);
             let at = 20 - (2 - k) * 4;
             let segment = &text[at..at + 4];
-            assert_eq!(&win.input[47..], segment, "the segment is scored at the end");
+            assert_eq!(
+                &win.input[47..],
+                segment,
+                "the segment is scored at the end"
+            );
             // It leads in with the text before it, and appears nowhere else.
             assert_eq!(win.input[46], text[at - 1]);
             assert!(win.input[1..47].iter().all(|t| !segment.contains(t)));
@@ -149,7 +157,10 @@ mod tests {
             assert_eq!(win.next[10], Some(win.input[11]));
             assert_eq!(win.next[50], text.get(at + 4).copied());
         }
-        assert_eq!(w[1].next[50], None, "the text's last segment: nothing follows");
+        assert_eq!(
+            w[1].next[50], None,
+            "the text's last segment: nothing follows"
+        );
     }
 
     #[test]

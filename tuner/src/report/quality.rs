@@ -58,4 +58,3 @@ pub fn lines(q: &QualityRecord, winner: &Candidate, board: &[LeaderboardEntry]) 
     }
     out
 }
-

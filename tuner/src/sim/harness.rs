@@ -257,7 +257,7 @@ pub fn tune_logged(
             .collect();
         runner_up = measured.iter().find(|c| **c != win).cloned();
         drift = e.confirm(&win, runner_up.as_ref());
-        winner = e.choose(&measured).or(winner);
+        winner = e.choose_final(&measured).or(winner);
     }
     let (baseline, baseline_placement) = e.baseline_and_placement();
     SimRun {

@@ -99,7 +99,10 @@ pub fn run(j: &Joint, plan: &Plan, after: &After, stop: &AtomicBool) -> anyhow::
     };
     conclude(&mut report, chosen, plan.noise);
     if let Some(t) = &tuned[chosen] {
-        let line = t.run.quality.winner_line(t.run.winner.as_ref().expect("a chosen rung won"));
+        let line = t
+            .run
+            .quality
+            .winner_line(t.run.winner.as_ref().expect("a chosen rung won"));
         report.notes.push(format!("its quality: {line}"));
     }
     // The chosen rung's explanation goes to stderr: stdout is the choice's report.

@@ -96,7 +96,8 @@ impl WorkerPool {
             | Request::Bandwidth(_)
             | Request::Link(_)
             | Request::Greedy(_)
-            | Request::Retrieval(_) => return Err(TrialFailure::Interrupted),
+            | Request::Retrieval(_)
+            | Request::KvPairs(_) => return Err(TrialFailure::Interrupted),
         };
         let key = Self::key(m);
         let idx = match self.workers.iter().position(|(k, _)| *k == key) {

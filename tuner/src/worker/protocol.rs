@@ -38,6 +38,16 @@ pub enum Request {
     Greedy(GreedyRequest),
     /// Facts placed deep in a full context and asked for at its end (`autotune verify`).
     Retrieval(Box<RetrievalRequest>),
+    /// Which mixed K/V cache pairs each device runs flash attention over (`llama::runs_kv_pair`).
+    KvPairs(KvPairsRequest),
+}
+
+/// Ask each device which of `pairs` it runs with an attention of `shape`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KvPairsRequest {
+    pub devices: Vec<String>,
+    pub pairs: Vec<(CacheType, CacheType)>,
+    pub shape: crate::llama::AttentionShape,
 }
 
 /// Measure the link to a device (`llama::device_link`); RPC servers are connected first.
@@ -85,6 +95,10 @@ pub enum Response {
         top1: Vec<i32>,
     },
     Retrieved(RetrievalAnswer),
+    /// Each device asked, with the pairs it runs.
+    KvPairs {
+        runs: Vec<(String, Vec<(CacheType, CacheType)>)>,
+    },
     DraftCheck(CheckAnswer),
     Speculated(SpeculateAnswer),
     Fitted(FitAnswer),

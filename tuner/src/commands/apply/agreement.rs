@@ -103,9 +103,17 @@ fn tokenize(url: &str, text: &str, timeout: Duration) -> anyhow::Result<Vec<i32>
     let body = serde_json::json!({ "content": text, "add_special": true });
     let answer: Tokens = match agent.post(&endpoint).send_json(body) {
         Ok(r) => r.into_json().map_err(|e| {
-            Exit::new(exit::ERROR, format!("unexpected answer from {endpoint}: {e}"))
+            Exit::new(
+                exit::ERROR,
+                format!("unexpected answer from {endpoint}: {e}"),
+            )
         })?,
-        Err(e) => return Err(Exit::new(exit::ERROR, format!("{endpoint}: {}", one_line(&e.to_string())))),
+        Err(e) => {
+            return Err(Exit::new(
+                exit::ERROR,
+                format!("{endpoint}: {}", one_line(&e.to_string())),
+            ))
+        }
     };
     Ok(answer
         .tokens
