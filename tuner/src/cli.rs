@@ -217,6 +217,7 @@ pub const SUBCOMMANDS: &[&str] = &[
     "explain",
     "draft",
     "fit",
+    "verify",
 ];
 
 /// llama.cpp's multi-letter single-dash flags, which clap cannot express as short flags.
