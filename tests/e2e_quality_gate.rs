@@ -1,5 +1,6 @@
 //! The KV-cache quality gate on the real demo model: a tie goes to the f16 cache (a wide noise
-//! threshold makes every candidate a tie, and no pair is even measured); where a host memory budget
+//! threshold makes every candidate a tie; the q8_0 cache the search went on from passes the gate and
+//! still loses the run's choice); where a host memory budget
 //! lets only a q8_0 cache fit, that cache is held to the gate (a tight gate refuses it, a loose one
 //! accepts it from the quality cache), and its quality line reaches `show`, `apply` and `export`; a
 //! profile without a record is flagged and one whose record does not parse is stale; a workload
@@ -81,7 +82,7 @@ fn q8_only_budget(sb: &Sandbox, models: &[&str]) -> String {
 }
 
 #[test]
-fn a_tie_goes_to_the_f16_cache_and_no_pair_is_measured() {
+fn a_tie_between_f16_and_a_gate_passing_quantized_cache_goes_to_f16() {
     let sb = Sandbox::new();
     let model = demo_model();
     let m = model.to_str().unwrap();
@@ -99,8 +100,16 @@ fn a_tie_goes_to_the_f16_cache_and_no_pair_is_measured() {
             .any(|e| lossy(&e["candidate"]) && e["status"] == "ok"),
         "a quantized cache was measured and tied: {board:?}"
     );
-    let checks = v["quality"]["checks"].as_array();
-    assert!(checks.is_none_or(|c| c.is_empty()), "{}", v["quality"]);
+    // On the KV-cache axis the search went on from the tied quantized cache (what its memory buys
+    // later is measured), so it was held to the gate, and passed: the tie still goes to f16.
+    let checks = v["quality"]["checks"].as_array().expect("a pair was checked");
+    assert!(
+        !checks.is_empty() && checks.iter().all(|c| c["passed"] == true),
+        "{}",
+        v["quality"]
+    );
+    let line = v["quality"]["checks"][0]["figures"]["kld_mean"].as_f64().unwrap();
+    eprintln!("tied, passed the gate at mean KLD {line}, lost the tie: {}", v["winner"]);
     // Without the gate the tie goes to the f16 cache too: speed alone never picks a lossy cache
     // that is no faster.
     let mut args = tune_args(m, "1024", "0.05", &[]);
@@ -326,7 +335,7 @@ fn verify_retrieves_facts_at_the_servers_context() {
     let model = demo_model();
     let m = model.to_str().unwrap();
     // A quantized cache asked for as it is (no f16 to keep): verify asks with f16 too.
-    let mut args = vec!["-q", m, "--ctx", "4096", "--budget", "60s"];
+    let mut args = vec!["-q", m, "--ctx", "2048", "--budget", "60s"];
     args.extend_from_slice(&SHORT_WORKLOAD[2..]);
     args.extend_from_slice(&["-t", "2", "--cache-types", "q8_0", "--ubatch", "512"]);
     let o = sb.run(&args);
@@ -335,7 +344,7 @@ fn verify_retrieves_facts_at_the_servers_context() {
     let o = sb.run(&["verify", m, "--json"]);
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap_or_else(|_| panic!("{}", stderr(&o)));
     eprintln!("verify: {v}");
-    assert_eq!(v["context"], 4096, "the server's context");
+    assert_eq!(v["context"], 2048, "the server's context");
     assert_eq!(v["profile_kv"]["kv"], "q8_0/q8_0");
     assert_eq!(v["f16"]["kv"], "f16/f16");
     let lost = v["lost"].as_u64().unwrap();
