@@ -1,6 +1,8 @@
 //! The quality gate: a candidate whose K or V cache is quantized changes the model's next-token
-//! distributions, so it may win, or win a tie, only when its K/V pair's mean KL divergence from
-//! the f16 cache, measured on the real model at the workload's depth, is within the gate. Each pair
+//! distributions, so it may win (or be the point an axis goes on from) only when its K/V pair's
+//! mean KL divergence from the f16 cache (in a choice among quantizations, from the most precise
+//! file, less what the weights alone drift), measured on the real model at the workload's depth,
+//! is within the gate; a tie in the run's choice goes to the lossless setting anyway. Each pair
 //! is measured once per run, when a candidate with it first stands to be chosen (most runs never
 //! measure a pair that could not win), and the measurer caches the figures across runs. The
 //! evaluation counts against the run's time budget like any measurement: cut at its end, it leaves
