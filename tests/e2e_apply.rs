@@ -256,9 +256,11 @@ fn a_hand_edited_profile_is_refused_before_anything_runs() {
 
 #[test]
 fn export_writes_every_format() {
+    use profiles::ExportFormat;
     let t = tuned();
-    for format in ["args", "presets", "llama-swap", "ollama", "json"] {
-        let o = t.sandbox.run(&["export", s(&t.model), "--format", format]);
+    for &format in ExportFormat::all() {
+        let name = format.to_string();
+        let o = t.sandbox.run(&["export", s(&t.model), "--format", &name]);
         assert!(o.status.success(), "{format}: {}", stderr(&o));
         let text = stdout(&o);
         assert!(
@@ -266,7 +268,7 @@ fn export_writes_every_format() {
             "{format}: {text}"
         );
         match format {
-            "args" => {
+            ExportFormat::Args => {
                 let (quality, command) = text.split_once('\n').unwrap();
                 assert!(
                     quality.starts_with("# quality kv=f16/f16: lossless"),
@@ -274,13 +276,13 @@ fn export_writes_every_format() {
                 );
                 assert!(command.starts_with("llama-server -m "), "{text}");
             }
-            "llama-swap" => assert!(text.contains("${PORT}"), "{text}"),
-            "json" => {
+            ExportFormat::LlamaSwap => assert!(text.contains("${PORT}"), "{text}"),
+            ExportFormat::Json => {
                 let p: profiles::Profile =
                     serde_json::from_str(&text).expect("the json export is a profile");
                 p.validate(true).unwrap();
             }
-            _ => {}
+            ExportFormat::Presets | ExportFormat::Ollama => {}
         }
     }
 
@@ -301,8 +303,9 @@ fn export_writes_every_format() {
         .sandbox
         .run(&["export", s(&t.profile), "--format", "yaml"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let names: Vec<String> = ExportFormat::all().iter().map(|f| f.to_string()).collect();
     assert!(
-        stderr(&o).contains("args, presets, llama-swap, ollama, json"),
+        stderr(&o).contains(&format!("[possible values: {}]", names.join(", "))),
         "{}",
         stderr(&o)
     );

@@ -371,3 +371,66 @@ fn verify_retrieves_facts_at_the_servers_context() {
         "the demo model retrieves at 90%: {v}"
     );
 }
+
+/// Attention rotation off (`LLAMA_ATTN_ROT_DISABLE=1`), a lossy knob, on the demo model: with
+/// `--attn-rot off` every quantized cache runs unrotated, so the tied q8_0 cache the search goes on
+/// from is held to the gate unrotated (its own figures, cached apart from the rotated pair's), and
+/// the profile's [quality] keeps the check. A winner with it (the tie went to f16: the profile's
+/// winner made q8_0 unrotated, its server_args and server_env derived again) is applied with the
+/// variable set and its quality line found.
+#[test]
+fn an_unrotated_quantized_cache_is_held_to_the_gate_and_applied_with_its_variable() {
+    let sb = Sandbox::new();
+    let model = demo_model();
+    let m = model.to_str().unwrap();
+    let profile = sb.dir.path().join("rot.toml");
+    let args = tune_args(
+        m,
+        "1024",
+        "0.05",
+        &["--attn-rot", "off", "-o", profile.to_str().unwrap()],
+    );
+    let v = sb.run_json(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let board = v["leaderboard"].as_array().unwrap();
+    let unrotated = |c: &Value| lossy(c) && c["attn_rot"] == "off";
+    assert!(
+        board.iter().any(|e| unrotated(&e["candidate"]) && e["status"] == "ok"),
+        "an unrotated q8_0 cache was measured: {board:?}"
+    );
+    assert!(
+        !board.iter().any(|e| lossy(&e["candidate"]) && e["candidate"]["attn_rot"].is_null()),
+        "no rotated quantized cache was loaded: {board:?}"
+    );
+    let checks = v["quality"]["checks"].as_array().expect("a pair was checked");
+    let check = checks
+        .iter()
+        .find(|c| c["attn_rot"] == "off")
+        .unwrap_or_else(|| panic!("the unrotated pair was checked: {}", v["quality"]));
+    let kld = check["figures"]["kld_mean"].as_f64().expect("its figures");
+    eprintln!("q8_0 unrotated: mean KLD {kld} ({})", check["passed"]);
+
+    // The winner made the unrotated q8_0 cache: apply sets the variable and says its quality.
+    let text = std::fs::read_to_string(&profile).unwrap();
+    let edited: String = text
+        .lines()
+        .filter(|l| !l.starts_with("server_args"))
+        .map(|l| match l {
+            "type_k = \"f16\"" => "type_k = \"q8_0\"\nattn_rot = \"off\"".to_string(),
+            "type_v = \"f16\"" => "type_v = \"q8_0\"".to_string(),
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_ne!(edited, text, "the winner was f16/f16: {text}");
+    std::fs::write(&profile, edited).unwrap();
+    let out = sb.run(&["apply", profile.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let line = stdout(&out);
+    assert!(line.starts_with("LLAMA_ATTN_ROT_DISABLE=1 "), "{line}");
+    assert!(line.contains("-ctk q8_0 -ctv q8_0"), "{line}");
+    assert!(
+        stderr(&out).contains("q8_0/q8_0 no-rot") || stderr(&out).contains("kld"),
+        "the quality line of the unrotated pair: {}",
+        stderr(&out)
+    );
+}

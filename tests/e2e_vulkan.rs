@@ -501,3 +501,92 @@ fn a_no_host_profile_repacks_in_llama_server(sb: &Sandbox, model: &std::path::Pa
         stderr(&o)
     );
 }
+
+/// The op-offload threshold (`GGML_OP_OFFLOAD_MIN_BATCH`), measured where it changes something:
+/// half the tiny model's layers on the host, op offload on, and a 600-token prompt at `-ub 512`,
+/// whose batches are 512 and 88 tokens. Thresholds 32 (llama.cpp's: both batches' host layers go
+/// to the device) and 89 (the 88-token batch stays on the CPU) are both measured; the profile
+/// carries the winner's value as the server's environment, and `apply` starts llama-server with it.
+#[test]
+fn the_op_offload_threshold_is_searched_saved_and_applied() {
+    let sb = Sandbox::new();
+    if !vulkan_device(&sb) {
+        return;
+    }
+    let model = tiny_model();
+    let profile = sb.dir.path().join("threshold.toml");
+    let args = [
+        "tune",
+        model.to_str().unwrap(),
+        "--json",
+        "-o",
+        profile.to_str().unwrap(),
+        "--budget",
+        "120s",
+        "--n-gpu-layers",
+        "2",
+        "--op-offload",
+        "on",
+        "--host-buffer",
+        "mapped",
+        "--ubatch",
+        "512",
+        "--ctx",
+        "1024",
+        "--prompt",
+        "600",
+        "--gen",
+        "8",
+        "--threads",
+        "2",
+        "--cache-types",
+        "f16",
+        "--flash-attn",
+        "auto",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "4",
+        "--seed",
+        "3",
+    ];
+    let r = json(&retrying_crashes("tune", || vulkan(&Sandbox::new(), &args)));
+    let board = r["leaderboard"].as_array().expect("leaderboard");
+    let threshold = |e: &serde_json::Value| e["candidate"]["op_offload_min_batch"].as_u64();
+    let measured = |t: Option<u64>| {
+        board
+            .iter()
+            .any(|e| threshold(e) == t && !e["figures"].is_null())
+    };
+    assert!(measured(None), "llama.cpp's threshold is measured: {r:#}");
+    assert!(
+        measured(Some(89)),
+        "89 keeps the 88-token batch on the CPU: {r:#}"
+    );
+    let winner = &r["winner"];
+    let text = std::fs::read_to_string(&profile).unwrap();
+    match winner["op_offload_min_batch"].as_u64() {
+        Some(t) => assert!(
+            text.contains(&format!("GGML_OP_OFFLOAD_MIN_BATCH = \"{t}\"")),
+            "the profile carries the threshold for the server: {text}"
+        ),
+        None => assert!(!text.contains("GGML_OP_OFFLOAD_MIN_BATCH"), "{text}"),
+    }
+
+    // `apply` without --exec prints the environment before llama-server; with it, starts it so.
+    let o = vulkan(&sb, &["apply", profile.to_str().unwrap()]);
+    assert!(o.status.success(), "apply: {}", stderr(&o));
+    let line = stdout(&o);
+    let env = winner["op_offload_min_batch"]
+        .as_u64()
+        .map(|t| format!("GGML_OP_OFFLOAD_MIN_BATCH={t} "));
+    if let Some(env) = &env {
+        assert!(line.starts_with(env.as_str()), "{line}");
+    }
+    let v = apply_checked(&sb, &profile);
+    let command = command_of(&v);
+    if let Some(env) = &env {
+        assert_eq!(command[0], env.trim(), "{command:?}");
+    }
+    assert!(v["completion"]["predicted_n"].as_u64().unwrap() > 0, "{v}");
+}

@@ -132,6 +132,7 @@ mod tests {
                 pp_ci: None,
                 tg_ci: None,
                 repetitions: 3,
+                estimated: Vec::new(),
             }),
             status: if score_s.is_some() { "ok" } else { "pruned" }.into(),
             chosen,

@@ -194,6 +194,7 @@ mod tests {
                 }),
                 against: Some("F16".into()),
                 weights_kld: Some(0.03),
+                attn_rot: Default::default(),
             }],
         });
         let text = p.to_toml().unwrap();

@@ -188,7 +188,7 @@ mod tests {
         let (back, warnings) = crate::Profile::from_toml(&p.to_toml().unwrap()).unwrap();
         assert_eq!(back, p);
         assert!(warnings.is_empty(), "{warnings:?}");
-        let presets = crate::export_presets(&p);
+        let presets = crate::export(&p, crate::ExportFormat::Presets).unwrap();
         assert!(
             presets.contains("spec-draft-model = /models/Qwen3-0.6B-Q4_0.gguf"),
             "{presets}"

@@ -66,8 +66,14 @@ pub enum ProfileError {
     Serialize { message: String },
 
     /// A format that holds one profile was asked for several.
-    #[error("the {format} format holds one profile, not {count}; presets, llama-swap and json take several")]
-    OneProfileOnly { format: &'static str, count: usize },
+    #[error(
+        "the {format} format holds one profile, not {count}; {} take several",
+        crate::ExportFormat::several_names()
+    )]
+    OneProfileOnly {
+        format: crate::ExportFormat,
+        count: usize,
+    },
 
     /// There is no per-user data folder (no home directory).
     #[error("cannot find a per-user data folder for profiles; set AUTOTUNE_PROFILE_DIR to a writable folder")]

@@ -17,6 +17,7 @@ pub fn example_profile() -> Profile {
         created_unix: 1_760_000_000,
         autotune_version: "0.1.0".into(),
         server_args: Vec::new(),
+        server_env: Default::default(),
         rpc: Vec::new(),
         notes: vec!["flash attention on is required for the q8_0 V cache".into()],
         model: ModelRef {
@@ -89,6 +90,7 @@ fn winner() -> Candidate {
         op_offload: Default::default(),
         kv_offload: Default::default(),
         numa: Default::default(),
+        ..Candidate::llama_default(8, 99)
     }
 }
 
@@ -104,6 +106,7 @@ fn winner_figures() -> Figures {
         pp_ci: Some([4180.0, 4240.0]),
         tg_ci: Some([117.5, 119.0]),
         repetitions: 5,
+        estimated: Vec::new(),
     }
 }
 
@@ -120,6 +123,7 @@ fn baseline_figures() -> Figures {
         pp_ci: Some([3600.0, 3700.0]),
         tg_ci: Some([103.0, 105.0]),
         repetitions: 5,
+        estimated: Vec::new(),
     }
 }
 

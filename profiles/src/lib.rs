@@ -30,10 +30,7 @@ pub use backends::BackendTrial;
 pub use budgets::{Budgets, DeviceBudget};
 pub use draft::{DraftSettings, MAX_DRAFT};
 pub use error::{ProfileError, Result};
-pub use export::{
-    export, export_args, export_json, export_llama_swap, export_many, export_ollama,
-    export_presets, ExportFormat, UnknownExportFormat,
-};
+pub use export::{export, export_many, ExportFormat, Exporter};
 pub use hosts::HostLink;
 pub use mtp::{mtp_options, MtpSettings, DRAFT_MTP};
 pub use ngram::{ngram_options, NgramSettings, MAX_NGRAM_SIZE};

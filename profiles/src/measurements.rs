@@ -5,6 +5,7 @@
 //! The records are plain data (no llama.cpp), so the parser can be fuzzed on its own.
 
 use search_space::Candidate;
+use search_space::Phases;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -80,6 +81,11 @@ pub struct Repetition {
     /// Present on the first repetition after a (re)load or new context.
     #[serde(default)]
     pub load: Option<LoadReport>,
+    /// The phases this repetition timed; the other phase's figures are estimates borrowed from the
+    /// candidates it was compared with, which differ from it only in knobs that cannot move that
+    /// phase (`search_space::knob::phases_moved`). Both in every repetition of earlier logs.
+    #[serde(default = "Phases::both", skip_serializing_if = "Phases::is_both")]
+    pub timed: Phases,
 }
 
 /// One buffer llama.cpp reported allocating, e.g. `CPU_Mapped model buffer size = 241.00 MiB`.
@@ -474,6 +480,7 @@ mod tests {
             pp_depth_tps: pp_depth,
             tg_depth_tps: Some(8.0),
             load: None,
+            timed: search_space::Phases::BOTH,
         };
         let mut log = MeasurementLog::open(&path, context(4096), true).unwrap();
         log.append(&Record::rep(&c, &rep(None)));
@@ -511,6 +518,7 @@ mod tests {
             pp_depth_tps: None,
             tg_depth_tps: None,
             load: None,
+            timed: search_space::Phases::BOTH,
         };
         let mut log = MeasurementLog::open(&path, context(""), true).unwrap();
         log.append(&Record::rep(&c, &rep));

@@ -140,9 +140,10 @@ mod tests {
         let (back, warnings) = crate::Profile::from_toml(&text).unwrap();
         assert_eq!(back, p);
         assert!(warnings.is_empty(), "{warnings:?}");
-        assert!(crate::export_presets(&p).contains("spec-type = draft-mtp"));
+        let presets = crate::export(&p, crate::ExportFormat::Presets).unwrap();
+        assert!(presets.contains("spec-type = draft-mtp"), "{presets}");
         // Ollama has no speculation: its export says what it leaves out.
-        let ollama = crate::export_ollama(&p);
+        let ollama = crate::export(&p, crate::ExportFormat::Ollama).unwrap();
         assert!(
             ollama.contains("# autotune: MTP speculation draft-mtp (n_max 3; 33.0 vs 25.0 t/s): Ollama cannot speculate"),
             "{ollama}"

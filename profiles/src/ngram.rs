@@ -137,7 +137,11 @@ pub(crate) mod tests {
         let (back, warnings) = crate::Profile::from_toml(&p.to_toml().unwrap()).unwrap();
         assert_eq!(back, p);
         assert!(warnings.is_empty(), "{warnings:?}");
-        assert!(crate::export_presets(&p).contains("spec-ngram-simple-size-m = 16"));
+        let presets = crate::export(&p, crate::ExportFormat::Presets).unwrap();
+        assert!(
+            presets.contains("spec-ngram-simple-size-m = 16"),
+            "{presets}"
+        );
     }
 
     #[test]

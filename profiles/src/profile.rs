@@ -10,6 +10,7 @@ use crate::server_args::{server_options, ServerOption};
 pub use crate::workload::Workload;
 use search_space::Candidate;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The profile layout this crate reads and writes.
@@ -31,6 +32,10 @@ pub struct Profile {
     /// The llama-server argv (without the program name) that reproduces `winner`.
     #[serde(default)]
     pub server_args: Vec<String>,
+    /// The environment llama-server needs beside `server_args` (the knobs llama.cpp reads from the
+    /// environment, like `GGML_OP_OFFLOAD_MIN_BATCH`), derived from `winner` as `server_args` is.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub server_env: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
     /// ggml RPC servers (`host:port`) the run used as devices: llama-server gets them as `--rpc`, and
@@ -251,6 +256,11 @@ pub struct Figures {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tg_ci: Option<[f64; 2]>,
     pub repetitions: u32,
+    /// The phases (`prompt`, `generation`) whose figures are estimates: no repetition of this
+    /// configuration timed them, its group moving only the other phase, and they were borrowed
+    /// from the configurations it was compared with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub estimated: Vec<String>,
 }
 
 /// One row of the ranking: every candidate tried, with its outcome.
@@ -392,9 +402,18 @@ impl Profile {
         o
     }
 
-    /// Sets `server_args` from the winner (call after changing `winner`, `workload` or `model.path`).
+    /// The environment this profile's winner needs llama-server started with.
+    pub fn expected_server_env(&self) -> BTreeMap<String, String> {
+        crate::server_args::server_env(&self.winner)
+            .into_iter()
+            .collect()
+    }
+
+    /// Sets `server_args` and `server_env` from the winner (call after changing `winner`,
+    /// `workload` or `model.path`).
     pub fn refresh_server_args(&mut self) {
         self.server_args = self.expected_server_args();
+        self.server_env = self.expected_server_env();
     }
 
     /// The model's file name without `.gguf`, reduced to `[A-Za-z0-9._-]`: safe as a file name, an INI

@@ -3,7 +3,7 @@
 //! they were held to, the text and what they were measured with. The engine fills it, the report
 //! and the profile carry it, `explain`, `show`, `apply` and `export` read it.
 
-use search_space::{CacheType, Candidate, FlashAttn};
+use search_space::{AttnRot, CacheType, Candidate, FlashAttn};
 use serde::{Deserialize, Serialize};
 
 /// The figures of a whole evaluation.
@@ -81,12 +81,22 @@ pub struct KvQualityCheck {
     /// pair adds is the mean KLD less this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weights_kld: Option<f64>,
+    /// The quantized cache's rotation (off: `LLAMA_ATTN_ROT_DISABLE=1`), which changes its
+    /// figures; on in checks written before it was a knob.
+    #[serde(default, skip_serializing_if = "AttnRot::is_on")]
+    pub attn_rot: AttnRot,
 }
 
 impl KvQualityCheck {
-    /// `q8_0/q4_0`.
+    /// `q8_0/q4_0`, with ` no-rot` where the cache is not rotated.
     pub fn label(&self) -> String {
-        format!("{}/{}", self.type_k, self.type_v)
+        let rot = if self.attn_rot.is_on() { "" } else { " no-rot" };
+        format!("{}/{}{rot}", self.type_k, self.type_v)
+    }
+
+    /// Whether this check is of `c`'s lossy settings: its K/V pair, rotated as `c` rotates it.
+    pub fn is_for(&self, c: &Candidate) -> bool {
+        (self.type_k, self.type_v, self.attn_rot) == (c.type_k, c.type_v, c.attn_rot)
     }
 
     pub fn kld(&self) -> Option<f64> {
@@ -148,11 +158,9 @@ pub struct QualityRecord {
 }
 
 impl QualityRecord {
-    /// The check of a K/V pair, if it was checked.
-    pub fn check(&self, type_k: CacheType, type_v: CacheType) -> Option<&KvQualityCheck> {
-        self.checks
-            .iter()
-            .find(|c| c.type_k == type_k && c.type_v == type_v)
+    /// The check of `c`'s lossy settings (its K/V pair and their rotation), if they were checked.
+    pub fn check(&self, c: &Candidate) -> Option<&KvQualityCheck> {
+        self.checks.iter().find(|k| k.is_for(c))
     }
 }
 
@@ -160,7 +168,7 @@ impl QualityRecord {
     /// The winner's quality in one line: lossless, its measured figures within the gate (and what
     /// they were measured with), or not checked and why.
     pub fn winner_line(&self, w: &Candidate) -> String {
-        let kv = w.kv_label();
+        let kv = lossy_label(w);
         if !w.kv_lossy() {
             let gate = match (self.max_kv_kld, &self.unchecked) {
                 (Some(max), _) => format!(
@@ -172,7 +180,7 @@ impl QualityRecord {
             };
             return format!("kv={kv}: lossless ({gate})");
         }
-        match self.check(w.type_k, w.type_v) {
+        match self.check(w) {
             Some(c) if c.passed => {
                 let with = (c.measured_with.as_ref()).map_or(String::new(), |m| {
                     format!("; measured with {}", m.describe())
@@ -201,10 +209,16 @@ pub fn quality_line(q: Option<&QualityRecord>, w: &Candidate, model: &str) -> St
         Some(q) => q.winner_line(w),
         None if w.kv_lossy() => format!(
             "kv={}: quality never checked: run `autotune {model}` again",
-            w.kv_label()
+            lossy_label(w)
         ),
         None => format!("kv={}: lossless", w.kv_label()),
     }
+}
+
+/// `w`'s K/V pair as the quality lines name it: ` no-rot` after a quantized pair run unrotated.
+fn lossy_label(w: &Candidate) -> String {
+    let rot = if w.attn_rot.is_on() || !w.kv_lossy() { "" } else { " no-rot" };
+    format!("{}{rot}", w.kv_label())
 }
 
 /// A KL divergence as the quality tables print it: four decimals, scientific below 0.0001.

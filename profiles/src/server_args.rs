@@ -4,101 +4,39 @@
 //! source of truth; `shell_quote` only renders it for a human to copy.
 
 use crate::workload::Workload;
-use search_space::{Candidate, HostBuffer, KernelChoice};
+use search_space::Candidate;
 use std::path::Path;
 
-/// One llama-server option: its short flag, its long name (the key in a `--models-preset` file) and its
-/// value (`None` for a flag that takes none).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerOption {
-    pub short: &'static str,
-    pub long: &'static str,
-    pub value: Option<String>,
-}
+pub use search_space::ServerOption;
 
-/// The options `c` stands for, in the order they are passed. The one list both the argv and the
-/// exported formats are made from, so they cannot drift apart.
+/// The options `c` stands for, in the order they are passed: the model and the workload's context,
+/// then each knob's ([`search_space::knob::server_options`], the knob table). The one list both
+/// the argv and the exported formats are made from, so they cannot drift apart.
 ///
-/// Every knob is passed explicitly, including the ones equal to llama.cpp's defaults: defaults change
-/// between llama.cpp releases (`-ngl` became `auto`, `-fa` became `auto`), and a profile must mean
-/// the configuration that was measured.
+/// Every knob llama-server takes a value for is passed explicitly, including the ones equal to
+/// llama.cpp's defaults: defaults change between llama.cpp releases (`-ngl` became `auto`, `-fa`
+/// became `auto`), and a profile must mean the configuration that was measured. Knobs passed in
+/// the environment are [`server_env`]'s.
 pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOption> {
-    let opt = |short, long, value: String| ServerOption {
-        short,
-        long,
-        value: Some(value),
-    };
     let mut opts = vec![
-        opt("-m", "model", model.to_string_lossy().into_owned()),
-        opt("-c", "ctx-size", w.n_ctx.to_string()),
-        opt("-t", "threads", c.threads.to_string()),
-        opt("-tb", "threads-batch", c.batch_threads().to_string()),
-        opt("-b", "batch-size", c.n_batch.to_string()),
-        opt("-ub", "ubatch-size", c.n_ubatch.to_string()),
-        opt("-ctk", "cache-type-k", c.type_k.as_str().into()),
-        opt("-ctv", "cache-type-v", c.type_v.as_str().into()),
-        opt("-fa", "flash-attn", c.flash_attn.as_str().into()),
-        opt("-ngl", "n-gpu-layers", c.n_gpu_layers.to_string()),
+        ServerOption::with_value("-m", "model", model.to_string_lossy()),
+        ServerOption::with_value("-c", "ctx-size", w.n_ctx),
     ];
     if w.n_parallel > 1 {
         // Measured with that many slots, each with its share of -c (without -np, llama-server
         // gives 4 slots one shared pool: what a single request measured runs the same on).
-        opts.insert(2, opt("-np", "parallel", w.n_parallel.to_string()));
+        opts.push(ServerOption::with_value("-np", "parallel", w.n_parallel));
     }
-    if c.n_cpu_ffn > 0 {
-        opts.push(opt("--n-cpu-ffn", "n-cpu-ffn", c.n_cpu_ffn.to_string()));
-    }
-    if c.n_cpu_moe > 0 {
-        opts.push(opt("--n-cpu-moe", "n-cpu-moe", c.n_cpu_moe.to_string()));
-    }
-    if c.kernels == KernelChoice::Plain {
-        opts.push(ServerOption {
-            short: "--no-repack",
-            long: "no-repack",
-            value: None,
-        });
-    }
-    match c.host_buffer {
-        HostBuffer::Mapped => {}
-        HostBuffer::Pinned => opts.push(opt("-lm", "load-mode", "none".into())),
-        HostBuffer::Cpu => opts.push(ServerOption {
-            short: "--no-host",
-            long: "no-host",
-            value: None,
-        }),
-    }
-    if !c.kv_offload.is_on() {
-        opts.push(ServerOption {
-            short: "-nkvo",
-            long: "no-kv-offload",
-            value: None,
-        });
-    }
-    if !c.op_offload.is_on() {
-        opts.push(ServerOption {
-            short: "--no-op-offload",
-            long: "no-op-offload",
-            value: None,
-        });
-    }
-    if !c.devices.is_empty() {
-        opts.push(ServerOption {
-            short: "--device",
-            long: "device",
-            value: Some(c.devices.join(",")),
-        });
-    }
-    if !c.tensor_split.is_empty() {
-        let parts: Vec<String> = c.tensor_split.iter().map(|v| v.to_string()).collect();
-        opts.push(opt("-ts", "tensor-split", parts.join(",")));
-    }
-    if !c.split_mode.is_layer() {
-        opts.push(opt("-sm", "split-mode", c.split_mode.as_str().into()));
-    }
-    if !c.numa.is_off() {
-        opts.push(opt("--numa", "numa", c.numa.as_str().into()));
-    }
+    opts.extend(search_space::knob::server_options(c));
     opts
+}
+
+/// The environment variables llama-server needs for `c` beside its argv (the knobs llama.cpp reads
+/// from the environment, those at their default left out), as `NAME=VALUE` pairs.
+pub fn server_env(c: &Candidate) -> Vec<(String, String)> {
+    (search_space::knob::environment_set(c).into_iter())
+        .map(|(name, v)| (name.to_string(), v))
+        .collect()
 }
 
 /// llama-server's arguments (without the program name) for `c` on `model` with the workload's context:
@@ -174,7 +112,7 @@ fn quote_word(word: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use search_space::{CacheType, FlashAttn};
+    use search_space::{CacheType, FlashAttn, HostBuffer, KernelChoice};
 
     fn workload() -> Workload {
         Workload {

@@ -65,7 +65,8 @@ impl Profile {
             };
             crate::mtp::check(m, other)?;
         }
-        check_server_args(&self.expected_server_args(), &self.server_args)
+        check_server_args(&self.expected_server_args(), &self.server_args)?;
+        check_server_env(&self.expected_server_env(), &self.server_env)
     }
 }
 
@@ -281,6 +282,32 @@ fn check_server_args(expected: &[String], found: &[String]) -> Result<()> {
             "do not match the winning configuration: {}; to change the configuration, edit [winner] \
              and delete server_args",
             describe_mismatch(expected, found)
+        ),
+    ))
+}
+
+fn check_server_env(
+    expected: &std::collections::BTreeMap<String, String>,
+    found: &std::collections::BTreeMap<String, String>,
+) -> Result<()> {
+    if expected == found {
+        return Ok(());
+    }
+    let show = |m: &std::collections::BTreeMap<String, String>| {
+        let pairs: Vec<String> = m.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        if pairs.is_empty() {
+            "none".to_string()
+        } else {
+            pairs.join(" ")
+        }
+    };
+    Err(ProfileError::invalid(
+        "server_env",
+        format!(
+            "does not match the winning configuration: expected {}, found {}; to change the \
+             configuration, edit [winner] and delete [server_env] and server_args",
+            show(expected),
+            show(found)
         ),
     ))
 }

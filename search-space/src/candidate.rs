@@ -424,6 +424,15 @@ on_off_knob!(
     "KV offload"
 );
 
+on_off_knob!(
+    /// The Hadamard rotation llama.cpp applies to a quantized K/V cache before storing it (on
+    /// since llama.cpp's PR 21038; `LLAMA_ATTN_ROT_DISABLE=1` turns it off). It improves a
+    /// quantized cache's quality and costs some decode speed (about 7% per llama.cpp's PR 25382);
+    /// an f16 cache is never rotated, so off changes nothing there.
+    AttnRot,
+    "attention rotation"
+);
+
 /// One configuration of llama.cpp to measure: model-side settings (which need a model load) and
 /// context-side settings (which only need a new context on an already loaded model).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -481,6 +490,13 @@ pub struct Candidate {
     /// llama.cpp's NUMA strategy (`--numa`); off is its default.
     #[serde(default, skip_serializing_if = "Numa::is_off")]
     pub numa: Numa,
+    /// The batch size from which a device runs a host tensor's operations
+    /// (`GGML_OP_OFFLOAD_MIN_BATCH`); `None`: llama.cpp's default (32).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op_offload_min_batch: Option<u32>,
+    /// The rotation of a quantized K/V cache (`LLAMA_ATTN_ROT_DISABLE=1` when off).
+    #[serde(default, skip_serializing_if = "AttnRot::is_on")]
+    pub attn_rot: AttnRot,
 }
 
 /// Why a candidate cannot be run at all (independent of the machine).
@@ -513,8 +529,15 @@ fn is_zero(v: &u32) -> bool {
 
 impl Candidate {
     /// llama.cpp's defaults for a context on this machine: what a user gets without tuning
-    /// (`llama-server -m model.gguf -t THREADS`), the baseline every result is compared with.
+    /// (`llama-server -m model.gguf -t THREADS`), the baseline every result is compared with. The
+    /// knob table's defaults ([`crate::knob::llama_defaults`]).
     pub fn llama_default(threads: u32, n_gpu_layers: u32) -> Self {
+        crate::knob::llama_defaults(threads, n_gpu_layers)
+    }
+
+    /// A candidate for the knob table to set its defaults on; every value here is overwritten
+    /// by [`crate::knob::llama_defaults`] but the machine's (threads, GPU layers).
+    pub(crate) fn blank(threads: u32, n_gpu_layers: u32) -> Self {
         Candidate {
             n_gpu_layers,
             n_cpu_moe: 0,
@@ -522,18 +545,20 @@ impl Candidate {
             devices: Vec::new(),
             tensor_split: Vec::new(),
             split_mode: SplitMode::Layer,
-            kernels: KernelChoice::Repack,
+            kernels: KernelChoice::Plain,
             host_buffer: HostBuffer::Mapped,
             threads,
             threads_batch: None,
-            n_batch: 2048,
-            n_ubatch: 512,
-            type_k: CacheType::F16,
-            type_v: CacheType::F16,
-            flash_attn: FlashAttn::Auto,
-            op_offload: OpOffload::On,
-            kv_offload: KvOffload::On,
+            n_batch: 0,
+            n_ubatch: 0,
+            type_k: CacheType::F32,
+            type_v: CacheType::F32,
+            flash_attn: FlashAttn::Off,
+            op_offload: OpOffload::Off,
+            kv_offload: KvOffload::Off,
             numa: Numa::Off,
+            op_offload_min_batch: None,
+            attn_rot: AttnRot::Off,
         }
     }
 
@@ -573,118 +598,22 @@ impl Candidate {
         Ok(())
     }
 
-    /// The settings that need a model (re)load: candidates equal in this key share a loaded model.
-    #[allow(clippy::type_complexity)]
-    pub fn model_key(
-        &self,
-    ) -> (
-        u32,
-        u32,
-        u32,
-        &[String],
-        &[u32],
-        SplitMode,
-        KernelChoice,
-        HostBuffer,
-        Numa,
-    ) {
-        (
-            self.n_gpu_layers,
-            self.n_cpu_moe,
-            self.n_cpu_ffn,
-            &self.devices,
-            &self.tensor_split,
-            self.split_mode,
-            self.kernels,
-            self.host_buffer,
-            self.numa,
-        )
+    /// The settings that need a new worker or a model (re)load: candidates equal in this key share
+    /// a loaded model ([`crate::knob::model_key`]).
+    pub fn model_key(&self) -> Vec<String> {
+        crate::knob::model_key(self)
     }
 
-    /// A short human label, e.g. `ngl=0 t=2 b=2048/512 kv=f16/f16 fa=auto repack`.
+    /// A short human label, e.g. `ngl=0 t=2 b=2048/512 kv=f16/f16 fa=auto repack`: each knob's
+    /// piece ([`crate::knob::label`]).
     pub fn label(&self) -> String {
-        let dev = if self.devices.is_empty() {
-            String::new()
-        } else {
-            format!(" dev={}", self.devices.join(","))
-        };
-        let split = if self.tensor_split.is_empty() {
-            String::new()
-        } else {
-            let parts: Vec<String> = self.tensor_split.iter().map(|v| v.to_string()).collect();
-            format!(" ts={}", parts.join("/"))
-        };
-        let sm = if self.split_mode.is_layer() {
-            String::new()
-        } else {
-            format!(" sm={}", self.split_mode)
-        };
-        let dev = format!("{dev}{split}{sm}");
-        let moe = match (self.n_cpu_moe, self.n_cpu_ffn) {
-            (0, 0) => String::new(),
-            (0, f) => format!(" cpu-ffn={f}"),
-            (m, 0) => format!(" cpu-moe={m}"),
-            (m, f) => format!(" cpu-moe={m} cpu-ffn={f}"),
-        };
-        let tb = match self.threads_batch {
-            Some(tb) => format!(" tb={tb}"),
-            None => String::new(),
-        };
-        let op = match (self.op_offload.is_on(), self.kv_offload.is_on()) {
-            (true, true) => "",
-            (false, true) => " no-op-offload",
-            (true, false) => " nkvo",
-            (false, false) => " nkvo no-op-offload",
-        };
-        let numa = if self.numa.is_off() {
-            String::new()
-        } else {
-            format!(" numa={}", self.numa)
-        };
-        let host = if self.host_buffer.is_mapped() {
-            String::new()
-        } else {
-            format!(" host={}", self.host_buffer)
-        };
-        format!(
-            "ngl={}{moe}{} t={}{tb} b={}/{} kv={}/{} fa={} {}{host}{op}{numa}",
-            self.n_gpu_layers,
-            dev,
-            self.threads,
-            self.n_batch,
-            self.n_ubatch,
-            self.type_k,
-            self.type_v,
-            self.flash_attn,
-            self.kernels
-        )
+        crate::knob::label(self)
     }
 
     /// How far this candidate is from llama.cpp's defaults (number of knobs changed): ties are broken
     /// toward the simpler configuration.
     pub fn complexity(&self) -> u32 {
-        let d = Candidate::llama_default(self.threads, self.n_gpu_layers);
-        [
-            self.kernels != d.kernels,
-            self.n_batch != d.n_batch,
-            self.n_ubatch != d.n_ubatch,
-            self.type_k != d.type_k,
-            self.type_v != d.type_v,
-            self.flash_attn != d.flash_attn,
-            !self.devices.is_empty(),
-            !self.tensor_split.is_empty(),
-            !self.split_mode.is_layer(),
-            self.n_cpu_moe > 0,
-            self.n_cpu_ffn > 0,
-            !self.op_offload.is_on(),
-            !self.kv_offload.is_on(),
-            self.threads_batch.is_some(),
-            !self.numa.is_off(),
-            !self.host_buffer.is_mapped(),
-        ]
-        .iter()
-        .filter(|b| **b)
-        .count() as u32
+        crate::knob::changed_from_defaults(self)
     }
 
     /// The threads that process prompts (`-tb`): [`Candidate::threads_batch`], else `threads`.

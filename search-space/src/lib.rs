@@ -4,13 +4,16 @@
 //! This crate knows nothing of llama.cpp at run time: it is pure data and validation, so it can be
 //! tested (and fuzzed) without building llama.cpp.
 
+pub mod backend;
 pub mod candidate;
 pub mod gguf;
 pub mod identity;
+pub mod knob;
 pub mod size;
 pub mod testfiles;
 
 pub use candidate::{
-    kv_pairs, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa,
+    kv_pairs, AttnRot, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa,
     OpOffload, SplitMode,
 };
+pub use knob::{Knob, Phases, ServerOption, Side, KNOBS};

@@ -3,11 +3,13 @@
 
 use crate::workload::WorkloadPreset;
 use clap::{Args, Parser, Subcommand};
+use profiles::ExportFormat;
 use std::path::PathBuf;
 use std::time::Duration;
 
 mod draft;
 mod fit;
+mod knob_value;
 mod measure;
 mod quant;
 mod tune;
@@ -55,7 +57,8 @@ pub enum Command {
     Measure(MeasureArgs),
     /// Print the llama-server command for a profile, or start the server with it and verify its speed
     Apply(ApplyArgs),
-    /// Write a profile in another runner's format: args, presets, llama-swap, ollama, json
+    // Its one line of help lists the formats, from `ExportFormat` (the one list of their names).
+    #[command(about = export_about())]
     Export(ExportArgs),
     /// Check a profile's long-context retrieval: facts placed at 90% of the server's context and
     /// asked for at its end, answered by the model as the profile runs it (and, for a quantized KV
@@ -166,22 +169,31 @@ pub struct VerifyArgs {
 #[derive(Debug, Args)]
 pub struct ExportArgs {
     /// Model files (their stored profiles for this machine) or profile files; several make one file
-    /// for a runner that serves several models (presets, llama-swap, json)
+    /// for a runner that serves several models (the formats whose help says "several")
     #[arg(required_unless_present = "all")]
     pub targets: Vec<PathBuf>,
     /// Every model tuned on this machine (the newest profile of each; stale ones are left out, with
     /// a warning, unless --force)
     #[arg(long, conflicts_with = "targets")]
     pub all: bool,
-    /// args, presets, llama-swap, ollama or json
-    #[arg(short, long, default_value = "args")]
-    pub format: String,
+    /// The runner to write for (`--help` says what each format holds)
+    #[arg(short, long, value_enum, ignore_case = true, default_value_t = ExportFormat::Args)]
+    pub format: ExportFormat,
     /// Write to this file (atomically) instead of stdout
     #[arg(short, long)]
     pub out: Option<PathBuf>,
     /// Export a stale profile anyway
     #[arg(long)]
     pub force: bool,
+}
+
+/// `export`'s line in `autotune --help`: what it does, and its formats.
+fn export_about() -> String {
+    let names: Vec<String> = ExportFormat::all().iter().map(|f| f.to_string()).collect();
+    format!(
+        "Write a profile in another runner's format: {}",
+        names.join(", ")
+    )
 }
 
 #[derive(Debug, Args)]

@@ -13,7 +13,7 @@ use crate::measuring::{ContextSettings, MeasureRequest, Measurer, ModelSettings,
 use crate::stats::{self, Sample, Verdict};
 use profiles::measurements::MeasurementLog;
 use run::{BaselinePlacement, BaselineSource};
-use search_space::{CacheType, Candidate};
+use search_space::{CacheType, Candidate, Phases};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -40,6 +40,7 @@ mod search;
 mod settings;
 pub(crate) mod split;
 mod strategy;
+mod view;
 #[cfg(test)]
 pub use rounds::{GIVE_UP_FACTOR, ONE_REPETITION_FACTOR};
 
@@ -73,6 +74,13 @@ enum Ties {
 /// the search needs on a model split over several GPUs (`bench/vs-tuners`).
 pub const VISITS: f64 = 40.0;
 
+/// What the quality gate holds a candidate to: its K/V pair and their rotation.
+type Lossy = (CacheType, CacheType, search_space::AttnRot);
+
+fn lossy_of(c: &Candidate) -> Lossy {
+    (c.type_k, c.type_v, c.attn_rot)
+}
+
 pub struct Engine<'a> {
     pub settings: TuneSettings,
     pub results: Vec<CandidateResult>,
@@ -101,6 +109,9 @@ pub struct Engine<'a> {
     /// being measured (the roofline's split, the fastest devices alone): where the budget ends
     /// within the group, they are the ones measured.
     pub(crate) promising: Vec<Candidate>,
+    /// What the group being measured borrows for the phase its repetitions do not time
+    /// ([`Engine::lent_for`]); `None` outside a group and where every phase is timed.
+    lent: Option<rounds::Lent>,
     /// The K/V pairs held to the quality gate so far, with their verdicts ([`gate`]).
     pub(crate) kv_checks: Vec<profiles::KvQualityCheck>,
     /// What the backend axis measured ([`backends`]).
@@ -133,6 +144,7 @@ impl<'a> Engine<'a> {
             defaults: None,
             device_bandwidths: None,
             promising: Vec::new(),
+            lent: None,
             kv_checks: Vec::new(),
             backend_trials: Vec::new(),
         }
@@ -255,6 +267,7 @@ impl<'a> Engine<'a> {
             seed: self.settings.plan.seed ^ (self.round.wrapping_mul(0x100_0000_01B3)),
             expect: Vec::new(),
             give_up: None,
+            phases: self.lent.as_ref().map_or(Phases::BOTH, |l| l.timed),
         }
     }
 
@@ -288,13 +301,13 @@ impl<'a> Engine<'a> {
     }
 
     fn choose_by(&mut self, among: &[Candidate], ties: Ties) -> Option<Candidate> {
-        let mut refused: Vec<(CacheType, CacheType)> = Vec::new();
+        let mut refused: Vec<Lossy> = Vec::new();
         loop {
             let pick = self.choose_ungated(among, &refused, ties)?;
             if self.passes_gate(&pick) {
                 return Some(pick);
             }
-            refused.push((pick.type_k, pick.type_v));
+            refused.push(lossy_of(&pick));
         }
     }
 
@@ -302,13 +315,13 @@ impl<'a> Engine<'a> {
     fn choose_ungated(
         &self,
         among: &[Candidate],
-        refused: &[(CacheType, CacheType)],
+        refused: &[Lossy],
         ties: Ties,
     ) -> Option<Candidate> {
         let w = &self.settings.plan.workload;
         let measured: Vec<&CandidateResult> = among
             .iter()
-            .filter(|c| !refused.contains(&(c.type_k, c.type_v)))
+            .filter(|c| !refused.contains(&lossy_of(c)))
             .filter_map(|c| self.results.iter().find(|r| &r.candidate == c))
             .filter(|r| r.ok())
             .collect();
@@ -333,14 +346,14 @@ impl<'a> Engine<'a> {
     }
 
     /// Which of `axes` would vary `from` (what a run cut short by its budget left unmeasured).
-    fn axes_with_candidates(&self, axes: &[(&str, Vary)], from: &Candidate) -> Vec<String> {
+    pub(super) fn axes_with_candidates(&self, axes: &[Axis], from: &Candidate) -> Vec<String> {
         axes.iter()
-            .filter(|(_, vary)| {
-                vary(&self.settings, from)
+            .filter(|axis| {
+                (axis.vary)(&self.settings, from)
                     .iter()
                     .any(|c| c != from && c.validate().is_ok())
             })
-            .map(|(axis, _)| axis.to_string())
+            .map(|axis| axis.name.to_string())
             .collect()
     }
 
@@ -357,7 +370,7 @@ impl<'a> Engine<'a> {
     }
 
     /// The median rate at the workload of `c`'s measurement, when it ran.
-    fn median_rate(&self, c: &Candidate) -> Option<f64> {
+    pub(super) fn median_rate(&self, c: &Candidate) -> Option<f64> {
         self.ok_median(self.results.iter().find(|r| &r.candidate == c)?)
     }
 

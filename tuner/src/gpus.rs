@@ -280,15 +280,7 @@ fn parse_compute_apps(text: &str) -> Vec<GpuApp> {
 }
 
 fn display_backend(b: &str) -> String {
-    match b {
-        "cuda" => "CUDA".into(),
-        "vulkan" => "Vulkan".into(),
-        "rocm" => "ROCm".into(),
-        "hip" => "HIP".into(),
-        "sycl" => "SYCL".into(),
-        "metal" => "Metal".into(),
-        other => other.to_uppercase(),
-    }
+    search_space::backend::display(b)
 }
 
 #[cfg(test)]

@@ -123,4 +123,30 @@ mod tests {
         let bogus = usage_error(&["autotune", "tune", "m.gguf", "--bogus"]);
         assert_eq!(bogus, "error: unexpected argument '--bogus' found");
     }
+
+    /// `--format` takes `ExportFormat`'s names and aliases, in any case, and a typo's message
+    /// lists the names.
+    #[test]
+    fn export_formats_come_from_export_format() {
+        use profiles::ExportFormat;
+        let format = |f: &str| {
+            let cli = cli::Cli::try_parse_from(["autotune", "export", "m.gguf", "-f", f]);
+            match cli.map(|c| c.command) {
+                Ok(cli::Command::Export(a)) => Some(a.format),
+                _ => None,
+            }
+        };
+        for &f in ExportFormat::all() {
+            assert_eq!(format(&f.to_string()), Some(f));
+        }
+        assert_eq!(format("Modelfile"), Some(ExportFormat::Ollama));
+        assert_eq!(format("ini"), Some(ExportFormat::Presets));
+        assert_eq!(format("JSON"), Some(ExportFormat::Json));
+        let names: Vec<String> = ExportFormat::all().iter().map(|f| f.to_string()).collect();
+        let typo = usage_error(&["autotune", "export", "m.gguf", "--format", "yaml"]);
+        assert!(
+            typo.contains(&format!("[possible values: {}]", names.join(", "))),
+            "{typo}"
+        );
+    }
 }

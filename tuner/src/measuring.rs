@@ -13,7 +13,7 @@ pub use crate::llama::fit::{FitAnswer, FitRequest, TensorOverride};
 pub use crate::llama::{ContextSettings, ModelSettings};
 pub use profiles::measurements::{DeviceBytes, LoadReport, Repetition, TrialFailure, Workload};
 pub use profiles::QualityFigures;
-use search_space::{CacheType, FlashAttn};
+use search_space::{CacheType, FlashAttn, Phases};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -34,6 +34,10 @@ pub struct MeasureRequest {
     /// Where the repetition stops ([`Response::GaveUp`]) once its own time proves it slower.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub give_up: Option<GiveUp>,
+    /// The phases to time (both by default): a group whose candidates differ only in knobs that
+    /// cannot move one phase times the other alone ([`Repetition::timed`]).
+    #[serde(default = "Phases::both", skip_serializing_if = "Phases::is_both")]
+    pub phases: Phases,
 }
 
 /// A repetition's limit: more than `limit_ms` per request of the workload (its timed phases, the
@@ -56,6 +60,8 @@ pub struct KvQualityRequest {
     pub type_v: CacheType,
     /// Flash attention as the candidate runs it (it changes the numbers).
     pub flash_attn: FlashAttn,
+    /// The quantized cache's rotation as the candidate runs it.
+    pub attn_rot: search_space::AttnRot,
     pub window: u32,
     pub max_tokens: u32,
     pub threads: u32,

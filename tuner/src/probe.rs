@@ -170,13 +170,7 @@ fn module_kind(file: &str) -> &str {
 }
 
 fn display_kind(kind: &str) -> String {
-    match kind {
-        "cuda" => "CUDA".into(),
-        "vulkan" => "Vulkan".into(),
-        "metal" => "Metal".into(),
-        "opencl" => "OpenCL".into(),
-        other => other.to_ascii_uppercase(),
-    }
+    search_space::backend::display(kind)
 }
 
 fn devices_text(n: usize) -> String {

@@ -233,6 +233,16 @@ impl Report {
         let mut s = self.header();
         s.push_str(&self.table(top).to_string());
         s.push('\n');
+        let shown = self.leaderboard.iter().take(top.max(1));
+        if shown
+            .filter_map(|e| e.figures.as_ref())
+            .any(|f| !f.estimated.is_empty())
+        {
+            s.push_str(
+                "(~: not timed for that row, whose group moved only the other phase: the figure of \
+                 the configurations it was compared with)\n",
+            );
+        }
         if self.leaderboard.len() > top {
             s.push_str(&format!(
                 "({} more rows in --json and in the profile)\n",
@@ -330,18 +340,24 @@ impl Report {
         let mut row = vec![Cell::new(rank), Cell::new(label)];
         match &e.figures {
             Some(f) => {
+                // A phase no repetition of this row timed shows its borrowed figure with a `~`.
+                let mark = |phase: &str| match f.estimated.iter().any(|p| p == phase) {
+                    true => "~",
+                    false => "",
+                };
+                let (pp, tg) = (mark("prompt"), mark("generation"));
                 row.push(
-                    Cell::new(format!("{:.1} {}", f.pp_tps, ci(f.pp_ci, f.pp_tps)))
+                    Cell::new(format!("{pp}{:.1} {}", f.pp_tps, ci(f.pp_ci, f.pp_tps)))
                         .set_alignment(CellAlignment::Right),
                 );
                 row.push(
-                    Cell::new(format!("{:.1} {}", f.tg_tps, ci(f.tg_ci, f.tg_tps)))
+                    Cell::new(format!("{tg}{:.1} {}", f.tg_tps, ci(f.tg_ci, f.tg_tps)))
                         .set_alignment(CellAlignment::Right),
                 );
                 if depth {
-                    for v in [f.pp_depth_tps, f.tg_depth_tps] {
+                    for (v, m) in [(f.pp_depth_tps, pp), (f.tg_depth_tps, tg)] {
                         row.push(
-                            Cell::new(v.map_or("-".into(), |v| format!("{v:.1}")))
+                            Cell::new(v.map_or("-".into(), |v| format!("{m}{v:.1}")))
                                 .set_alignment(CellAlignment::Right),
                         );
                     }
@@ -485,6 +501,7 @@ mod tests {
                 pp_depth_tps: None,
                 tg_depth_tps: None,
                 load: None,
+                timed: search_space::Phases::BOTH,
             });
             r.rounds.push(Some(k as u64 + 1));
         }

@@ -4,7 +4,7 @@ use super::*;
 use crate::example_profile;
 use proptest::prelude::*;
 use search_space::{
-    CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, OpOffload,
+    AttnRot, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, OpOffload,
 };
 
 fn invalid(p: &Profile) -> String {
@@ -253,6 +253,9 @@ fn candidate() -> impl Strategy<Value = Candidate> {
                     op_offload: if op { OpOffload::On } else { OpOffload::Off },
                     kv_offload: if kv { KvOffload::On } else { KvOffload::Off },
                     numa: Default::default(),
+                    // The environment knobs from the values drawn above.
+                    op_offload_min_batch: (ub % 3 == 0).then_some(64 + ub % 1000),
+                    attn_rot: if kv == op { AttnRot::On } else { AttnRot::Off },
                 }
             },
         )

@@ -1,9 +1,11 @@
 //! `measure`'s flags: one configuration, like llama-bench.
 
+use super::knob_value::knob_value;
 use super::RpcArgs;
 use clap::Args;
+use search_space::knob::{self, Knob};
 use search_space::{
-    CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload, SplitMode,
+    AttnRot, CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload, SplitMode,
 };
 use std::path::PathBuf;
 
@@ -35,37 +37,54 @@ pub struct MeasureArgs {
     #[arg(long = "threads-batch", visible_alias = "tb")]
     pub threads_batch: Option<u32>,
     /// Logical batch size (-b)
-    #[arg(short = 'b', long = "batch-size", default_value_t = 2048)]
+    #[arg(short = 'b', long = "batch-size", default_value = knob::Batch.default())]
     pub batch: u32,
     /// Physical batch size (-ub)
-    #[arg(long = "ubatch-size", visible_alias = "ub", default_value_t = 512)]
+    #[arg(long = "ubatch-size", visible_alias = "ub", default_value = knob::Ubatch.default())]
     pub ubatch: u32,
     /// K cache type (-ctk)
-    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "f16")]
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = cache_default(),
+          value_parser = knob_value::<CacheType>(&knob::KvCache))]
     pub cache_type_k: CacheType,
     /// V cache type (-ctv)
-    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "f16")]
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = cache_default(),
+          value_parser = knob_value::<CacheType>(&knob::KvCache))]
     pub cache_type_v: CacheType,
-    /// Flash attention: on, off, auto (-fa)
-    #[arg(long = "flash-attn", visible_alias = "fa", default_value = "auto")]
+    /// Flash attention (-fa)
+    #[arg(long = "flash-attn", visible_alias = "fa", default_value = knob::Flash.default(),
+          value_parser = knob_value::<FlashAttn>(&knob::Flash))]
     pub flash_attn: FlashAttn,
     /// CPU kernels: repack (llama.cpp's default) or plain (--no-repack)
-    #[arg(long, default_value = "repack")]
+    #[arg(long, default_value = knob::Kernels.default(),
+          value_parser = knob_value::<KernelChoice>(&knob::Kernels))]
     pub kernels: KernelChoice,
     /// Where host weights live: mapped (llama.cpp's default), pinned (a GPU's pinned host memory:
     /// --load-mode none) or cpu (the CPU's repacking buffers: --no-host)
-    #[arg(long = "host-buffer", default_value = "mapped")]
+    #[arg(long = "host-buffer", default_value = knob::Host.default(),
+          value_parser = knob_value::<HostBuffer>(&knob::Host))]
     pub host_buffer: HostBuffer,
     /// llama.cpp's NUMA strategy: off (its default), distribute or isolate (--numa); on a machine
     /// with one NUMA node llama.cpp treats them all as off
-    #[arg(long, default_value = "off")]
+    #[arg(long, default_value = knob::NumaKnob.default(),
+          value_parser = knob_value::<Numa>(&knob::NumaKnob))]
     pub numa: Numa,
     /// Host tensors' operations on a device for large batches: on (llama.cpp's default) or off
     /// (--no-op-offload)
-    #[arg(long = "op-offload", default_value = "on")]
+    #[arg(long = "op-offload", default_value = knob::OpOffloadKnob.default(),
+          value_parser = knob_value::<OpOffload>(&knob::OpOffloadKnob))]
     pub op_offload: OpOffload,
+    /// The batch size from which host tensors' operations run on a device: llama.cpp's
+    /// GGML_OP_OFFLOAD_MIN_BATCH, read by its CUDA, Vulkan, Metal and SYCL backends (default 32)
+    #[arg(long = "op-offload-min-batch", default_value = knob::OpOffloadMinBatch.default())]
+    pub op_offload_min_batch: u32,
+    /// The rotation of a quantized KV cache: on (llama.cpp's default) or off
+    /// (LLAMA_ATTN_ROT_DISABLE=1: faster, and changes the output)
+    #[arg(long = "attn-rot", default_value = knob::AttnRotation.default(),
+          value_parser = knob_value::<AttnRot>(&knob::AttnRotation))]
+    pub attn_rot: AttnRot,
     /// The KV cache on the offload devices (on, llama.cpp's default) or in host memory (off, -nkvo)
-    #[arg(long = "kv-offload", default_value = "on")]
+    #[arg(long = "kv-offload", default_value = knob::KvOffloadKnob.default(),
+          value_parser = knob_value::<KvOffload>(&knob::KvOffloadKnob))]
     pub kv_offload: KvOffload,
     /// Layers offloaded to non-CPU devices (-ngl)
     #[arg(long = "n-gpu-layers", visible_alias = "ngl", default_value_t = 0)]
@@ -89,7 +108,8 @@ pub struct MeasureArgs {
     pub tensor_split: Vec<u32>,
     /// How the offloaded layers spread over several devices: layer, row (CUDA) or tensor
     /// (tensor parallelism; needs flash attention) (-sm)
-    #[arg(long = "split-mode", visible_alias = "sm", default_value = "layer")]
+    #[arg(long = "split-mode", visible_alias = "sm", default_value = knob::Split.default(),
+          value_parser = knob_value::<SplitMode>(&knob::Split))]
     pub split_mode: SplitMode,
     #[command(flatten)]
     pub rpc: RpcArgs,
@@ -115,4 +135,10 @@ pub struct MeasureArgs {
     /// Print the result as JSON
     #[arg(long)]
     pub json: bool,
+}
+
+/// The K and V caches' default, each half of the KV cache knob's.
+fn cache_default() -> &'static str {
+    let pair = knob::KvCache.default().expect("llama.cpp's cache types");
+    pair.split('/').next().expect("a type")
 }

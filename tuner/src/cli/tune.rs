@@ -89,6 +89,12 @@ pub struct TuneArgs {
     #[arg(long = "kv-offload", value_delimiter = ',', default_value = "on,off")]
     pub kv_offload: Vec<KvOffload>,
 
+    /// Rotations of a quantized KV cache to try: on (llama.cpp's default) and off
+    /// (LLAMA_ATTN_ROT_DISABLE=1: faster decode, and it changes the output, so off wins only within
+    /// the quality gate); measured where the best so far has a quantized cache
+    #[arg(long = "attn-rot", value_delimiter = ',', default_value = "on,off")]
+    pub attn_rot: Vec<search_space::AttnRot>,
+
     /// Do not measure placements that keep a dense model's FFN weights in host memory with every
     /// layer's attention and KV cache on the GPUs (llama.cpp's --n-cpu-ffn; measured by default
     /// where not every layer fits)

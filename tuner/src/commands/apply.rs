@@ -76,7 +76,8 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         server_version: version,
         profile_llama,
         same_llama_build: same_build,
-        command: std::iter::once(server.to_string_lossy().into_owned())
+        command: env_words(&p.server_env)
+            .chain(std::iter::once(server.to_string_lossy().into_owned()))
             .chain(argv)
             .collect(),
         url: url.clone(),
@@ -160,7 +161,7 @@ fn start(
     p: &Profile,
 ) -> anyhow::Result<(ServerProcess, String, f64)> {
     let started = Instant::now();
-    let mut proc = ServerProcess::start(server, argv, cli.verbose)?;
+    let mut proc = ServerProcess::start(server, argv, &p.server_env, cli.verbose)?;
     let url = format!("http://{}:{port}", connect_host(&args.host));
     if !cli.quiet {
         eprintln!(
@@ -232,13 +233,22 @@ fn interrupt_counter() -> anyhow::Result<Arc<AtomicUsize>> {
     Ok(signal)
 }
 
-/// The command line `apply` prints without `--exec`, and on stderr what its cache costs in quality
-/// (stdout is the command line alone; `--exec` says it in its report). `quiet` leaves out all but
-/// a lossy cache nobody checked.
+/// The profile's environment as shell words (`GGML_OP_OFFLOAD_MIN_BATCH=64`), for the line shown.
+fn env_words(
+    env: &std::collections::BTreeMap<String, String>,
+) -> impl Iterator<Item = String> + '_ {
+    env.iter().map(|(k, v)| format!("{k}={v}"))
+}
+
+/// The command line `apply` prints without `--exec` (the environment the profile needs, then the
+/// server and its arguments), and on stderr what its cache costs in quality (stdout is the command
+/// line alone; `--exec` says it in its report). `quiet` leaves out all but a lossy cache nobody
+/// checked.
 fn print_command(server: Option<&Path>, argv: Vec<String>, p: &Profile, quiet: bool) {
     if !quiet || (p.quality.is_none() && p.winner.kv_lossy()) {
         eprintln!("autotune: quality {}", stored::quality_line(p));
     }
+    let env = &p.server_env;
     let program = match server {
         Some(s) => s.to_string_lossy().into_owned(),
         None => {
@@ -249,7 +259,8 @@ fn print_command(server: Option<&Path>, argv: Vec<String>, p: &Profile, quiet: b
             "llama-server".to_string()
         }
     };
-    let mut line = vec![program];
+    let mut line: Vec<String> = env_words(env).collect();
+    line.push(program);
     line.extend(argv);
     println!("{}", profiles::shell_quote(&line));
 }

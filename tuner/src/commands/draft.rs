@@ -93,17 +93,8 @@ fn setup(
         drafts: search.drafts,
         settings: ModelSettings {
             n_gpu_layers,
-            devices: Vec::new(),
             use_extra_bufts: a.kernels.use_extra_bufts(),
-            no_alloc: false,
-            rpc: Vec::new(),
-            n_cpu_moe: 0,
-            n_cpu_ffn: 0,
-            tensor_overrides: Vec::new(),
-            tensor_split: Vec::new(),
-            split_mode: Default::default(),
-            numa: Default::default(),
-            host_buffer: Default::default(),
+            ..ModelSettings::default()
         },
         context: context(a, threads, longest),
         grid: search.grid,
@@ -134,17 +125,11 @@ fn context(a: &DraftArgs, threads: u32, longest: u32) -> ContextSettings {
     let n_batch = 2048u32.max(longest + 1);
     crate::speculative::workload::for_slots(
         ContextSettings {
-            n_ctx: a.ctx,
             n_batch,
-            n_ubatch: 512,
-            threads,
-            threads_batch: None,
             type_k: a.cache_type_k,
             type_v: a.cache_type_v,
             flash_attn: a.flash_attn,
-            op_offload: Default::default(),
-            kv_offload: Default::default(),
-            sequences: 1,
+            ..ContextSettings::defaults(a.ctx, threads)
         },
         a.parallel,
         longest,

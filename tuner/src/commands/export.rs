@@ -7,22 +7,18 @@ use crate::cli::{Cli, ExportArgs};
 use crate::exit::{self, Exit};
 use crate::stored;
 use anyhow::Context as _;
-use profiles::ExportFormat;
+use profiles::{ExportFormat, ProfileError};
 
 pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
-    // The format first: a typo is a usage error, whatever state the profiles are in.
-    let format: ExportFormat = args
-        .format
-        .parse()
-        .map_err(|e: profiles::UnknownExportFormat| Exit::new(exit::USAGE, e.to_string()))?;
+    // clap has checked the format's name; several targets for a format of one are a usage error
+    // too, whatever state the profiles are in.
+    let format = args.format;
     if args.targets.len() > 1 && !format.takes_several() {
-        return Err(Exit::new(
-            exit::USAGE,
-            format!(
-                "--format {format} writes one profile, and {} were named; presets, llama-swap and json take several",
-                args.targets.len()
-            ),
-        ));
+        let e = ProfileError::OneProfileOnly {
+            format,
+            count: args.targets.len(),
+        };
+        return Err(Exit::new(exit::USAGE, e.to_string()));
     }
     let found = if args.all {
         stored::this_machines(args.force, cli.verbose)?
@@ -33,7 +29,7 @@ pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
     let mut text = profiles::export_many(&profiles, format).map_err(|e| {
         // `--all` found several for a format of one.
         let code = match e {
-            profiles::ProfileError::OneProfileOnly { .. } => exit::USAGE,
+            ProfileError::OneProfileOnly { .. } => exit::USAGE,
             _ => exit::BAD_PROFILE,
         };
         Exit::new(code, e.to_string())

@@ -14,7 +14,6 @@ use crate::session;
 use crate::worker::WorkerPool;
 use crate::worker::{Request, Response};
 use search_space::size::format_size;
-use search_space::{CacheType, FlashAttn};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -145,21 +144,10 @@ fn predict(
     let dry = MeasureRequest {
         expect: Vec::new(),
         give_up: None,
+        phases: search_space::Phases::BOTH,
         model: model.to_path_buf(),
         settings,
-        context: ContextSettings {
-            n_ctx,
-            n_batch: 2048,
-            n_ubatch: 512,
-            threads,
-            threads_batch: None,
-            type_k: CacheType::F16,
-            type_v: CacheType::F16,
-            flash_attn: FlashAttn::Auto,
-            op_offload: Default::default(),
-            kv_offload: Default::default(),
-            sequences,
-        },
+        context: ContextSettings::defaults(n_ctx, threads).with_sequences(sequences),
         workload: Workload {
             n_ctx,
             n_prompt: 1,

@@ -14,6 +14,7 @@ use crate::session::inspect_model;
 use crate::stats::{self, Comparison, RoundRate, Sample, Summary, Verdict};
 use crate::worker::WorkerPool;
 use crate::worker::{Request, Response};
+use search_space::knob::{self, Knob};
 use search_space::Candidate;
 use serde::Serialize;
 use std::time::Duration;
@@ -176,8 +177,14 @@ fn request_of(
     model: std::path::PathBuf,
     d: &probe::Probe,
 ) -> anyhow::Result<(Candidate, MeasureRequest)> {
-    let candidate = Candidate {
-        n_gpu_layers: a.n_gpu_layers,
+    let threads = match a.threads {
+        Some(t) => {
+            inputs::threads("-t", &[t], inputs::logical_cpus())?;
+            t
+        }
+        None => d.machine.llama_default_threads(),
+    };
+    let mut candidate = Candidate {
         n_cpu_moe: a.n_cpu_moe,
         n_cpu_ffn: a.n_cpu_ffn,
         devices: a.devices.clone(),
@@ -185,13 +192,6 @@ fn request_of(
         split_mode: a.split_mode,
         kernels: a.kernels,
         host_buffer: a.host_buffer,
-        threads: match a.threads {
-            Some(t) => {
-                inputs::threads("-t", &[t], inputs::logical_cpus())?;
-                t
-            }
-            None => d.machine.llama_default_threads(),
-        },
         threads_batch: a.threads_batch,
         n_batch: a.batch,
         n_ubatch: a.ubatch,
@@ -201,7 +201,12 @@ fn request_of(
         op_offload: a.op_offload,
         kv_offload: a.kv_offload,
         numa: a.numa,
+        attn_rot: a.attn_rot,
+        ..Candidate::llama_default(threads, a.n_gpu_layers)
     };
+    knob::OpOffloadMinBatch
+        .set(&mut candidate, &a.op_offload_min_batch.to_string())
+        .map_err(|e| Exit::new(exit::USAGE, e.to_string()))?;
     if let Some(t) = a.threads_batch {
         inputs::threads("-tb", &[t], inputs::logical_cpus())?;
     }
@@ -226,6 +231,7 @@ fn request_of(
     let request = MeasureRequest {
         expect: Vec::new(),
         give_up: None,
+        phases: search_space::Phases::BOTH,
         model,
         // The candidate's settings, with the `-ot` overrides a candidate does not carry.
         settings: ModelSettings {

@@ -155,6 +155,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         numa: a.numa.clone(),
         op_offload: a.op_offload.clone(),
         kv_offload: a.kv_offload.clone(),
+        attn_rot: a.attn_rot.clone(),
         host_ffns: !a.no_cpu_ffn,
         cache_types: a.cache_types.clone(),
         kv_gate: kv_gate(a)?,
@@ -341,6 +342,7 @@ pub fn eval_settings(
             crate::llama::init(cli.verbose);
             quality::measured_with(999, &[], search_space::FlashAttn::Auto)
         },
+        attn_rot: Default::default(),
         fresh,
         cache_dir: session::cache_dir(),
         quiet: cli.quiet,

@@ -2,7 +2,8 @@
 //! space the user allowed, and the full grid for `--exhaustive`.
 
 use super::TuneSettings;
-use search_space::{Candidate, FlashAttn, HostBuffer, KernelChoice, OpOffload};
+use search_space::knob::{self, Knob};
+use search_space::{AttnRot, Candidate, FlashAttn, HostBuffer, KernelChoice, OpOffload};
 
 /// `v` when the user allowed it (or allowed anything), else the first value the user gave.
 pub(super) fn pick<T: Copy + PartialEq>(options: &[T], v: T) -> T {
@@ -35,6 +36,7 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
         pick(&s.threads_options, c.threads),
         pick(&s.threads_batch_options, c.batch_threads()),
     );
+    out.attn_rot = rotation(s, &out, c.attn_rot);
     if out.type_v.is_quantized() && out.flash_attn == FlashAttn::Off {
         out.flash_attn = pick(
             &s.plan
@@ -47,6 +49,16 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
         );
     }
     out
+}
+
+/// The rotation `c` runs with inside the user's space: where its cache is quantized, `r` when the
+/// user allowed it (else the first allowed); an f16 cache is never rotated, so llama.cpp's default
+/// (one spelling of one configuration).
+fn rotation(s: &TuneSettings, c: &Candidate, r: AttnRot) -> AttnRot {
+    match c.kv_lossy() {
+        true => pick(&s.plan.attn_rot, r),
+        false => AttnRot::On,
+    }
 }
 
 /// Generation threads, the prompt's held where they are (generation is bandwidth-bound and often
@@ -101,19 +113,67 @@ pub(super) fn vary_numa(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
 /// One axis of the coordinate descent: the candidates that differ from `from` in its knob.
 pub(super) type Vary = fn(&TuneSettings, &Candidate) -> Vec<Candidate>;
 
+/// One axis of the search: the descent's variants from a best along a knob of the table, and
+/// the grid's values (`--exhaustive`). What a group of its variants can move (prompt, generation)
+/// the knob table says from what differs among them (`search_space::knob::phases_moved`).
+#[derive(Clone, Copy)]
+pub(crate) struct Axis {
+    /// The axis's name in progress lines, the log and "not reached" notes.
+    pub name: &'static str,
+    /// The descent's variants of a best along this axis.
+    pub vary: Vary,
+    /// The grid's values of a candidate along this axis, `None` where the grid holds the axis
+    /// where the base has it (the descent varies it from the best found).
+    pub grid: Option<Vary>,
+}
+
+impl Axis {
+    const fn new(name: &'static str, vary: Vary) -> Axis {
+        Axis {
+            name,
+            vary,
+            grid: None,
+        }
+    }
+
+    const fn in_grid(self, grid: Vary) -> Axis {
+        Axis {
+            grid: Some(grid),
+            ..self
+        }
+    }
+}
+
+const OP_OFFLOAD: Axis = Axis::new("op offload", vary_op_offload).in_grid(grid_op_offload);
+const HOST_BUFFER: Axis = Axis::new("host buffer", vary_host_buffer).in_grid(grid_host_buffer);
+const THREADS: Axis = Axis::new("threads", vary_threads).in_grid(grid_threads);
+const NUMA: Axis = Axis::new("numa", vary_numa).in_grid(grid_numa);
+const PROMPT_THREADS: Axis = Axis::new("prompt threads", vary_threads_batch);
+const KERNELS: Axis = Axis::new("kernels", vary_kernels).in_grid(grid_kernels);
+const FLASH_ATTN: Axis = Axis::new("flash attention", vary_flash_attn).in_grid(grid_flash_attn);
+const KV_CACHE: Axis = Axis::new("kv cache", vary_cache).in_grid(grid_cache);
+const BATCH: Axis = Axis::new("batch", vary_batch).in_grid(grid_batch);
+const ATTN_ROTATION: Axis = Axis::new("attention rotation", vary_attn_rot);
+const OFFLOAD_THRESHOLD: Axis = Axis::new("op offload threshold", vary_offload_threshold);
+
 /// The axes of the coordinate descent after the placement and the split, in order. Where layers
-/// stay on the host, [`HOST_AXES`] come before the split too.
-pub(super) const AXES: [(&str, Vary); 9] = [
-    ("op offload", vary_op_offload),
-    ("host buffer", vary_host_buffer),
-    ("threads", vary_threads),
+/// stay on the host, [`HOST_AXES`] come before the split too. The grid of `--exhaustive` is the
+/// product of their grid values ([`grid`]).
+pub(crate) const AXES: [Axis; 11] = [
+    OP_OFFLOAD,
+    HOST_BUFFER,
+    THREADS,
     // Right after the threads: on several nodes the strategy can double generation.
-    ("numa", vary_numa),
-    ("prompt threads", vary_threads_batch),
-    ("kernels", vary_kernels),
-    ("flash attention", vary_flash_attn),
-    ("kv cache", vary_cache),
-    ("batch", vary_batch),
+    NUMA,
+    PROMPT_THREADS,
+    KERNELS,
+    FLASH_ATTN,
+    KV_CACHE,
+    // Right after the cache: only a quantized one is rotated.
+    ATTN_ROTATION,
+    BATCH,
+    // After the micro-batch, which sets the batches the threshold divides.
+    OFFLOAD_THRESHOLD,
 ];
 
 /// The axes that set how the host serves the layers it keeps, measured before the split where
@@ -123,11 +183,7 @@ pub(super) const AXES: [(&str, Vary); 9] = [
 /// op offload (the prompt's batches). Measured again from the split's best in [`AXES`]; unchanged,
 /// they cost nothing more. Threads first beat the order of [`AXES`] on `bench/vs-tuners` (the
 /// figures: docs/benchmarks.md, "The figures behind the search's choices").
-pub(super) const HOST_AXES: [(&str, Vary); 3] = [
-    ("threads", vary_threads),
-    ("host buffer", vary_host_buffer),
-    ("op offload", vary_op_offload),
-];
+pub(crate) const HOST_AXES: [Axis; 3] = [THREADS, HOST_BUFFER, OP_OFFLOAD];
 
 /// Whether `c` leaves weights in host memory that ggml could offload a batch's operations for:
 /// fewer layers than the model's on the devices, or experts kept on the CPU.
@@ -211,15 +267,91 @@ pub(crate) fn vary_cache(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
             } else {
                 from.flash_attn
             };
-            Candidate {
+            let c = Candidate {
                 type_k,
                 type_v,
                 flash_attn,
                 ..from.clone()
+            };
+            Candidate {
+                attn_rot: rotation(s, &c, from.attn_rot),
+                ..c
             }
         })
         .collect()
 }
+/// The rotation of a quantized cache on and off, where `from`'s cache is quantized (an f16 cache is
+/// never rotated: the two would be the same run).
+pub(super) fn vary_attn_rot(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+    if !from.kv_lossy() || s.plan.attn_rot.len() < 2 {
+        return Vec::new();
+    }
+    each(&s.plan.attn_rot, from, |c, r| c.attn_rot = r)
+}
+
+/// The op-offload thresholds that change where `from`'s prompt batches run: llama.cpp's (32), and
+/// above each batch size the workload makes that the default offloads, but the largest, one more
+/// (those batches and smaller stay on the host, the larger go to the device: the crossover
+/// llama.cpp's issue 27425 asks for). Where the workload's batches are all one size (a 512-token
+/// prompt at `-ub 512`), or op offload does not run (no host weights a device would take, the
+/// knob off), no threshold differs from another and nothing is measured.
+pub(super) fn vary_offload_threshold(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
+    let read_by = |device: &str| {
+        let backend = search_space::backend::of(search_space::backend::of_device(device));
+        knob::OpOffloadMinBatch.runs_on(&backend)
+    };
+    let devices: Vec<&str> = match from.devices.is_empty() {
+        true => s.mem_budgets.offload().map(|b| b.device.as_str()).collect(),
+        false => from.devices.iter().map(String::as_str).collect(),
+    };
+    let read = devices.into_iter().any(read_by);
+    if !read || !host_weights(s, from) || !offloads_host_ops(s, from) {
+        return Vec::new();
+    }
+    let w = &s.plan.workload;
+    let mut sizes = ubatch_sizes(w.n_prompt, from.n_batch, from.n_ubatch);
+    sizes.extend(ubatch_sizes(w.depth, from.n_batch, from.n_ubatch));
+    let default = knob::OP_OFFLOAD_MIN_BATCH_DEFAULT;
+    let Some(&largest) = sizes.iter().max() else {
+        return Vec::new();
+    };
+    let mut thresholds = vec![default];
+    thresholds.extend(
+        (sizes.iter())
+            .filter(|&&b| b >= default && b < largest)
+            .map(|b| b + 1),
+    );
+    if thresholds.len() < 2 {
+        return Vec::new();
+    }
+    each(&thresholds, from, |c, t| {
+        c.op_offload_min_batch = (t != default).then_some(t)
+    })
+}
+
+/// The micro-batch sizes `tokens` are decoded in: batches of `n_batch`, each cut into micro-batches
+/// of `n_ubatch`.
+pub(crate) fn ubatch_sizes(
+    tokens: u32,
+    n_batch: u32,
+    n_ubatch: u32,
+) -> std::collections::BTreeSet<u32> {
+    let mut out = std::collections::BTreeSet::new();
+    let (n_batch, n_ubatch) = (n_batch.max(1), n_ubatch.max(1));
+    let mut left = tokens;
+    while left > 0 {
+        let batch = left.min(n_batch);
+        if batch >= n_ubatch {
+            out.insert(n_ubatch);
+        }
+        if batch % n_ubatch > 0 {
+            out.insert(batch % n_ubatch);
+        }
+        left -= batch;
+    }
+    out
+}
+
 /// Micro-batch sizes; where weights stay on the host, those above the current one also with the
 /// other op offload setting: op offload copies the host's weights once per micro-batch, so over a
 /// slow link it can lose at 512 (where the op offload axis chose) and win at 2048, with a quarter
@@ -260,63 +392,84 @@ pub(super) fn vary_batch(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
     out
 }
 
-/// The Cartesian product of the declared knob values (invalid combinations left out).
+/// The Cartesian product of the declared knob values (invalid combinations left out): each axis
+/// of [`AXES`] with grid values, in the grid's order (the outermost first).
 pub fn grid(s: &TuneSettings, base: &Candidate) -> Vec<Candidate> {
-    let mut out = Vec::new();
-    for &threads in &s.threads_options {
-        for &kernels in &s.plan.kernels {
-            for &flash_attn in &s.plan.flash_attn {
-                for &(type_k, type_v) in &s.kv_pairs {
-                    for &ub in &s.ubatch_options {
-                        let c = Candidate {
-                            threads,
-                            kernels,
-                            flash_attn,
-                            type_k,
-                            type_v,
-                            ..base.with_ubatch(ub)
-                        };
-                        if c.validate().is_ok() {
-                            out.push(c);
-                        }
-                    }
-                }
-            }
-        }
-    }
-    // NUMA strategies only where the host computes: elsewhere they are the same run.
-    if host_computes(s, base) && s.numa.len() > 1 {
+    // Outermost first: where weights live, then the host's strategy, then the knobs every
+    // configuration has. The order is the grid's measuring order before the shuffle.
+    const ORDER: [Axis; 8] = [
+        HOST_BUFFER,
+        OP_OFFLOAD,
+        NUMA,
+        THREADS,
+        KERNELS,
+        FLASH_ATTN,
+        KV_CACHE,
+        BATCH,
+    ];
+    let mut out = vec![base.clone()];
+    for axis in ORDER {
+        let values = axis.grid.expect("the grid's axes have grid values");
         out = (out.iter())
-            .flat_map(|c| {
-                s.numa
-                    .iter()
-                    .map(move |&numa| Candidate { numa, ..c.clone() })
+            .flat_map(|c| match values(s, c) {
+                v if v.is_empty() => vec![c.clone()],
+                v => v,
             })
             .collect();
     }
-    // Op offload and host buffers only where weights stay on the host: elsewhere their settings
-    // are the same run.
-    let (ops, hosts) = if host_weights(s, base) {
-        (s.op_offload.clone(), s.host_buffers.clone())
-    } else {
-        (vec![base.op_offload], vec![base.host_buffer])
-    };
-    let out: Vec<Candidate> = (ops.iter())
-        .flat_map(|&op_offload| {
-            out.iter().map(move |c| Candidate {
-                op_offload,
-                ..c.clone()
-            })
-        })
-        .collect();
-    (hosts.iter())
-        .flat_map(|&host_buffer| {
-            out.iter().map(move |c| Candidate {
-                host_buffer,
-                ..c.clone()
-            })
+    out.retain(|c| c.validate().is_ok());
+    out
+}
+
+/// The grid's values along one knob: `c` with each value `set` puts in.
+fn each<T: Copy>(values: &[T], c: &Candidate, set: impl Fn(&mut Candidate, T)) -> Vec<Candidate> {
+    (values.iter())
+        .map(|&v| {
+            let mut c = c.clone();
+            set(&mut c, v);
+            c
         })
         .collect()
+}
+
+fn grid_threads(s: &TuneSettings, c: &Candidate) -> Vec<Candidate> {
+    each(&s.threads_options, c, |c, t| c.threads = t)
+}
+fn grid_kernels(s: &TuneSettings, c: &Candidate) -> Vec<Candidate> {
+    each(&s.plan.kernels, c, |c, k| c.kernels = k)
+}
+fn grid_flash_attn(s: &TuneSettings, c: &Candidate) -> Vec<Candidate> {
+    each(&s.plan.flash_attn, c, |c, f| c.flash_attn = f)
+}
+fn grid_cache(s: &TuneSettings, c: &Candidate) -> Vec<Candidate> {
+    each(&s.kv_pairs, c, |c, (k, v)| {
+        (c.type_k, c.type_v) = (k, v);
+        c.attn_rot = rotation(s, c, c.attn_rot);
+    })
+}
+fn grid_batch(s: &TuneSettings, c: &Candidate) -> Vec<Candidate> {
+    each(&s.ubatch_options, c, |c, ub| *c = c.with_ubatch(ub))
+}
+/// NUMA strategies only where the host computes: elsewhere they are the same run.
+fn grid_numa(s: &TuneSettings, c: &Candidate) -> Vec<Candidate> {
+    if !host_computes(s, c) || s.numa.len() < 2 {
+        return Vec::new();
+    }
+    each(&s.numa, c, |c, n| c.numa = n)
+}
+/// Op offload and host buffers only where weights stay on the host: elsewhere their settings are
+/// the same run.
+fn grid_op_offload(s: &TuneSettings, c: &Candidate) -> Vec<Candidate> {
+    if !host_weights(s, c) {
+        return Vec::new();
+    }
+    each(&s.op_offload, c, |c, o| c.op_offload = o)
+}
+fn grid_host_buffer(s: &TuneSettings, c: &Candidate) -> Vec<Candidate> {
+    if !host_weights(s, c) {
+        return Vec::new();
+    }
+    each(&s.host_buffers, c, |c, h| c.host_buffer = h)
 }
 
 /// The fit lever that puts the most layers on the devices at `start`'s micro-batch with the KV cache

@@ -19,7 +19,7 @@ use search_space::{Candidate, SplitMode};
 
 /// The backend of a device by its llama.cpp name (`CUDA0` → `CUDA`, `RPC1` → `RPC`).
 pub(crate) fn backend_of_device(name: &str) -> &str {
-    name.trim_end_matches(|c: char| c.is_ascii_digit())
+    search_space::backend::of_device(name)
 }
 
 impl Engine<'_> {
@@ -108,10 +108,11 @@ impl Engine<'_> {
             return Some(shape.clone());
         };
         let c = self.on_backend(shape, &backend);
+        // An RPC server's rows are its own backend's business; this machine's must split rows.
         let row_elsewhere = c.split_mode == SplitMode::Row
             && (c.devices.iter()).any(|d| {
-                let b = backend_of_device(d);
-                b != "CUDA" && b != "RPC"
+                let b = search_space::backend::of(backend_of_device(d));
+                !b.row_split && b.name != "RPC"
             });
         (!row_elsewhere).then_some(c)
     }

@@ -6,6 +6,7 @@
 //! [`Strategy`]: it proposes, the engine's loop measures.
 
 use super::strategy::{Descend, Group, Strategy};
+use super::view::View;
 use super::{vary_cache, Engine, HOST_AXES};
 use search_space::Candidate;
 
@@ -35,7 +36,7 @@ enum Stage {
 impl ExpertChallenge {
     /// The challenge to `best` from the placements of `group` (the first group) with experts or
     /// FFNs on the host; none (the best stands) where none came close.
-    pub fn new(view: &Engine, group: &[Candidate], best: Candidate, base: &Candidate) -> Self {
+    pub fn new(view: &View, group: &[Candidate], best: Candidate, base: &Candidate) -> Self {
         let challenger = view.median_rate(&best).and_then(|top| {
             (group.iter())
                 .filter(|c| c.n_cpu_moe > 0 || c.n_cpu_ffn > 0)
@@ -57,7 +58,7 @@ impl ExpertChallenge {
 
     /// After the host axes: the cache and micro-batch that bring the most of its experts onto the
     /// devices, measured where there are any and time is left.
-    fn levers(&mut self, view: &Engine, tuned: Candidate) -> Option<Group> {
+    fn levers(&mut self, view: &View, tuned: Candidate) -> Option<Group> {
         let mut levers = vec![tuned.clone()];
         levers.extend(view.expert_fit_levers(&tuned));
         if levers.len() > 1 && !view.past_budget() {
@@ -68,7 +69,7 @@ impl ExpertChallenge {
     }
 
     /// The tuned challenger against the best, where time is left and it differs.
-    fn against_best(&mut self, view: &Engine, tuned: Candidate) -> Option<Group> {
+    fn against_best(&mut self, view: &View, tuned: Candidate) -> Option<Group> {
         if view.past_budget() || tuned == self.best {
             self.stage = Stage::Done(self.best.clone());
             return None;
@@ -81,7 +82,7 @@ impl ExpertChallenge {
 impl Strategy for ExpertChallenge {
     type Output = (Candidate, Option<Vec<String>>);
 
-    fn next(&mut self, view: &Engine, chosen: Option<Candidate>) -> Option<Group> {
+    fn next(&mut self, view: &View, chosen: Option<Candidate>) -> Option<Group> {
         match std::mem::replace(&mut self.stage, Stage::Done(self.best.clone())) {
             Stage::Host(mut descent, challenger) => {
                 if let Some(g) = descent.next(view, chosen) {
@@ -104,7 +105,7 @@ impl Strategy for ExpertChallenge {
         }
     }
 
-    fn finish(self, _: &Engine) -> Self::Output {
+    fn finish(self, _: &View) -> Self::Output {
         let won = match self.stage {
             Stage::Done(c) => c,
             _ => self.best,

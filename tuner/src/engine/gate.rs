@@ -11,7 +11,7 @@
 use super::Engine;
 use crate::measuring::KvQualityRequest;
 use profiles::{KvQualityCheck, QualityRecord};
-use search_space::Candidate;
+use search_space::{knob, Candidate};
 use std::time::Instant;
 
 impl Engine<'_> {
@@ -22,7 +22,7 @@ impl Engine<'_> {
         let Some(max) = self.settings.quality.max_kv_kld else {
             return true;
         };
-        if !c.kv_lossy() {
+        if !knob::lossy(c) {
             return true;
         }
         if let Some(done) = self.kv_check(c) {
@@ -45,7 +45,7 @@ impl Engine<'_> {
 
     /// The gate's verdict on `c`'s K/V pair, when it was measured.
     pub(crate) fn kv_check(&self, c: &Candidate) -> Option<&KvQualityCheck> {
-        (self.kv_checks.iter()).find(|k| k.type_k == c.type_k && k.type_v == c.type_v)
+        (self.kv_checks.iter()).find(|k| k.is_for(c))
     }
 
     /// Whether `c` was refused by the gate (measured and not within it).
@@ -61,6 +61,7 @@ impl Engine<'_> {
             type_k: c.type_k,
             type_v: c.type_v,
             flash_attn: c.flash_attn,
+            attn_rot: c.attn_rot,
             window: q.window,
             max_tokens: q.max_tokens,
             threads: q.threads,
@@ -71,7 +72,8 @@ impl Engine<'_> {
                 Vec::new()
             },
         };
-        let label = format!("kv={}", c.kv_label());
+        let rot = if c.attn_rot.is_on() { "" } else { " no-rot" };
+        let label = format!("kv={}{rot}", c.kv_label());
         self.progress.candidate_started(&label, "quality gate");
         let outer = self.stop;
         // Cached figures come back whatever the time left; an evaluation stops at the budget's end.
@@ -101,6 +103,7 @@ impl Engine<'_> {
                 measured_with: Some(a.measured_with),
                 against: a.against,
                 weights_kld: a.weights_kld,
+                attn_rot: c.attn_rot,
             },
             Err(e) => KvQualityCheck {
                 type_k: c.type_k,
@@ -113,6 +116,7 @@ impl Engine<'_> {
                 measured_with: None,
                 against: None,
                 weights_kld: None,
+                attn_rot: c.attn_rot,
             },
         };
         let verdict = if check.passed {

@@ -4,6 +4,7 @@
 //! GPU-layer axis starts from the most layers that fit and walks down, so the offload cliff shows.
 
 use crate::engine::strategy::{Group, Once, Strategy};
+use crate::engine::view::View;
 use crate::engine::{vary_cache, Engine};
 use crate::measuring::{LoadReport, TrialFailure};
 use search_space::size::format_size_pair;
@@ -181,7 +182,7 @@ impl Engine<'_> {
     /// Whether `a` was measured slower than `b` by more than the noise (the decision rule's verdict),
     /// or `a` stopped mid-repetition as several times slower than the best measured (the walk's `b`
     /// is that best or ties with it).
-    fn slower(&self, a: &Candidate, b: &Candidate) -> bool {
+    pub(super) fn slower(&self, a: &Candidate, b: &Candidate) -> bool {
         let find = |c: &Candidate| self.results.iter().find(|r| &r.candidate == c);
         let (Some(ra), Some(rb)) = (find(a), find(b)) else {
             return false;
@@ -464,7 +465,7 @@ pub(crate) struct BelowTheTop {
 
 impl BelowTheTop {
     /// The walk down from `start`'s most layers that fit, against `best` (the first group's).
-    pub fn new(view: &Engine, start: &Candidate, best: Option<Candidate>) -> Self {
+    pub fn new(view: &View, start: &Candidate, best: Option<Candidate>) -> Self {
         let max = (best.is_some() && !view.settings.plan.quick)
             .then(|| view.max_fitting_layers(start))
             .flatten();
@@ -487,7 +488,7 @@ impl BelowTheTop {
 impl Strategy for BelowTheTop {
     type Output = Option<Candidate>;
 
-    fn next(&mut self, view: &Engine, chosen: Option<Candidate>) -> Option<Group> {
+    fn next(&mut self, view: &View, chosen: Option<Candidate>) -> Option<Group> {
         let best = self.best.clone()?;
         if let Some(lower) = self.lower.take() {
             if view.slower(&lower, &best) {
@@ -508,7 +509,7 @@ impl Strategy for BelowTheTop {
         Some(Group::new(pair, "gpu layers"))
     }
 
-    fn finish(self, _: &Engine) -> Option<Candidate> {
+    fn finish(self, _: &View) -> Option<Candidate> {
         self.best
     }
 }

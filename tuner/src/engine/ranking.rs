@@ -13,15 +13,32 @@ pub fn figures(r: &CandidateResult, w: &Workload) -> Option<Figures> {
     if !r.ok() {
         return None;
     }
-    let pp = Sample::new(r.reps.iter().map(|x| x.pp_tps).collect()).ok()?;
-    let tg = Sample::new(r.reps.iter().map(|x| x.tg_tps).collect()).ok()?;
-    let at_depth = |f: fn(&Repetition) -> Option<f64>| {
-        Sample::new(r.reps.iter().filter_map(f).collect())
+    // Each phase's figures from the repetitions that timed it where two or more did, else from
+    // every one (borrowed figures: said in `estimated`).
+    let timed = |phase: fn(&Repetition) -> bool| {
+        let reps: Vec<&Repetition> = r.reps.iter().filter(|x| phase(x)).collect();
+        if reps.len() >= 2 {
+            (reps, false)
+        } else {
+            (r.reps.iter().collect(), true)
+        }
+    };
+    let (prompt, pp_lent) = timed(|x| x.timed.prompt);
+    let (generation, tg_lent) = timed(|x| x.timed.generation);
+    let pp = Sample::new(prompt.iter().map(|x| x.pp_tps).collect()).ok()?;
+    let tg = Sample::new(generation.iter().map(|x| x.tg_tps).collect()).ok()?;
+    let median = |reps: &[&Repetition], f: fn(&Repetition) -> Option<f64>| {
+        Sample::new(reps.iter().filter_map(|x| f(x)).collect())
             .ok()
             .map(|s| s.median())
     };
-    let pp_depth = at_depth(|x| x.pp_depth_tps);
-    let tg_depth = at_depth(|x| x.tg_depth_tps);
+    let pp_depth = median(&prompt, |x| x.pp_depth_tps);
+    let tg_depth = median(&generation, |x| x.tg_depth_tps);
+    let estimated = [("prompt", pp_lent), ("generation", tg_lent)]
+        .into_iter()
+        .filter(|(_, lent)| *lent)
+        .map(|(phase, _)| phase.to_string())
+        .collect();
     let score = Sample::new(r.reps.iter().map(|x| score_seconds(x, w)).collect()).ok()?;
     let (pp_lo, pp_hi) = pp.median_ci(0.95);
     let (tg_lo, tg_hi) = tg.median_ci(0.95);
@@ -44,6 +61,7 @@ pub fn figures(r: &CandidateResult, w: &Workload) -> Option<Figures> {
         pp_ci: Some([pp_lo, pp_hi]),
         tg_ci: Some([tg_lo, tg_hi]),
         repetitions: r.reps.len() as u32,
+        estimated,
     })
 }
 

@@ -4,10 +4,10 @@
 
 use super::result::score_seconds;
 use super::{Engine, BUDGET_SPENT};
-use crate::measuring::{GiveUp, TrialFailure};
+use crate::measuring::{GiveUp, Repetition, TrialFailure};
 use crate::stats::{self, Sample};
 use profiles::measurements::Record;
-use search_space::Candidate;
+use search_space::{Candidate, Phases};
 use std::time::Duration;
 
 /// A candidate's first repetition stops once its own time proves a request this many times slower
@@ -57,6 +57,7 @@ impl Engine<'_> {
     /// a device alone) is measured once a round, as any other.
     pub fn measure_group(&mut self, group: &[Candidate], axis: &str) {
         let idx = self.fitted_indices(group);
+        self.lent = self.lent_for(&idx, axis);
         let mut spent = vec![Duration::ZERO; idx.len()];
         let mut dropped = vec![false; idx.len()];
         loop {
@@ -108,6 +109,7 @@ impl Engine<'_> {
                 }
             }
         }
+        self.lent = None;
         if self.budget_spent || self.interrupted {
             let why = if self.interrupted {
                 "not measured: interrupted"
@@ -123,6 +125,34 @@ impl Engine<'_> {
                 }
             }
         }
+    }
+
+    /// What a group's repetitions need not time: where its candidates differ only in knobs that
+    /// cannot move one phase of a request (the knob table's `moves`: the prompt's threads, the
+    /// batch sizes and op offload move the prompt alone; the generation threads, with the prompt's
+    /// held, generation alone), that phase's figures are the same for all of them, so each
+    /// repetition times the other phase and borrows these: the medians of the phase over the
+    /// group's repetitions that timed it. None where nothing moves one phase alone, where no
+    /// repetition of the group timed the other phase yet (the first visits time both), with
+    /// several sequences at once (their generation batches are prompt-like), and in the
+    /// confirmation and the grid (measured whole).
+    fn lent_for(&self, idx: &[usize], axis: &str) -> Option<Lent> {
+        if !stops_early(axis) || self.settings.plan.workload.n_parallel > 1 {
+            return None;
+        }
+        let cs: Vec<Candidate> = idx
+            .iter()
+            .map(|&i| self.results[i].candidate.clone())
+            .collect();
+        let moved = search_space::knob::phases_moved(&cs);
+        if moved.is_both() || moved == Phases::NONE {
+            return None;
+        }
+        let whole: Vec<&Repetition> = (idx.iter())
+            .flat_map(|&i| self.results[i].reps.iter())
+            .filter(|r| r.timed.is_both())
+            .collect();
+        Lent::of(moved, &whole)
     }
 
     /// The results' indices of a group's candidates, each once, each with llama.cpp's fit asked
@@ -297,7 +327,10 @@ impl Engine<'_> {
         self.progress.candidate_started(&label, axis);
         let stop = self.stop;
         match self.measurer.get_mut().measure(&req, stop) {
-            Ok(rep) => {
+            Ok(mut rep) => {
+                if let Some(lent) = &self.lent {
+                    lent.fill(&mut rep);
+                }
                 if let Some(l) = &rep.load {
                     self.results[i].load = Some(l.clone());
                 }
@@ -333,4 +366,47 @@ impl Engine<'_> {
 /// combination measured in full, for those who want the whole grid).
 fn stops_early(axis: &str) -> bool {
     axis != "confirm" && axis != "grid"
+}
+
+/// The figures a group's repetitions borrow for the phase they do not time
+/// ([`Engine::lent_for`]).
+#[derive(Debug, Clone)]
+pub(super) struct Lent {
+    /// What the group's repetitions time.
+    pub timed: Phases,
+    pp: f64,
+    tg: f64,
+    pp_depth: Option<f64>,
+    tg_depth: Option<f64>,
+}
+
+impl Lent {
+    /// The medians of `whole` (repetitions that timed both phases), for a group that moves only
+    /// `moved`; none without such repetitions.
+    fn of(moved: Phases, whole: &[&Repetition]) -> Option<Lent> {
+        let median = |f: fn(&Repetition) -> Option<f64>| {
+            Sample::new(whole.iter().filter_map(|r| f(r)).collect())
+                .ok()
+                .map(|s| s.median())
+        };
+        Some(Lent {
+            timed: moved,
+            pp: median(|r| Some(r.pp_tps))?,
+            tg: median(|r| Some(r.tg_tps))?,
+            pp_depth: median(|r| r.pp_depth_tps),
+            tg_depth: median(|r| r.tg_depth_tps),
+        })
+    }
+
+    /// `rep`'s untimed figures, lent; `rep.timed` says which were.
+    pub fn fill(&self, rep: &mut Repetition) {
+        if !rep.timed.prompt {
+            rep.pp_tps = self.pp;
+            rep.pp_depth_tps = rep.pp_depth_tps.and(self.pp_depth);
+        }
+        if !rep.timed.generation {
+            rep.tg_tps = self.tg;
+            rep.tg_depth_tps = rep.tg_depth_tps.and(self.tg_depth);
+        }
+    }
 }

@@ -8,7 +8,7 @@
 use super::challenge::ExpertChallenge;
 use super::placement::BelowTheTop;
 use super::strategy::{Descend, Group, Once};
-use super::{grid, host_weights, strongest_lever, Engine, Vary, AXES, HOST_AXES};
+use super::{grid, host_weights, strongest_lever, Axis, Engine, AXES, HOST_AXES};
 use search_space::Candidate;
 
 impl Engine<'_> {
@@ -22,7 +22,7 @@ impl Engine<'_> {
         let (group, placements) = (first.candidates.clone(), first.axis == "gpu layers");
         let mut best = self.drive(Once::new(first, None));
         if placements {
-            let walk = BelowTheTop::new(self, &self.placement_start(&base), best);
+            let walk = BelowTheTop::new(&self.view(), &self.placement_start(&base), best);
             best = self.drive(walk);
         }
         if let Some(b) = best.take() {
@@ -52,7 +52,7 @@ impl Engine<'_> {
     /// on the way records the axes left.
     fn descend(
         &mut self,
-        axes: &'static [(&'static str, Vary)],
+        axes: &'static [Axis],
         best: Option<Candidate>,
         base: &Candidate,
     ) -> Option<Candidate> {
@@ -71,7 +71,7 @@ impl Engine<'_> {
         best: Candidate,
         base: &Candidate,
     ) -> Candidate {
-        let (won, not_reached) = self.drive(ExpertChallenge::new(self, group, best, base));
+        let (won, not_reached) = self.drive(ExpertChallenge::new(&self.view(), group, best, base));
         if let Some(left) = not_reached {
             self.not_reached = left;
         }

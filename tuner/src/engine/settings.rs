@@ -6,8 +6,9 @@
 
 use crate::measuring::Workload;
 use profiles::{Budgets, DeviceBudget};
+use search_space::backend;
 use search_space::{
-    CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload, SplitMode,
+    AttnRot, CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload, SplitMode,
 };
 use std::path::PathBuf;
 use std::time::Duration;
@@ -51,6 +52,8 @@ pub struct Plan {
     pub op_offload: Vec<OpOffload>,
     /// KV offload settings allowed (`off`: the KV cache in host memory, a fit lever).
     pub kv_offload: Vec<KvOffload>,
+    /// Rotations of a quantized cache allowed (`off` is lossy).
+    pub attn_rot: Vec<AttnRot>,
     /// Dense FFNs in host memory (`--n-cpu-ffn`) may be a placement (not `--no-cpu-ffn`).
     pub host_ffns: bool,
     pub cache_types: Vec<CacheType>,
@@ -123,6 +126,7 @@ pub struct TuneSettings {
     pub quality: QualityGate,
     /// Micro-batch sizes to try: the plan's, or chosen for the machine and the workload.
     pub ubatch_options: Vec<u32>,
+
     /// The link to each device of the plan's RPC servers, measured before the run (empty without
     /// them): how the split search ranks hosts (`engine/hosts.rs`).
     pub links: Vec<profiles::HostLink>,
@@ -159,11 +163,14 @@ impl TuneSettings {
 /// GPUs of one backend exist (not RPC servers, whose backend this machine does not know).
 pub fn split_modes_for(backends: &[&str]) -> Vec<SplitMode> {
     let count = |b: &str| backends.iter().filter(|x| **x == b).count();
+    let with = |can: fn(&backend::Backend) -> bool| {
+        (backends.iter()).any(|b| can(&backend::of(b)) && count(b) >= 2)
+    };
     let mut out = Vec::new();
-    if count("CUDA") >= 2 {
+    if with(|b| b.row_split) {
         out.push(SplitMode::Row);
     }
-    if (backends.iter()).any(|b| *b != "RPC" && *b != "CPU" && count(b) >= 2) {
+    if with(|b| b.tensor_split) {
         out.push(SplitMode::Tensor);
     }
     out

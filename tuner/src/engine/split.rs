@@ -13,6 +13,7 @@
 use crate::engine::backends::backend_of_device as backend_of;
 use crate::engine::placement::last_that_holds;
 use crate::engine::strategy::{Group, Strategy};
+use crate::engine::view::View;
 use crate::engine::{vary_cache, Engine};
 use search_space::{CacheType, Candidate, FlashAttn, SplitMode};
 
@@ -178,7 +179,7 @@ impl Engine<'_> {
     /// again as it has moved (10, 20, 40 points), so a device far faster than its share of the
     /// budgets says is reached in a few steps; `half` instead steps half as far (after a step that
     /// went too far).
-    fn split_step(&self, c: &Candidate, half: bool) -> Option<Candidate> {
+    pub(super) fn split_step(&self, c: &Candidate, half: bool) -> Option<Candidate> {
         if c.tensor_split.is_empty() || !c.devices.is_empty() {
             return None;
         }
@@ -362,7 +363,7 @@ impl Engine<'_> {
     }
 
     /// Points `c`'s split has moved toward one device from the budgets' split (0 for none).
-    fn split_moved(&self, c: &Candidate) -> u32 {
+    pub(super) fn split_moved(&self, c: &Candidate) -> u32 {
         let (_, base) = self.budget_split();
         (c.tensor_split.iter().zip(&base))
             .find(|(v, b)| v > b)
@@ -371,13 +372,13 @@ impl Engine<'_> {
 
     /// The split search around `best` ([`SplitSearch`]); returns the new best.
     pub fn search_split(&mut self, best: Candidate) -> Candidate {
-        let search = SplitSearch::new(self, best);
+        let search = SplitSearch::new(&self.view(), best);
         self.drive(search)
     }
 
     /// The first group of the split search from `best`: the split group, its promising shapes
     /// first, as `best`'s backend runs them; `None` where there is nothing to split.
-    fn split_search_group(&self, best: &Candidate) -> Option<Group> {
+    pub(super) fn split_search_group(&self, best: &Candidate) -> Option<Group> {
         if !self.settings.offload || self.past_budget() {
             return None;
         }
@@ -426,7 +427,7 @@ pub(crate) struct SplitSearch {
 }
 
 impl SplitSearch {
-    pub fn new(view: &Engine, best: Candidate) -> Self {
+    pub fn new(view: &View, best: Candidate) -> Self {
         SplitSearch {
             first: view.split_search_group(&best),
             best,
@@ -438,7 +439,7 @@ impl SplitSearch {
     }
 
     /// Hears the last step's choice; `false`: the search is over.
-    fn hear_step(&mut self, view: &Engine, step: &Candidate, chosen: Option<Candidate>) -> bool {
+    fn hear_step(&mut self, view: &View, step: &Candidate, chosen: Option<Candidate>) -> bool {
         match chosen {
             Some(c) if c == *step && !self.half => self.best = c,
             Some(c) if c == *step => {
@@ -456,7 +457,7 @@ impl SplitSearch {
 impl Strategy for SplitSearch {
     type Output = Candidate;
 
-    fn next(&mut self, view: &Engine, chosen: Option<Candidate>) -> Option<Group> {
+    fn next(&mut self, view: &View, chosen: Option<Candidate>) -> Option<Group> {
         if let Some(g) = self.first.take() {
             self.group_out = true;
             return Some(g);
@@ -480,7 +481,7 @@ impl Strategy for SplitSearch {
         Some(Group::new(vec![self.best.clone(), next], "split"))
     }
 
-    fn finish(self, _: &Engine) -> Candidate {
+    fn finish(self, _: &View) -> Candidate {
         self.best
     }
 }

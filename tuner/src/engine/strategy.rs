@@ -6,7 +6,8 @@
 //! shuffled rounds) and chooses (the decision rule, the quality gate). llama-bench's shape: a
 //! table of axes, the instances it yields, one loop.
 
-use super::{in_space, Engine, Vary};
+use super::view::View;
+use super::{in_space, Axis, Engine};
 use search_space::Candidate;
 
 /// Candidates to measure against each other, and the axis they vary (for progress and the log).
@@ -34,9 +35,9 @@ pub(crate) trait Strategy {
     type Output;
     /// The next group to measure, given `chosen`: the candidate the engine chose among the last
     /// group proposed (`None` before the first, or where none of it was measured). `None`: done.
-    fn next(&mut self, view: &Engine, chosen: Option<Candidate>) -> Option<Group>;
+    fn next(&mut self, view: &View, chosen: Option<Candidate>) -> Option<Group>;
     /// What the strategy found, once it proposes nothing more.
-    fn finish(self, view: &Engine) -> Self::Output;
+    fn finish(self, view: &View) -> Self::Output;
 }
 
 impl Engine<'_> {
@@ -47,7 +48,7 @@ impl Engine<'_> {
         let mut chosen = None;
         loop {
             self.out_of_time();
-            let Some(group) = strategy.next(self, chosen.take()) else {
+            let Some(group) = strategy.next(&self.view(), chosen.take()) else {
                 break;
             };
             self.promising = group.promising;
@@ -56,7 +57,7 @@ impl Engine<'_> {
             chosen = self.choose(&group.candidates);
         }
         self.out_of_time();
-        strategy.finish(self)
+        strategy.finish(&self.view())
     }
 
     /// Whether the run is out of time or stopped, as [`Engine::out_of_time`] would say, without
@@ -94,7 +95,7 @@ impl Once {
 impl Strategy for Once {
     type Output = Option<Candidate>;
 
-    fn next(&mut self, _: &Engine, chosen: Option<Candidate>) -> Option<Group> {
+    fn next(&mut self, _: &View, chosen: Option<Candidate>) -> Option<Group> {
         let group = self.group.take();
         if group.is_none() {
             self.chosen = chosen;
@@ -102,7 +103,7 @@ impl Strategy for Once {
         group
     }
 
-    fn finish(self, _: &Engine) -> Option<Candidate> {
+    fn finish(self, _: &View) -> Option<Candidate> {
         self.chosen.or(self.fallback)
     }
 }
@@ -111,7 +112,7 @@ impl Strategy for Once {
 /// proposed beside the best so far, the best kept. A budget that ends on the way records the axes
 /// it left ([`Descended::not_reached`]).
 pub(crate) struct Descend {
-    axes: &'static [(&'static str, Vary)],
+    axes: &'static [Axis],
     /// The next axis to propose.
     k: usize,
     best: Option<Candidate>,
@@ -130,11 +131,7 @@ pub(crate) struct Descended {
 }
 
 impl Descend {
-    pub fn new(
-        axes: &'static [(&'static str, Vary)],
-        best: Option<Candidate>,
-        base: &Candidate,
-    ) -> Self {
+    pub fn new(axes: &'static [Axis], best: Option<Candidate>, base: &Candidate) -> Self {
         Descend {
             axes,
             k: 0,
@@ -147,12 +144,12 @@ impl Descend {
 
     /// The candidate the axes vary from: the best so far (else the baseline) inside the user's
     /// space (the defaults are the reference, not a start for knobs the user excluded).
-    fn from(&self, view: &Engine) -> Candidate {
-        in_space(&view.settings, self.best.as_ref().unwrap_or(&self.base))
+    fn from(&self, view: &View) -> Candidate {
+        in_space(view.settings, self.best.as_ref().unwrap_or(&self.base))
     }
 
     /// The last group's choice kept, and said.
-    fn hear(&mut self, view: &Engine, chosen: Option<Candidate>) {
+    fn hear(&mut self, view: &View, chosen: Option<Candidate>) {
         if let Some(b) = chosen {
             self.best = Some(b);
         }
@@ -171,11 +168,14 @@ impl Descend {
 impl Strategy for Descend {
     type Output = Descended;
 
-    fn next(&mut self, view: &Engine, chosen: Option<Candidate>) -> Option<Group> {
+    fn next(&mut self, view: &View, chosen: Option<Candidate>) -> Option<Group> {
         if std::mem::take(&mut self.proposed) {
             self.hear(view, chosen);
         }
-        while let Some(&(axis, vary)) = self.axes.get(self.k) {
+        while let Some(&Axis {
+            name: axis, vary, ..
+        }) = self.axes.get(self.k)
+        {
             if view.past_budget() {
                 // The budget's doing, not an interruption's (that run resumes where it stopped).
                 if !view.stopped() {
@@ -187,7 +187,7 @@ impl Strategy for Descend {
             }
             self.k += 1;
             let from = self.from(view);
-            let mut group: Vec<Candidate> = vary(&view.settings, &from)
+            let mut group: Vec<Candidate> = vary(view.settings, &from)
                 .into_iter()
                 .filter(|c| c.validate().is_ok())
                 .collect();
@@ -204,7 +204,7 @@ impl Strategy for Descend {
         None
     }
 
-    fn finish(self, _: &Engine) -> Descended {
+    fn finish(self, _: &View) -> Descended {
         Descended {
             best: self.best,
             not_reached: self.not_reached,

@@ -19,6 +19,7 @@ pub(super) fn figures(pp: f64, tg: f64, w: &profiles::Workload, mem: u64) -> Fig
         pp_ci: Some([pp * 0.98, pp * 1.02]),
         tg_ci: Some([tg * 0.99, tg * 1.01]),
         repetitions: 3,
+        estimated: Vec::new(),
     }
 }
 
@@ -719,6 +720,7 @@ fn the_quality_finding_shows_the_winners_figures_and_what_the_gate_refused() {
         measured_with: None,
         against: None,
         weights_kld: None,
+        attn_rot: Default::default(),
     };
     let record = profiles::QualityRecord {
         max_kv_kld: Some(0.02),

@@ -138,6 +138,7 @@ impl Context {
         p.offload_kqv = s.kv_offload.is_on();
         p.no_perf = true;
         edit(&mut p);
+        super::settings::set_environment(search_space::Side::Context, &s.env);
         take_log();
         // SAFETY: model is valid and outlives the context (borrow).
         let ptr = unsafe { sys::llama_init_from_model(model.ptr.as_ptr(), p) };

@@ -24,7 +24,7 @@ pub struct DeviceInfo {
 impl DeviceInfo {
     /// A device served by a ggml RPC server (`RPC0`, …).
     pub fn is_rpc(&self) -> bool {
-        self.backend.eq_ignore_ascii_case("RPC")
+        search_space::backend::of(&self.backend).name == "RPC"
     }
 
     /// A device llama.cpp places layers on (a GPU, integrated or not, or an RPC server); CPU and

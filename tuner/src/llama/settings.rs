@@ -1,6 +1,7 @@
 //! The settings a model is loaded with and a context is created with (they travel in the worker
 //! protocol), and how a search-space candidate becomes them.
 
+use search_space::knob::{self, Side};
 use search_space::{CacheType, Candidate, FlashAttn, HostBuffer, KvOffload, OpOffload};
 use serde::{Deserialize, Serialize};
 
@@ -39,25 +40,29 @@ pub struct ModelSettings {
     /// (`--load-mode none`) or in the CPU's own buffer types (`--no-host`).
     #[serde(default, skip_serializing_if = "HostBuffer::is_mapped")]
     pub host_buffer: HostBuffer,
+    /// Environment variables the worker process starts with (the knobs llama.cpp reads once per
+    /// process, like `GGML_OP_OFFLOAD_MIN_BATCH`); the others of [`Side::Process`] are unset.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for ModelSettings {
-    /// llama.cpp's own defaults on this machine's devices: nothing offloaded, extra buffer types
-    /// (weight repack / AMX) on, a real load.
+    /// llama.cpp's own defaults on this machine's devices (the knob table's): nothing offloaded,
+    /// extra buffer types (weight repack / AMX) on, a real load.
     fn default() -> Self {
-        ModelSettings {
-            n_gpu_layers: 0,
-            devices: Vec::new(),
-            use_extra_bufts: true,
-            no_alloc: false,
-            rpc: Vec::new(),
-            n_cpu_moe: 0,
-            n_cpu_ffn: 0,
-            tensor_overrides: Vec::new(),
-            tensor_split: Vec::new(),
-            split_mode: search_space::SplitMode::Layer,
-            numa: search_space::Numa::Off,
-            host_buffer: HostBuffer::Mapped,
+        ModelSettings::for_candidate(&Candidate::llama_default(1, 0), &[])
+    }
+}
+
+/// Sets the variables of the knobs of `side` that `set` holds, and unsets the others: what llama.cpp
+/// reads from the environment then means what the measured configuration says, whatever the user's
+/// shell holds. A worker calls it for a context's knobs right before it makes the context, on its
+/// one thread (ggml's threads read no environment then).
+pub fn set_environment(side: Side, set: &[(String, String)]) {
+    for name in knob::environment_names(side) {
+        match set.iter().find(|(n, _)| n == name) {
+            Some((_, v)) => std::env::set_var(name, v),
+            None => std::env::remove_var(name),
         }
     }
 }
@@ -104,6 +109,10 @@ pub struct ContextSettings {
         skip_serializing_if = "profiles::serde_one::is_one"
     )]
     pub sequences: u32,
+    /// Environment variables set before the context is made (the knobs llama.cpp reads then, like
+    /// `LLAMA_ATTN_ROT_DISABLE`); the others of [`Side::Context`] are unset.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<(String, String)>,
 }
 
 impl ModelSettings {
@@ -129,6 +138,7 @@ impl ModelSettings {
             split_mode: c.split_mode,
             numa: c.numa,
             host_buffer: c.host_buffer,
+            env: knob::environment_of(c, Side::Process),
         }
     }
 }
@@ -148,7 +158,14 @@ impl ContextSettings {
             op_offload: c.op_offload,
             kv_offload: c.kv_offload,
             sequences: 1,
+            env: knob::environment_of(c, Side::Context),
         }
+    }
+
+    /// llama.cpp's defaults (the knob table's) for a context of `n_ctx` tokens on `threads`
+    /// threads: what a command that measures no configuration of its own runs.
+    pub fn defaults(n_ctx: u32, threads: u32) -> ContextSettings {
+        ContextSettings::for_candidate(&Candidate::llama_default(threads, 0), n_ctx)
     }
 
     /// The same with `n` sequences at once.

@@ -7,7 +7,6 @@
 use crate::llama::{Context, ContextSettings, Model, ModelSettings};
 use crate::worker::protocol::Response;
 pub use crate::worker::protocol::{Fact, GreedyRequest, RetrievalAnswer, RetrievalRequest};
-use search_space::{CacheType, FlashAttn};
 use std::sync::Arc;
 
 fn failed(stage: &str, message: impl Into<String>) -> Response {
@@ -36,17 +35,9 @@ pub fn greedy(q: &GreedyRequest) -> Response {
     };
     let n = q.tokens.len() as u32;
     let settings = ContextSettings {
-        n_ctx: n.div_ceil(256).max(1) * 256,
         n_batch: n.max(1),
         n_ubatch: n.clamp(1, 512),
-        threads: q.threads.max(1),
-        threads_batch: None,
-        type_k: CacheType::F16,
-        type_v: CacheType::F16,
-        flash_attn: FlashAttn::Auto,
-        op_offload: Default::default(),
-        kv_offload: Default::default(),
-        sequences: 1,
+        ..ContextSettings::defaults(n.div_ceil(256).max(1) * 256, q.threads.max(1))
     };
     let mut ctx = match Context::new(&model, &settings) {
         Ok(c) => c,

@@ -269,6 +269,7 @@ mod tests {
                 pp_ci: None,
                 tg_ci: None,
                 repetitions: 3,
+                estimated: Vec::new(),
             }),
             placement: Some(Placement {
                 text: if spills {

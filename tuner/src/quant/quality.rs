@@ -96,6 +96,9 @@ pub struct EvalSettings {
     pub devices: Vec<String>,
     /// What the figures are measured with (its flash attention is the contexts').
     pub with: MeasuredWith,
+    /// The rotation of the compared models' quantized caches (the reference's f16 cache is never
+    /// rotated).
+    pub attn_rot: search_space::AttnRot,
     /// Ignore cached results.
     pub fresh: bool,
     pub cache_dir: PathBuf,
@@ -208,6 +211,11 @@ impl<'a> Evaluator<'a> {
             t.kv.to_string()
         } else {
             format!("{}-{}", t.kv, t.kv_v)
+        };
+        // An unrotated quantized cache is another cache (a pair of f16 is rotated by nobody).
+        let kv = match s.attn_rot.is_on() || !(t.kv.is_quantized() || t.kv_v.is_quantized()) {
+            true => kv,
+            false => format!("{kv}-norot"),
         };
         self.settings.cache_dir.join("quality").join(format!(
             "{}-vs-{}-{}-{}-t{tokens}-c{}{}-w{}.json",
@@ -328,6 +336,7 @@ impl<'a> Evaluator<'a> {
             n_gpu_layers: s.n_gpu_layers,
             devices: s.devices.clone(),
             flash_attn: s.with.flash_attn,
+            attn_rot: s.attn_rot,
             progress: Some(progress.clone()),
         });
         let bar = batch_bar(s.quiet, batch, reference);
@@ -638,6 +647,7 @@ pub fn kv_pair_quality(
         n_gpu_layers: req.n_gpu_layers,
         devices: req.devices.clone(),
         with: measured_with(req.n_gpu_layers, &req.devices, req.flash_attn),
+        attn_rot: req.attn_rot,
         fresh: false,
         cache_dir: crate::session::cache_dir(),
         quiet: true,
@@ -727,6 +737,7 @@ mod tests {
                 backend: backend.into(),
                 flash_attn: fa,
             },
+            attn_rot: Default::default(),
             fresh: false,
             cache_dir: dir.to_path_buf(),
             quiet: true,

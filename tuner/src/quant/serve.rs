@@ -14,7 +14,7 @@ pub use crate::worker::protocol::{
     QualityAnswer, QualityJob, QualityRequest, QuantizeAnswer, QuantizeRequest,
 };
 use rayon::prelude::*;
-use search_space::{CacheType, FlashAttn};
+use search_space::{AttnRot, CacheType, Candidate, FlashAttn};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -169,7 +169,7 @@ pub fn quality(q: &QualityRequest) -> Response {
         &reference,
         (CacheType::F16, CacheType::F16),
         n_ctx,
-        (q.threads, q.flash_attn),
+        (q.threads, q.flash_attn, AttnRot::On),
     ) {
         Ok(c) => c,
         Err(e) => return failed("context", e.to_string()),
@@ -239,27 +239,27 @@ fn load_jobs(q: &QualityRequest, reference: &Arc<Model>) -> Vec<JobState> {
         .collect()
 }
 
-/// A context that decodes a whole chunk in one batch, with these K and V cache types.
+/// A context that decodes a whole chunk in one batch, with these K and V cache types, flash
+/// attention and rotation of a quantized cache (through the knob table, as a measured candidate's).
 fn chunk_context(
     m: &Arc<Model>,
     (type_k, type_v): (CacheType, CacheType),
     n_ctx: u32,
-    (threads, flash_attn): (u32, FlashAttn),
+    (threads, flash_attn, attn_rot): (u32, FlashAttn, AttnRot),
 ) -> Result<Context, llama::LlamaError> {
+    let c = Candidate {
+        type_k,
+        type_v,
+        flash_attn,
+        attn_rot,
+        ..Candidate::llama_default(threads.max(1), 0)
+    };
     Context::new(
         m,
         &ContextSettings {
-            n_ctx,
             n_batch: n_ctx,
             n_ubatch: n_ctx.min(512),
-            threads: threads.max(1),
-            threads_batch: None,
-            type_k,
-            type_v,
-            flash_attn,
-            op_offload: Default::default(),
-            kv_offload: Default::default(),
-            sequences: 1,
+            ..ContextSettings::for_candidate(&c, n_ctx)
         },
     )
 }
@@ -296,7 +296,7 @@ fn compare_chunk(
         let t = Instant::now();
         // One context at a time: with a large vocabulary each holds hundreds of MB of logits.
         let kv = (spec.kv, spec.kv_v.unwrap_or(spec.kv));
-        let outcome = chunk_context(&model, kv, n_ctx, (q.threads, q.flash_attn))
+        let outcome = chunk_context(&model, kv, n_ctx, (q.threads, q.flash_attn, q.attn_rot))
             .map_err(|e| e.to_string())
             .and_then(|mut ctx| compare_logits(ref_ctx, &mut ctx, window));
         match outcome {

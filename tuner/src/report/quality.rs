@@ -8,7 +8,7 @@ use search_space::Candidate;
 /// Marks each row whose K/V pair was held to the gate: its mean KLD, and a refused row's status.
 pub fn annotate(board: &mut [LeaderboardEntry], q: &QualityRecord) {
     for e in board.iter_mut().filter(|e| e.candidate.kv_lossy()) {
-        let Some(check) = q.check(e.candidate.type_k, e.candidate.type_v) else {
+        let Some(check) = q.check(&e.candidate) else {
             continue;
         };
         e.kv_kld = check.kld();

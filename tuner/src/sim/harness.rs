@@ -134,6 +134,8 @@ fn plan(workload: Workload, seed: u64, cache_types: &[CacheType]) -> Plan {
         numa: None,
         op_offload: vec![OpOffload::On, OpOffload::Off],
         kv_offload: vec![KvOffload::On, KvOffload::Off],
+        // The landscapes model no rotation: a rotation axis would measure ties.
+        attn_rot: vec![search_space::AttnRot::On],
         host_ffns: true,
         cache_types: cache_types.to_vec(),
         kv_gate: GateChoice::On(DEFAULT_MAX_KV_KLD),

@@ -8,6 +8,7 @@
 
 use crate::engine::score_seconds;
 use crate::measuring::{DeviceBytes, LoadReport, MeasureRequest, Repetition, Workload};
+use search_space::Phases;
 use search_space::{CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, Numa};
 
 pub const MIB: u64 = 1 << 20;
@@ -188,6 +189,8 @@ pub fn candidate_of(req: &MeasureRequest) -> Candidate {
         kv_offload: req.context.kv_offload,
         numa: req.settings.numa,
         host_buffer: req.settings.host_buffer,
+        // The landscapes model neither environment knob: the defaults.
+        ..Candidate::llama_default(req.context.threads, 0)
     }
 }
 
@@ -599,6 +602,7 @@ impl Landscape {
             tg_depth_tps: (w.depth > 0)
                 .then(|| np as f64 / self.step_seconds(c, w.n_ctx, w.depth, np)),
             load: None,
+            timed: search_space::Phases::BOTH,
         }
     }
 
@@ -628,6 +632,27 @@ impl Landscape {
             .min((w.n_ctx / np).saturating_sub(4))
             .max(1);
         (n as f64 / ideal.pp_tps + 4.0 / ideal.tg_tps) * np as f64 + 0.05
+    }
+
+    /// Seconds a repetition that times `phases` alone takes: with a depth the cache is filled
+    /// whatever is timed after it.
+    pub fn timed_seconds(&self, rep: &Repetition, w: &Workload, phases: Phases) -> f64 {
+        if phases.is_both() {
+            return self.rep_seconds(rep, w);
+        }
+        let mut s = 0.0;
+        if phases.prompt {
+            s += w.n_prompt as f64 / rep.pp_tps;
+            s += rep.pp_depth_tps.map_or(0.0, |p| w.n_prompt as f64 / p);
+        }
+        if phases.generation {
+            s += w.n_gen as f64 / rep.tg_tps;
+            s += rep.tg_depth_tps.map_or(0.0, |d| w.n_gen as f64 / d);
+        }
+        if rep.tg_depth_tps.is_some() {
+            s += w.depth as f64 / rep.pp_tps;
+        }
+        s * w.n_parallel.max(1) as f64 + 0.05
     }
 
     /// Seconds one load takes: the file from disk (3 GB/s) and each device's share over its link.

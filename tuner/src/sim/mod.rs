@@ -242,7 +242,7 @@ impl Measurer for SimMeasurer {
         let offset = self.loaded[i].offset;
         let noise = self.land.noise;
         let jitter = |x: f64, m: &mut Self| x * offset * (1.0 + noise * m.normal()).max(0.5);
-        let rep = Repetition {
+        let mut rep = Repetition {
             pp_tps: jitter(ideal.pp_tps, self),
             tg_tps: jitter(ideal.tg_tps, self),
             pp_depth_tps: ideal.pp_depth_tps.map(|d| jitter(d, self)),
@@ -251,12 +251,18 @@ impl Measurer for SimMeasurer {
                 load_seconds: self.land.load_seconds(&c, w.n_ctx),
                 ..self.land.footprint(&c, w.n_ctx)
             }),
+            timed: search_space::Phases::BOTH,
         };
-        if let Some(stopped) = self.give_up(req, &rep) {
-            self.record(&c, Outcome::GaveUp);
-            return Err(stopped);
+        if req.phases.is_both() {
+            if let Some(stopped) = self.give_up(req, &rep) {
+                self.record(&c, Outcome::GaveUp);
+                return Err(stopped);
+            }
         }
-        self.clock += self.land.rep_seconds(&rep, w);
+        // As the worker: only the phases asked for are timed (and take time); the others' figures
+        // are the engine's to lend.
+        self.clock += self.land.timed_seconds(&rep, w, req.phases);
+        untimed_zeroed(&mut rep, req.phases);
         self.record(&c, Outcome::Measured);
         Ok(rep)
     }
@@ -363,5 +369,18 @@ impl Measurer for SimMeasurer {
 
     fn elapsed(&self) -> Duration {
         Duration::from_secs_f64(self.clock)
+    }
+}
+
+/// `rep` as a worker that timed `phases` alone answers it: the other phase's figures 0.
+fn untimed_zeroed(rep: &mut Repetition, phases: search_space::Phases) {
+    rep.timed = phases;
+    if !phases.prompt {
+        rep.pp_tps = 0.0;
+        rep.pp_depth_tps = rep.pp_depth_tps.map(|_| 0.0);
+    }
+    if !phases.generation {
+        rep.tg_tps = 0.0;
+        rep.tg_depth_tps = rep.tg_depth_tps.map(|_| 0.0);
     }
 }

@@ -310,3 +310,54 @@ fn a_first_repetition_far_behind_the_best_is_not_repeated() {
     let won = result(&run, run.winner.as_ref().unwrap()).unwrap();
     assert!(won.ok() && won.failure.is_none());
 }
+
+/// A group whose candidates differ only in a knob that moves one phase of a request times that
+/// phase alone: the micro-batch moves the prompt, so after the baseline's first visit (both
+/// phases) `-ub 256` times the prompt and borrows the group's generation figures, and costs less
+/// simulated time than a whole repetition; the threads with the prompt's held move generation
+/// alone. Its figures say which phase is an estimate.
+#[test]
+fn a_group_that_moves_one_phase_times_that_phase_alone() {
+    let land = gpus(1, 16 * GIB);
+    let s = settings(&land, 5);
+    let w = s.plan.workload.clone();
+    with_engine(land, s, |e| {
+        let base = e.baseline();
+        e.measure_group(std::slice::from_ref(&base), "baseline");
+        let r = |e: &Engine, c: &Candidate| {
+            e.results
+                .iter()
+                .find(|r| &r.candidate == c)
+                .unwrap()
+                .clone()
+        };
+        assert!(r(e, &base).reps.iter().all(|x| x.timed.is_both()));
+        let ub = base.with_ubatch(256);
+        let before = e.elapsed();
+        e.measure_group(&[base.clone(), ub.clone()], "batch");
+        let ub_r = r(e, &ub);
+        assert!(ub_r
+            .reps
+            .iter()
+            .all(|x| x.timed == search_space::Phases::PROMPT));
+        let base_tg: Vec<f64> = r(e, &base).reps.iter().map(|x| x.tg_tps).collect();
+        let lent = ub_r.reps[0].tg_tps;
+        assert!(
+            lent > 0.0 && base_tg.iter().any(|&t| t >= lent) && base_tg.iter().any(|&t| t <= lent)
+        );
+        let figures = crate::engine::ranking::figures(&ub_r, &w).unwrap();
+        assert_eq!(figures.estimated, ["generation"]);
+        assert!(e.elapsed() > before);
+
+        let t = base.with_threads(base.threads / 2, base.batch_threads());
+        e.measure_group(&[base.clone(), t.clone()], "threads");
+        assert!(r(e, &t)
+            .reps
+            .iter()
+            .all(|x| x.timed == search_space::Phases::GENERATION));
+        // Both phases moved: both timed.
+        let both = base.with_threads(base.threads / 2, base.threads / 2);
+        e.measure_group(&[base.clone(), both.clone()], "threads");
+        assert!(r(e, &both).reps.iter().all(|x| x.timed.is_both()));
+    });
+}

@@ -4,7 +4,7 @@
 use super::harness::{gpus, settings, with_engine};
 use super::GIB;
 use crate::engine::strategy::{Group, Once, Strategy};
-use crate::engine::Engine;
+use crate::engine::view::View;
 use search_space::Candidate;
 
 /// Proposes the groups it was given, one after the other, and records what it heard of each.
@@ -17,7 +17,7 @@ struct Script {
 impl Strategy for Script {
     type Output = Vec<Option<Candidate>>;
 
-    fn next(&mut self, _: &Engine, chosen: Option<Candidate>) -> Option<Group> {
+    fn next(&mut self, _: &View, chosen: Option<Candidate>) -> Option<Group> {
         if self.proposed > 0 {
             self.heard.push(chosen);
         }
@@ -26,7 +26,7 @@ impl Strategy for Script {
         group
     }
 
-    fn finish(self, _: &Engine) -> Vec<Option<Candidate>> {
+    fn finish(self, _: &View) -> Vec<Option<Candidate>> {
         self.heard
     }
 }

@@ -470,17 +470,8 @@ mod tests {
     #[test]
     fn the_drafts_other_placements_are_a_q8_0_cache_and_the_cpu() {
         let context = ContextSettings {
-            n_ctx: 512,
             n_batch: 512,
-            n_ubatch: 512,
-            threads: 1,
-            threads_batch: None,
-            type_k: CacheType::F16,
-            type_v: CacheType::F16,
-            flash_attn: search_space::FlashAttn::Auto,
-            op_offload: Default::default(),
-            kv_offload: Default::default(),
-            sequences: 1,
+            ..ContextSettings::defaults(512, 1)
         };
         let target = ModelSettings::default();
         let path = Path::new("d.gguf");

@@ -503,7 +503,7 @@ mod tests {
                     memory_free: 1 << 30,
                     memory_total: 1 << 30,
                     // As ggml's CUDA and Vulkan backends offer pinned host memory.
-                    host_buffer: ["CUDA", "Vulkan"].contains(backend),
+                    host_buffer: search_space::backend::of(backend).pinned_host,
                 })
                 .collect(),
         )

@@ -286,6 +286,7 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
             .unwrap_or(0),
         autotune_version: env!("CARGO_PKG_VERSION").to_string(),
         server_args: Vec::new(),
+        server_env: Default::default(),
         rpc: rpc_needed(t, &winner),
         notes: profile_notes(t),
         model: profiles::ModelRef {

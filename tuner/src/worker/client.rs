@@ -19,7 +19,14 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// A worker with llama.cpp's defaults for the knobs it reads once per process.
     pub fn spawn() -> std::io::Result<Worker> {
+        Self::spawn_with(&[])
+    }
+
+    /// A worker whose process starts with `env`, the variables of the knobs llama.cpp reads once
+    /// per process (`ModelSettings::env`); the other such variables are unset.
+    pub fn spawn_with(env: &[(String, String)]) -> std::io::Result<Worker> {
         // On Linux /proc/self/exe still runs this very binary after the file was replaced or removed
         // (an upgrade or a rebuild during a long run), where its path would name another file or none.
         let self_exe = std::path::Path::new("/proc/self/exe");
@@ -32,6 +39,10 @@ impl Worker {
         let name =
             std::env::current_exe().map_or_else(|_| "autotune".into(), |p| p.display().to_string());
         std::os::unix::process::CommandExt::arg0(&mut cmd, name);
+        for name in search_space::knob::environment_names(search_space::Side::Process) {
+            cmd.env_remove(name);
+        }
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         cmd.arg("__worker")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -107,7 +107,7 @@ impl WorkerPool {
                     let (_, w) = self.workers.remove(0);
                     w.quit();
                 }
-                let w = Worker::spawn().map_err(|e| TrialFailure::Exited {
+                let w = Worker::spawn_with(&m.settings.env).map_err(|e| TrialFailure::Exited {
                     code: -1,
                     stderr_tail: format!("cannot start worker: {e}"),
                 })?;

@@ -171,6 +171,10 @@ pub struct QualityRequest {
     /// Flash attention in every context (the reference's and each job's).
     #[serde(default = "flash_attn_auto")]
     pub flash_attn: search_space::FlashAttn,
+    /// The rotation of each job's quantized cache (`off`: `LLAMA_ATTN_ROT_DISABLE=1` when its
+    /// context is made).
+    #[serde(default, skip_serializing_if = "search_space::AttnRot::is_on")]
+    pub attn_rot: search_space::AttnRot,
     /// Where to write `done/total` (chunks × jobs) while working.
     pub progress: Option<PathBuf>,
 }

@@ -5,6 +5,8 @@
 //! step, timed together (aggregate tokens per second).
 
 use crate::llama::{self, Context, SeqToken};
+use crate::measuring::Workload;
+use search_space::Phases;
 use std::time::{Duration, Instant};
 
 type Result<T> = std::result::Result<T, llama::LlamaError>;
@@ -123,13 +125,16 @@ pub fn generation(
 pub fn at_depth(
     ctx: &mut Context,
     tokens: &mut TokenSource,
-    depth: u32,
-    n_prompt: u32,
-    n_gen: u32,
-    np: u32,
+    (w, np): (&Workload, u32),
+    timed: Phases,
     cut: &mut Cutoff,
 ) -> Result<(f64, f64)> {
+    let (depth, n_prompt, n_gen) = (w.depth, w.n_prompt, w.n_gen);
     fill(ctx, tokens, depth, np)?;
+    if !timed.prompt {
+        // Generation alone: nothing to rewind; the prompt's figure is lent (0 until then).
+        return Ok((0.0, steps(ctx, tokens, depth, n_gen, np, cut)?));
+    }
     let seqs = 0..np.max(1) as i32;
     let rewinds = ctx.model().cache_rewinds_exactly();
     let saved: Vec<Vec<u8>> = if rewinds {
@@ -146,6 +151,9 @@ pub fn at_depth(
         seqs.zip(&saved)
             .all(|(seq, state)| !state.is_empty() && ctx.restore_seq(state, seq))
     };
+    if !timed.generation {
+        return Ok((pp, 0.0));
+    }
     if !restored {
         fill(ctx, tokens, depth, np)?;
     }

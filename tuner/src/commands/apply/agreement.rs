@@ -87,7 +87,7 @@ pub fn check(
         agreed,
         top1: agreed as f64 / generated.len() as f64,
         gate_top1: (p.quality.as_ref())
-            .and_then(|q| q.check(p.winner.type_k, p.winner.type_v))
+            .and_then(|q| q.check(&p.winner))
             .and_then(|c| c.figures.as_ref().map(|f| f.top1)),
     })
 }

@@ -86,8 +86,21 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    pub fn start(server: &Path, argv: &[String], verbose: bool) -> anyhow::Result<ServerProcess> {
+    /// llama-server with `argv` and the environment the profile needs (`env`; the other variables
+    /// of llama.cpp's knobs unset, so the shell's cannot change what runs).
+    pub fn start(
+        server: &Path,
+        argv: &[String],
+        env: &std::collections::BTreeMap<String, String>,
+        verbose: bool,
+    ) -> anyhow::Result<ServerProcess> {
         let mut cmd = Command::new(server);
+        for side in [search_space::Side::Process, search_space::Side::Context] {
+            for name in search_space::knob::environment_names(side) {
+                cmd.env_remove(name);
+            }
+        }
+        cmd.envs(env);
         cmd.args(argv)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -3,6 +3,7 @@
 
 use super::finding::measured;
 use profiles::Profile;
+use search_space::knob::{self, Knob, KNOBS};
 use search_space::Candidate;
 use serde::Serialize;
 
@@ -27,105 +28,26 @@ pub struct KnobEffect {
     pub winner_value: Option<String>,
 }
 
-/// The knobs of a candidate, for "which setting mattered".
-#[derive(Debug, Clone, Copy)]
-enum Knob {
-    GpuLayers,
-    Devices,
-    Threads,
-    ThreadsBatch,
-    Kernels,
-    HostBuffer,
-    Numa,
-    OpOffload,
-    KvOffload,
-    FlashAttn,
-    KvCache,
-    Ubatch,
-    Batch,
+/// A knob's value as explain shows it: `t=2`, `kv=q8_0/q8_0`, `repack` (the knob table's key and
+/// value; "default" where the value is llama.cpp's unset one, like no `--device`).
+fn shown(knob: &dyn Knob, c: &Candidate) -> String {
+    let value = knob.value(c);
+    let value = if value.is_empty() {
+        "default".into()
+    } else {
+        value
+    };
+    match knob.key() {
+        "" => value,
+        key => format!("{key}={value}"),
+    }
 }
 
-const KNOBS: [Knob; 13] = [
-    Knob::GpuLayers,
-    Knob::Devices,
-    Knob::Threads,
-    Knob::ThreadsBatch,
-    Knob::Kernels,
-    Knob::HostBuffer,
-    Knob::Numa,
-    Knob::OpOffload,
-    Knob::KvOffload,
-    Knob::FlashAttn,
-    Knob::KvCache,
-    Knob::Ubatch,
-    Knob::Batch,
-];
-
-impl Knob {
-    fn name(self) -> &'static str {
-        match self {
-            Knob::GpuLayers => "GPU layers",
-            Knob::Devices => "devices",
-            Knob::Threads => "threads",
-            Knob::ThreadsBatch => "prompt threads",
-            Knob::Kernels => "kernels",
-            Knob::HostBuffer => "host buffer",
-            Knob::Numa => "NUMA",
-            Knob::OpOffload => "op offload",
-            Knob::KvOffload => "KV offload",
-            Knob::FlashAttn => "flash attention",
-            Knob::KvCache => "KV cache",
-            Knob::Ubatch => "micro-batch",
-            Knob::Batch => "batch",
-        }
-    }
-
-    fn value(self, c: &Candidate) -> String {
-        match self {
-            Knob::GpuLayers => format!("ngl={}", c.n_gpu_layers),
-            Knob::Devices if c.devices.is_empty() => "dev=default".into(),
-            Knob::Devices => format!("dev={}", c.devices.join(",")),
-            Knob::Threads => format!("t={}", c.threads),
-            Knob::ThreadsBatch => format!("tb={}", c.batch_threads()),
-            Knob::Kernels => c.kernels.to_string(),
-            Knob::HostBuffer => format!("host={}", c.host_buffer),
-            Knob::Numa => format!("numa={}", c.numa),
-            Knob::OpOffload => format!("op-offload={}", c.op_offload),
-            Knob::KvOffload => format!("kv-offload={}", c.kv_offload),
-            Knob::FlashAttn => format!("fa={}", c.flash_attn),
-            Knob::KvCache => format!("kv={}/{}", c.type_k, c.type_v),
-            Knob::Ubatch => format!("ub={}", c.n_ubatch),
-            Knob::Batch => format!("b={}", c.n_batch),
-        }
-    }
-
-    /// `c` with this knob set to a fixed value: candidates equal after clearing differ only in it.
-    fn cleared(self, c: &Candidate) -> Candidate {
-        let mut c = c.clone();
-        match self {
-            Knob::GpuLayers => c.n_gpu_layers = 0,
-            Knob::Devices => c.devices.clear(),
-            // The prompt's threads held, as the search's threads axis holds them.
-            Knob::Threads => {
-                c.threads_batch = Some(c.batch_threads());
-                c.threads = 0;
-            }
-            Knob::ThreadsBatch => c.threads_batch = None,
-            Knob::Kernels => c.kernels = search_space::KernelChoice::Repack,
-            Knob::HostBuffer => c.host_buffer = search_space::HostBuffer::Mapped,
-            Knob::Numa => c.numa = search_space::Numa::Off,
-            Knob::OpOffload => c.op_offload = search_space::OpOffload::On,
-            Knob::KvOffload => c.kv_offload = search_space::KvOffload::On,
-            Knob::FlashAttn => c.flash_attn = search_space::FlashAttn::Auto,
-            Knob::KvCache => {
-                c.type_k = search_space::CacheType::F16;
-                c.type_v = search_space::CacheType::F16;
-            }
-            Knob::Ubatch => c.n_ubatch = 0,
-            Knob::Batch => c.n_batch = 0,
-        }
-        c
-    }
+/// `c` with `knob` at a fixed value: candidates equal after clearing differ only in it.
+fn cleared(knob: &dyn Knob, c: &Candidate) -> Candidate {
+    let mut c = c.clone();
+    knob.reset(&mut c);
+    c
 }
 
 /// For each knob varied in the run, its best and worst value among candidates that differ only in
@@ -134,15 +56,16 @@ impl Knob {
 /// before a later change has neighbours of an earlier best, not of the winner). Most effect first.
 pub fn knob_effects(profile: &Profile) -> Vec<KnobEffect> {
     let mut out: Vec<KnobEffect> = KNOBS
-        .into_iter()
+        .iter()
+        .copied()
         // On one node llama.cpp runs every NUMA strategy as off: what differs is noise.
-        .filter(|knob| !matches!(knob, Knob::Numa) || profile.machine.numa_nodes > 1)
+        .filter(|knob| knob.name() != knob::NumaKnob.name() || profile.machine.numa_nodes > 1)
         .filter_map(|knob| {
-            let value = |c: &Candidate| knob.value(c);
-            knob_effect(profile, knob, |c| knob.cleared(c), value)
-                .or_else(|| match knob {
+            let value = |c: &Candidate| shown(knob, c);
+            knob_effect(profile, knob, |c| cleared(knob, c), value)
+                .or_else(|| match knob.name() {
                     // A grid (or an earlier profile) varies both thread counts together.
-                    Knob::Threads => {
+                    "threads" => {
                         let key = |c: &Candidate| Candidate {
                             threads: 0,
                             threads_batch: None,
@@ -168,21 +91,21 @@ pub fn knob_effects(profile: &Profile) -> Vec<KnobEffect> {
 /// with the GPU layers it lets fit, since the search measures a lever at its most layers. On an H200
 /// with half the memory full offload needs, `kv=q4_0/q4_0` at ngl=17 against `kv=f16/f16` at its 15
 /// was a 24% faster request; no two candidates there differed in the KV cache alone.
-const FIT_LEVERS: [(Knob, &str); 3] = [
-    (Knob::KvCache, "KV cache with the layers it fits"),
-    (Knob::Ubatch, "micro-batch with the layers it fits"),
-    (Knob::KvOffload, "KV offload with the layers it fits"),
+const FIT_LEVERS: [(&dyn Knob, &str); 3] = [
+    (&knob::KvCache, "KV cache with the layers it fits"),
+    (&knob::Ubatch, "micro-batch with the layers it fits"),
+    (&knob::KvOffloadKnob, "KV offload with the layers it fits"),
 ];
 
 /// A fit lever's effect: candidates that differ in `knob` and the GPU layers, each of the knob's
 /// values at its best measured layer count. Only where those counts differ (else the knob alone
 /// says the same).
-fn lever_effect(profile: &Profile, knob: Knob, name: &'static str) -> Option<KnobEffect> {
+fn lever_effect(profile: &Profile, knob: &dyn Knob, name: &'static str) -> Option<KnobEffect> {
     let key = |c: &Candidate| Candidate {
         n_gpu_layers: 0,
-        ..knob.cleared(c)
+        ..cleared(knob, c)
     };
-    let label = |c: &Candidate| format!("{} ngl={}", knob.value(c), c.n_gpu_layers);
+    let label = |c: &Candidate| format!("{} ngl={}", shown(knob, c), c.n_gpu_layers);
     let (mut effect, [best, worst]) = knob_effect(profile, knob, key, label)?;
     if best == worst {
         return None;
@@ -205,7 +128,7 @@ struct Value {
 /// the GPU layers of the best and the worst value.
 fn knob_effect(
     profile: &Profile,
-    knob: Knob,
+    knob: &dyn Knob,
     key: impl Fn(&Candidate) -> Candidate,
     label: impl Fn(&Candidate) -> String,
 ) -> Option<(KnobEffect, [u32; 2])> {
@@ -213,7 +136,7 @@ fn knob_effect(
     for (e, f) in measured(profile) {
         let key = key(&e.candidate);
         let v = Value {
-            value: knob.value(&e.candidate),
+            value: shown(knob, &e.candidate),
             label: label(&e.candidate),
             score_s: f.score_s,
             layers: e.candidate.n_gpu_layers,
@@ -252,7 +175,7 @@ fn knob_effect(
         .iter()
         .max_by(|a, b| a.score_s.total_cmp(&b.score_s))
         .expect("two values");
-    let winner_value = knob.value(&profile.winner);
+    let winner_value = shown(knob, &profile.winner);
     let effect = KnobEffect {
         knob: knob.name(),
         best: best.label.clone(),
