@@ -235,13 +235,12 @@ fn mixed_kv_pairs_are_searched_on_a_vulkan_device_that_runs_them() {
     let board = r["leaderboard"].as_array().expect("leaderboard");
     let kv = |e: &serde_json::Value| {
         let c = &e["candidate"];
-        (
-            c["type_k"].as_str().unwrap_or(""),
-            c["type_v"].as_str().unwrap_or(""),
-        )
+        (c["type_k"].to_string(), c["type_v"].to_string())
     };
     assert!(
-        board.iter().any(|e| kv(e) == ("f16", "q8_0")),
+        board
+            .iter()
+            .any(|e| kv(e) == ("\"f16\"".into(), "\"q8_0\"".into())),
         "f16 K with a q8_0 V cache was searched on Vulkan0: {r:#}"
     );
 }
