@@ -310,9 +310,7 @@ fn joint_mode_holds_the_chosen_weights_with_the_cache_to_max_kv_kld() {
     // At the workload's depth (1,000 + 128 + 32 tokens: windows of 1,536), the Q4_0 weights with
     // the q8_0 cache against the Q4_K_M reference, with the weights alone beside it.
     assert_eq!(record.window, 1536);
-    let check = record
-        .check(p.winner.type_k, p.winner.type_v)
-        .expect("checked");
+    let check = record.check(&p.winner).expect("checked");
     assert!(p.winner.kv_lossy() && check.passed, "{check:?}");
     assert_eq!(check.against.as_deref(), Some("Q4_K_M"), "{check:?}");
     let weights = check.weights_kld.expect("the weights alone");
@@ -394,14 +392,20 @@ fn an_unrotated_quantized_cache_is_held_to_the_gate_and_applied_with_its_variabl
     let board = v["leaderboard"].as_array().unwrap();
     let unrotated = |c: &Value| lossy(c) && c["attn_rot"] == "off";
     assert!(
-        board.iter().any(|e| unrotated(&e["candidate"]) && e["status"] == "ok"),
+        board
+            .iter()
+            .any(|e| unrotated(&e["candidate"]) && e["status"] == "ok"),
         "an unrotated q8_0 cache was measured: {board:?}"
     );
     assert!(
-        !board.iter().any(|e| lossy(&e["candidate"]) && e["candidate"]["attn_rot"].is_null()),
+        !board
+            .iter()
+            .any(|e| lossy(&e["candidate"]) && e["candidate"]["attn_rot"].is_null()),
         "no rotated quantized cache was loaded: {board:?}"
     );
-    let checks = v["quality"]["checks"].as_array().expect("a pair was checked");
+    let checks = v["quality"]["checks"]
+        .as_array()
+        .expect("a pair was checked");
     let check = checks
         .iter()
         .find(|c| c["attn_rot"] == "off")
@@ -411,13 +415,21 @@ fn an_unrotated_quantized_cache_is_held_to_the_gate_and_applied_with_its_variabl
 
     // The winner made the unrotated q8_0 cache: apply sets the variable and says its quality.
     let text = std::fs::read_to_string(&profile).unwrap();
+    let mut in_winner = false;
     let edited: String = text
         .lines()
         .filter(|l| !l.starts_with("server_args"))
-        .map(|l| match l {
-            "type_k = \"f16\"" => "type_k = \"q8_0\"\nattn_rot = \"off\"".to_string(),
-            "type_v = \"f16\"" => "type_v = \"q8_0\"".to_string(),
-            _ => l.to_string(),
+        .map(|l| {
+            if l.starts_with('[') {
+                in_winner = l == "[winner]";
+            }
+            match l {
+                "type_k = \"f16\"" if in_winner => {
+                    "type_k = \"q8_0\"\nattn_rot = \"off\"".to_string()
+                }
+                "type_v = \"f16\"" if in_winner => "type_v = \"q8_0\"".to_string(),
+                _ => l.to_string(),
+            }
         })
         .collect::<Vec<_>>()
         .join("\n");

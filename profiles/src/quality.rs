@@ -217,7 +217,11 @@ pub fn quality_line(q: Option<&QualityRecord>, w: &Candidate, model: &str) -> St
 
 /// `w`'s K/V pair as the quality lines name it: ` no-rot` after a quantized pair run unrotated.
 fn lossy_label(w: &Candidate) -> String {
-    let rot = if w.attn_rot.is_on() || !w.kv_lossy() { "" } else { " no-rot" };
+    let rot = if w.attn_rot.is_on() || !w.kv_lossy() {
+        ""
+    } else {
+        " no-rot"
+    };
     format!("{}{rot}", w.kv_label())
 }
 
