@@ -136,6 +136,22 @@ fn exec_check_only_starts_the_server_and_compares_its_speed() {
          (within ±{tolerance}: {within})"
     );
 
+    // The quality line, and the server's greedy output against the f16-cache reference: the
+    // profile's cache is f16 (a tie goes to the lossless cache), so they agree on (almost) every
+    // token; the server's CPU kernels and batch sizes may differ from the reference's.
+    assert!(
+        v["quality"]
+            .as_str()
+            .unwrap()
+            .starts_with("kv=f16/f16: lossless"),
+        "{v}"
+    );
+    let a = &v["agreement"];
+    assert_eq!(a["tokens"], 32, "{a}");
+    let top1 = a["top1"].as_f64().unwrap();
+    assert!(top1 >= 0.9, "{a}");
+    eprintln!("apply --exec --check-only: {a}");
+
     // --check-only stopped the server: nothing listens on its port any more.
     let url = v["url"].as_str().unwrap();
     let addr = url.trim_start_matches("http://");
@@ -161,6 +177,12 @@ fn apply_prints_the_server_command_line() {
         "1",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // What the command's cache costs in quality, on stderr beside it.
+    assert!(
+        stderr(&o).contains("autotune: quality kv=f16/f16: lossless"),
+        "{}",
+        stderr(&o)
+    );
     let line = stdout(&o);
     assert_eq!(line.lines().count(), 1, "{line}");
     assert!(line.starts_with(&format!("{} -m ", s(&server))), "{line}");
@@ -246,7 +268,14 @@ fn export_writes_every_format() {
             "{format}: {text}"
         );
         match format {
-            ExportFormat::Args => assert!(text.starts_with("llama-server -m "), "{text}"),
+            ExportFormat::Args => {
+                let (quality, command) = text.split_once('\n').unwrap();
+                assert!(
+                    quality.starts_with("# quality kv=f16/f16: lossless"),
+                    "{text}"
+                );
+                assert!(command.starts_with("llama-server -m "), "{text}");
+            }
             ExportFormat::LlamaSwap => assert!(text.contains("${PORT}"), "{text}"),
             ExportFormat::Json => {
                 let p: profiles::Profile =

@@ -189,6 +189,62 @@ fn a_vulkan_budget_prunes_what_does_not_fit_and_measures_what_does() {
     );
 }
 
+/// K and V apart where the device, asked, runs the pair: llvmpipe's Vulkan has subgroup shuffle
+/// and vote, so ggml-vulkan runs flash attention over an f16 K and a q8_0 V cache, and the search
+/// measures that pair with every layer on Vulkan0 (before, a Vulkan device got pairs of one type
+/// by its backend's name).
+#[test]
+fn mixed_kv_pairs_are_searched_on_a_vulkan_device_that_runs_them() {
+    let sb = Sandbox::new();
+    if !vulkan_device(&sb) {
+        return;
+    }
+    let model = tiny_model();
+    let args = [
+        "tune",
+        model.to_str().unwrap(),
+        "--json",
+        "--no-save",
+        "--budget",
+        "120s",
+        "--n-gpu-layers",
+        "5",
+        "--ubatch",
+        "128",
+        "--min-reps",
+        "2",
+        "--max-reps",
+        "2",
+        "--ctx",
+        "1024",
+        "--prompt",
+        "64",
+        "--gen",
+        "16",
+        "--seed",
+        "3",
+        "--threads",
+        "2",
+        "--cache-types",
+        "f16,q8_0",
+        "--flash-attn",
+        "on",
+        "--no-quality-gate",
+    ];
+    let r = json(&retrying_crashes("tune", || vulkan(&Sandbox::new(), &args)));
+    let board = r["leaderboard"].as_array().expect("leaderboard");
+    let kv = |e: &serde_json::Value| {
+        let c = &e["candidate"];
+        (c["type_k"].to_string(), c["type_v"].to_string())
+    };
+    assert!(
+        board
+            .iter()
+            .any(|e| kv(e) == ("\"f16\"".into(), "\"q8_0\"".into())),
+        "f16 K with a q8_0 V cache was searched on Vulkan0: {r:#}"
+    );
+}
+
 /// A profile that offloads to Vulkan0 applies to a real llama-server that loads the same module.
 #[test]
 fn a_profile_offloading_to_vulkan_applies_with_llama_server() {

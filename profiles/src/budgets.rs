@@ -187,6 +187,14 @@ mod tests {
                 error: Some("no figures".into()),
                 cached: false,
                 seconds: 1.5,
+                measured_with: Some(crate::MeasuredWith {
+                    llama: "b7400 (commit abc1234)".into(),
+                    backend: "CUDA".into(),
+                    flash_attn: search_space::FlashAttn::On,
+                }),
+                against: Some("F16".into()),
+                weights_kld: Some(0.03),
+                attn_rot: Default::default(),
             }],
         });
         let text = p.to_toml().unwrap();

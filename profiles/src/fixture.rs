@@ -59,6 +59,7 @@ pub fn example_profile() -> Profile {
         ngram: None,
         mtp: None,
         quality: None,
+        quality_unreadable: None,
         budgets: Default::default(),
         hosts: Vec::new(),
         backends: Vec::new(),

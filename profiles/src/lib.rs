@@ -38,7 +38,9 @@ pub use profile::{
     DeviceRef, Figures, Judged, LeaderboardEntry, LlamaBuild, MachineRef, ModelRef, Profile,
     ProfileSummary, VersusDefaults, Workload, SCHEMA_VERSION,
 };
-pub use quality::{fmt_kld, KvQualityCheck, QualityFigures, QualityRecord};
+pub use quality::{
+    fmt_kld, quality_line, KvQualityCheck, MeasuredWith, QualityFigures, QualityRecord,
+};
 pub use roofline::{DeviceBandwidth, Roofline};
 pub use server_args::{draft_options, server_args, server_options, shell_quote, ServerOption};
 pub use store::{

@@ -80,6 +80,10 @@ pub struct Profile {
     /// written before the gate existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quality: Option<crate::QualityRecord>,
+    /// Why `[quality]` could not be read, where it could not (hand-edited, or damaged): the profile
+    /// is then stale, as what its cache's quality was measured with is unknown. Never written.
+    #[serde(skip)]
+    pub quality_unreadable: Option<String>,
     /// The memory each device could hold in the run (given with `--mem-budget`, or free memory
     /// less the margin): what the winner was chosen under.
     #[serde(default, skip_serializing_if = "crate::Budgets::is_empty")]
@@ -136,6 +140,21 @@ impl VersusDefaults {
             }
         }
     }
+}
+
+/// The profile without its `[quality]` table, where that table is what did not parse: read, with
+/// why it could not be (`Profile::quality_unreadable`), so that using it is refused as stale
+/// rather than failing as an unreadable file or a panic later.
+fn without_quality(text: &str) -> Option<Profile> {
+    let mut table: toml::Table = toml::from_str(text).ok()?;
+    let quality = table.remove("quality")?;
+    let why = match crate::QualityRecord::deserialize(quality) {
+        Err(q) => q.message().to_string(),
+        Ok(_) => return None,
+    };
+    let mut profile = Profile::deserialize(toml::Value::Table(table)).ok()?;
+    profile.quality_unreadable = Some(why.trim().replace('\n', " "));
+    Some(profile)
 }
 
 /// The GGUF file the profile was measured with.
@@ -334,10 +353,13 @@ impl Profile {
 
         let mut warnings = Vec::new();
         let de = toml::Deserializer::new(text);
-        let mut profile: Profile = serde_ignored::deserialize(de, |path| {
+        let parsed: std::result::Result<Profile, _> = serde_ignored::deserialize(de, |path| {
             warnings.push(format!("unknown key `{path}` ignored"))
-        })
-        .map_err(|e| parse_error(text, &e))?;
+        });
+        let mut profile = match parsed {
+            Ok(p) => p,
+            Err(e) => without_quality(text).ok_or_else(|| parse_error(text, &e))?,
+        };
         if probe.server_args.is_none() {
             profile.refresh_server_args();
             warnings.push("no `server_args` in the profile: derived them from [winner]".into());
@@ -520,6 +542,26 @@ mod tests {
     #[test]
     fn toml_snapshot() {
         insta::assert_snapshot!("profile_toml", example_profile().to_toml().unwrap());
+    }
+
+    #[test]
+    fn a_quality_record_that_does_not_parse_is_kept_apart_not_an_error() {
+        let text = example_profile().to_toml().unwrap();
+        let text = format!("{text}\n[quality]\ntext = \"t\"\nwindow = \"deep\"\ntokens = 2048\n");
+        let (p, _) = Profile::from_toml(&text).unwrap();
+        assert!(p.quality.is_none());
+        let why = p.quality_unreadable.expect("said why");
+        assert!(
+            why.contains("window") || why.contains("invalid type"),
+            "{why}"
+        );
+        // Anything else that does not parse is still the error it was.
+        let bad = example_profile().to_toml().unwrap().replacen(
+            "[winner]\n",
+            "[winner]\nthreads = \"x\"\n",
+            1,
+        );
+        assert!(Profile::from_toml(&bad).is_err());
     }
 
     #[test]

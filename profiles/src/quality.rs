@@ -1,9 +1,9 @@
 //! The quality record of a run: what the next-token distributions of each quantized K/V cache pair
 //! the search wanted to pick drifted from the f16 cache's (KL divergence, top-1 agreement), the gate
-//! they were held to, and the text they were measured on. The engine fills it, the report and the
-//! profile carry it, `explain` reads it.
+//! they were held to, the text and what they were measured with. The engine fills it, the report
+//! and the profile carry it, `explain`, `show`, `apply` and `export` read it.
 
-use search_space::CacheType;
+use search_space::{AttnRot, CacheType, Candidate, FlashAttn};
 use serde::{Deserialize, Serialize};
 
 /// The figures of a whole evaluation.
@@ -25,8 +25,33 @@ pub struct QualityFigures {
     pub ppl: f64,
 }
 
-/// One K/V cache pair held to the gate: its figures against the f16 cache on the same weights, or
-/// why they could not be had.
+/// What quality figures were measured with, besides the model, the pair and the text: what changes
+/// the numbers. llama.cpp has changed its quantized caches between builds (a Hadamard rotation of
+/// quantized K and V since its PR 21038; one architecture's q8_0 K cache gave garbage until PR
+/// 25391), each backend runs its own kernels, and flash attention computes attention another way.
+/// The quality cache is keyed by these, so a figure is never reused where they differ.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MeasuredWith {
+    /// llama.cpp's build, as the profile's `llama.version` names it, with its commit.
+    pub llama: String,
+    /// The backends that held the model's layers (`CPU`; `CUDA`; `CUDA+RPC`).
+    pub backend: String,
+    /// Flash attention as the evaluation's contexts were given it.
+    pub flash_attn: FlashAttn,
+}
+
+impl MeasuredWith {
+    /// "llama.cpp b7400 (commit abc1234), CPU, flash attention auto".
+    pub fn describe(&self) -> String {
+        format!(
+            "llama.cpp {}, {}, flash attention {}",
+            self.llama, self.backend, self.flash_attn
+        )
+    }
+}
+
+/// One K/V cache pair held to the gate: its figures against the f16 cache (on the same weights, or
+/// on the most precise file of a choice among quantizations), or why they could not be had.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KvQualityCheck {
     pub type_k: CacheType,
@@ -44,27 +69,66 @@ pub struct KvQualityCheck {
     /// Seconds the evaluation took (0 when cached).
     #[serde(default)]
     pub seconds: f64,
+    /// What the figures were measured with (absent in profiles written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_with: Option<MeasuredWith>,
+    /// The file the figures are against where it is not the model itself (a choice among
+    /// quantizations: the most precise one, with an f16 cache): the figures are then those of the
+    /// model's weights with this pair, what will run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub against: Option<String>,
+    /// The model's weights alone (an f16 cache) against `against`, over the same windows: what the
+    /// pair adds is the mean KLD less this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights_kld: Option<f64>,
+    /// The quantized cache's rotation (off: `LLAMA_ATTN_ROT_DISABLE=1`), which changes its
+    /// figures; on in checks written before it was a knob.
+    #[serde(default, skip_serializing_if = "AttnRot::is_on")]
+    pub attn_rot: AttnRot,
 }
 
 impl KvQualityCheck {
-    /// `q8_0/q4_0`.
+    /// `q8_0/q4_0`, with ` no-rot` where the cache is not rotated.
     pub fn label(&self) -> String {
-        format!("{}/{}", self.type_k, self.type_v)
+        let rot = if self.attn_rot.is_on() { "" } else { " no-rot" };
+        format!("{}/{}{rot}", self.type_k, self.type_v)
+    }
+
+    /// Whether this check is of `c`'s lossy settings: its K/V pair, rotated as `c` rotates it.
+    pub fn is_for(&self, c: &Candidate) -> bool {
+        (self.type_k, self.type_v, self.attn_rot) == (c.type_k, c.type_v, c.attn_rot)
     }
 
     pub fn kld(&self) -> Option<f64> {
         self.figures.as_ref().map(|f| f.kld_mean)
     }
 
-    /// "mean KLD 0.0093, p99 0.081, top-1 94.0%", or why there are no figures.
+    /// What the pair adds to the model's next-token distributions: its mean KL divergence, less
+    /// what the weights alone add where the figures are against another file. The gated figure.
+    pub fn added_kld(&self) -> Option<f64> {
+        Some(self.kld()? - self.weights_kld.unwrap_or(0.0))
+    }
+
+    /// "mean KLD 0.0093, p99 0.081, top-1 94.0%" (against another file: "…, the weights alone
+    /// 0.0300 against F16"), or why there are no figures.
     pub fn describe(&self) -> String {
         match (&self.figures, &self.error) {
-            (Some(f), _) => format!(
-                "mean KLD {}, p99 {}, top-1 {:.1}%",
-                fmt_kld(f.kld_mean),
-                fmt_kld(f.kld_p99),
-                100.0 * f.top1
-            ),
+            (Some(f), _) => {
+                let against = match (&self.against, self.weights_kld) {
+                    (Some(a), Some(w)) => format!(
+                        " with the weights, against {a} (the weights alone {}: the cache adds {})",
+                        fmt_kld(w),
+                        fmt_kld(f.kld_mean - w)
+                    ),
+                    _ => String::new(),
+                };
+                format!(
+                    "mean KLD {}, p99 {}, top-1 {:.1}%{against}",
+                    fmt_kld(f.kld_mean),
+                    fmt_kld(f.kld_p99),
+                    100.0 * f.top1
+                )
+            }
             (None, Some(e)) => format!("not measured: {e}"),
             (None, None) => "not measured".to_string(),
         }
@@ -94,12 +158,71 @@ pub struct QualityRecord {
 }
 
 impl QualityRecord {
-    /// The check of a K/V pair, if it was checked.
-    pub fn check(&self, type_k: CacheType, type_v: CacheType) -> Option<&KvQualityCheck> {
-        self.checks
-            .iter()
-            .find(|c| c.type_k == type_k && c.type_v == type_v)
+    /// The check of `c`'s lossy settings (its K/V pair and their rotation), if they were checked.
+    pub fn check(&self, c: &Candidate) -> Option<&KvQualityCheck> {
+        self.checks.iter().find(|k| k.is_for(c))
     }
+}
+
+impl QualityRecord {
+    /// The winner's quality in one line: lossless, its measured figures within the gate (and what
+    /// they were measured with), or not checked and why.
+    pub fn winner_line(&self, w: &Candidate) -> String {
+        let kv = lossy_label(w);
+        if !w.kv_lossy() {
+            let gate = match (self.max_kv_kld, &self.unchecked) {
+                (Some(max), _) => format!(
+                    "a quantized cache had to stay within mean KLD {}",
+                    fmt_kld(max)
+                ),
+                (None, Some(why)) => format!("quantized caches were not held to quality: {why}"),
+                (None, None) => "no quality gate".into(),
+            };
+            return format!("kv={kv}: lossless ({gate})");
+        }
+        match self.check(w) {
+            Some(c) if c.passed => {
+                let with = (c.measured_with.as_ref()).map_or(String::new(), |m| {
+                    format!("; measured with {}", m.describe())
+                });
+                format!(
+                    "kv={kv}: {} against f16, within the gate ({}); {}-token windows of {}{with}",
+                    c.describe(),
+                    fmt_kld(self.max_kv_kld.unwrap_or(f64::NAN)),
+                    self.window,
+                    self.text
+                )
+            }
+            _ => format!(
+                "kv={kv}: quality NOT checked ({})",
+                self.unchecked.as_deref().unwrap_or("no gate")
+            ),
+        }
+    }
+}
+
+/// The quality line of a profile's winner, for `show`, `apply` and `export`: the record's, or,
+/// for a profile written before the gate (no record), "lossless" or a flag on its lossy cache.
+/// `model` is the model's path, for the command that checks it.
+pub fn quality_line(q: Option<&QualityRecord>, w: &Candidate, model: &str) -> String {
+    match q {
+        Some(q) => q.winner_line(w),
+        None if w.kv_lossy() => format!(
+            "kv={}: quality never checked: run `autotune {model}` again",
+            lossy_label(w)
+        ),
+        None => format!("kv={}: lossless", w.kv_label()),
+    }
+}
+
+/// `w`'s K/V pair as the quality lines name it: ` no-rot` after a quantized pair run unrotated.
+fn lossy_label(w: &Candidate) -> String {
+    let rot = if w.attn_rot.is_on() || !w.kv_lossy() {
+        ""
+    } else {
+        " no-rot"
+    };
+    format!("{}{rot}", w.kv_label())
 }
 
 /// A KL divergence as the quality tables print it: four decimals, scientific below 0.0001.

@@ -1,19 +1,8 @@
 //! What autotune knows of each ggml backend, in one table: the names it goes by (ggml's registry
 //! name, its module's, the one reports print) and what it can run (row and tensor splits, op
-//! offload, pinned host memory, K and V caches of different types). Every check that used to ask
-//! for a backend by name asks this table.
-
-/// Whether a backend's flash attention runs K and V caches of different types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MixedKv {
-    /// Every pair (the CPU).
-    Always,
-    /// The pairs its build lists in llama.cpp's system info (`FA_QUANTS = q4_0-q4_0,...`: CUDA's,
-    /// all of them only when built with `GGML_CUDA_FA_ALL_QUANTS`).
-    AsBuilt,
-    /// Not known to: searched with K = V.
-    Never,
-}
+//! offload, pinned host memory). Every check that used to ask for a backend by name asks this
+//! table; whether a device runs K and V caches of different types, it is asked itself
+//! (`tuner/src/tuning/kv_pairs.rs`).
 
 /// One ggml backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +24,6 @@ pub struct Backend {
     pub op_offload: bool,
     /// It offers a pinned host buffer for the weights left on the host.
     pub pinned_host: bool,
-    pub mixed_kv: MixedKv,
 }
 
 const fn gpu(name: &'static str, module: &'static str, display: &'static str) -> Backend {
@@ -47,7 +35,6 @@ const fn gpu(name: &'static str, module: &'static str, display: &'static str) ->
         tensor_split: true,
         op_offload: true,
         pinned_host: false,
-        mixed_kv: MixedKv::Never,
     }
 }
 
@@ -56,13 +43,11 @@ pub static BACKENDS: [Backend; 9] = [
     Backend {
         op_offload: false,
         tensor_split: false,
-        mixed_kv: MixedKv::Always,
         ..gpu("CPU", "cpu", "CPU")
     },
     Backend {
         row_split: true,
         pinned_host: true,
-        mixed_kv: MixedKv::AsBuilt,
         ..gpu("CUDA", "cuda", "CUDA")
     },
     Backend {

@@ -50,6 +50,9 @@ pub fn serve() -> anyhow::Result<()> {
             },
             Request::Bandwidth(r) => worker::server::bandwidth(&r),
             Request::Link(r) => worker::server::link(&r),
+            Request::Greedy(r) => crate::quant::checks::greedy(&r),
+            Request::Retrieval(r) => crate::quant::checks::retrieval(&r),
+            Request::KvPairs(r) => worker::server::kv_pairs(&r),
         };
         writeln!(stdout, "{}", serde_json::to_string(&response)?)?;
         stdout.flush()?;

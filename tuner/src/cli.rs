@@ -30,7 +30,7 @@ pub use tune::{CtxArg, DeviceArgs, RpcArgs, TuneArgs, WorkloadArgs};
         through linked llama.cpp and saves the fastest that fits as a profile.",
     after_help = "Exit codes: 0 ok, 1 error, 2 bad usage, 3 bad model file, 4 nothing could be measured, \
         5 bad profile or store, 6 llama-server refused the profile's arguments, 7 an RPC server does not \
-        answer, 130 interrupted."
+        answer, 8 verify: the profile's quantized KV cache lost a fact the f16 cache keeps, 130 interrupted."
 )]
 pub struct Cli {
     /// Print llama.cpp's own log lines on stderr (useful when a trial fails)
@@ -60,6 +60,10 @@ pub enum Command {
     // Its one line of help lists the formats, from `ExportFormat` (the one list of their names).
     #[command(about = export_about())]
     Export(ExportArgs),
+    /// Check a profile's long-context retrieval: facts placed at 90% of the server's context and
+    /// asked for at its end, answered by the model as the profile runs it (and, for a quantized KV
+    /// cache, with f16 caches too); run it before serving long chats with a quantized cache
+    Verify(VerifyArgs),
     /// Serve this machine's CPU as a ggml RPC device (a second device for offload tests, or a
     /// remote machine's share of a model)
     #[command(name = "rpc-serve")]
@@ -151,6 +155,18 @@ pub struct ApplyArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// A model file (its stored profile for this machine) or a profile file
+    pub target: PathBuf,
+    /// Use a stale profile (other machine, devices, llama.cpp build or model file)
+    #[arg(long)]
+    pub force: bool,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct ExportArgs {
     /// Model files (their stored profiles for this machine) or profile files; several make one file
     /// for a runner that serves several models (the formats whose help says "several")
@@ -213,6 +229,7 @@ pub const SUBCOMMANDS: &[&str] = &[
     "explain",
     "draft",
     "fit",
+    "verify",
 ];
 
 /// llama.cpp's multi-letter single-dash flags, which clap cannot express as short flags.

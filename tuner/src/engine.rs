@@ -54,8 +54,8 @@ pub(crate) use axes::vary_cache;
 use axes::*;
 #[cfg(test)]
 pub(crate) use backends::backend_of_device;
-use result::tie_break;
 pub use result::{score_seconds, CandidateResult, BUDGET_SPENT};
+use result::{tie_break, tie_winner};
 pub use run::{BackendTried, Run};
 #[cfg(test)]
 pub use settings::TEXT;
@@ -64,9 +64,24 @@ pub use settings::{
     SCORED_POSITIONS,
 };
 
+/// How a tie is broken: on an axis toward less memory (what it frees may buy a later axis more),
+/// in the run's choice toward the lossless setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ties {
+    LessMemory,
+    Lossless,
+}
+
 /// Visits (a load, its warm-up and two repetitions) a default budget leaves time for: about what
 /// the search needs on a model split over several GPUs (`bench/vs-tuners`).
 pub const VISITS: f64 = 40.0;
+
+/// What the quality gate holds a candidate to: its K/V pair and their rotation.
+type Lossy = (CacheType, CacheType, search_space::AttnRot);
+
+fn lossy_of(c: &Candidate) -> Lossy {
+    (c.type_k, c.type_v, c.attn_rot)
+}
 
 pub struct Engine<'a> {
     pub settings: TuneSettings,
@@ -258,10 +273,13 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// Chooses among measured candidates (one axis's, or at the end every measured one): the best
+    /// Chooses among one axis's measured candidates, the point the search goes on from: the best
     /// median rate, unless another is statistically tied with it, its median within half the
     /// noise threshold of the best, and it uses less memory or is simpler (closer to llama.cpp's
-    /// defaults). A tie further below is more likely slower than not, and such choices compound
+    /// defaults). A lossier KV cache that ties is the point the search goes on from, so that what
+    /// its memory buys on later axes (a larger micro-batch, a split toward a faster device) is
+    /// measured; the run's choice ([`Engine::choose_final`]) then gives a tie to the lossless
+    /// setting. A tie further below is more likely slower than not, and such choices compound
     /// over the axes. The rule holds on every axis: letting every tie win there (memory a tie frees
     /// can buy a later axis more) and limiting only the final choice hit fewer landscapes of
     /// `bench/vs-tuners` (docs/benchmarks.md, "The figures behind the search's choices"). On
@@ -272,13 +290,26 @@ impl<'a> Engine<'a> {
     /// first ([`Engine::passes_gate`]); one refused is left out with every candidate of its K/V
     /// pair, and the choice is made again among the rest (the lossless caches always remain).
     pub fn choose(&mut self, among: &[Candidate]) -> Option<Candidate> {
-        let mut refused: Vec<(CacheType, CacheType)> = Vec::new();
+        self.choose_by(among, Ties::LessMemory)
+    }
+
+    /// The run's choice among every measured candidate: [`Engine::choose`]'s rule, except that a
+    /// tie goes to the lossless setting ([`result::tie_winner`]): a quantized cache wins only by
+    /// being faster beyond the noise, or by holding more of the model on the offload devices than
+    /// every less lossy candidate tied with it; less memory decides only among settings of equal
+    /// loss. A user who did not ask for less memory does not get a lossy cache for nothing.
+    pub fn choose_final(&mut self, among: &[Candidate]) -> Option<Candidate> {
+        self.choose_by(among, Ties::Lossless)
+    }
+
+    fn choose_by(&mut self, among: &[Candidate], ties: Ties) -> Option<Candidate> {
+        let mut refused: Vec<Lossy> = Vec::new();
         loop {
-            let pick = self.choose_ungated(among, &refused)?;
+            let pick = self.choose_ungated(among, &refused, ties)?;
             if self.passes_gate(&pick) {
                 return Some(pick);
             }
-            refused.push((pick.type_k, pick.type_v));
+            refused.push(lossy_of(&pick));
         }
     }
 
@@ -286,12 +317,13 @@ impl<'a> Engine<'a> {
     fn choose_ungated(
         &self,
         among: &[Candidate],
-        refused: &[(CacheType, CacheType)],
+        refused: &[Lossy],
+        ties: Ties,
     ) -> Option<Candidate> {
         let w = &self.settings.plan.workload;
         let measured: Vec<&CandidateResult> = among
             .iter()
-            .filter(|c| !refused.contains(&(c.type_k, c.type_v)))
+            .filter(|c| !refused.contains(&lossy_of(c)))
             .filter_map(|c| self.results.iter().find(|r| &r.candidate == c))
             .filter(|r| r.ok())
             .collect();
@@ -308,8 +340,11 @@ impl<'a> Engine<'a> {
                 || r.compare_with(top, w, noise, self.settings.plan.seed)
                     .is_some_and(|c| c.verdict == Verdict::Tie && c.ratio >= -noise / 2.0)
         });
-        tied.min_by(|a, b| tie_break(a, b))
-            .map(|r| r.candidate.clone())
+        let winner = match ties {
+            Ties::LessMemory => tied.copied().min_by(|a, b| tie_break(a, b)),
+            Ties::Lossless => tie_winner(&tied.copied().collect::<Vec<_>>(), self.settings.offload),
+        };
+        winner.map(|r| r.candidate.clone())
     }
 
     /// Which of `axes` would vary `from` (what a run cut short by its budget left unmeasured).
@@ -435,7 +470,7 @@ impl Engine<'_> {
                 .into_iter()
                 .map(|(c, d)| (c.label(), d))
                 .collect();
-            if let Some(b) = self.choose(&measured) {
+            if let Some(b) = self.choose_final(&measured) {
                 winner = Some(b);
             }
         }

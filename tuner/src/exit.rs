@@ -18,6 +18,9 @@ pub const SERVER_REFUSED: i32 = 6;
 /// An RPC server given with `--rpc` cannot be reached or does not answer as one (refused,
 /// unreachable, stopped or frozen, another protocol version); the message names it.
 pub const RPC_HOST: i32 = 7;
+/// `autotune verify`: the profile's quantized KV cache lost a fact, placed deep in the server's
+/// context, that the f16 cache retrieves.
+pub const RETRIEVAL_LOST: i32 = 8;
 /// Interrupted by SIGINT or SIGTERM (after keeping what was measured).
 pub const INTERRUPTED: i32 = 130;
 

@@ -84,6 +84,7 @@ fn main() {
         cli::Command::Measure(a) => commands::measure::run(&cli, a),
         cli::Command::Apply(a) => commands::apply::run(&cli, a),
         cli::Command::Export(a) => commands::export::run(&cli, a),
+        cli::Command::Verify(a) => commands::verify::run(&cli, a),
         cli::Command::RpcServe(a) => commands::rpc_serve::run(&cli, a),
         cli::Command::Quantize(a) => commands::quantize::run(&cli, a),
         cli::Command::Quality(a) => commands::quality::run(&cli, a),

@@ -13,8 +13,7 @@ pub use crate::llama::fit::{FitAnswer, FitRequest, TensorOverride};
 pub use crate::llama::{ContextSettings, ModelSettings};
 pub use profiles::measurements::{DeviceBytes, LoadReport, Repetition, TrialFailure, Workload};
 pub use profiles::QualityFigures;
-use search_space::CacheType;
-use search_space::Phases;
+use search_space::{CacheType, FlashAttn, Phases};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -50,24 +49,39 @@ pub struct GiveUp {
     pub best_ms: u64,
 }
 
-/// What the measurer evaluates: the model with a K/V pair against the same model with f16.
+/// What the measurer evaluates: the model with a K/V pair against the same model with f16, or
+/// against the most precise file of a choice among quantizations (with f16 caches).
 #[derive(Debug, Clone)]
 pub struct KvQualityRequest {
     pub model: PathBuf,
+    /// The file the figures are against; `None`: the model itself.
+    pub reference: Option<PathBuf>,
     pub type_k: CacheType,
     pub type_v: CacheType,
+    /// Flash attention as the candidate runs it (it changes the numbers).
+    pub flash_attn: FlashAttn,
+    /// The quantized cache's rotation as the candidate runs it.
+    pub attn_rot: search_space::AttnRot,
     pub window: u32,
     pub max_tokens: u32,
     pub threads: u32,
     /// Layers on the offload devices: the candidate's, which its budgets hold (the evaluation
     /// falls back to the CPU where the model does not load so).
     pub n_gpu_layers: u32,
+    /// The devices the candidate's layers go to (empty: llama.cpp's default, every one).
+    pub devices: Vec<String>,
 }
 
 /// The measurer's answer.
 #[derive(Debug, Clone)]
 pub struct KvQualityAnswer {
+    /// The model with the pair against the reference.
     pub figures: QualityFigures,
+    /// The model's weights alone against the reference, where the reference is another file.
+    pub weights_kld: Option<f64>,
+    /// The reference's file type where it is another file (`F16`).
+    pub against: Option<String>,
+    pub measured_with: profiles::MeasuredWith,
     pub cached: bool,
     pub seconds: f64,
 }

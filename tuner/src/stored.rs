@@ -180,6 +180,13 @@ pub fn stale_note(p: &Profile, here: &Probe) -> Option<String> {
     })
 }
 
+/// The winner's quality in one line (`show`, `apply`, `export --format args`): its record's, or for
+/// a profile written before the quality gate, a flag on a lossy cache nobody measured.
+pub fn quality_line(p: &Profile) -> String {
+    let model = profiles::shell_quote(&[p.model.path.to_string_lossy()]);
+    profiles::quality_line(p.quality.as_ref(), &p.winner, &model)
+}
+
 /// The names of `(name, backend)` devices, RPC ones only when `uses_rpc`.
 fn device_names<'a>(
     devices: impl Iterator<Item = (&'a str, &'a str)>,
@@ -238,6 +245,11 @@ fn staleness(p: &Profile, here: &Probe) -> Vec<String> {
     let now = build(&here.llama_version, here.cpu_variant.as_deref());
     if was != now {
         changes.push(format!("llama.cpp was {was}, now {now}"));
+    }
+    if let Some(why) = &p.quality_unreadable {
+        changes.push(format!(
+            "its [quality] record does not parse ({why}): what its KV cache's quality was measured with is unknown"
+        ));
     }
     match ModelIdentity::of_file(&p.model.path) {
         Ok(id) if id.fingerprint == p.model.fingerprint => {}

@@ -92,7 +92,7 @@ pub struct TuneArgs {
     /// Rotations of a quantized KV cache to try: on (llama.cpp's default) and off
     /// (LLAMA_ATTN_ROT_DISABLE=1: faster decode, and it changes the output, so off wins only within
     /// the quality gate); measured where the best so far has a quantized cache
-    #[arg(long = "attn-rot", value_delimiter = ',', default_value = "on")]
+    #[arg(long = "attn-rot", value_delimiter = ',', default_value = "on,off")]
     pub attn_rot: Vec<search_space::AttnRot>,
 
     /// Do not measure placements that keep a dense model's FFN weights in host memory with every
@@ -186,9 +186,10 @@ pub struct TuneArgs {
     /// Choose among the quantizations of MODEL found in its folder (see `autotune quality MODEL --list`)
     #[arg(long)]
     pub ladder: bool,
-    /// Quality gate, in nats per token: the mean KL divergence from the most precise file that a
-    /// weight quantization, and separately a KV-cache type, may add (default 0.05: Q4_K_M-class and
-    /// better on mid-size models; lower it to insist on Q6_K/Q8_0-class fidelity)
+    /// Quality gate of the weights, in nats per token: the mean KL divergence from the most precise
+    /// file that a weight quantization may add (default 0.05: Q4_K_M-class and better on mid-size
+    /// models; lower it to insist on Q6_K/Q8_0-class fidelity); a KV cache is held to --max-kv-kld
+    /// on the weights that will run
     #[arg(long = "max-kld")]
     pub max_kld: Option<f64>,
     /// The file quality is measured against (default: the most precise of the quantizations)

@@ -2,6 +2,7 @@
 //! started, asked for a completion and its generation speed compared with the profile's (and, when
 //! the profile speculates, the server's own acceptance figures shown beside the profile's).
 
+mod agreement;
 mod report;
 mod server;
 mod speculation;
@@ -42,7 +43,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     let (argv, port) = server_argv(p, args)?;
 
     if !args.exec {
-        print_command(server.as_deref(), &p.server_env, argv);
+        print_command(server.as_deref(), argv, p, cli.quiet);
         return Ok(exit::OK);
     }
 
@@ -64,6 +65,10 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     let (mut proc, url, ready_s) = start(&server, &argv, args, port, cli, &signal, p)?;
 
     let (timings, profile_tg, speculation) = measure(&mut proc, &url, p, &signal)?;
+    // The server's output against the f16-cache reference: the quality figure where it is used.
+    let agreement = (args.check_only)
+        .then(|| agreement::check(&mut proc, &url, p, &signal))
+        .transpose()?;
     let tg_ratio = timings.predicted_per_second / profile_tg;
     let check = Check {
         profile: stored.path.clone(),
@@ -85,6 +90,8 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         tolerance: args.tolerance,
         within_tolerance: (tg_ratio - 1.0).abs() <= args.tolerance,
         speculation,
+        quality: stored::quality_line(p),
+        agreement,
     };
     report::print(&check, args.json)?;
 
@@ -233,13 +240,15 @@ fn env_words(
     env.iter().map(|(k, v)| format!("{k}={v}"))
 }
 
-/// The command line `apply` prints without `--exec`: the environment the profile needs, then the
-/// server and its arguments.
-fn print_command(
-    server: Option<&Path>,
-    env: &std::collections::BTreeMap<String, String>,
-    argv: Vec<String>,
-) {
+/// The command line `apply` prints without `--exec` (the environment the profile needs, then the
+/// server and its arguments), and on stderr what its cache costs in quality (stdout is the command
+/// line alone; `--exec` says it in its report). `quiet` leaves out all but a lossy cache nobody
+/// checked.
+fn print_command(server: Option<&Path>, argv: Vec<String>, p: &Profile, quiet: bool) {
+    if !quiet || (p.quality.is_none() && p.winner.kv_lossy()) {
+        eprintln!("autotune: quality {}", stored::quality_line(p));
+    }
+    let env = &p.server_env;
     let program = match server {
         Some(s) => s.to_string_lossy().into_owned(),
         None => {

@@ -7,7 +7,7 @@ use crate::cli::{Cli, ExportArgs};
 use crate::exit::{self, Exit};
 use crate::stored;
 use anyhow::Context as _;
-use profiles::ProfileError;
+use profiles::{ExportFormat, ProfileError};
 
 pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
     // clap has checked the format's name; several targets for a format of one are a usage error
@@ -26,7 +26,7 @@ pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
         stored::resolve_all(&args.targets, args.force, cli.verbose)?
     };
     let profiles: Vec<&profiles::Profile> = found.iter().map(|s| &s.profile).collect();
-    let text = profiles::export_many(&profiles, format).map_err(|e| {
+    let mut text = profiles::export_many(&profiles, format).map_err(|e| {
         // `--all` found several for a format of one.
         let code = match e {
             ProfileError::OneProfileOnly { .. } => exit::USAGE,
@@ -34,6 +34,10 @@ pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
         };
         Exit::new(code, e.to_string())
     })?;
+    if let (ExportFormat::Args, [p]) = (format, profiles.as_slice()) {
+        // A comment line of the shell's: the command line's cache with what it costs in quality.
+        text = format!("# quality {}\n{text}", stored::quality_line(p));
+    }
     match &args.out {
         Some(out) => {
             profiles::write_atomic(out, &text)

@@ -13,3 +13,4 @@ pub mod rpc_serve;
 mod settings;
 pub mod show;
 pub mod tune;
+pub mod verify;

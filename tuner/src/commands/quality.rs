@@ -45,7 +45,7 @@ pub fn run(cli: &Cli, a: &QualityArgs) -> anyhow::Result<i32> {
         a.chunk,
         a.threads,
         a.fresh,
-        cli.quiet,
+        cli,
     )?;
     if !a.json && !cli.quiet {
         eprint!("ladder of {}\n{}", a.model.display(), ladder.describe());

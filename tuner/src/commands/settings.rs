@@ -159,6 +159,7 @@ pub fn plan(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Plan> {
         host_ffns: !a.no_cpu_ffn,
         cache_types: a.cache_types.clone(),
         kv_gate: kv_gate(a)?,
+        quality_reference: None,
         flash_attn: a.flash_attn.clone(),
         ubatch_options: a.ubatch.clone(),
         rpc: a.devices.rpc.servers.clone(),
@@ -184,6 +185,13 @@ fn kv_gate(a: &TuneArgs) -> anyhow::Result<GateChoice> {
     if !(max.is_finite() && max >= 0.0) {
         return Err(usage(format!(
             "--max-kv-kld {max}: give a mean KL divergence of 0 or more, in nats per token (e.g. 0.02)"
+        )));
+    }
+    // The gate keeps the f16 cache where a quantized one drifts too far: without f16 among the
+    // types there is nothing to keep, and a gate asked for would hold nothing.
+    if a.max_kv_kld.is_some() && !a.cache_types.contains(&search_space::CacheType::F16) {
+        return Err(usage(format!(
+            "--max-kv-kld {max} holds a quantized KV cache to the f16 cache's quality, and --cache-types has no f16 to keep where one drifts too far: add f16 to --cache-types, or leave out --max-kv-kld to run the types given as they are"
         )));
     }
     Ok(GateChoice::On(max))
@@ -228,7 +236,7 @@ pub fn joint(cli: &Cli, a: &TuneArgs) -> anyhow::Result<Option<Joint>> {
         ladder: a.ladder,
         max_kld,
         reference: a.reference.clone(),
-        eval: eval_settings(None, a.quality_tokens, 512, None, false, cli.quiet)?,
+        eval: eval_settings(None, a.quality_tokens, 512, None, false, cli)?,
         budget: a.budget.unwrap_or(crate::tuning::DEFAULT_BUDGET),
         json: a.json,
     }))
@@ -295,14 +303,15 @@ pub fn draft_command_search(
     Ok(s)
 }
 
-/// The quality evaluation (`quality`, `tune --max-kld`).
+/// The quality evaluation (`quality`, `tune --max-kld`): on every offload device, flash attention
+/// as llama.cpp chooses.
 pub fn eval_settings(
     text: Option<&Path>,
     max_tokens: Option<u32>,
     chunk: u32,
     threads: Option<u32>,
     fresh: bool,
-    quiet: bool,
+    cli: &Cli,
 ) -> anyhow::Result<EvalSettings> {
     if chunk < 16 {
         return Err(usage(format!(
@@ -327,8 +336,15 @@ pub fn eval_settings(
         scored: None,
         threads: threads.unwrap_or_else(session::default_threads),
         n_gpu_layers: 999,
+        devices: Vec::new(),
+        with: {
+            // What the figures are measured with is read from llama.cpp's devices.
+            crate::llama::init(cli.verbose);
+            quality::measured_with(999, &[], search_space::FlashAttn::Auto)
+        },
+        attn_rot: Default::default(),
         fresh,
         cache_dir: session::cache_dir(),
-        quiet,
+        quiet: cli.quiet,
     })
 }

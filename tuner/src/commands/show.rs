@@ -80,6 +80,7 @@ pub fn run(cli: &Cli, args: &ShowArgs) -> anyhow::Result<i32> {
         println!("{}", serde_json::to_string_pretty(&stored.profile)?);
     } else {
         println!("# {}", stored.path.display());
+        println!("# quality {}", crate::stored::quality_line(&stored.profile));
         print!("{}", stored.profile.to_toml()?);
     }
     Ok(exit::OK)

@@ -3,7 +3,7 @@
 
 use super::TuneSettings;
 use search_space::knob::{self, Knob};
-use search_space::{Candidate, FlashAttn, HostBuffer, KernelChoice, OpOffload};
+use search_space::{AttnRot, Candidate, FlashAttn, HostBuffer, KernelChoice, OpOffload};
 
 /// `v` when the user allowed it (or allowed anything), else the first value the user gave.
 pub(super) fn pick<T: Copy + PartialEq>(options: &[T], v: T) -> T {
@@ -36,6 +36,7 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
         pick(&s.threads_options, c.threads),
         pick(&s.threads_batch_options, c.batch_threads()),
     );
+    out.attn_rot = rotation(s, &out, c.attn_rot);
     if out.type_v.is_quantized() && out.flash_attn == FlashAttn::Off {
         out.flash_attn = pick(
             &s.plan
@@ -48,6 +49,16 @@ pub(crate) fn in_space(s: &TuneSettings, c: &Candidate) -> Candidate {
         );
     }
     out
+}
+
+/// The rotation `c` runs with inside the user's space: where its cache is quantized, `r` when the
+/// user allowed it (else the first allowed); an f16 cache is never rotated, so llama.cpp's default
+/// (one spelling of one configuration).
+fn rotation(s: &TuneSettings, c: &Candidate, r: AttnRot) -> AttnRot {
+    match c.kv_lossy() {
+        true => pick(&s.plan.attn_rot, r),
+        false => AttnRot::On,
+    }
 }
 
 /// Generation threads, the prompt's held where they are (generation is bandwidth-bound and often
@@ -256,11 +267,15 @@ pub(crate) fn vary_cache(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
             } else {
                 from.flash_attn
             };
-            Candidate {
+            let c = Candidate {
                 type_k,
                 type_v,
                 flash_attn,
                 ..from.clone()
+            };
+            Candidate {
+                attn_rot: rotation(s, &c, from.attn_rot),
+                ..c
             }
         })
         .collect()
@@ -427,7 +442,10 @@ fn grid_flash_attn(s: &TuneSettings, c: &Candidate) -> Vec<Candidate> {
     each(&s.plan.flash_attn, c, |c, f| c.flash_attn = f)
 }
 fn grid_cache(s: &TuneSettings, c: &Candidate) -> Vec<Candidate> {
-    each(&s.kv_pairs, c, |c, (k, v)| (c.type_k, c.type_v) = (k, v))
+    each(&s.kv_pairs, c, |c, (k, v)| {
+        (c.type_k, c.type_v) = (k, v);
+        c.attn_rot = rotation(s, c, c.attn_rot);
+    })
 }
 fn grid_batch(s: &TuneSettings, c: &Candidate) -> Vec<Candidate> {
     each(&s.ubatch_options, c, |c, ub| *c = c.with_ubatch(ub))

@@ -38,7 +38,7 @@ impl Engine<'_> {
     }
 
     /// The devices `c` offloads to, listed.
-    fn devices_listed(&self, c: &Candidate) -> Vec<String> {
+    pub(crate) fn devices_listed(&self, c: &Candidate) -> Vec<String> {
         if c.devices.is_empty() {
             self.default_devices()
         } else {

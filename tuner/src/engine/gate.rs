@@ -1,6 +1,8 @@
 //! The quality gate: a candidate whose K or V cache is quantized changes the model's next-token
-//! distributions, so it may win, or win a tie, only when its K/V pair's mean KL divergence from
-//! the f16 cache, measured on the real model at the workload's depth, is within the gate. Each pair
+//! distributions, so it may win (or be the point an axis goes on from) only when its K/V pair's
+//! mean KL divergence from the f16 cache (in a choice among quantizations, from the most precise
+//! file, less what the weights alone drift), measured on the real model at the workload's depth,
+//! is within the gate; a tie in the run's choice goes to the lossless setting anyway. Each pair
 //! is measured once per run, when a candidate with it first stands to be chosen (most runs never
 //! measure a pair that could not win), and the measurer caches the figures across runs. The
 //! evaluation counts against the run's time budget like any measurement: cut at its end, it leaves
@@ -23,11 +25,6 @@ impl Engine<'_> {
         if !knob::lossy(c) {
             return true;
         }
-        if !c.attn_rot.is_on() {
-            // Its evaluation does not run the cache unrotated yet: never a verdict of the rotated
-            // pair's.
-            return false;
-        }
         if let Some(done) = self.kv_check(c) {
             return done.passed;
         }
@@ -48,7 +45,7 @@ impl Engine<'_> {
 
     /// The gate's verdict on `c`'s K/V pair, when it was measured.
     pub(crate) fn kv_check(&self, c: &Candidate) -> Option<&KvQualityCheck> {
-        (self.kv_checks.iter()).find(|k| k.type_k == c.type_k && k.type_v == c.type_v)
+        (self.kv_checks.iter()).find(|k| k.is_for(c))
     }
 
     /// Whether `c` was refused by the gate (measured and not within it).
@@ -60,14 +57,23 @@ impl Engine<'_> {
         let q = &self.settings.quality;
         let req = KvQualityRequest {
             model: self.settings.model.clone(),
+            reference: q.reference.clone(),
             type_k: c.type_k,
             type_v: c.type_v,
+            flash_attn: c.flash_attn,
+            attn_rot: c.attn_rot,
             window: q.window,
             max_tokens: q.max_tokens,
             threads: q.threads,
             n_gpu_layers: c.n_gpu_layers,
+            devices: if c.n_gpu_layers > 0 {
+                self.devices_listed(c)
+            } else {
+                Vec::new()
+            },
         };
-        let label = format!("kv={}", c.kv_label());
+        let rot = if c.attn_rot.is_on() { "" } else { " no-rot" };
+        let label = format!("kv={}{rot}", c.kv_label());
         self.progress.candidate_started(&label, "quality gate");
         let outer = self.stop;
         // Cached figures come back whatever the time left; an evaluation stops at the budget's end.
@@ -88,11 +94,16 @@ impl Engine<'_> {
             Ok(a) => KvQualityCheck {
                 type_k: c.type_k,
                 type_v: c.type_v,
-                passed: a.figures.kld_mean <= max,
+                // Against another file, what the cache adds to what the weights alone drift.
+                passed: a.figures.kld_mean - a.weights_kld.unwrap_or(0.0) <= max,
                 figures: Some(a.figures),
                 error: None,
                 cached: a.cached,
                 seconds: a.seconds,
+                measured_with: Some(a.measured_with),
+                against: a.against,
+                weights_kld: a.weights_kld,
+                attn_rot: c.attn_rot,
             },
             Err(e) => KvQualityCheck {
                 type_k: c.type_k,
@@ -102,6 +113,10 @@ impl Engine<'_> {
                 error: Some(e),
                 cached: false,
                 seconds: 0.0,
+                measured_with: None,
+                against: None,
+                weights_kld: None,
+                attn_rot: c.attn_rot,
             },
         };
         let verdict = if check.passed {

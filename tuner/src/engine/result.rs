@@ -154,7 +154,53 @@ fn rep_seconds(r: &Repetition, w: &Workload) -> f64 {
     s * f64::from(w.n_parallel.max(1))
 }
 
-/// Among tied candidates: less memory first, then fewer changed knobs, then the label (stable).
+/// The candidate a tie goes to: the lossless setting. A candidate whose K/V cache drifts from the
+/// f16 cache's is kept among the tied only where it holds more of the model on the offload devices
+/// (`offload`) than every less lossy one tied with it: there the memory it saves buys something
+/// measured (a layer more on a device). Among those left (equal loss, or such a gain), less memory
+/// decides ([`tie_break`]). A user who did not ask for less memory does not get a lossy cache for
+/// nothing.
+pub(super) fn tie_winner<'r>(
+    tied: &[&'r CandidateResult],
+    offload: bool,
+) -> Option<&'r CandidateResult> {
+    let buys_placement = |r: &CandidateResult| {
+        let (loss, held) = (kv_loss(&r.candidate), on_devices(&r.candidate));
+        offload
+            && (tied.iter())
+                .filter(|s| kv_loss(&s.candidate) < loss)
+                .all(|s| held > on_devices(&s.candidate))
+    };
+    let least = (tied.iter())
+        .map(|r| kv_loss(&r.candidate))
+        .fold(f64::INFINITY, f64::min);
+    (tied.iter().copied())
+        .filter(|r| kv_loss(&r.candidate) <= least || buys_placement(r))
+        .min_by(|a, b| tie_break(a, b))
+}
+
+/// How far a candidate's KV cache is from lossless: 0 for unquantized K and V, else more the
+/// fewer bits its pair keeps (candidates of one pair are of equal loss).
+fn kv_loss(c: &Candidate) -> f64 {
+    if c.kv_lossy() {
+        2.0 - c.kv_bytes_factor()
+    } else {
+        0.0
+    }
+}
+
+/// What a candidate holds on the offload devices, in the order it matters: its layers, then the
+/// fewer layers whose FFNs or experts stay in host memory, then its KV cache there.
+fn on_devices(c: &Candidate) -> (u32, std::cmp::Reverse<u32>, bool) {
+    (
+        c.n_gpu_layers,
+        std::cmp::Reverse(c.n_cpu_moe + c.n_cpu_ffn),
+        c.kv_offload.is_on(),
+    )
+}
+
+/// Among tied candidates: less memory first, then fewer changed knobs, then the label (stable). On
+/// an axis, over every tied candidate; in the run's choice, among those [`tie_winner`] keeps.
 pub(super) fn tie_break(a: &CandidateResult, b: &CandidateResult) -> std::cmp::Ordering {
     a.mem_bytes()
         .cmp(&b.mem_bytes())
@@ -165,4 +211,66 @@ pub(super) fn tie_break(a: &CandidateResult, b: &CandidateResult) -> std::cmp::O
         )
         .then(a.candidate.complexity().cmp(&b.candidate.complexity()))
         .then(a.candidate.cmp(&b.candidate))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use search_space::CacheType;
+
+    /// A tied candidate with `ngl` layers offloaded, a K/V pair of `kv` and `mib` MiB held.
+    fn tied(ngl: u32, kv: CacheType, mib: u64) -> CandidateResult {
+        let mut r = CandidateResult::new(Candidate {
+            type_k: kv,
+            type_v: kv,
+            ..Candidate::llama_default(4, ngl)
+        });
+        r.predicted = Some(LoadReport {
+            load_seconds: 0.0,
+            buffers: Vec::new(),
+            rss_bytes: 0,
+            reported_bytes: mib << 20,
+            per_device: Vec::new(),
+            actual: Vec::new(),
+            mapped_in_use: None,
+        });
+        r
+    }
+
+    fn winner(rs: &[CandidateResult], offload: bool) -> (u32, CacheType) {
+        let refs: Vec<&CandidateResult> = rs.iter().collect();
+        let w = tie_winner(&refs, offload).expect("a winner");
+        (w.candidate.n_gpu_layers, w.candidate.type_k)
+    }
+
+    #[test]
+    fn a_tie_goes_to_the_lossless_cache_whatever_memory_it_saves() {
+        use CacheType::*;
+        // Same placement: the f16 cache wins though q8_0 holds less (on the CPU and beside a GPU).
+        let same = [tied(0, Q8_0, 300), tied(0, F16, 340)];
+        assert_eq!(winner(&same, false), (0, F16));
+        assert_eq!(winner(&same, true), (0, F16));
+        // Of equal loss, less memory decides.
+        let equal = [tied(0, F16, 340), tied(0, F16, 320)];
+        let refs: Vec<&CandidateResult> = equal.iter().collect();
+        assert_eq!(tie_winner(&refs, false).unwrap().mem_bytes(), 320 << 20);
+        // Less lossy first among lossy pairs too.
+        assert_eq!(
+            winner(&[tied(0, Q4_0, 250), tied(0, Q8_0, 300)], false),
+            (0, Q8_0)
+        );
+    }
+
+    #[test]
+    fn a_lossy_cache_that_buys_a_layer_on_a_device_wins_a_tie_by_memory() {
+        use CacheType::*;
+        // q8_0 lets a 16th layer onto the GPU: what it saves buys something measured.
+        let lever = [tied(15, F16, 340), tied(16, Q8_0, 300)];
+        assert_eq!(winner(&lever, true), (16, Q8_0));
+        // Without an offload device, layer counts mean nothing: lossless.
+        assert_eq!(winner(&lever, false), (15, F16));
+        // q4_0 buys nothing over q8_0 at the same 16 layers: q8_0, the less lossy of the two.
+        let three = [tied(15, F16, 340), tied(16, Q8_0, 300), tied(16, Q4_0, 280)];
+        assert_eq!(winner(&three, true), (16, Q8_0));
+    }
 }

@@ -59,6 +59,9 @@ pub struct Plan {
     pub cache_types: Vec<CacheType>,
     /// The quality gate asked for (a quantized K/V cache wins only within it).
     pub kv_gate: GateChoice,
+    /// The file the gate measures against, where it is not the model: in a choice among
+    /// quantizations, the most precise one (the combination that will run is measured against it).
+    pub quality_reference: Option<PathBuf>,
     pub flash_attn: Vec<FlashAttn>,
     /// Micro-batch sizes to try; empty: `tuning` chooses for the machine and workload
     /// ([`TuneSettings::ubatch_options`]).
@@ -175,10 +178,12 @@ pub fn split_modes_for(backends: &[&str]) -> Vec<SplitMode> {
 
 /// The default gate: the mean KL divergence (nats per token) a quantized K/V cache may add over
 /// the f16 cache. On Llama 3 8B (llama.cpp PR 7412's table) a q8_0/q8_0 cache adds about 0.001 and
-/// q8_0 weights with a q8_0/q8_0 cache 0.0016; weights at Q5_K_M add 0.011 and at Q4_K_M 0.029
-/// (llama.cpp PR 6936's table). 0.02 lets a cache cost at most what going from 6 to 5 bits a
-/// weight costs: q8_0 caches pass (on the 270M demo model 0.009), 4-bit caches that change one
-/// next token in five (the demo model's q4_0: 0.110, top-1 81%) do not.
+/// q8_0 weights with a q8_0/q8_0 cache 0.0016; weights at Q6_K add 0.0057, at Q5_K_M 0.011 and at
+/// Q4_K_M 0.029 (llama.cpp PR 6936's table). 0.02 is twenty times a q8_0 cache there, between what
+/// Q5_K_M and Q4_K_M weights cost (not the step from 6 to 5 bits a weight, about 0.005): q8_0
+/// caches pass (on the 270M demo model 0.009), 4-bit caches that change one next token in five
+/// (the demo model's q4_0: 0.110, top-1 81%) do not. Where a q4_0 cache lands on a 7-8B model was
+/// not measured (docs/quality.md).
 pub const DEFAULT_MAX_KV_KLD: f64 = 0.02;
 
 /// Positions compared at the end of each window: their logits are what the evaluation holds in
@@ -218,6 +223,8 @@ pub struct QualityGate {
     /// Tokens of the text evaluated (whole windows).
     pub max_tokens: u32,
     pub threads: u32,
+    /// The file the figures are against ([`Plan::quality_reference`]); `None`: the model.
+    pub reference: Option<PathBuf>,
 }
 
 impl QualityGate {
@@ -230,6 +237,7 @@ impl QualityGate {
             window,
             max_tokens: tokens_for(window),
             threads,
+            reference: None,
         }
     }
 
@@ -243,12 +251,14 @@ impl QualityGate {
     }
 }
 
-/// The window a request's cache fills: its depth, prompt and generation, rounded up to a power of
-/// two from 512 to 4096 tokens (a quantized cache hurts more as it fills; past 4096 the built-in
-/// text has too few tokens for a second window).
+/// The window a request's cache fills: its depth, prompt and generation, rounded up to whole
+/// [`SCORED_POSITIONS`] (at least one), however deep: the positions scored at its end are at the
+/// workload's depth (a quantized cache hurts more as it fills). Where the built-in text is shorter
+/// than the windows, each is filled with the text cycled before a segment held out of it
+/// (`quant::windows`).
 pub fn window_for(w: &Workload) -> u32 {
-    let need = w.depth + w.n_prompt + w.n_gen;
-    need.clamp(512, 4096).next_power_of_two().min(4096)
+    let need = (w.depth + w.n_prompt + w.n_gen).max(1);
+    need.div_ceil(SCORED_POSITIONS) * SCORED_POSITIONS
 }
 
 /// Tokens evaluated for a window: at least four windows' worth of scored positions (2048 tokens
@@ -286,12 +296,17 @@ mod tests {
     }
 
     #[test]
-    fn the_window_is_a_requests_context_rounded_up_within_512_to_4096() {
+    fn the_window_is_a_requests_context_rounded_up_to_whole_scored_positions_however_deep() {
         assert_eq!(window_for(&w(0, 128, 32)), 512);
         assert_eq!(window_for(&w(0, 512, 128)), 1024);
-        assert_eq!(window_for(&w(1024, 256, 256)), 2048);
-        assert_eq!(window_for(&w(16384, 512, 128)), 4096);
+        assert_eq!(window_for(&w(1024, 256, 256)), 1536);
+        // A 16k-deep chat is judged at 16k: its scored positions begin past 16,384 tokens.
+        let deep = window_for(&w(16384, 512, 128));
+        assert_eq!(deep, 17408);
+        assert!(deep - SCORED_POSITIONS >= 16384 + 512);
+        assert_eq!(window_for(&w(100_000, 512, 128)), 100_864);
         assert_eq!(tokens_for(512), 2048);
         assert_eq!(tokens_for(4096), 8192);
+        assert_eq!(tokens_for(deep), 2 * deep);
     }
 }

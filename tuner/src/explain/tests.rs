@@ -717,6 +717,10 @@ fn the_quality_finding_shows_the_winners_figures_and_what_the_gate_refused() {
         error: None,
         cached: false,
         seconds: 12.0,
+        measured_with: None,
+        against: None,
+        weights_kld: None,
+        attn_rot: Default::default(),
     };
     let record = profiles::QualityRecord {
         max_kv_kld: Some(0.02),

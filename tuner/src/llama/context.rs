@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-fn ggml_type(t: CacheType) -> sys::ggml_type {
+pub(super) fn ggml_type(t: CacheType) -> sys::ggml_type {
     match t {
         CacheType::F32 => sys::GGML_TYPE_F32,
         CacheType::F16 => sys::GGML_TYPE_F16,

@@ -6,6 +6,7 @@
 //! because the knobs it measures (`use_extra_bufts`, `no_alloc`, flash-attention type) are not all
 //! exposed by the higher-level `llama-cpp-2` wrapper. Everything unsafe stays in this module.
 
+mod attention;
 mod backend;
 mod bandwidth;
 mod breakdown;
@@ -22,6 +23,7 @@ pub mod rpc_check;
 pub mod rpc_endpoint;
 mod settings;
 
+pub use attention::{runs_kv_pair, AttentionShape};
 pub use backend::{
     backend_modules, backends, buffer_type_by_name, build_info, init, numa_init, startup_log,
     system_info, BackendModule,

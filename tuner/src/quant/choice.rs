@@ -12,7 +12,7 @@ use crate::report::truncate;
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use profiles::Figures;
 use search_space::size::format_size;
-use search_space::{CacheType, Candidate};
+use search_space::Candidate;
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -145,15 +145,6 @@ pub fn spill_notes(rows: &[QuantRow], chosen: usize) -> Vec<String> {
         .collect()
 }
 
-/// A KV-cache type and whether the gate allows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct KvRow {
-    pub kv: CacheType,
-    pub kld: Option<f64>,
-    pub top1: Option<f64>,
-    pub allowed: bool,
-}
-
 /// The joint run's report.
 #[derive(Debug, Clone, Serialize)]
 pub struct JointReport {
@@ -165,7 +156,8 @@ pub struct JointReport {
     pub considered: Vec<PathBuf>,
     pub left_out: Vec<Rejected>,
     pub quality: QualityTable,
-    pub kv: Vec<KvRow>,
+    /// How each quantization's KV cache was held to quality: the tune's gate, with its own weights.
+    pub kv_gate: String,
     pub quants: Vec<QuantRow>,
     /// Index into `quants` of the choice.
     pub chosen: Option<usize>,
@@ -182,16 +174,7 @@ impl JointReport {
             max_kld,
             considered: ladder.rungs.iter().map(|r| r.path.clone()).collect(),
             left_out: ladder.rejected.clone(),
-            kv: quality
-                .kv
-                .iter()
-                .map(|r| KvRow {
-                    kv: r.kv,
-                    kld: r.kld(),
-                    top1: r.figures.as_ref().map(|f| f.top1),
-                    allowed: r.passes(max_kld),
-                })
-                .collect(),
+            kv_gate: String::new(),
             quality,
             quants: Vec::new(),
             chosen: None,
@@ -202,7 +185,7 @@ impl JointReport {
 
     pub fn render(&self) -> String {
         let mut s = format!(
-            "model     {}\nreference {} ({}) · gate --max-kld {} nats/token (weights and KV cache each)\n",
+            "model     {}\nreference {} ({}) · gate --max-kld {} nats/token (weights)\n",
             self.model.display(),
             self.reference.display(),
             self.reference_type,
@@ -211,23 +194,7 @@ impl JointReport {
         for r in &self.left_out {
             s.push_str(&format!("left out  {}: {}\n", r.path.display(), r.reason));
         }
-        let kv: Vec<String> = self
-            .kv
-            .iter()
-            .map(|k| {
-                let verdict = if k.allowed {
-                    "allowed"
-                } else {
-                    "over the gate"
-                };
-                format!(
-                    "{} {} ({verdict})",
-                    k.kv,
-                    k.kld.map_or("failed".into(), fmt_kld)
-                )
-            })
-            .collect();
-        s.push_str(&format!("KV cache  {}\n\n", kv.join(" · ")));
+        s.push_str(&format!("KV cache  {}\n\n", self.kv_gate));
         let mut t = Table::new();
         t.load_preset(UTF8_FULL_CONDENSED);
         t.set_header([

@@ -5,16 +5,21 @@
 //!
 //! The parts: [`ladder`] finds the rungs beside a model (header reading only), [`make`] writes new
 //! rungs with llama.cpp's quantizer, [`kld`] is the arithmetic of the comparison, [`serve`] is the
-//! worker-side code that runs llama.cpp for both, [`quality`] runs and caches the evaluations,
+//! worker-side code that runs llama.cpp for both, [`quality`] runs and caches the evaluations
+//! ([`windows`] cuts the text into them), [`checks`] and [`retrieval`] check a profile's output
+//! (the f16 reference's greedy tokens, facts retrieved from deep in a full context),
 //! `tuning::joint` tunes each rung (like `tune`, in this process, one file at a time) and [`choice`]
 //! picks under the gate and reports.
 
+pub mod checks;
 pub mod choice;
 pub mod kld;
 pub mod ladder;
 pub mod make;
 pub mod quality;
+pub mod retrieval;
 pub mod serve;
+pub mod windows;
 
 /// The gate's default: mean KL divergence (nats per token) a weight or KV-cache quantization may add
 /// over the reference. 0.05 keeps what is usually called "near lossless to good" (on 7-8B models

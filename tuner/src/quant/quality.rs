@@ -5,8 +5,9 @@
 //!
 //! Each evaluation runs in a worker (llama.cpp, logits for every position, the text cut into chunks
 //! of the context size) and is cached in `$AUTOTUNE_CACHE_DIR/quality/` by the identities of both
-//! files, the KV type, the text and the chunking: the numbers depend on nothing else, so a second
-//! `quality` or `tune --max-kld` costs nothing.
+//! files, the KV types, the text, the chunking and what it was measured with (llama.cpp's build,
+//! the backend, flash attention: [`MeasuredWith`]), so a second `quality` or `tune --max-kld` costs
+//! nothing, and a figure is never reused where any of these changed.
 
 use super::kld::QualityFigures;
 use super::ladder::{Ladder, Rung};
@@ -16,8 +17,9 @@ use crate::measuring::{KvQualityAnswer, KvQualityRequest};
 use crate::worker::Worker;
 use crate::worker::{Request, Response};
 use indicatif::ProgressBar;
+use profiles::MeasuredWith;
 use search_space::identity::ModelIdentity;
-use search_space::CacheType;
+use search_space::{CacheType, FlashAttn};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -63,6 +65,9 @@ pub struct QualityRow {
     pub cached: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// llama.cpp's build, the backend and flash attention it was measured with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_with: Option<MeasuredWith>,
 }
 
 impl QualityRow {
@@ -87,6 +92,13 @@ pub struct EvalSettings {
     /// Layers offloaded where a device exists (falling back to the CPU when the model does not
     /// load so).
     pub n_gpu_layers: u32,
+    /// The devices they go to (empty: llama.cpp's default, every one).
+    pub devices: Vec<String>,
+    /// What the figures are measured with (its flash attention is the contexts').
+    pub with: MeasuredWith,
+    /// The rotation of the compared models' quantized caches (the reference's f16 cache is never
+    /// rotated).
+    pub attn_rot: search_space::AttnRot,
     /// Ignore cached results.
     pub fresh: bool,
     pub cache_dir: PathBuf,
@@ -97,6 +109,39 @@ impl EvalSettings {
     fn text_hash(&self) -> String {
         hex::encode(Sha256::digest(self.text.as_bytes()))[..12].to_string()
     }
+}
+
+/// What an evaluation with `n_gpu_layers` on `devices` (empty: every device llama.cpp offloads to
+/// by default) and `flash_attn` is measured with in this process's llama.cpp (initialised).
+pub fn measured_with(n_gpu_layers: u32, devices: &[String], flash_attn: FlashAttn) -> MeasuredWith {
+    let (listed, _) = crate::llama::device_view();
+    let offload: Vec<&crate::llama::DeviceInfo> = (listed.iter())
+        .filter(|d| matches!(d.kind.as_str(), "gpu" | "igpu"))
+        .collect();
+    let mut backends: Vec<String> = if n_gpu_layers == 0 || offload.is_empty() {
+        vec!["CPU".into()]
+    } else if devices.is_empty() {
+        offload.iter().map(|d| d.backend.clone()).collect()
+    } else {
+        (devices.iter())
+            .map(|n| match listed.iter().find(|d| &d.name == n) {
+                Some(d) => d.backend.clone(),
+                None => n.trim_end_matches(|c: char| c.is_ascii_digit()).to_string(),
+            })
+            .collect()
+    };
+    backends.dedup();
+    MeasuredWith {
+        llama: crate::llama::build_info().0,
+        backend: backends.join("+"),
+        flash_attn,
+    }
+}
+
+/// A short key of what figures are measured with, for cache file names.
+fn with_key(with: &MeasuredWith) -> String {
+    let text = format!("{}|{}|{}", with.llama, with.backend, with.flash_attn);
+    hex::encode(Sha256::digest(text.as_bytes()))[..10].to_string()
 }
 
 /// The whole table: the reference, the weight rows (most precise first) and the KV rows.
@@ -156,7 +201,9 @@ impl<'a> Evaluator<'a> {
         }
     }
 
-    fn cache_path(&self, t: &Task, reference: &Subject) -> PathBuf {
+    /// Where a task's row is cached: by both files, the pair, the text, the chunking, and what it
+    /// is measured with.
+    fn cache_path(&self, t: &Task, reference: &Subject, with: &MeasuredWith) -> PathBuf {
         let s = &self.settings;
         let tokens = s.max_tokens.map_or("all".to_string(), |t| t.to_string());
         // A pair of one type keeps the name it had before K and V were chosen apart.
@@ -165,14 +212,20 @@ impl<'a> Evaluator<'a> {
         } else {
             format!("{}-{}", t.kv, t.kv_v)
         };
+        // An unrotated quantized cache is another cache (a pair of f16 is rotated by nobody).
+        let kv = match s.attn_rot.is_on() || !(t.kv.is_quantized() || t.kv_v.is_quantized()) {
+            true => kv,
+            false => format!("{kv}-norot"),
+        };
         self.settings.cache_dir.join("quality").join(format!(
-            "{}-vs-{}-{}-{}-t{tokens}-c{}{}.json",
+            "{}-vs-{}-{}-{}-t{tokens}-c{}{}-w{}.json",
             t.model.identity.short(),
             reference.identity.short(),
             kv,
             s.text_hash(),
             s.chunk,
-            s.scored.map_or(String::new(), |n| format!("-s{n}"))
+            s.scored.map_or(String::new(), |n| format!("-s{n}")),
+            with_key(with)
         ))
     }
 
@@ -181,7 +234,8 @@ impl<'a> Evaluator<'a> {
         if self.settings.fresh {
             return None;
         }
-        let text = std::fs::read_to_string(self.cache_path(t, reference)).ok()?;
+        let path = self.cache_path(t, reference, &self.settings.with);
+        let text = std::fs::read_to_string(path).ok()?;
         let mut row: QualityRow = serde_json::from_str(&text).ok()?;
         row.cached = true;
         row.kind = t.kind;
@@ -280,6 +334,9 @@ impl<'a> Evaluator<'a> {
             scored: s.scored,
             threads: s.threads,
             n_gpu_layers: s.n_gpu_layers,
+            devices: s.devices.clone(),
+            flash_attn: s.with.flash_attn,
+            attn_rot: s.attn_rot,
             progress: Some(progress.clone()),
         });
         let bar = batch_bar(s.quiet, batch, reference);
@@ -336,17 +393,27 @@ impl<'a> Evaluator<'a> {
         answer: QualityAnswer,
     ) -> Vec<QualityRow> {
         let mut rows = Vec::new();
+        // A reference that fell back to the CPU was measured there, and is cached as such.
+        let with = MeasuredWith {
+            backend: if answer.cpu_fallback {
+                "CPU".into()
+            } else {
+                self.settings.with.backend.clone()
+            },
+            ..self.settings.with.clone()
+        };
         for (t, result) in batch.iter().zip(answer.results) {
             let mut row = QualityRow {
                 tokens: answer.tokens,
                 chunks: answer.chunks,
+                measured_with: Some(with.clone()),
                 ..base_row(t, reference)
             };
             match result {
                 Ok((figures, seconds)) => {
                     row.figures = Some(figures);
                     row.seconds = seconds;
-                    let cache = self.cache_path(t, reference);
+                    let cache = self.cache_path(t, reference, &with);
                     if let Some(dir) = cache.parent() {
                         let _ = std::fs::create_dir_all(dir);
                     }
@@ -523,6 +590,7 @@ fn base_row(t: &Task, reference: &Subject) -> QualityRow {
         seconds: 0.0,
         cached: false,
         error: None,
+        measured_with: None,
     }
 }
 
@@ -555,22 +623,20 @@ pub fn choose_reference(ladder: &Ladder, explicit: Option<&Path>) -> Result<Subj
 }
 
 /// The quality gate's evaluation ([`crate::engine::gate`]): the model with a K/V cache pair against
-/// itself with f16 caches, over windows of a request's context with the last
-/// [`SCORED_POSITIONS`](crate::engine::SCORED_POSITIONS) of each compared, in a worker of its
-/// own; cached like every quality row, so a second tune does not pay again.
+/// itself with f16 caches, or, in a choice among quantizations, against the most precise file with
+/// f16 caches (with the model's weights alone beside it, over the same windows, for what the pair
+/// adds); over windows of a request's context with the last
+/// [`SCORED_POSITIONS`](crate::engine::SCORED_POSITIONS) of each compared, in a worker of its own,
+/// on the candidate's devices with its flash attention; cached like every quality row, so a second
+/// tune does not pay again.
 pub fn kv_pair_quality(
     req: &KvQualityRequest,
     stop: &dyn Fn() -> bool,
 ) -> Result<KvQualityAnswer, String> {
-    let info = search_space::gguf::GgufInfo::inspect(&req.model).map_err(|e| e.to_string())?;
-    let subject = Subject {
-        path: req.model.clone(),
-        file_type: info
-            .file_type_name
-            .clone()
-            .unwrap_or_else(|| "model".into()),
-        size_bytes: info.file_size,
-        identity: ModelIdentity::of_file(&req.model).map_err(|e| e.to_string())?,
+    let subject = subject_of(&req.model)?;
+    let reference = match &req.reference {
+        Some(r) if !same_file(r, &req.model) => subject_of(r)?,
+        _ => subject.clone(),
     };
     let settings = EvalSettings {
         text: EVAL_TEXT.to_string(),
@@ -579,28 +645,180 @@ pub fn kv_pair_quality(
         scored: Some(crate::engine::SCORED_POSITIONS),
         threads: req.threads,
         n_gpu_layers: req.n_gpu_layers,
+        devices: req.devices.clone(),
+        with: measured_with(req.n_gpu_layers, &req.devices, req.flash_attn),
+        attn_rot: req.attn_rot,
         fresh: false,
         cache_dir: crate::session::cache_dir(),
         quiet: true,
     };
-    let task = Task {
+    let mut tasks = vec![Task {
         kind: Kind::Kv,
         model: &subject,
         kv: req.type_k,
         kv_v: req.type_v,
-    };
+    }];
+    let other = reference.identity != subject.identity;
+    if other {
+        tasks.push(Task {
+            kind: Kind::Weights,
+            model: &subject,
+            kv: CacheType::F16,
+            kv_v: CacheType::F16,
+        });
+    }
     let mut evaluator = Evaluator::new(settings, stop);
-    let rows = evaluator.evaluate(&[task], &subject);
+    let rows = evaluator.evaluate(&tasks, &reference);
     evaluator.shutdown();
-    let row = rows
-        .map_err(|f| crate::report::one_line(&f.to_string()))?
-        .remove(0);
+    let mut rows = rows.map_err(|f| crate::report::one_line(&f.to_string()))?;
+    let weights_kld = if other {
+        let w = rows.pop().expect("the weights' row");
+        Some(w.kld().ok_or_else(|| {
+            format!(
+                "the weights alone: {}",
+                w.error.unwrap_or_else(|| "no figures".into())
+            )
+        })?)
+    } else {
+        None
+    };
+    let row = rows.remove(0);
     match (row.figures, row.error) {
         (Some(figures), _) => Ok(KvQualityAnswer {
             figures,
+            weights_kld,
+            against: other.then(|| reference.file_type.clone()),
+            measured_with: row
+                .measured_with
+                .unwrap_or_else(|| evaluator.settings.with.clone()),
             cached: row.cached,
             seconds: row.seconds,
         }),
         (None, e) => Err(e.unwrap_or_else(|| "no figures".into())),
+    }
+}
+
+/// A model file as an evaluation's subject.
+fn subject_of(path: &Path) -> Result<Subject, String> {
+    let info = search_space::gguf::GgufInfo::inspect(path).map_err(|e| e.to_string())?;
+    Ok(Subject {
+        path: path.to_path_buf(),
+        file_type: info
+            .file_type_name
+            .clone()
+            .unwrap_or_else(|| "model".into()),
+        size_bytes: info.file_size,
+        identity: ModelIdentity::of_file(path).map_err(|e| e.to_string())?,
+    })
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(dir: &Path, llama: &str, backend: &str, fa: FlashAttn) -> EvalSettings {
+        EvalSettings {
+            text: "some text".into(),
+            max_tokens: Some(2048),
+            chunk: 512,
+            scored: Some(512),
+            threads: 2,
+            n_gpu_layers: 0,
+            devices: Vec::new(),
+            with: MeasuredWith {
+                llama: llama.into(),
+                backend: backend.into(),
+                flash_attn: fa,
+            },
+            attn_rot: Default::default(),
+            fresh: false,
+            cache_dir: dir.to_path_buf(),
+            quiet: true,
+        }
+    }
+
+    fn answer(cpu_fallback: bool) -> QualityAnswer {
+        let f = QualityFigures {
+            positions: 2048,
+            kld_mean: 0.01,
+            kld_se: 0.001,
+            kld_median: 0.003,
+            kld_p99: 0.06,
+            kld_max: 0.5,
+            top1: 0.95,
+            ref_ppl: 20.0,
+            ppl: 20.2,
+        };
+        QualityAnswer {
+            results: vec![Ok((f, 3.0))],
+            tokens: 2048,
+            text_tokens: 2048,
+            chunks: 4,
+            cpu_fallback,
+        }
+    }
+
+    /// A figure is reused only where llama.cpp's build, the backend and flash attention are those
+    /// it was measured with: any of them changed, it is measured again.
+    #[test]
+    fn a_changed_build_backend_or_flash_attention_measures_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.gguf");
+        std::fs::write(&file, b"GGUF model bytes").unwrap();
+        let model = Subject {
+            path: file.clone(),
+            file_type: "Q4_K_M".into(),
+            size_bytes: 16,
+            identity: ModelIdentity::of_file(&file).unwrap(),
+        };
+        let task = Task {
+            kind: Kind::Kv,
+            model: &model,
+            kv: CacheType::Q8_0,
+            kv_v: CacheType::Q8_0,
+        };
+        let never = || false;
+        let at = |llama: &str, backend: &str, fa: FlashAttn| {
+            Evaluator::new(settings(dir.path(), llama, backend, fa), &never)
+        };
+        let measured = at("b7400", "CPU", FlashAttn::Auto);
+        let rows = measured.answered_rows(&[&task], &model, answer(false));
+        assert_eq!(rows[0].measured_with, Some(measured.settings.with.clone()));
+        let found = measured.cached(&task, &model).expect("cached");
+        assert!(found.cached && found.kld() == Some(0.01));
+        assert!(
+            at("b7401", "CPU", FlashAttn::Auto)
+                .cached(&task, &model)
+                .is_none(),
+            "another build"
+        );
+        assert!(
+            at("b7400", "CUDA", FlashAttn::Auto)
+                .cached(&task, &model)
+                .is_none(),
+            "another backend"
+        );
+        assert!(
+            at("b7400", "CPU", FlashAttn::On)
+                .cached(&task, &model)
+                .is_none(),
+            "flash attention"
+        );
+        // Asked on CUDA, measured on the CPU (the model did not load offloaded): cached as the
+        // CPU's figure, not CUDA's.
+        let asked = at("b7400", "CUDA", FlashAttn::On);
+        let rows = asked.answered_rows(&[&task], &model, answer(true));
+        assert_eq!(rows[0].measured_with.as_ref().unwrap().backend, "CPU");
+        assert!(asked.cached(&task, &model).is_none());
+        assert!(at("b7400", "CPU", FlashAttn::On)
+            .cached(&task, &model)
+            .is_some());
     }
 }

@@ -7,13 +7,14 @@
 //! parent while it waits, so the one-line-per-request protocol stays as it is.
 
 use super::kld::{self, Accumulator};
+use super::windows::Window;
 use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
 use crate::worker::protocol::Response;
 pub use crate::worker::protocol::{
     QualityAnswer, QualityJob, QualityRequest, QuantizeAnswer, QuantizeRequest,
 };
 use rayon::prelude::*;
-use search_space::CacheType;
+use search_space::{AttnRot, CacheType, Candidate, FlashAttn};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -94,37 +95,47 @@ pub fn quantize(q: &QuantizeRequest) -> Response {
 
 thread_local! {
     /// The reference stays loaded between requests (the worker answers them on one thread): a
-    /// ladder is compared against one reference.
-    static REFERENCE: std::cell::RefCell<Option<(PathBuf, Arc<Model>)>> = const { std::cell::RefCell::new(None) };
+    /// ladder is compared against one reference. With it, whether it fell back to the CPU.
+    static REFERENCE: std::cell::RefCell<Option<(PathBuf, Arc<Model>, bool)>> = const { std::cell::RefCell::new(None) };
 }
 
-fn load(path: &Path, n_gpu_layers: u32) -> Result<Arc<Model>, String> {
+/// The model with `n_gpu_layers` on `devices`, and whether it fell back to the CPU.
+fn load(path: &Path, n_gpu_layers: u32, devices: &[String]) -> Result<(Arc<Model>, bool), String> {
     let settings = |ngl| ModelSettings {
         n_gpu_layers: ngl,
+        devices: if ngl > 0 {
+            devices.to_vec()
+        } else {
+            Vec::new()
+        },
         ..Default::default()
     };
     match Model::load(path, &settings(n_gpu_layers)) {
-        Ok(m) => Ok(Arc::new(m)),
+        Ok(m) => Ok((Arc::new(m), false)),
         // Offloading may not fit (two models at once): the CPU gives the same figures, slower.
         Err(_) if n_gpu_layers > 0 => Model::load(path, &settings(0))
-            .map(Arc::new)
+            .map(|m| (Arc::new(m), true))
             .map_err(|e| e.to_string()),
         Err(e) => Err(e.to_string()),
     }
 }
 
-fn reference(path: &Path, n_gpu_layers: u32) -> Result<Arc<Model>, String> {
+fn reference(
+    path: &Path,
+    n_gpu_layers: u32,
+    devices: &[String],
+) -> Result<(Arc<Model>, bool), String> {
     REFERENCE.with(|slot| {
         let mut slot = slot.borrow_mut();
-        if let Some((p, m)) = slot.as_ref() {
+        if let Some((p, m, fell_back)) = slot.as_ref() {
             if p == path {
-                return Ok(Arc::clone(m));
+                return Ok((Arc::clone(m), *fell_back));
             }
         }
         *slot = None;
-        let m = load(path, n_gpu_layers)?;
-        *slot = Some((path.to_path_buf(), Arc::clone(&m)));
-        Ok(m)
+        let (m, fell_back) = load(path, n_gpu_layers, devices)?;
+        *slot = Some((path.to_path_buf(), Arc::clone(&m), fell_back));
+        Ok((m, fell_back))
     })
 }
 
@@ -139,64 +150,45 @@ struct JobState {
 /// Answers a [`QualityRequest`]: loads the reference and each job's model, then compares their
 /// logits chunk by chunk over the text and answers with each job's figures.
 pub fn quality(q: &QualityRequest) -> Response {
-    let reference = match reference(&q.reference, q.n_gpu_layers) {
+    let (reference, cpu_fallback) = match reference(&q.reference, q.n_gpu_layers, &q.devices) {
         Ok(m) => m,
         Err(e) => return failed("load", format!("reference {}: {e}", q.reference.display())),
     };
     let mut jobs = load_jobs(q, &reference);
-    let mut tokens = match reference.tokenize(&q.text) {
+    let tokens = match reference.tokenize(&q.text) {
         Ok(t) => t,
         Err(e) => return failed("tokenize", e),
     };
     let text_tokens = tokens.len() as u64;
-    if let Some(max) = q.max_tokens {
-        tokens.truncate(max as usize);
-    }
     let bos = reference
         .add_bos()
         .then(|| reference.bos())
         .filter(|&b| b >= 0);
     let n_ctx = q.n_ctx.max(16);
-    let per_chunk = (n_ctx as usize - usize::from(bos.is_some())).max(1);
     let mut ref_ctx = match chunk_context(
         &reference,
         (CacheType::F16, CacheType::F16),
         n_ctx,
-        q.threads,
+        (q.threads, q.flash_attn, AttnRot::On),
     ) {
         Ok(c) => c,
         Err(e) => return failed("context", e.to_string()),
     };
-    let mut chunks: Vec<&[i32]> = tokens.chunks(per_chunk).collect();
-    // Figures at a depth come from whole windows: a short last one would score shallow positions.
-    if q.scored.is_some() && chunks.len() > 1 && chunks.last().is_some_and(|c| c.len() < per_chunk)
-    {
-        chunks.pop();
-    }
-    let total = (chunks.len() * jobs.len()) as u64;
-    let offset = usize::from(bos.is_some());
-    let mut start = 0usize;
-    for (k, chunk) in chunks.iter().enumerate() {
-        let mut input: Vec<i32> = bos.into_iter().collect();
-        input.extend_from_slice(chunk);
-        // Output i predicts input i+1; the chunk's last output predicts the next chunk's first token.
-        let next: Vec<Option<i32>> = (0..input.len())
-            .map(|i| tokens.get(start + i + 1 - offset).copied())
-            .collect();
+    // With `scored`, each window's first tokens only fill the cache: the figures are those of the
+    // positions at its end, at the depth a request reaches.
+    let windows = super::windows::windows(
+        &tokens,
+        bos,
+        n_ctx as usize,
+        q.scored.map(|s| s as usize),
+        q.max_tokens.map(|m| m as usize),
+    );
+    let total = (windows.len() * jobs.len()) as u64;
+    for (k, window) in windows.iter().enumerate() {
         let progress = |j: usize| write_progress(&q.progress, (k * q.jobs.len() + j) as u64, total);
-        // With `scored`, the window's first tokens only fill the cache: the figures are those of
-        // the positions at its end, at the depth a request reaches.
-        let window = Window {
-            input: &input,
-            next: &next,
-            skip: q
-                .scored
-                .map_or(0, |s| input.len().saturating_sub(s as usize)),
-        };
-        if let Err(e) = compare_chunk(q, &mut jobs, &mut ref_ctx, &window, n_ctx, progress) {
+        if let Err(e) = compare_chunk(q, &mut jobs, &mut ref_ctx, window, n_ctx, progress) {
             return failed("decode", format!("reference: {e}"));
         }
-        start += chunk.len();
     }
     write_progress(&q.progress, total, total);
     Response::Quality(QualityAnswer {
@@ -207,9 +199,12 @@ pub fn quality(q: &QualityRequest) -> Response {
                 None => Ok((j.acc.finish(), j.seconds)),
             })
             .collect(),
-        tokens: tokens.len() as u64,
+        tokens: (windows.iter())
+            .map(|w| (w.input.len() - usize::from(bos.is_some())) as u64)
+            .sum(),
         text_tokens,
-        chunks: chunks.len() as u32,
+        chunks: windows.len() as u32,
+        cpu_fallback,
     })
 }
 
@@ -223,7 +218,7 @@ fn load_jobs(q: &QualityRequest, reference: &Arc<Model>) -> Vec<JobState> {
             let model = if j.model == q.reference {
                 Ok(Arc::clone(reference))
             } else {
-                load(&j.model, q.n_gpu_layers)
+                load(&j.model, q.n_gpu_layers, &q.devices).map(|(m, _)| m)
             };
             let seconds = t.elapsed().as_secs_f64();
             match model {
@@ -244,43 +239,39 @@ fn load_jobs(q: &QualityRequest, reference: &Arc<Model>) -> Vec<JobState> {
         .collect()
 }
 
-/// A context that decodes a whole chunk in one batch, with these K and V cache types.
+/// A context that decodes a whole chunk in one batch, with these K and V cache types, flash
+/// attention and rotation of a quantized cache (through the knob table, as a measured candidate's).
 fn chunk_context(
     m: &Arc<Model>,
     (type_k, type_v): (CacheType, CacheType),
     n_ctx: u32,
-    threads: u32,
+    (threads, flash_attn, attn_rot): (u32, FlashAttn, AttnRot),
 ) -> Result<Context, llama::LlamaError> {
+    let c = Candidate {
+        type_k,
+        type_v,
+        flash_attn,
+        attn_rot,
+        ..Candidate::llama_default(threads.max(1), 0)
+    };
     Context::new(
         m,
         &ContextSettings {
             n_batch: n_ctx,
             n_ubatch: n_ctx.min(512),
-            type_k,
-            type_v,
-            ..ContextSettings::defaults(n_ctx, threads.max(1))
+            ..ContextSettings::for_candidate(&c, n_ctx)
         },
     )
 }
 
-/// One chunk of the text: its tokens, the token each output predicts, and how many of its first
-/// positions only fill the cache (no logits compared).
-struct Window<'w> {
-    input: &'w [i32],
-    next: &'w [Option<i32>],
-    skip: usize,
-}
-
-impl Window<'_> {
-    /// `ctx` decodes the window from an empty cache: the skipped positions without outputs, the
-    /// rest with every position's logits (indexed from 0 at the first scored position).
-    fn decode(&self, ctx: &mut Context) -> Result<(), llama::LlamaError> {
-        ctx.clear();
-        if self.skip > 0 {
-            ctx.decode_at(&self.input[..self.skip], 0, false)?;
-        }
-        ctx.decode_at(&self.input[self.skip..], self.skip as i32, true)
+/// `ctx` decodes `window` from an empty cache: the skipped positions without outputs, the rest
+/// with every position's logits (indexed from 0 at the first scored position).
+fn decode(window: &Window, ctx: &mut Context) -> Result<(), llama::LlamaError> {
+    ctx.clear();
+    if window.skip > 0 {
+        ctx.decode_at(&window.input[..window.skip], 0, false)?;
     }
+    ctx.decode_at(&window.input[window.skip..], window.skip as i32, true)
 }
 
 /// One chunk: the reference decodes the window, then each job still going decodes it and adds its
@@ -295,7 +286,7 @@ fn compare_chunk(
     progress: impl Fn(usize),
 ) -> Result<(), llama::LlamaError> {
     let t = Instant::now();
-    window.decode(ref_ctx)?;
+    decode(window, ref_ctx)?;
     let ref_share = t.elapsed().as_secs_f64() / jobs.len().max(1) as f64;
     for (j, (job, spec)) in jobs.iter_mut().zip(&q.jobs).enumerate() {
         progress(j);
@@ -305,7 +296,7 @@ fn compare_chunk(
         let t = Instant::now();
         // One context at a time: with a large vocabulary each holds hundreds of MB of logits.
         let kv = (spec.kv, spec.kv_v.unwrap_or(spec.kv));
-        let outcome = chunk_context(&model, kv, n_ctx, q.threads)
+        let outcome = chunk_context(&model, kv, n_ctx, (q.threads, q.flash_attn, q.attn_rot))
             .map_err(|e| e.to_string())
             .and_then(|mut ctx| compare_logits(ref_ctx, &mut ctx, window));
         match outcome {
@@ -323,7 +314,7 @@ fn compare_logits(
     ctx: &mut Context,
     window: &Window,
 ) -> Result<Vec<kld::PositionStats>, String> {
-    window.decode(ctx).map_err(|e| e.to_string())?;
+    decode(window, ctx).map_err(|e| e.to_string())?;
     let pairs: Vec<(&[f32], &[f32], Option<i32>)> = (0..window.input.len() - window.skip)
         .map(|i| {
             (

@@ -8,7 +8,7 @@ use search_space::Candidate;
 /// Marks each row whose K/V pair was held to the gate: its mean KLD, and a refused row's status.
 pub fn annotate(board: &mut [LeaderboardEntry], q: &QualityRecord) {
     for e in board.iter_mut().filter(|e| e.candidate.kv_lossy()) {
-        let Some(check) = q.check(e.candidate.type_k, e.candidate.type_v) else {
+        let Some(check) = q.check(&e.candidate) else {
             continue;
         };
         e.kv_kld = check.kld();
@@ -20,7 +20,10 @@ pub fn annotate(board: &mut [LeaderboardEntry], q: &QualityRecord) {
 
 /// Why the gate turned a pair down: "mean KLD 0.1100 > 0.0200", or why it was not measured.
 fn refusal(check: &KvQualityCheck, q: &QualityRecord) -> String {
-    match (check.kld(), q.max_kv_kld) {
+    match (check.added_kld(), q.max_kv_kld) {
+        (Some(k), Some(max)) if check.weights_kld.is_some() => {
+            format!("the cache adds mean KLD {} > {}", fmt_kld(k), fmt_kld(max))
+        }
         (Some(k), Some(max)) => format!("mean KLD {} > {}", fmt_kld(k), fmt_kld(max)),
         _ => format!("quality {}", check.describe()),
     }
@@ -28,7 +31,7 @@ fn refusal(check: &KvQualityCheck, q: &QualityRecord) -> String {
 
 /// The quality lines under the winner.
 pub fn lines(q: &QualityRecord, winner: &Candidate, board: &[LeaderboardEntry]) -> Vec<String> {
-    let mut out = vec![winner_line(q, winner)];
+    let mut out = vec![q.winner_line(winner)];
     let score = |c: &KvQualityCheck| {
         (board.iter())
             .filter(|e| (e.candidate.type_k, e.candidate.type_v) == (c.type_k, c.type_v))
@@ -54,33 +57,4 @@ pub fn lines(q: &QualityRecord, winner: &Candidate, board: &[LeaderboardEntry]) 
         out.push("no quantized KV cache passed the gate: the f16 cache is kept".into());
     }
     out
-}
-
-/// The winner's quality: lossless, its measured figures within the gate, or not checked and why.
-fn winner_line(q: &QualityRecord, w: &Candidate) -> String {
-    let kv = w.kv_label();
-    if !w.kv_lossy() {
-        let gate = match (q.max_kv_kld, &q.unchecked) {
-            (Some(max), _) => format!(
-                "a quantized cache had to stay within mean KLD {}",
-                fmt_kld(max)
-            ),
-            (None, Some(why)) => format!("quantized caches were not held to quality: {why}"),
-            (None, None) => "no quality gate".into(),
-        };
-        return format!("kv={kv}: lossless ({gate})");
-    }
-    match q.check(w.type_k, w.type_v) {
-        Some(c) if c.passed => format!(
-            "kv={kv}: {} against f16, within the gate ({}); {}-token windows of {}",
-            c.describe(),
-            fmt_kld(q.max_kv_kld.unwrap_or(f64::NAN)),
-            q.window,
-            q.text
-        ),
-        _ => format!(
-            "kv={kv}: quality NOT checked ({})",
-            q.unchecked.as_deref().unwrap_or("no gate")
-        ),
-    }
 }

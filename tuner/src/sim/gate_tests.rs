@@ -38,7 +38,7 @@ fn a_quantized_cache_wins_under_a_loose_gate_and_loses_under_a_tight_one() {
     );
     let win = run.winner.clone().expect("a winner");
     assert!(win.kv_lossy() && fits(&land, &s, &win), "{}", win.label());
-    let check = run.quality.check(win.type_k, win.type_v).expect("checked");
+    let check = run.quality.check(&win).expect("checked");
     assert!(check.passed, "{check:?}");
     // Tight: the same landscape, every quantized pair over the gate: the f16 cache wins.
     let run = tune(

@@ -139,6 +139,7 @@ fn plan(workload: Workload, seed: u64, cache_types: &[CacheType]) -> Plan {
         host_ffns: true,
         cache_types: cache_types.to_vec(),
         kv_gate: GateChoice::On(DEFAULT_MAX_KV_KLD),
+        quality_reference: None,
         flash_attn: vec![FlashAttn::Auto, FlashAttn::On, FlashAttn::Off],
         ubatch_options: Vec::new(),
         rpc: Vec::new(),
@@ -258,7 +259,7 @@ pub fn tune_logged(
             .collect();
         runner_up = measured.iter().find(|c| **c != win).cloned();
         drift = e.confirm(&win, runner_up.as_ref());
-        winner = e.choose(&measured).or(winner);
+        winner = e.choose_final(&measured).or(winner);
     }
     let (baseline, baseline_placement) = e.baseline_and_placement();
     SimRun {

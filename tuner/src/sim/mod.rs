@@ -343,6 +343,13 @@ impl Measurer for SimMeasurer {
                 ref_ppl: 10.0,
                 ppl: 10.0 * (1.0 + kld),
             },
+            weights_kld: None,
+            against: None,
+            measured_with: profiles::MeasuredWith {
+                llama: "simulated".into(),
+                backend: "simulated".into(),
+                flash_attn: req.flash_attn,
+            },
             cached: false,
             seconds: 0.0,
         })

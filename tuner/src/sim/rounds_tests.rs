@@ -1,27 +1,29 @@
-//! How a group's rounds spend repetitions: first visits before more, ties to less memory, clear
-//! losers and far slower first repetitions stopped, a last candidate not measured on alone.
+//! How a group's rounds spend repetitions: first visits before more, ties to the lossless setting
+//! then to less memory, clear losers and far slower first repetitions stopped, a last candidate not
+//! measured on alone.
 
 use super::harness::{gpus, result, settings, tune, with_engine, Mode};
 use super::{Outcome, GIB};
 use crate::engine::{Engine, GIVE_UP_FACTOR, ONE_REPETITION_FACTOR};
 use crate::measuring::TrialFailure;
-use crate::report;
 use crate::stats::Verdict;
 use search_space::{CacheType, Candidate};
 use std::collections::HashMap;
 
 /// Ties on an axis go to less memory only within half the noise threshold of the best, and to a
-/// lossier KV cache only through the quality gate. A q8_0 KV cache with 2048 tokens in it (0.3%
-/// slower than f16 on this landscape, every layer on four GPUs, less memory) wins its tie when its
-/// divergence passes the gate (the report calls it a tie with the defaults), and f16 stays when it
-/// does not. `-ub 256` (3% slower, less memory) is a tie too under a 4% threshold, but 3% below the
+/// lossier KV cache only through the quality gate; the run's choice gives a tie to the lossless
+/// cache. A q8_0 KV cache with 2048 tokens in it (0.3% slower than f16 on this landscape, every
+/// layer on four GPUs either way, less memory) ties with f16: on the axis the search goes on from
+/// it when its divergence passes the gate (what its memory buys later is then measured), and f16
+/// stays when it does not; the run's choice goes to f16 either way, as the memory bought nothing
+/// measured. `-ub 256` (3% slower, less memory) is a tie too under a 4% threshold, but 3% below the
 /// best: the faster `-ub 512` stays (a tie that far below is more likely slower than not, and such
 /// choices compound over the axes: see `Engine::choose`).
 #[test]
-fn a_tie_goes_to_less_memory_within_half_the_noise_threshold() {
+fn a_tie_goes_to_less_memory_on_an_axis_and_to_the_lossless_cache_in_the_run_s_choice() {
     let mut land = gpus(4, 16 * GIB);
     land.noise = 0.003;
-    for (kv_kld_q8, q8_wins) in [(0.0015, true), (0.05, false)] {
+    for (kv_kld_q8, q8_passes) in [(0.0015, true), (0.05, false)] {
         land.model.kv_kld_q8 = kv_kld_q8;
         let mut s = settings(&land, 11);
         s.plan.workload.depth = 2048;
@@ -34,19 +36,17 @@ fn a_tie_goes_to_less_memory_within_half_the_noise_threshold() {
                 ..base.clone()
             };
             e.measure_group(&[base.clone(), q8.clone()], "kv cache");
-            let median = |c: &Candidate| {
-                let r = e.results.iter().find(|r| &r.candidate == c).unwrap();
-                r.rate_sample(&w).unwrap().median()
-            };
-            assert!(median(&q8) < median(&base), "q8_0 is the slower one");
-            let want = if q8_wins { &q8 } else { &base };
-            assert_eq!(e.choose(&[base.clone(), q8.clone()]).as_ref(), Some(want));
-            assert_eq!(e.refused(&q8), !q8_wins);
-            if q8_wins {
-                let v = report::versus_defaults(&e.results, &q8, &base, &w, 0.02, 11).unwrap();
-                assert_eq!(v.comparison.unwrap().verdict, Verdict::Tie);
-                assert!(v.chosen_for.unwrap().contains("less memory"));
-            }
+            let r = |c: &Candidate| e.results.iter().find(|r| &r.candidate == c).unwrap();
+            let cmp = r(&q8).compare_with(r(&base), &w, 0.02, 11).unwrap();
+            assert_eq!(cmp.verdict, Verdict::Tie, "{cmp:?}");
+            assert!(r(&q8).mem_bytes() < r(&base).mem_bytes());
+            let axis = if q8_passes { &q8 } else { &base };
+            assert_eq!(e.choose(&[base.clone(), q8.clone()]).as_ref(), Some(axis));
+            assert_eq!(e.refused(&q8), !q8_passes);
+            assert_eq!(
+                e.choose_final(&[base.clone(), q8.clone()]).as_ref(),
+                Some(&base)
+            );
         });
     }
     let mut s = settings(&land, 11);

@@ -3,16 +3,18 @@
 //!
 //! 1. The ladder: MODEL and its other quantizations (named, or found beside it).
 //! 2. Quality first, because it is cheap next to tuning and decides what is worth tuning: every
-//!    rung's KL divergence from the most precise file, and every KV-cache type's on that file's
-//!    weights (cached). Rungs over `--max-kld` are not tuned; KV types over it are not tried.
+//!    rung's KL divergence from the most precise file at the workload's depth (cached). Rungs over
+//!    `--max-kld` are not tuned.
 //! 3. Each remaining rung is tuned like `tune` tunes a model ([`tuning::tune`], one file at a time,
-//!    the budget shared among them, the KV-cache types cut to the allowed ones, every other setting
-//!    the same), which reuses and appends to each file's measurement log, so an interrupted choice
-//!    resumes like an interrupted tune.
+//!    the budget shared among them, every other setting the same), which reuses and appends to each
+//!    file's measurement log, so an interrupted choice resumes like an interrupted tune. Its KV
+//!    cache is held to the tune's own gate (`--max-kv-kld`), measured as what will run: the rung's
+//!    weights with the pair, against the most precise file with f16 caches, at the workload's
+//!    depth; the pair may add at most the gate to what the weights alone drift.
 //! 4. [`choice::choose`] picks; the winner's profile is saved with notes on the choice. When no rung
 //!    passes the gate nothing is tuned and no profile is written (exit 4).
 
-use crate::engine::Plan;
+use crate::engine::{Plan, QualityGate, SCORED_POSITIONS};
 use crate::exit::{self, Exit};
 use crate::measuring::TrialFailure;
 use crate::quant::choice::{self, JointReport, QuantRow};
@@ -20,7 +22,6 @@ use crate::quant::ladder::{self, Ladder};
 use crate::quant::quality::{self, fmt_kld, EvalSettings, Evaluator, QualityRow};
 use crate::session;
 use crate::tuning::{self, After, Tuned};
-use search_space::CacheType;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -73,15 +74,9 @@ pub fn run(j: &Joint, plan: &Plan, after: &After, stop: &AtomicBool) -> anyhow::
     if !j.json && !plan.quiet {
         eprint!("ladder of {}\n{}", j.model.display(), ladder.describe());
     }
-    let mut report = gate(j, &ladder, &reference, &plan.cache_types, stop)?;
-    // The user's order of KV types, cut to those the gate allows.
-    let kv_allowed: Vec<CacheType> = plan
-        .cache_types
-        .iter()
-        .copied()
-        .filter(|t| report.kv.iter().any(|k| k.kv == *t && k.allowed))
-        .collect();
-    if let Some(why) = nothing_passes(&report, &kv_allowed) {
+    let mut report = gate(j, plan, &ladder, &reference, stop)?;
+    report.kv_gate = kv_gate_line(plan);
+    if let Some(why) = nothing_passes(&report) {
         emit(&report, j.json)?;
         return Err(Exit::new(
             exit::NOTHING_MEASURED,
@@ -90,7 +85,7 @@ pub fn run(j: &Joint, plan: &Plan, after: &After, stop: &AtomicBool) -> anyhow::
     }
     let store = session::open_store()?;
     let _lock = session::lock_store(&store, stop)?;
-    let Some(mut tuned) = tune_rungs(&mut report, j, plan, &kv_allowed, stop) else {
+    let Some(mut tuned) = tune_rungs(&mut report, j, plan, &reference.path, stop) else {
         emit(&report, j.json)?;
         return Err(Exit::new(
             exit::INTERRUPTED,
@@ -102,7 +97,14 @@ pub fn run(j: &Joint, plan: &Plan, after: &After, stop: &AtomicBool) -> anyhow::
         emit(&report, j.json)?;
         return Err(Exit::new(exit::NOTHING_MEASURED, "no quantization that passes the quality gate could be measured (see the statuses above)"));
     };
-    conclude(&mut report, chosen, &kv_allowed, plan.noise);
+    conclude(&mut report, chosen, plan.noise);
+    if let Some(t) = &tuned[chosen] {
+        let line = t
+            .run
+            .quality
+            .winner_line(t.run.winner.as_ref().expect("a chosen rung won"));
+        report.notes.push(format!("its quality: {line}"));
+    }
     // The chosen rung's explanation goes to stderr: stdout is the choice's report.
     let after = After {
         explain: crate::explain::outputs::Asked {
@@ -121,17 +123,37 @@ pub fn run(j: &Joint, plan: &Plan, after: &After, stop: &AtomicBool) -> anyhow::
     Ok(exit::OK)
 }
 
-/// The quality table of the ladder and the KV types, and a row per rung saying whether it passes.
+/// How the rungs' KV caches are held to quality, in one line of the report.
+fn kv_gate_line(plan: &Plan) -> String {
+    match &plan.kv_gate {
+        crate::engine::GateChoice::On(max) => format!(
+            "held to --max-kv-kld {}: each quantization's weights with a quantized cache, against the reference with f16 caches at the workload's depth, may drift at most that more than the weights alone",
+            fmt_kld(*max)
+        ),
+        crate::engine::GateChoice::Off(why) => format!("not held to quality ({why})"),
+    }
+}
+
+/// The quality table of the ladder's weights, at the workload's depth, and a row per rung saying
+/// whether it passes.
 fn gate(
     j: &Joint,
+    plan: &Plan,
     ladder: &Ladder,
     reference: &quality::Subject,
-    kv_types: &[CacheType],
     stop: &AtomicBool,
 ) -> anyhow::Result<JointReport> {
     let stopped = || stop.load(Ordering::Relaxed);
-    let mut evaluator = Evaluator::new(j.eval.clone(), &stopped);
-    let table = evaluator.table(ladder, reference, kv_types);
+    // The windows the KV gate judges at: a request's context, its last positions scored.
+    let at_depth = QualityGate::on(0.0, &plan.workload, 1);
+    let eval = EvalSettings {
+        chunk: at_depth.window,
+        scored: Some(SCORED_POSITIONS),
+        max_tokens: j.eval.max_tokens.or(Some(at_depth.max_tokens)),
+        ..j.eval.clone()
+    };
+    let mut evaluator = Evaluator::new(eval, &stopped);
+    let table = evaluator.table(ladder, reference, &[]);
     evaluator.shutdown();
     let table = match table {
         Ok(t) => t,
@@ -195,7 +217,7 @@ fn tune_rungs(
     report: &mut JointReport,
     j: &Joint,
     plan: &Plan,
-    kv_allowed: &[CacheType],
+    reference: &Path,
     stop: &AtomicBool,
 ) -> Option<Vec<Option<Tuned>>> {
     let to_tune: Vec<usize> = (0..report.quants.len())
@@ -207,11 +229,9 @@ fn tune_rungs(
         time_budget: per_rung,
         // The rungs share the joint budget: none grows its share.
         time_budget_grows: false,
-        cache_types: kv_allowed.to_vec(),
-        // The ladder's gate already chose the KV types each rung may use.
-        kv_gate: crate::engine::GateChoice::Off(
-            "the KV cache types were held to the quantization ladder's --max-kld".into(),
-        ),
+        // The tune's gate, measured as what will run: the rung's weights with the pair, against
+        // the most precise file.
+        quality_reference: Some(reference.to_path_buf()),
         ..plan.clone()
     };
     let mut tuned: Vec<Option<Tuned>> = (0..report.quants.len()).map(|_| None).collect();
@@ -290,7 +310,7 @@ fn not_measured(t: &Tuned) -> String {
 }
 
 /// The statuses of the rows against the chosen one, and the notes on the choice.
-fn conclude(report: &mut JointReport, chosen: usize, kv_allowed: &[CacheType], noise: f64) {
+fn conclude(report: &mut JointReport, chosen: usize, noise: f64) {
     let best_score = report.quants[chosen].score().unwrap_or(f64::NAN);
     for (i, r) in report.quants.iter_mut().enumerate() {
         if i == chosen {
@@ -305,14 +325,13 @@ fn conclude(report: &mut JointReport, chosen: usize, kv_allowed: &[CacheType], n
     }
     let c = &report.quants[chosen];
     report.notes.push(format!(
-        "chose {} among {} quantizations under --max-kld {}: KLD {} from {}, top-1 agreement {}; KV types allowed: {}",
+        "chose {} among {} quantizations under --max-kld {}: KLD {} from {}, top-1 agreement {}",
         c.file_type,
         report.quants.len(),
         report.max_kld,
         c.kld.map_or("?".into(), fmt_kld),
         report.reference_type,
         c.top1.map_or("?".into(), |t| format!("{:.1}%", t * 100.0)),
-        kv_allowed.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(", ")
     ));
     report
         .notes
@@ -363,7 +382,7 @@ fn finish(
 }
 
 /// Why nothing can be chosen before anything is tuned, if so.
-fn nothing_passes(report: &JointReport, kv_allowed: &[CacheType]) -> Option<String> {
+fn nothing_passes(report: &JointReport) -> Option<String> {
     let g = report.max_kld;
     if !report.quants.iter().any(|r| r.passes_gate) {
         let best = report
@@ -381,17 +400,6 @@ fn nothing_passes(report: &JointReport, kv_allowed: &[CacheType]) -> Option<Stri
             ),
             None => "the quality of no quantization could be measured (see the table), so none passes the quality gate".into(),
         });
-    }
-    if kv_allowed.is_empty() {
-        let tried: Vec<String> = report
-            .kv
-            .iter()
-            .map(|k| format!("{} {}", k.kv, k.kld.map_or("failed".into(), fmt_kld)))
-            .collect();
-        return Some(format!(
-            "no KV-cache type in --cache-types passes the quality gate --max-kld {g} ({}); add f16 to --cache-types",
-            tried.join(", ")
-        ));
     }
     None
 }

@@ -5,6 +5,7 @@
 
 mod backends;
 pub mod joint;
+mod kv_pairs;
 mod measurer;
 mod output;
 
@@ -23,7 +24,6 @@ use crate::worker::WorkerPool;
 use anyhow::Context as _;
 use measurer::Workers;
 use profiles::measurements::{self, MeasurementLog};
-use search_space::backend::MixedKv;
 use search_space::gguf::GgufInfo;
 use search_space::identity::ModelIdentity;
 use search_space::{CacheType, HostBuffer, Numa, OpOffload};
@@ -57,7 +57,7 @@ impl Plan {
         model: &Path,
         machine: &Machine,
         info: &GgufInfo,
-        system_info: &str,
+        pairs: &kv_pairs::PairSupport,
     ) -> anyhow::Result<TuneSettings> {
         let (threads_options, threads_batch_options, default_threads) =
             self.threads_for(machine)?;
@@ -91,7 +91,7 @@ impl Plan {
             host_buffer_devices: host_buffer_devices(machine),
             numa: numa_options(self.numa.as_deref(), machine.numa_nodes),
             op_offload: op_offload_options(&self.op_offload, machine),
-            kv_pairs: kv_pairs_for(&self.cache_types, machine, system_info),
+            kv_pairs: kv_pairs::kv_pairs_for(&self.cache_types, machine, pairs),
             quality: self.gate_for(default_threads),
             ubatch_options: ubatch_options(&self.ubatch_options, &self.workload, offload),
             links: Vec::new(),
@@ -158,44 +158,11 @@ impl Plan {
             }
             c => c.clone(),
         };
-        choice.gate(&self.workload, threads)
+        QualityGate {
+            reference: self.quality_reference.clone(),
+            ..choice.gate(&self.workload, threads)
+        }
     }
-}
-
-/// The K/V pairs to search: each type for both, and K one step more precise than V where every
-/// offload device's backend runs the pair with flash attention. The CPU runs every pair; a CUDA
-/// build says which it has kernels for in its system info (`FA_QUANTS = q4_0-q4_0,q8_0-q8_0,...`:
-/// a build without GGML_CUDA_FA_ALL_QUANTS has K and V of one type only); other backends (Vulkan,
-/// Metal, RPC servers of unknown build) get pairs of one type.
-fn kv_pairs_for(
-    types: &[CacheType],
-    machine: &Machine,
-    system_info: &str,
-) -> Vec<(CacheType, CacheType)> {
-    let cuda = fa_quants(system_info);
-    let backends: Vec<String> = (machine.offload_devices().into_iter())
-        .chain(machine.other_backends.iter().map(|o| &o.device))
-        .map(|d| d.backend.clone())
-        .collect();
-    search_space::kv_pairs(types, |k, v| {
-        backends
-            .iter()
-            .all(|b| match search_space::backend::of(b).mixed_kv {
-                MixedKv::Always => true,
-                MixedKv::AsBuilt => cuda.iter().any(|p| *p == format!("{k}-{v}")),
-                MixedKv::Never => false,
-            })
-    })
-}
-
-/// The K-V pairs a CUDA build's flash attention has kernels for, from llama.cpp's system info.
-fn fa_quants(system_info: &str) -> Vec<String> {
-    let Some(at) = system_info.find("FA_QUANTS = ") else {
-        return Vec::new();
-    };
-    let rest = &system_info[at + "FA_QUANTS = ".len()..];
-    let list = rest.split(['|', ' ']).next().unwrap_or("");
-    list.split(',').map(|p| p.trim().to_string()).collect()
 }
 
 /// `--n-cpu-ffn N` on this model and machine: a dense model's layers, with a device to offload
@@ -338,7 +305,9 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         cpus,
         "as autotune started",
     );
-    let mut settings = plan.settings(&model, &probe.machine, &info, &probe.system_info)?;
+    // Each offload device is asked which mixed K/V pairs it runs, once for the run.
+    let pairs = kv_pairs::ask_devices(&plan.cache_types, &probe.machine, &info);
+    let mut settings = plan.settings(&model, &probe.machine, &info, &pairs)?;
     let context = if plan.ctx_max {
         let choice = choose_context(plan, &settings, stop)?;
         let at = Plan {
@@ -348,7 +317,7 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
             },
             ..plan.clone()
         };
-        settings = at.settings(&model, &probe.machine, &info, &probe.system_info)?;
+        settings = at.settings(&model, &probe.machine, &info, &pairs)?;
         Some(choice)
     } else {
         None
@@ -538,26 +507,6 @@ mod tests {
                 })
                 .collect(),
         )
-    }
-
-    #[test]
-    fn mixed_kv_pairs_only_where_every_backend_runs_them() {
-        use CacheType::*;
-        let types = [F16, Q8_0, Q4_0];
-        let same = vec![(F16, F16), (Q8_0, Q8_0), (Q4_0, Q4_0)];
-        let cpu = machine(&[("CPU", "CPU", "cpu")]);
-        let mut all = same.clone();
-        all.extend([(F16, Q8_0), (Q8_0, Q4_0)]);
-        assert_eq!(kv_pairs_for(&types, &cpu, ""), all);
-        let cuda = machine(&[("CPU", "CPU", "cpu"), ("CUDA0", "CUDA", "gpu")]);
-        // The H200's build: no GGML_CUDA_FA_ALL_QUANTS.
-        let h200 = "CPU : SSE3 = 1 | CUDA : ARCHS = 900 | NO_VMM = 1 | FA_QUANTS = q4_0-q4_0,q8_0-q8_0,f16-f16,bf16-bf16 | USE_GRAPHS = 1 |";
-        assert_eq!(kv_pairs_for(&types, &cuda, h200), same);
-        let all_quants =
-            "CUDA : FA_QUANTS = f16-f16,f16-q8_0,q8_0-q8_0,q8_0-q4_0,q4_0-q4_0 | X = 1";
-        assert_eq!(kv_pairs_for(&types, &cuda, all_quants), all);
-        let vulkan = machine(&[("CPU", "CPU", "cpu"), ("Vulkan0", "Vulkan", "gpu")]);
-        assert_eq!(kv_pairs_for(&types, &vulkan, all_quants), same);
     }
 
     #[test]

@@ -240,12 +240,25 @@ pub fn nothing_measured(t: &Tuned) -> anyhow::Error {
     // What did measure has a quantized KV cache the gate refused: no lossless cache fitted.
     let q = &t.run.quality;
     if let Some(max) = q.max_kv_kld.filter(|_| q.checks.iter().any(|c| !c.passed)) {
+        // A pair the gate could not measure (the budget ran out, the evaluation failed) is not
+        // over it: say why it is out instead.
+        let unmeasured = (q.checks.iter()).find(|c| !c.passed && c.figures.is_none());
+        let why = match unmeasured {
+            Some(c) => format!(
+                "whose quality could not be measured (kv={}: {})",
+                c.label(),
+                c.describe()
+            ),
+            None => format!(
+                "over the quality gate (mean KLD {})",
+                profiles::fmt_kld(max)
+            ),
+        };
         return Exit::new(
             exit::NOTHING_MEASURED,
             format!(
-                "{}: every configuration measured has a quantized KV cache over the quality gate (mean KLD {}; see the statuses above) and none with an f16 cache could be measured; raise --max-kv-kld, or --no-quality-gate to let speed alone decide",
+                "{}: every configuration measured has a quantized KV cache {why}, and none with an f16 cache could be measured; raise --max-kv-kld or --budget, or --no-quality-gate to let speed alone decide",
                 t.model.display(),
-                profiles::fmt_kld(max)
             ),
         );
     }
@@ -322,6 +335,7 @@ pub fn profile_from_run(t: &Tuned) -> Option<Profile> {
         ngram: None,
         mtp: None,
         quality: Some(t.run.quality.clone()),
+        quality_unreadable: None,
         budgets: t.run.settings.mem_budgets.clone(),
         hosts: crate::hosts::links::marked(
             &t.run.settings.links,

@@ -94,7 +94,10 @@ impl WorkerPool {
             | Request::SpecFootprint(_)
             | Request::LlamaFit(_)
             | Request::Bandwidth(_)
-            | Request::Link(_) => return Err(TrialFailure::Interrupted),
+            | Request::Link(_)
+            | Request::Greedy(_)
+            | Request::Retrieval(_)
+            | Request::KvPairs(_) => return Err(TrialFailure::Interrupted),
         };
         let key = Self::key(m);
         let idx = match self.workers.iter().position(|(k, _)| *k == key) {

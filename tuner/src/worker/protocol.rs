@@ -33,6 +33,21 @@ pub enum Request {
     Bandwidth(BandwidthRequest),
     /// The link to a device (an RPC server's network): round trip, rates each way.
     Link(LinkRequest),
+    /// The f16-cache reference's greedy choice at each position of a sequence (`apply --exec
+    /// --check-only`).
+    Greedy(GreedyRequest),
+    /// Facts placed deep in a full context and asked for at its end (`autotune verify`).
+    Retrieval(Box<RetrievalRequest>),
+    /// Which mixed K/V cache pairs each device runs flash attention over (`llama::runs_kv_pair`).
+    KvPairs(KvPairsRequest),
+}
+
+/// Ask each device which of `pairs` it runs with an attention of `shape`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KvPairsRequest {
+    pub devices: Vec<String>,
+    pub pairs: Vec<(CacheType, CacheType)>,
+    pub shape: crate::llama::AttentionShape,
 }
 
 /// Measure the link to a device (`llama::device_link`); RPC servers are connected first.
@@ -75,6 +90,15 @@ pub enum Response {
     },
     Quantized(QuantizeAnswer),
     Quality(QualityAnswer),
+    /// The reference's most likely token at each position asked for.
+    Greedy {
+        top1: Vec<i32>,
+    },
+    Retrieved(RetrievalAnswer),
+    /// Each device asked, with the pairs it runs.
+    KvPairs {
+        runs: Vec<(String, Vec<(CacheType, CacheType)>)>,
+    },
     DraftCheck(CheckAnswer),
     Speculated(SpeculateAnswer),
     Fitted(FitAnswer),
@@ -141,8 +165,23 @@ pub struct QualityRequest {
     pub threads: u32,
     /// Layers to offload when a non-CPU device exists (0 = CPU only).
     pub n_gpu_layers: u32,
+    /// The devices they go to (empty: llama.cpp's default, every one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+    /// Flash attention in every context (the reference's and each job's).
+    #[serde(default = "flash_attn_auto")]
+    pub flash_attn: search_space::FlashAttn,
+    /// The rotation of each job's quantized cache (`off`: `LLAMA_ATTN_ROT_DISABLE=1` when its
+    /// context is made).
+    #[serde(default, skip_serializing_if = "search_space::AttnRot::is_on")]
+    pub attn_rot: search_space::AttnRot,
     /// Where to write `done/total` (chunks × jobs) while working.
     pub progress: Option<PathBuf>,
+}
+
+/// llama.cpp's default, for requests that do not say.
+fn flash_attn_auto() -> search_space::FlashAttn {
+    search_space::FlashAttn::Auto
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -154,6 +193,50 @@ pub struct QualityAnswer {
     /// Tokens of the whole text (more than `tokens` when a limit was given).
     pub text_tokens: u64,
     pub chunks: u32,
+    /// The reference did not load with its layers offloaded and was evaluated on the CPU.
+    #[serde(default)]
+    pub cpu_fallback: bool,
+}
+
+// ---- Checks of a profile's output (`quant::checks`) ----
+
+/// The model with f16 caches (on the CPU: the server holds the devices) decodes `tokens`; its most
+/// likely next token at every position from `from` on.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GreedyRequest {
+    pub model: PathBuf,
+    pub tokens: Vec<i32>,
+    pub from: usize,
+    pub threads: u32,
+}
+
+/// One fact: the sentence placed in the text, the question asked at the end (leading into the
+/// answer), and the answer it must give.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fact {
+    pub sentence: String,
+    pub question: String,
+    pub answer: String,
+}
+
+/// Retrieval with the model as `settings` and `context` load and run it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RetrievalRequest {
+    pub model: PathBuf,
+    pub settings: ModelSettings,
+    pub context: ContextSettings,
+    pub filler: String,
+    pub facts: Vec<Fact>,
+    /// Where each fact is placed, as a share of the context.
+    pub depth: f64,
+    pub n_gen: u32,
+}
+
+/// Each fact's answer, as text, and the context's tokens.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RetrievalAnswer {
+    pub answers: Vec<String>,
+    pub tokens: u32,
 }
 
 // ---- Speculative decoding (`speculative::serve`) ----

@@ -7,7 +7,7 @@
 //! A worker keeps its model loaded while requests only change context settings.
 
 use super::memory::{self, committed_bytes, rss_bytes, short_of_device_memory};
-use super::protocol::{BandwidthRequest, LinkRequest, Response};
+use super::protocol::{BandwidthRequest, KvPairsRequest, LinkRequest, Response};
 use super::timing::{self, Cutoff, TokenSource};
 use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
 use crate::measuring::{DeviceBytes, LoadReport, MeasureRequest, Repetition};
@@ -58,6 +58,20 @@ pub fn bandwidth(r: &BandwidthRequest) -> Response {
         },
         Err(e) => failed("bandwidth", e),
     }
+}
+
+/// Answers a [`KvPairsRequest`]: each device, with the pairs it runs (a pair it cannot be asked
+/// about counts as not run).
+pub fn kv_pairs(r: &KvPairsRequest) -> Response {
+    let runs = (r.devices.iter())
+        .map(|d| {
+            let pairs = (r.pairs.iter().copied())
+                .filter(|&p| llama::runs_kv_pair(d, p, r.shape).unwrap_or(false))
+                .collect();
+            (d.clone(), pairs)
+        })
+        .collect();
+    Response::KvPairs { runs }
 }
 
 /// What a measuring worker holds between requests: its model and context, and what it saw before

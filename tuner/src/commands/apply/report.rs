@@ -38,6 +38,11 @@ pub struct Check {
     /// speculative decoding only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculation: Option<SpeculationCheck>,
+    /// The profile's quality line (its cache's figures, lossless, or never checked).
+    pub quality: String,
+    /// The server's greedy output against the f16-cache reference (`--check-only`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agreement: Option<super::agreement::Agreement>,
 }
 
 fn warn_beyond_tolerance(check: &Check) {
@@ -68,6 +73,9 @@ pub fn render(c: &Check) -> String {
         .as_ref()
         .map(SpeculationCheck::line)
         .unwrap_or_default();
+    let agreement = (c.agreement.as_ref())
+        .map(|a| format!("agreement   {}\n", a.line()))
+        .unwrap_or_default();
     let together = match c.requests {
         0 | 1 => String::new(),
         n => format!(" ({n} completions at once, added up)"),
@@ -75,7 +83,8 @@ pub fn render(c: &Check) -> String {
     format!(
         "profile     {}\nserver      {} ({})\ncommand     {}\nready       {} after {:.1} s\n\
          generation  {:.1} t/s from the server{together}, {:.1} t/s in the profile{with}: {:.2}× ({verdict} ±{:.0}%)\n\
-         prompt      {:.1} t/s from the server ({} tokens), {:.1} t/s in the profile (not compared)\n{spec_line}",
+         prompt      {:.1} t/s from the server ({} tokens), {:.1} t/s in the profile (not compared)\n{spec_line}\
+         quality     {}\n{agreement}",
         c.profile.display(),
         c.server.display(),
         c.server_version.as_deref().unwrap_or("version unknown"),
@@ -89,6 +98,7 @@ pub fn render(c: &Check) -> String {
         t.prompt_per_second,
         t.prompt_n,
         c.profile_pp_tps,
+        c.quality,
     )
 }
 

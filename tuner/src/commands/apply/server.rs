@@ -67,6 +67,9 @@ pub struct CompletionAnswer {
     #[serde(default)]
     pub content: String,
     pub timings: Timings,
+    /// The generated tokens' ids (asked for with `return_tokens`).
+    #[serde(default)]
+    pub tokens: Vec<i64>,
 }
 
 /// A started llama-server in its own process group; stopped (and its group with it) when dropped.
@@ -369,6 +372,7 @@ pub fn complete_together(
         "temperature": 0,
         "cache_prompt": false,
         "ignore_eos": true,
+        "return_tokens": true,
     });
     let endpoint = format!("{url}/completion");
     let (tx, rx) = mpsc::channel();
