@@ -50,6 +50,7 @@ pub fn serve() -> anyhow::Result<()> {
             },
             Request::Bandwidth(r) => worker::server::bandwidth(&r),
             Request::Link(r) => worker::server::link(&r),
+            Request::Matmul(r) => worker::server::matmul(&r),
         };
         writeln!(stdout, "{}", serde_json::to_string(&response)?)?;
         stdout.flush()?;

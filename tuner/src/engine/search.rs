@@ -60,6 +60,7 @@ impl Engine<'_> {
         if let Some(left) = out.not_reached {
             self.not_reached = left;
         }
+        self.record_skips(out.skipped);
         out.best
     }
 

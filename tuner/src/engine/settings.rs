@@ -4,7 +4,7 @@
 //! budgets per device, the quality gate a quantized KV cache is held to). The engine changes only
 //! the default time budget, and the context where `--ctx max` has it search for one.
 
-use crate::measuring::Workload;
+use crate::measuring::{Ceilings, Workload};
 use profiles::{Budgets, DeviceBudget};
 use search_space::{
     CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload, SplitMode,
@@ -140,6 +140,10 @@ pub struct TuneSettings {
     /// `-sm tensor`): where two or more GPUs of one backend run them ([`split_modes_for`]). The
     /// simulator cannot model either, so its runs offer none.
     pub split_modes: Vec<SplitMode>,
+    /// The most each phase of a request could reach here, probed before the run (none where the
+    /// probes cannot bound it: an offload device, a model the caches hold): an axis that could not
+    /// gain beyond the noise by them is not measured (`engine/ceiling.rs`).
+    pub ceilings: Ceilings,
 }
 
 impl TuneSettings {

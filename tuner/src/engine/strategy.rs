@@ -7,6 +7,7 @@
 //! table of axes, the instances it yields, one loop.
 
 use super::{in_space, Engine, Vary};
+use crate::measuring::SkippedAxis;
 use search_space::Candidate;
 
 /// Candidates to measure against each other, and the axis they vary (for progress and the log).
@@ -119,6 +120,7 @@ pub(crate) struct Descend {
     /// A group is out, and its choice comes with the next call.
     proposed: bool,
     not_reached: Option<Vec<String>>,
+    skipped: Vec<SkippedAxis>,
 }
 
 /// What a descent found.
@@ -127,6 +129,8 @@ pub(crate) struct Descended {
     /// The axes with candidates that the budget's end left unmeasured; `None` where it did not
     /// end within the descent (or a stop did).
     pub not_reached: Option<Vec<String>>,
+    /// The axes not measured: by the ceilings, nothing beyond the noise to win there.
+    pub skipped: Vec<SkippedAxis>,
 }
 
 impl Descend {
@@ -142,6 +146,7 @@ impl Descend {
             base: base.clone(),
             proposed: false,
             not_reached: None,
+            skipped: Vec::new(),
         }
     }
 
@@ -198,6 +203,10 @@ impl Strategy for Descend {
             if group.len() < 2 && self.best.is_some() {
                 continue;
             }
+            if let Some(s) = view.skip_if_nothing_to_win(axis, &from) {
+                self.skipped.push(s);
+                continue;
+            }
             self.proposed = true;
             return Some(Group::new(group, axis));
         }
@@ -208,6 +217,7 @@ impl Strategy for Descend {
         Descended {
             best: self.best,
             not_reached: self.not_reached,
+            skipped: self.skipped,
         }
     }
 }

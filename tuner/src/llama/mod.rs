@@ -15,6 +15,7 @@ mod devices;
 pub mod fit;
 mod link;
 mod log;
+mod matmul;
 mod model;
 mod mtp;
 mod rpc;
@@ -35,6 +36,7 @@ pub use link::device_link;
 #[cfg(test)]
 pub use log::loaded_modules;
 pub use log::{bytes_per_device, cpu_variant, log_tail, parse_buffer_reports, take_log};
+pub use matmul::cpu_matmul_rate;
 pub use model::{quantize_model, Model};
 pub use mtp::{MtpDrafter, MtpWant};
 pub use rpc::{rpc_add_servers, rpc_start_server};

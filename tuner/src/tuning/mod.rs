@@ -4,9 +4,11 @@
 //! through [`tune`]; neither sees flags.
 
 mod backends;
+mod ceilings;
 pub mod joint;
 mod measurer;
 mod output;
+mod progress;
 
 pub use output::{complete, nothing_measured, profile_from_run, report_of, save, After};
 
@@ -104,6 +106,7 @@ impl Plan {
                     .map(|d| d.backend.as_str())
                     .collect::<Vec<_>>(),
             ),
+            ceilings: crate::measuring::Ceilings::default(),
         })
     }
 }
@@ -362,8 +365,13 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     let max_alive = models_at_once(&settings, plan, &info, &probe.machine);
     let stop_fn = || stop.load(Ordering::Relaxed);
     settings.links = measure_links(plan, &probe, &stop_fn);
+    settings.ceilings = ceilings::probe(&settings, &info);
     let pool = WorkerPool::new(max_alive, plan.trial_timeout);
     let bar = Bar::new(plan.quiet);
+    let told = progress::Told {
+        bar: &bar,
+        quiet: plan.quiet,
+    };
     let started = Instant::now();
     let measuring = Watch::start(&plan.rpc);
     let run = Engine::new(
@@ -371,7 +379,7 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         Box::new(Workers::new(pool)),
         Some(&mut log),
         &stop_fn,
-        &bar,
+        &told,
     )
     .tune(plan.exhaustive);
     let others_cpu = measuring.share(Duration::ZERO);

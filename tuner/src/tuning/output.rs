@@ -60,6 +60,11 @@ fn notes(t: &Tuned) -> Vec<String> {
     if let Some(n) = grown_budget_note(&t.run) {
         notes.push(n);
     }
+    notes.extend(
+        (t.run.time_plan.as_ref())
+            .map(|p| format!("said before the search: {}", report::time::plan_line(p))),
+    );
+    notes.extend(t.run.skipped_axes.iter().map(report::time::skipped_line));
     let cpus = t.probe.machine.logical_cpus;
     notes.extend(busy::note(t.others_cpu, cpus, "while autotune measured"));
     // Only the time budget's own skips: a candidate pruned on a memory budget ("needs 10.0 MiB on
@@ -173,6 +178,9 @@ pub fn report_of(t: &Tuned) -> Report {
         interrupted: t.interrupted,
         budget_spent: run.budget_spent,
         axes_not_reached: run.not_reached.clone(),
+        time_plan: run.time_plan.clone(),
+        ceilings: s.ceilings.clone(),
+        axes_skipped: run.skipped_axes.clone(),
         measured: run.results.iter().filter(|r| r.ok()).count(),
         failed: (run.results.iter())
             .filter(|r| r.failure.as_ref().is_some_and(|f| !f.gave_up()))

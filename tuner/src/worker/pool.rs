@@ -94,6 +94,7 @@ impl WorkerPool {
             | Request::SpecFootprint(_)
             | Request::LlamaFit(_)
             | Request::Bandwidth(_)
+            | Request::Matmul(_)
             | Request::Link(_) => return Err(TrialFailure::Interrupted),
         };
         let key = Self::key(m);

@@ -7,7 +7,7 @@
 //! A worker keeps its model loaded while requests only change context settings.
 
 use super::memory::{self, committed_bytes, rss_bytes, short_of_device_memory};
-use super::protocol::{BandwidthRequest, LinkRequest, Response};
+use super::protocol::{BandwidthRequest, LinkRequest, MatmulRequest, Response};
 use super::timing::{self, Cutoff, TokenSource};
 use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
 use crate::measuring::{DeviceBytes, LoadReport, MeasureRequest, Repetition};
@@ -32,6 +32,22 @@ pub fn link(r: &LinkRequest) -> Response {
         },
         Err(e) => Response::Failed {
             stage: "link".into(),
+            message: e.to_string(),
+        },
+    }
+}
+
+/// The CPU's matrix-multiply peak on a weight type (a prompt's ceiling).
+pub fn matmul(r: &MatmulRequest) -> Response {
+    let limit = std::time::Duration::from_millis(r.time_limit_ms);
+    match llama::cpu_matmul_rate(r.ggml_type, r.threads, r.passes, limit) {
+        Ok(m) => Response::Matmul {
+            flops_per_s: m.flops_per_s,
+            buffer: m.buffer,
+            passes: m.passes,
+        },
+        Err(e) => Response::Failed {
+            stage: "matmul".into(),
             message: e.to_string(),
         },
     }

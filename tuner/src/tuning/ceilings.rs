@@ -1,0 +1,122 @@
+//! The ceilings a run on the host alone is judged by, probed before it (a few seconds): generation
+//! at the memory's read bandwidth over the bytes a token reads (the roofline's probe and its
+//! reads), the prompt at the peak of llama.cpp's own matrix-multiply kernels (in a worker, on the
+//! model's weight types) over the multiplications a token needs. None beside an offload device (a
+//! split's bytes and each device's peak would be needed), none for a model the caches hold, none
+//! for a request the ceilings do not bound (a depth, several at once), none from a busy probe.
+
+use crate::engine::TuneSettings;
+use crate::explain::bandwidth::{self, Bandwidth};
+use crate::explain::roofline;
+use crate::measuring::{Ceilings, Workload};
+use crate::worker::{MatmulRequest, Request, Response, Worker};
+use search_space::gguf::GgufInfo;
+use search_space::size::format_size;
+use search_space::{CacheType, Candidate};
+use std::time::Duration;
+
+/// A model must read this many times the last-level cache a token for its reads to come from
+/// memory (the bandwidth probe's own multiple).
+const CACHE_MULTIPLE: u64 = 4;
+
+/// Weight types doing less than this share of a token's multiplications are not probed: left out,
+/// the ceiling only rises (a bound still).
+const MINOR_TYPE: f64 = 0.02;
+
+/// Timed passes of the matrix-multiply probe, and the time after which no pass starts.
+const MATMUL_PASSES: u32 = 5;
+const MATMUL_TIME: Duration = Duration::from_secs(2);
+
+/// The ceilings of `s`'s run of the model `info` describes.
+pub(super) fn probe(s: &TuneSettings, info: &GgufInfo) -> Ceilings {
+    let w = &s.plan.workload;
+    if s.offload || s.plan.exhaustive || w.depth > 0 || w.n_parallel > 1 {
+        return Ceilings::default();
+    }
+    let mut c = Ceilings::default();
+    if let Some((tps, line)) = bandwidth::measure_cpu().and_then(|b| generation(&b, info, w)) {
+        c.generation_tps = Some(tps);
+        c.method.push(line);
+    }
+    let threads = (s.threads_batch_options.iter().chain(&s.threads_options))
+        .copied()
+        .max()
+        .unwrap_or(1);
+    if let Some((tps, line)) = prompt(info, threads) {
+        c.prompt_tps = Some(tps);
+        c.method.push(line);
+    }
+    c
+}
+
+/// Generated tokens a second at the probed bandwidth over the fewest bytes a token could read
+/// (the weights, and the smallest KV cache searched: a 4-bit one).
+fn generation(b: &Bandwidth, info: &GgufInfo, w: &Workload) -> Option<(f64, String)> {
+    if b.busy || b.bytes_per_s <= 0.0 {
+        return None;
+    }
+    let c = Candidate {
+        type_k: CacheType::Q4_0,
+        type_v: CacheType::Q4_0,
+        ..Candidate::llama_default(1, 0)
+    };
+    let r = roofline::token_reads(info, &c, w, false);
+    let bytes = r.weight_bytes + r.kv_bytes;
+    if bytes == 0
+        || b.cache_bytes
+            .is_some_and(|llc| bytes < CACHE_MULTIPLE * llc)
+    {
+        return None;
+    }
+    let line = format!(
+        "generation: {} read a token at {:.1} GB/s ({})",
+        format_size(bytes),
+        b.bytes_per_s / 1e9,
+        b.method
+    );
+    Some((b.bytes_per_s / bytes as f64, line))
+}
+
+/// Prompt tokens a second with every weight type multiplied at its probed peak (the best of the
+/// CPU's buffer types at `threads`); `None` where a type that matters could not be probed.
+fn prompt(info: &GgufInfo, threads: u32) -> Option<(f64, String)> {
+    let by_type = roofline::multiplied_by_type(info);
+    let total: u64 = by_type.iter().map(|(_, _, p)| p).sum();
+    let mut worker = Worker::spawn().ok()?;
+    let mut seconds = 0.0;
+    let mut parts = Vec::new();
+    for (id, name, params) in by_type {
+        if (params as f64) < MINOR_TYPE * total as f64 {
+            continue;
+        }
+        let request = Request::Matmul(MatmulRequest {
+            ggml_type: id,
+            threads,
+            passes: MATMUL_PASSES,
+            time_limit_ms: MATMUL_TIME.as_millis() as u64,
+        });
+        let answer = worker.call(&request, Duration::from_secs(60), &|| false);
+        let Ok(Response::Matmul {
+            flops_per_s,
+            buffer,
+            ..
+        }) = answer
+        else {
+            return None;
+        };
+        seconds += 2.0 * params as f64 / flops_per_s;
+        parts.push(format!(
+            "{name} {:.0} GFLOP/s ({buffer})",
+            flops_per_s / 1e9
+        ));
+    }
+    worker.quit();
+    (seconds > 0.0).then(|| {
+        let line = format!(
+            "the prompt: {:.1} GFLOP a token at ggml's matrix-multiply peak with {threads} threads: {}",
+            2.0 * total as f64 / 1e9,
+            parts.join(", ")
+        );
+        (1.0 / seconds, line)
+    })
+}
