@@ -345,7 +345,9 @@ impl<'a> Engine<'a> {
             })
             .collect();
         for _ in 0..2 {
-            if self.out_of_time() {
+            // A round loads each afresh: about a visit less a request each.
+            let n = group.len() as f64;
+            if self.out_of_time() || self.would_overrun(n, -n) {
                 break;
             }
             self.round += 1;

@@ -6,7 +6,6 @@ use crate::measuring::Repetition;
 use anyhow::Context as _;
 use indicatif::ProgressState;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,7 @@
 //! GPU-layer axis starts from the most layers that fit and walks down, so the offload cliff shows.
 
 use crate::engine::strategy::{Group, Once, Strategy};
-use crate::engine::{vary_cache, Engine};
+use crate::engine::{vary_cache, Engine, TuneSettings};
 use crate::measuring::{LoadReport, TrialFailure};
 use search_space::size::format_size_pair;
 use search_space::{Candidate, KvOffload};
@@ -39,6 +39,17 @@ impl Unfit {
             over_budget: true,
         }
     }
+}
+
+/// Where a configuration fits the host's budget only by paging its mapped weights (the host alone
+/// computing: [`Engine::pageable`]), the host bytes of its dry run `report` and that budget.
+pub fn pages(s: &TuneSettings, report: &LoadReport) -> Option<(u64, u64)> {
+    if s.offload {
+        return None;
+    }
+    let need = report.per_device.iter().find(|d| d.device == "CPU")?.bytes;
+    let budget = s.mem_budgets.of("CPU")?;
+    (need > budget && report.mapped_bytes() > 0).then_some((need, budget))
 }
 
 /// The most GPU layers [`Engine::trade_layers_for_batch`] gives up for a larger micro-batch.
@@ -94,9 +105,14 @@ impl Engine<'_> {
             .filter(|d| host || d.device != "CPU")
         {
             if let Some(budget) = self.settings.mem_budgets.of(&d.device) {
-                if d.bytes > budget {
+                let pageable = if d.device == "CPU" {
+                    self.pageable(&report)
+                } else {
+                    0
+                };
+                if d.bytes.saturating_sub(pageable) > budget {
                     let ram = if d.device == "CPU" { " (host RAM)" } else { "" };
-                    let (need, budget) = format_size_pair(d.bytes, budget);
+                    let (need, budget) = format_size_pair(d.bytes - pageable, budget);
                     return Err(Unfit::over_budget(format!(
                         "pruned: needs {need} on {}{ram}, budget {budget}",
                         d.device,
@@ -104,7 +120,53 @@ impl Engine<'_> {
                 }
             }
         }
+        if host {
+            self.host_memory_fits(&report)?;
+        }
         Ok(report)
+    }
+
+    /// Host bytes of `report` the kernel can page (the model file's mapped weights) where the host
+    /// alone computes: llama.cpp runs a model larger than the RAM from its mapping, each token
+    /// reading what was dropped from disk again, so only the rest must fit (and the run says the
+    /// model pages: [`pages`]). Beside a device, placements that keep the weights in RAM
+    /// exist, and one that would page is pruned.
+    pub(crate) fn pageable(&self, report: &LoadReport) -> u64 {
+        if self.settings.offload {
+            0
+        } else {
+            report.mapped_bytes()
+        }
+    }
+
+    /// What the host and the devices that share its memory (an integrated GPU, llvmpipe) hold
+    /// together, held to the host's budget: one memory, one budget. Each was held to its own
+    /// budget above, each of which is that same RAM.
+    fn host_memory_fits(&self, report: &LoadReport) -> Result<(), Unfit> {
+        let shared = &self.settings.host_memory_devices;
+        let Some(budget) = self.settings.mem_budgets.of("CPU") else {
+            return Ok(());
+        };
+        if shared.is_empty() {
+            return Ok(());
+        }
+        let on =
+            |d: &&crate::measuring::DeviceBytes| d.device == "CPU" || shared.contains(&d.device);
+        let held: u64 = report.per_device.iter().filter(on).map(|d| d.bytes).sum();
+        let held = held.saturating_sub(self.pageable(report));
+        if held <= budget {
+            return Ok(());
+        }
+        let mut names: Vec<&str> = (report.per_device.iter().filter(on))
+            .filter(|d| d.bytes > 0)
+            .map(|d| d.device.as_str())
+            .collect();
+        names.sort_by_key(|n| *n != "CPU");
+        let (need, budget) = format_size_pair(held, budget);
+        Err(Unfit::over_budget(format!(
+            "pruned: needs {need} on {} together, one memory (the host's RAM), budget {budget}",
+            names.join(" and ")
+        )))
     }
 
     /// Tensor parallelism's dry run reports its devices' buffers as one ("Meta(...)"), not per

@@ -130,6 +130,10 @@ pub struct TuneSettings {
     /// The backends a GPU several of them drive is measured through (ggml's names: `CUDA`,
     /// `Vulkan`), the first where the search starts; fewer than two: no backend axis.
     pub backends: Vec<String>,
+    /// The offload devices whose memory is the host's RAM (an integrated GPU, llvmpipe): what they
+    /// and the host hold together is held to the host's budget, memory that is one memory being
+    /// budgeted once.
+    pub host_memory_devices: Vec<String>,
     /// Layers of the model (offload goes up to n_layers + 1, the output layer).
     pub n_layers: u32,
     /// Whether a non-CPU device exists to offload layers to.

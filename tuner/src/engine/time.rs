@@ -23,10 +23,16 @@ impl Engine<'_> {
             return;
         };
         let w = self.settings.plan.workload.clone();
-        let Some(r) = (self.results.iter()).find(|r| r.candidate == base && r.reps.len() >= 2)
+        // The defaults, or where they could not run (a model larger than the RAM, repacked) the
+        // first configuration measured in their place.
+        let Some(r) = (self.results.iter().find(|r| r.candidate == base))
+            .filter(|r| r.failure.is_none() && r.skipped.is_none())
+            .or_else(|| self.results.iter().find(|r| r.reps.len() >= 2))
+            .filter(|r| r.reps.len() >= 2)
         else {
             return;
         };
+        let base = r.candidate.clone();
         let visit = if r.seconds > 0.0 {
             r.seconds
         } else {
@@ -60,6 +66,18 @@ impl Engine<'_> {
         };
         self.progress.plan(&plan);
         self.time_plan = Some(plan);
+    }
+
+    /// Whether a step of the run that costs about `visits` first visits and `requests` further
+    /// requests (as the time plan measured them) would end past the budget: it is not begun, so
+    /// that the run ends within the budget it said. Nothing is refused before the plan is made (the
+    /// first visit is always measured).
+    pub(super) fn would_overrun(&self, visits: f64, requests: f64) -> bool {
+        let Some(p) = &self.time_plan else {
+            return false;
+        };
+        let cost = visits * p.visit_s + requests * p.request_s;
+        self.elapsed().as_secs_f64() + cost > self.settings.time_budget.as_secs_f64()
     }
 
     /// The baseline's rates as shares of the ceilings (prompt, generation), and the most a request

@@ -89,11 +89,14 @@ where
     if reg.is_null() {
         return T::default();
     }
-    let p: *mut c_void = sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr());
-    if p.is_null() {
-        return T::default();
+    // SAFETY: a registry lookup by a NUL-terminated name; the caller names the function's type.
+    unsafe {
+        let p: *mut c_void = sys::ggml_backend_reg_get_proc_address(reg, name.as_ptr());
+        if p.is_null() {
+            return T::default();
+        }
+        std::mem::transmute_copy(&p)
     }
-    std::mem::transmute_copy(&p)
 }
 
 /// The rate with the weights in `buft`; `None` where that buffer type does not take them (an
@@ -109,58 +112,62 @@ unsafe fn rate_in(
     passes: u32,
     time_limit: Duration,
 ) -> Result<Option<MatmulRate>, LlamaError> {
-    let failed = |what: &str| LlamaError::Context(format!("matrix-multiply probe: {what}"));
-    let meta = |n: usize| sys::ggml_init_params {
-        mem_size: sys::ggml_tensor_overhead() * n + sys::ggml_graph_overhead(),
-        mem_buffer: std::ptr::null_mut(),
-        no_alloc: true,
-    };
-    let (cw, cx) = (sys::ggml_init(meta(1)), sys::ggml_init(meta(2)));
-    if cw.is_null() || cx.is_null() {
-        return Err(failed("no ggml context"));
-    }
-    let w = sys::ggml_new_tensor_2d(cw, ggml_type as sys::ggml_type, K, N);
-    let x = sys::ggml_new_tensor_2d(cx, sys::GGML_TYPE_F32, K, TOKENS);
-    let y = sys::ggml_mul_mat(cx, w, x);
-    let bw = sys::ggml_backend_alloc_ctx_tensors_from_buft(cw, buft);
-    let bx = sys::ggml_backend_alloc_ctx_tensors(cx, backend);
-    let name = CStr::from_ptr(sys::ggml_backend_buft_name(buft))
-        .to_string_lossy()
-        .into_owned();
-    let result = if bw.is_null() || bx.is_null() {
-        Err(failed("the matrices could not be allocated"))
-    } else if !sys::ggml_backend_dev_supports_op(dev, y) {
-        Ok(None)
-    } else {
-        // Bytes of 0x3C: normal scales and values in every type (f16 1.06, f32 0.0115), so no
-        // subnormal slows the arithmetic; written through the buffer (repacked where it repacks).
-        let bytes = vec![0x3Cu8; sys::ggml_nbytes(w)];
-        sys::ggml_backend_tensor_set(w, bytes.as_ptr().cast(), 0, bytes.len());
-        sys::ggml_backend_buffer_clear(bx, 0x3C);
-        let graph = sys::ggml_new_graph(cx);
-        sys::ggml_build_forward_expand(graph, y);
-        let flops = 2.0 * (K * N * TOKENS) as f64;
-        let (ok, best, timed) = timed(
-            || sys::ggml_backend_graph_compute(backend, graph),
-            passes,
-            time_limit,
-        );
-        ok.then(|| MatmulRate {
-            flops_per_s: flops / best,
-            buffer: name,
-            passes: timed,
-        })
-        .ok_or_else(|| failed("the multiplication failed"))
-        .map(Some)
-    };
-    for b in [bw, bx] {
-        if !b.is_null() {
-            sys::ggml_backend_buffer_free(b);
+    // SAFETY: `dev` and `backend` are the CPU's, live; every pointer is checked before use and
+    // freed once.
+    unsafe {
+        let failed = |what: &str| LlamaError::Context(format!("matrix-multiply probe: {what}"));
+        let meta = |n: usize| sys::ggml_init_params {
+            mem_size: sys::ggml_tensor_overhead() * n + sys::ggml_graph_overhead(),
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc: true,
+        };
+        let (cw, cx) = (sys::ggml_init(meta(1)), sys::ggml_init(meta(2)));
+        if cw.is_null() || cx.is_null() {
+            return Err(failed("no ggml context"));
         }
+        let w = sys::ggml_new_tensor_2d(cw, ggml_type as sys::ggml_type, K, N);
+        let x = sys::ggml_new_tensor_2d(cx, sys::GGML_TYPE_F32, K, TOKENS);
+        let y = sys::ggml_mul_mat(cx, w, x);
+        let bw = sys::ggml_backend_alloc_ctx_tensors_from_buft(cw, buft);
+        let bx = sys::ggml_backend_alloc_ctx_tensors(cx, backend);
+        let name = CStr::from_ptr(sys::ggml_backend_buft_name(buft))
+            .to_string_lossy()
+            .into_owned();
+        let result = if bw.is_null() || bx.is_null() {
+            Err(failed("the matrices could not be allocated"))
+        } else if !sys::ggml_backend_dev_supports_op(dev, y) {
+            Ok(None)
+        } else {
+            // Bytes of 0x3C: normal scales and values in every type (f16 1.06, f32 0.0115), so no
+            // subnormal slows the arithmetic; written through the buffer (repacked where it repacks).
+            let bytes = vec![0x3Cu8; sys::ggml_nbytes(w)];
+            sys::ggml_backend_tensor_set(w, bytes.as_ptr().cast(), 0, bytes.len());
+            sys::ggml_backend_buffer_clear(bx, 0x3C);
+            let graph = sys::ggml_new_graph(cx);
+            sys::ggml_build_forward_expand(graph, y);
+            let flops = 2.0 * (K * N * TOKENS) as f64;
+            let (ok, best, timed) = timed(
+                || sys::ggml_backend_graph_compute(backend, graph),
+                passes,
+                time_limit,
+            );
+            ok.then(|| MatmulRate {
+                flops_per_s: flops / best,
+                buffer: name,
+                passes: timed,
+            })
+            .ok_or_else(|| failed("the multiplication failed"))
+            .map(Some)
+        };
+        for b in [bw, bx] {
+            if !b.is_null() {
+                sys::ggml_backend_buffer_free(b);
+            }
+        }
+        sys::ggml_free(cw);
+        sys::ggml_free(cx);
+        result
     }
-    sys::ggml_free(cw);
-    sys::ggml_free(cx);
-    result
 }
 
 /// A warm-up, then up to `passes` timed passes (at least one; none started after `limit`): whether

@@ -104,6 +104,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         quality: QualityGate::on(DEFAULT_MAX_KV_KLD, &workload, 16),
         links: land.links(),
         mem_budgets: budgets(land),
+        host_memory_devices: Vec::new(),
         backends: backends(land),
         n_layers: land.model.n_layers,
         offload,

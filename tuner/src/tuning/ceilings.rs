@@ -120,3 +120,79 @@ fn prompt(info: &GgufInfo, threads: u32) -> Option<(f64, String)> {
         (1.0 / seconds, line)
     })
 }
+
+/// The longest `--quick`'s request may take at its ceilings: its minute then holds llama.cpp's
+/// defaults and a thread count beside them, each loaded, warmed up and measured three times.
+const QUICK_REQUEST: Duration = Duration::from_secs(4);
+/// The shortest prompt and generation a shortened request keeps.
+const QUICK_PROMPT: u32 = 32;
+const QUICK_GEN: u32 = 8;
+
+/// `--quick`'s request where even at the ceilings the workload's would take longer than
+/// [`QUICK_REQUEST`] (a 7B model on a few cores takes most of a minute): the prompt and the
+/// generation shortened alike, to take that long there. The rates of a shorter request stand for
+/// the workload's (on a CPU, a prompt's rate hardly depends on its length past a few dozen tokens).
+pub(super) fn quick_workload(w: &Workload, c: &Ceilings) -> Option<Workload> {
+    let (pp, tg) = (c.prompt_tps?, c.generation_tps?);
+    let fastest = f64::from(w.n_prompt) / pp + f64::from(w.n_gen) / tg;
+    let want = QUICK_REQUEST.as_secs_f64();
+    if fastest <= want {
+        return None;
+    }
+    let k = want / fastest;
+    let cut = |n: u32, least: u32| ((f64::from(n) * k) as u32).max(least).min(n);
+    Some(Workload {
+        n_prompt: cut(w.n_prompt, QUICK_PROMPT),
+        n_gen: cut(w.n_gen, QUICK_GEN),
+        ..w.clone()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(n_prompt: u32, n_gen: u32) -> Workload {
+        Workload {
+            n_ctx: 4096,
+            n_prompt,
+            n_gen,
+            depth: 0,
+            n_parallel: 1,
+            name: String::new(),
+        }
+    }
+
+    #[test]
+    fn quick_shortens_a_request_its_minute_cannot_hold() {
+        let slow = Ceilings {
+            prompt_tps: Some(32.0),
+            generation_tps: Some(8.0),
+            method: Vec::new(),
+        };
+        // 512 / 32 + 64 / 8 = 24 s at the ceilings: a sixth of it.
+        let q = quick_workload(&w(512, 64), &slow).expect("shortened");
+        assert_eq!((q.n_prompt, q.n_gen, q.n_ctx), (85, 10, 4096));
+        assert!(f64::from(q.n_prompt) / 32.0 + f64::from(q.n_gen) / 8.0 <= 4.0);
+        // A small model's request fits as it is; without both ceilings nothing is said.
+        let fast = Ceilings {
+            prompt_tps: Some(2000.0),
+            generation_tps: Some(100.0),
+            method: Vec::new(),
+        };
+        assert_eq!(quick_workload(&w(512, 64), &fast), None);
+        let half = Ceilings {
+            prompt_tps: None,
+            ..slow.clone()
+        };
+        assert_eq!(quick_workload(&w(512, 64), &half), None);
+        // Never below the least prompt and generation.
+        let crawl = Ceilings {
+            prompt_tps: Some(1.0),
+            generation_tps: Some(0.1),
+            method: Vec::new(),
+        };
+        let q = quick_workload(&w(512, 64), &crawl).unwrap();
+        assert_eq!((q.n_prompt, q.n_gen), (QUICK_PROMPT, QUICK_GEN));
+    }
+}

@@ -97,6 +97,11 @@ impl Plan {
             ubatch_options: ubatch_options(&self.ubatch_options, &self.workload, offload),
             links: Vec::new(),
             mem_budgets: session::budgets_of(&self.mem_budgets, self.mem_margin, machine)?,
+            host_memory_devices: (machine.offload_devices().into_iter())
+                .chain(machine.other_backends.iter().map(|o| &o.device))
+                .filter(|d| d.shares_host_memory())
+                .map(|d| d.name.clone())
+                .collect(),
             backends: backends::backends_for(self.backends.as_deref(), machine)?,
             n_layers,
             offload,
@@ -311,6 +316,9 @@ pub struct Tuned {
     pub elapsed_s: f64,
     /// Other programs' share of the CPUs' time while the engine measured ([`busy`]).
     pub others_cpu: Option<f64>,
+    /// The workload asked for, where `--quick` measured a shorter request
+    /// ([`ceilings::quick_workload`]).
+    pub shortened_from: Option<Workload>,
 }
 
 /// How the worker sets up a measurement; a change that alters what a repetition measures bumps it,
@@ -337,21 +345,7 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         cpus,
         "as autotune started",
     );
-    let mut settings = plan.settings(&model, &probe.machine, &info, &probe.system_info)?;
-    let context = if plan.ctx_max {
-        let choice = choose_context(plan, &settings, stop)?;
-        let at = Plan {
-            workload: Workload {
-                n_ctx: choice.n_ctx,
-                ..plan.workload.clone()
-            },
-            ..plan.clone()
-        };
-        settings = at.settings(&model, &probe.machine, &info, &probe.system_info)?;
-        Some(choice)
-    } else {
-        None
-    };
+    let (mut settings, context) = resolve(plan, &model, &probe, &info, stop)?;
     let llama = profiles::LlamaBuild {
         version: probe.llama_version.clone(),
         commit: crate::llama::build_info().1,
@@ -365,7 +359,6 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     let max_alive = models_at_once(&settings, plan, &info, &probe.machine);
     let stop_fn = || stop.load(Ordering::Relaxed);
     settings.links = measure_links(plan, &probe, &stop_fn);
-    settings.ceilings = ceilings::probe(&settings, &info);
     let pool = WorkerPool::new(max_alive, plan.trial_timeout);
     let bar = Bar::new(plan.quiet);
     let told = progress::Told {
@@ -397,9 +390,52 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         llama,
         rpc: plan.rpc.clone(),
         context,
+        shortened_from: (run.settings.plan.workload.n_prompt != plan.workload.n_prompt
+            || run.settings.plan.workload.n_gen != plan.workload.n_gen)
+            .then(|| plan.workload.clone()),
         run,
         others_cpu,
     })
+}
+
+/// The engine's settings for `plan` on this machine and model: at the context `--ctx max` chooses
+/// (and how it chose), with the ceilings probed, and with `--quick` at a request short enough for
+/// its minute where the ceilings say the workload's would not be ([`ceilings::quick_workload`]).
+fn resolve(
+    plan: &Plan,
+    model: &Path,
+    probe: &Probe,
+    info: &GgufInfo,
+    stop: &AtomicBool,
+) -> anyhow::Result<(TuneSettings, Option<ContextChoice>)> {
+    let at = |p: &Plan| p.settings(model, &probe.machine, info, &probe.system_info);
+    let mut settings = at(plan)?;
+    let context = if plan.ctx_max {
+        let choice = choose_context(plan, &settings, stop)?;
+        let p = Plan {
+            workload: Workload {
+                n_ctx: choice.n_ctx,
+                ..plan.workload.clone()
+            },
+            ..plan.clone()
+        };
+        settings = at(&p)?;
+        Some(choice)
+    } else {
+        None
+    };
+    let ceilings = ceilings::probe(&settings, info);
+    if let Some(w) = (plan.quick)
+        .then(|| ceilings::quick_workload(&settings.plan.workload, &ceilings))
+        .flatten()
+    {
+        settings = at(&Plan {
+            workload: w,
+            ..settings.plan.clone()
+        })?;
+    }
+    settings.ceilings = ceilings;
+    Ok((settings, context))
 }
 
 /// Trial workers that may hold a model at once. Two only when they fit comfortably in memory, and

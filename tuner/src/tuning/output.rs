@@ -30,6 +30,18 @@ fn grown_budget_note(run: &crate::engine::Run) -> Option<String> {
     })
 }
 
+/// Where the winner's host part is larger than the RAM the run had: it ran from the model file's
+/// mapping, paging weights from disk, and so would a server.
+fn paging_note(run: &crate::engine::Run) -> Option<String> {
+    let w = run.winner.as_ref()?;
+    let r = run.results.iter().find(|r| &r.candidate == w)?;
+    let (need, budget) = crate::engine::placement::pages(&run.settings, r.predicted.as_ref()?)?;
+    let (need, budget) = search_space::size::format_size_pair(need, budget);
+    Some(format!(
+        "the winner needs {need} of host memory and the run had {budget} of RAM: llama.cpp runs it from the model file's mapping, reading the weights the RAM cannot hold from disk again for every token, and it was measured so (faster storage or more RAM would be faster; repacked weights, a copy in RAM, were not an option)"
+    ))
+}
+
 /// The notes of the run: GPU warnings, crashed candidates, a budget that ran out.
 fn notes(t: &Tuned) -> Vec<String> {
     let results = &t.run.results;
@@ -59,6 +71,14 @@ fn notes(t: &Tuned) -> Vec<String> {
     }
     if let Some(n) = grown_budget_note(&t.run) {
         notes.push(n);
+    }
+    notes.extend(paging_note(&t.run));
+    if let Some(asked) = &t.shortened_from {
+        let w = &t.run.settings.plan.workload;
+        notes.push(format!(
+            "--quick measured a shorter request than the workload's ({}-token prompt and {} generated, for {} and {}): one of those would have taken longer than its minute holds here; the rates stand for the workload's, the seconds per request are the shorter one's",
+            w.n_prompt, w.n_gen, asked.n_prompt, asked.n_gen
+        ));
     }
     notes.extend(
         (t.run.time_plan.as_ref())
