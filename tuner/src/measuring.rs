@@ -111,6 +111,9 @@ pub struct TimePlan {
     pub request_s: f64,
     /// Seconds their first visit took: a load, the warm-up and two requests.
     pub visit_s: f64,
+    /// Seconds one more repetition takes (their median): the request, and with a depth the cache
+    /// filled first, for every sequence.
+    pub repetition_s: f64,
     /// The time budget in force, fixed from here on.
     pub budget_s: f64,
     /// What the search is expected to take, at most the budget: every axis with candidates, each

@@ -81,8 +81,8 @@ impl Engine<'_> {
                 let i = idx[k];
                 // What could not end before the budget does is not begun (grid mode measures all).
                 let first = self.results[i].reps.is_empty();
-                let (visits, requests) = if first { (1.0, 0.0) } else { (0.0, 1.0) };
-                if axis != "grid" && self.would_overrun(visits, requests) {
+                let (visits, repetitions) = if first { (1.0, 0.0) } else { (0.0, 1.0) };
+                if axis != "grid" && self.would_overrun(visits, repetitions) {
                     self.budget_spent = true;
                     break;
                 }

@@ -4,6 +4,7 @@
 //! search could still gain). Nothing grows after that: the budget said is the budget kept.
 
 use super::ceiling::{at_most, Phases};
+use super::result::rep_seconds;
 use super::{in_space, Engine, AXES, VISITS};
 use crate::measuring::TimePlan;
 use crate::stats::Sample;
@@ -41,6 +42,8 @@ impl Engine<'_> {
         let Some(request) = Sample::new(r.scores(&w)).ok().map(|s| s.median()) else {
             return;
         };
+        let repetitions = r.reps.iter().map(|x| rep_seconds(x, &w)).collect();
+        let repetition = Sample::new(repetitions).map_or(request, |s| s.median());
         if visit <= 0.0 {
             return;
         }
@@ -51,11 +54,12 @@ impl Engine<'_> {
             self.settings.time_budget = self.settings.time_budget.max(want);
         }
         let budget = self.settings.time_budget.as_secs_f64();
-        let expected = self.expected_seconds(&base, visit, request).min(budget);
+        let expected = self.expected_seconds(&base, visit, repetition).min(budget);
         let (shares, room) = self.headroom(&base);
         let plan = TimePlan {
             request_s: request,
             visit_s: visit,
+            repetition_s: repetition,
             budget_s: budget,
             expected_s: expected,
             prompt_share: shares.0,
@@ -68,15 +72,15 @@ impl Engine<'_> {
         self.time_plan = Some(plan);
     }
 
-    /// Whether a step of the run that costs about `visits` first visits and `requests` further
-    /// requests (as the time plan measured them) would end past the budget: it is not begun, so
+    /// Whether a step of the run that costs about `visits` first visits and `repetitions` further
+    /// repetitions (as the time plan measured them) would end past the budget: it is not begun, so
     /// that the run ends within the budget it said. Nothing is refused before the plan is made (the
     /// first visit is always measured).
-    pub(super) fn would_overrun(&self, visits: f64, requests: f64) -> bool {
+    pub(super) fn would_overrun(&self, visits: f64, repetitions: f64) -> bool {
         let Some(p) = &self.time_plan else {
             return false;
         };
-        let cost = visits * p.visit_s + requests * p.request_s;
+        let cost = visits * p.visit_s + repetitions * p.repetition_s;
         self.elapsed().as_secs_f64() + cost > self.settings.time_budget.as_secs_f64()
     }
 
@@ -102,7 +106,7 @@ impl Engine<'_> {
     /// quantized cache (two contexts through its text at the prompt's rate) and the confirmation
     /// rounds (four fresh loads of a repetition each: about two visits). With a device to offload
     /// to the placements, the cliff and the split depend on what is measured: the budget.
-    fn expected_seconds(&self, base: &Candidate, visit: f64, request: f64) -> f64 {
+    fn expected_seconds(&self, base: &Candidate, visit: f64, repetition: f64) -> f64 {
         let s = &self.settings;
         if s.offload {
             return s.time_budget.as_secs_f64();
@@ -119,7 +123,7 @@ impl Engine<'_> {
                 }
             }
         }
-        let per_new = visit + f64::from(s.plan.min_reps.saturating_sub(2)) * request;
+        let per_new = visit + f64::from(s.plan.min_reps.saturating_sub(2)) * repetition;
         let gate = match (s.quality.max_kv_kld, self.phase_medians(base)) {
             (Some(_), Some((pp, _))) if new.iter().any(|c| c.kv_lossy()) => {
                 2.0 * f64::from(s.quality.max_tokens) / pp

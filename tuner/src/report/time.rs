@@ -68,6 +68,7 @@ mod tests {
         TimePlan {
             request_s: 45.0,
             visit_s: 110.0,
+            repetition_s: 45.0,
             budget_s: 600.0,
             expected_s: 420.0,
             prompt_share: Some(0.71),
