@@ -42,19 +42,28 @@ pub(crate) fn phases_of(axis: &str) -> Phases {
     }
 }
 
+/// How far past its ceiling a phase may be measured and the ceiling still be taken for one: a
+/// measurement's own noise. Further past it, the probe was low (a busy moment, a kernel it did not
+/// try), and a ceiling the measurements beat bounds nothing.
+pub(crate) const PAST_CEILING: f64 = 0.03;
+
+/// A phase's ceiling where `now` (measured) does not beat it by more than [`PAST_CEILING`].
+pub(crate) fn ceiling_of(now: f64, ceiling: Option<f64>) -> Option<f64> {
+    ceiling.filter(|x| x.is_finite() && *x > 0.0 && now <= x * (1.0 + PAST_CEILING))
+}
+
 /// The most a request measured at `pp` and `tg` tokens a second could gain where `phases` move,
-/// each moving phase at its ceiling (or where it is, if it is already past it): relative, 0.05 = 5%
-/// faster. `None` where a moving phase has no ceiling, or the workload is one the ceilings do not
-/// bound (a depth, several sequences at once: the ceilings are a single empty-cache request's).
+/// each moving phase at its ceiling (or where it is, if it is already at it): relative, 0.05 = 5%
+/// faster. `None` where a moving phase has no ceiling (or one its measurement beats), or the
+/// workload is one the ceilings do not bound (a depth, several sequences at once: the ceilings are
+/// a single empty-cache request's).
 pub(crate) fn at_most(c: &Ceilings, pp: f64, tg: f64, phases: Phases, w: &Workload) -> Option<f64> {
     if w.depth > 0 || w.n_parallel > 1 || pp <= 0.0 || tg <= 0.0 {
         return None;
     }
     let reach = |now: f64, ceiling: Option<f64>, moves: bool| -> Option<f64> {
         if moves {
-            ceiling
-                .filter(|x| x.is_finite() && *x > 0.0)
-                .map(|x| x.max(now))
+            ceiling_of(now, ceiling).map(|x| x.max(now))
         } else {
             Some(now)
         }
@@ -162,8 +171,11 @@ mod tests {
         assert!((prompt - (now / (512.0 / 40.0 + 128.0 / 7.2) - 1.0)).abs() < 1e-12);
         let both = at_most(&c, 20.0, 7.2, BOTH, &w(512, 128)).unwrap();
         assert!(both > prompt && both > gen);
-        // A phase measured past its ceiling has nothing left (not a negative gain).
-        assert_eq!(at_most(&c, 50.0, 9.0, BOTH, &w(512, 128)), Some(0.0));
+        // A phase measured at its ceiling, within a measurement's noise, has nothing left (not a
+        // negative gain); one measured well past it shows the probe was low: no bound.
+        assert_eq!(at_most(&c, 41.0, 8.1, BOTH, &w(512, 128)), Some(0.0));
+        assert_eq!(at_most(&c, 50.0, 8.1, BOTH, &w(512, 128)), None);
+        assert!(at_most(&c, 50.0, 7.2, GENERATION, &w(512, 128)).is_some());
     }
 
     #[test]

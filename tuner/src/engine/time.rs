@@ -91,7 +91,9 @@ impl Engine<'_> {
             return ((None, None), None);
         };
         let c = &self.settings.ceilings;
-        let share = |now: f64, ceiling: Option<f64>| ceiling.map(|x| (now / x).min(1.0));
+        let share = |now: f64, ceiling: Option<f64>| {
+            super::ceiling::ceiling_of(now, ceiling).map(|x| (now / x).min(1.0))
+        };
         let both = Phases {
             prompt: true,
             generation: true,

@@ -8,10 +8,11 @@ use llama_cpp_sys_2 as sys;
 use std::ffi::{c_void, CStr};
 use std::time::{Duration, Instant};
 
-/// The weight matrix's columns (its input) and rows, and the micro-batch's tokens: a Llama-8B
-/// projection's shape at llama.cpp's default micro-batch.
-const K: i64 = 4096;
-const N: i64 = 4096;
+/// The weight matrix's columns (its input) and rows, and the micro-batch's tokens (llama.cpp's
+/// default micro-batch): large enough for the multiplication to be bound by compute, small enough
+/// for a pass to take a few milliseconds on a fast machine and a tenth of a second on two cores.
+const K: i64 = 2048;
+const N: i64 = 2048;
 const TOKENS: i64 = 512;
 
 /// What [`cpu_matmul_rate`] measured.

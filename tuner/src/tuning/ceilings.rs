@@ -19,13 +19,17 @@ use std::time::Duration;
 /// memory (the bandwidth probe's own multiple).
 const CACHE_MULTIPLE: u64 = 4;
 
-/// Weight types doing less than this share of a token's multiplications are not probed: left out,
-/// the ceiling only rises (a bound still).
-const MINOR_TYPE: f64 = 0.02;
+/// Weight types doing less than this share of a token's multiplications are not probed (each probe
+/// takes up to a second): left out, the ceiling only rises (a bound still).
+const MINOR_TYPE: f64 = 0.10;
 
 /// Timed passes of the matrix-multiply probe, and the time after which no pass starts.
-const MATMUL_PASSES: u32 = 5;
-const MATMUL_TIME: Duration = Duration::from_secs(2);
+const MATMUL_PASSES: u32 = 3;
+const MATMUL_TIME: Duration = Duration::from_millis(500);
+
+/// Other programs' share of the CPUs above which the matrix-multiply probe's peak is low: no
+/// ceiling (the bandwidth probe's rule, [`Bandwidth::busy`]).
+const BUSY_SHARE: f64 = 0.25;
 
 /// The ceilings of `s`'s run of the model `info` describes.
 pub(super) fn probe(s: &TuneSettings, info: &GgufInfo) -> Ceilings {
@@ -82,6 +86,7 @@ fn generation(b: &Bandwidth, info: &GgufInfo, w: &Workload) -> Option<(f64, Stri
 fn prompt(info: &GgufInfo, threads: u32) -> Option<(f64, String)> {
     let by_type = roofline::multiplied_by_type(info);
     let total: u64 = by_type.iter().map(|(_, _, p)| p).sum();
+    let watch = crate::busy::Watch::start(&[]);
     let mut worker = Worker::spawn().ok()?;
     let mut seconds = 0.0;
     let mut parts = Vec::new();
@@ -111,7 +116,8 @@ fn prompt(info: &GgufInfo, threads: u32) -> Option<(f64, String)> {
         ));
     }
     worker.quit();
-    (seconds > 0.0).then(|| {
+    let busy = watch.share(Duration::ZERO).is_some_and(|s| s > BUSY_SHARE);
+    (seconds > 0.0 && !busy).then(|| {
         let line = format!(
             "the prompt: {:.1} GFLOP a token at ggml's matrix-multiply peak with {threads} threads: {}",
             2.0 * total as f64 / 1e9,

@@ -48,7 +48,8 @@ pub const THOROUGH_CANDIDATE_CAP: Duration = Duration::from_secs(120);
 /// [`CANDIDATE_CAP`] with `--quick`.
 pub const QUICK_CANDIDATE_CAP: Duration = Duration::from_secs(8);
 
-/// The most a default budget grows to, for a model whose configurations take long to measure.
+/// The most a default budget grows to, for a model whose configurations take long to measure,
+/// where a device takes layers (on the host alone it does not grow).
 pub const GROWN_BUDGET_CAP: Duration = Duration::from_secs(1800);
 
 impl Plan {
@@ -77,8 +78,15 @@ impl Plan {
             } else {
                 self.time_budget
             },
+            // On the host alone the search has no placements, split or backends to walk: the
+            // default budget is its cap (a slow model's request is sized down instead, and its
+            // axes with nothing to win are skipped).
             time_budget_cap: (self.time_budget_grows && !self.quick && !self.exhaustive)
-                .then_some(GROWN_BUDGET_CAP),
+                .then_some(if offload {
+                    GROWN_BUDGET_CAP
+                } else {
+                    DEFAULT_BUDGET
+                }),
             threads_options,
             threads_batch_options,
             default_threads,
