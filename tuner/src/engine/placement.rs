@@ -41,15 +41,27 @@ impl Unfit {
     }
 }
 
-/// Where a configuration fits the host's budget only by paging its mapped weights (the host alone
-/// computing: [`Engine::pageable`]), the host bytes of its dry run `report` and that budget.
+/// Where a configuration fits the host's budget only by paging its mapped weights
+/// ([`pageable`]), the host bytes of its dry run `report` and that budget.
 pub fn pages(s: &TuneSettings, report: &LoadReport) -> Option<(u64, u64)> {
-    if s.offload {
-        return None;
-    }
     let need = report.per_device.iter().find(|d| d.device == "CPU")?.bytes;
     let budget = s.mem_budgets.of("CPU")?;
-    (need > budget && report.mapped_bytes() > 0).then_some((need, budget))
+    (need > budget && pageable(s, report) > 0).then_some((need, budget))
+}
+
+/// Host bytes of `report` the kernel can page (the model file's mapped weights) where the host
+/// alone computes and its budget is the RAM (not a `--mem-budget CPU=` given, which counts every
+/// byte): llama.cpp runs a model larger than the RAM from its mapping, each token reading what was
+/// dropped from disk again, so only the rest must fit (and the run says the model pages:
+/// [`pages`]). Beside a device, placements that keep the weights in RAM exist, and one that would
+/// page is pruned.
+pub fn pageable(s: &TuneSettings, report: &LoadReport) -> u64 {
+    let given = s.mem_budgets.entry("CPU").is_some_and(|b| b.given);
+    if s.offload || given {
+        0
+    } else {
+        report.mapped_bytes()
+    }
 }
 
 /// The most GPU layers [`Engine::trade_layers_for_batch`] gives up for a larger micro-batch.
@@ -126,17 +138,9 @@ impl Engine<'_> {
         Ok(report)
     }
 
-    /// Host bytes of `report` the kernel can page (the model file's mapped weights) where the host
-    /// alone computes: llama.cpp runs a model larger than the RAM from its mapping, each token
-    /// reading what was dropped from disk again, so only the rest must fit (and the run says the
-    /// model pages: [`pages`]). Beside a device, placements that keep the weights in RAM
-    /// exist, and one that would page is pruned.
+    /// Host bytes of `report` the kernel can page ([`pageable`]).
     pub(crate) fn pageable(&self, report: &LoadReport) -> u64 {
-        if self.settings.offload {
-            0
-        } else {
-            report.mapped_bytes()
-        }
+        pageable(&self.settings, report)
     }
 
     /// What the host and the devices that share its memory (an integrated GPU, llvmpipe) hold

@@ -28,7 +28,7 @@ pub use backend::{
     system_info, BackendModule,
 };
 pub use bandwidth::device_read_bandwidth;
-pub use breakdown::{breakdown_per_device, memory_breakdown};
+pub use breakdown::{breakdown_per_device, memory_breakdown, predicted_mapping};
 pub use context::{server_outputs, Context, SeqToken};
 pub use device::DeviceInfo;
 pub use devices::{device_free_for, device_view, devices, SkippedDevice};

@@ -81,12 +81,13 @@ impl Plan {
             // On the host alone the search has no placements, split or backends to walk: the
             // default budget is its cap (a slow model's request is sized down instead, and its
             // axes with nothing to win are skipped).
-            time_budget_cap: (self.time_budget_grows && !self.quick && !self.exhaustive)
-                .then_some(if offload {
+            time_budget_cap: (self.time_budget_grows && !self.quick && !self.exhaustive).then_some(
+                if offload {
                     GROWN_BUDGET_CAP
                 } else {
                     DEFAULT_BUDGET
-                }),
+                },
+            ),
             threads_options,
             threads_batch_options,
             default_threads,

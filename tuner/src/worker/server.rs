@@ -166,11 +166,14 @@ impl WorkerState {
         }
         let mut log = self.load_log.clone();
         log.extend(llama::take_log());
-        let buffers = llama::parse_buffer_reports(&log);
+        let mut buffers = llama::parse_buffer_reports(&log);
         let reported_bytes = buffers.iter().map(|b| b.bytes).sum();
         // llama.cpp's own accounting (what its fit plans with); the logged buffer sizes as a fallback.
         let ctx = &self.context.as_ref().expect("context created above").1;
         let breakdown = llama::memory_breakdown(ctx);
+        if m.settings.no_alloc && m.settings.host_buffer == search_space::HostBuffer::Mapped {
+            llama::predicted_mapping(&mut buffers, &breakdown);
+        }
         let per_device = if breakdown.is_empty() {
             llama::bytes_per_device(&buffers, &llama::devices())
         } else {
