@@ -47,11 +47,13 @@ pub fn skipped_line(a: &SkippedAxis) -> String {
     )
 }
 
-/// Seconds as a person says them: "45 s", "7 min", "1 h 5 min".
+/// Seconds as a person says them: "45 s", "1.5 min", "7 min", "1 h 5 min".
 pub fn duration(seconds: f64) -> String {
     let s = seconds.max(0.0);
     if s < 90.0 {
         format!("{s:.0} s")
+    } else if s < 180.0 {
+        format!("{:.1} min", s / 60.0)
     } else if s < 3600.0 {
         format!("{:.0} min", s / 60.0)
     } else {
@@ -102,6 +104,8 @@ mod tests {
     fn durations_read_as_seconds_minutes_or_hours() {
         assert_eq!(duration(45.2), "45 s");
         assert_eq!(duration(420.0), "7 min");
+        assert_eq!(duration(90.0), "1.5 min");
+        assert_eq!(duration(1800.0), "30 min");
         assert_eq!(duration(3900.0), "1 h 5 min");
         assert_eq!(
             skipped_line(&SkippedAxis {
