@@ -129,10 +129,22 @@ pub struct TimePlan {
     /// relative: 0.12 = 12% faster), where both ceilings are known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub at_most: Option<f64>,
-    /// The budget was the default one, sized here from what a request costs.
-    pub sized: bool,
+    /// Where the budget came from.
+    pub budget_from: BudgetFrom,
     /// The run's time when this was said (seconds).
     pub at_s: f64,
+}
+
+/// Where a run's time budget came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetFrom {
+    /// `--budget`, `--quick`'s cap or `--exhaustive`'s.
+    Given,
+    /// The default, which the request's cost did not grow.
+    Default,
+    /// The default grown from what the defaults' first visit cost.
+    Grown,
 }
 
 /// An axis of the search left unmeasured because its best case (every phase it can move at its

@@ -102,13 +102,32 @@ impl Engine<'_> {
     }
 
     /// `axis` as skipped from `from`, where its best case beats `from` by less than the noise
-    /// threshold. Never in grid mode, nor for the placements (they are not descent axes).
+    /// threshold and the user did not ask for its values by name. Never in grid mode, nor for the
+    /// placements (they are not descent axes).
     pub(crate) fn nothing_to_win(&self, axis: &str, from: &Candidate) -> Option<SkippedAxis> {
+        if self.asked_for(axis) {
+            return None;
+        }
         let at_most = self.room_on(axis, from)?;
         (at_most < self.settings.plan.noise).then(|| SkippedAxis {
             axis: axis.to_string(),
             at_most: at_most.max(0.0),
         })
+    }
+
+    /// Whether the user named the values of `axis` (`--threads 1,2`, `--numa off,distribute`):
+    /// they are measured as asked. (The kernels, flash attention and KV types have defaults on the
+    /// command line, and so cannot tell.)
+    fn asked_for(&self, axis: &str) -> bool {
+        let p = &self.settings.plan;
+        match axis {
+            "threads" => p.threads.is_some(),
+            "prompt threads" => p.threads_batch.is_some(),
+            "numa" => p.numa.is_some(),
+            "host buffer" => p.host_buffers.is_some(),
+            "batch" => !p.ubatch_options.is_empty(),
+            _ => false,
+        }
     }
 
     /// `axis` skipped from `from` where [`Self::nothing_to_win`] says so, said the first time

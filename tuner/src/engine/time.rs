@@ -6,7 +6,7 @@
 use super::ceiling::{at_most, Phases};
 use super::result::rep_seconds;
 use super::{in_space, Engine, AXES, VISITS};
-use crate::measuring::TimePlan;
+use crate::measuring::{BudgetFrom, TimePlan};
 use crate::stats::Sample;
 use search_space::Candidate;
 use std::time::Duration;
@@ -47,10 +47,15 @@ impl Engine<'_> {
         if visit <= 0.0 {
             return;
         }
-        let sized = self.settings.time_budget_cap.is_some();
+        let mut budget_from = BudgetFrom::Given;
         if let Some(cap) = self.settings.time_budget_cap {
             self.visit_seconds = Some(visit);
             let want = Duration::from_secs_f64(visit * VISITS).min(cap);
+            budget_from = if want > self.settings.time_budget {
+                BudgetFrom::Grown
+            } else {
+                BudgetFrom::Default
+            };
             self.settings.time_budget = self.settings.time_budget.max(want);
         }
         let budget = self.settings.time_budget.as_secs_f64();
@@ -65,7 +70,7 @@ impl Engine<'_> {
             prompt_share: shares.0,
             generation_share: shares.1,
             at_most: room,
-            sized,
+            budget_from,
             at_s: self.elapsed().as_secs_f64(),
         };
         self.progress.plan(&plan);

@@ -1,7 +1,7 @@
 //! The run's time as it was said before the search went beyond llama.cpp's defaults, and the axes
 //! the ceilings left unmeasured: one line each, for the progress on stderr and the report's notes.
 
-use crate::measuring::{SkippedAxis, TimePlan};
+use crate::measuring::{BudgetFrom, SkippedAxis, TimePlan};
 
 /// "about 7 min: one request takes 45 s; generation is at 88% of its ceiling, the prompt at 71%
 /// (at most +25% to win); budget 10 min".
@@ -29,10 +29,10 @@ pub fn plan_line(p: &TimePlan) -> String {
     if let Some(m) = p.at_most {
         s.push_str(&format!(" (at most {:+.0}% to win)", m * 100.0));
     }
-    let how = if p.sized {
-        "sized from one visit of llama.cpp's defaults"
-    } else {
-        "as given"
+    let how = match p.budget_from {
+        BudgetFrom::Grown => "grown from one visit of llama.cpp's defaults",
+        BudgetFrom::Default => "the default",
+        BudgetFrom::Given => "as given",
     };
     s.push_str(&format!("; budget {} ({how})", duration(p.budget_s)));
     s
@@ -76,7 +76,7 @@ mod tests {
             prompt_share: Some(0.71),
             generation_share: Some(0.88),
             at_most: Some(0.25),
-            sized: true,
+            budget_from: BudgetFrom::Grown,
             at_s: 110.0,
         }
     }
@@ -85,13 +85,13 @@ mod tests {
     fn the_plan_says_the_time_the_request_and_the_room_left() {
         assert_eq!(
             plan_line(&plan()),
-            "about 7 min: one request takes 45 s; generation is at 88% of its ceiling, the prompt at 71% (at most +25% to win); budget 10 min (sized from one visit of llama.cpp's defaults)"
+            "about 7 min: one request takes 45 s; generation is at 88% of its ceiling, the prompt at 71% (at most +25% to win); budget 10 min (grown from one visit of llama.cpp's defaults)"
         );
         let bare = TimePlan {
             prompt_share: None,
             generation_share: None,
             at_most: None,
-            sized: false,
+            budget_from: BudgetFrom::Given,
             ..plan()
         };
         assert_eq!(

@@ -138,3 +138,19 @@ fn the_time_is_said_once_the_defaults_are_measured_and_before_anything_else() {
     assert!(pp > 0.9 && pp <= 1.0 && tg > 0.85 && tg < 0.97, "{plan:?}");
     assert!(plan.at_most.unwrap() > 0.0, "{plan:?}");
 }
+
+#[test]
+fn an_axis_whose_values_were_asked_for_is_measured_whatever_the_ceilings() {
+    let land = host_alone();
+    let mut s = settings(&land, 21);
+    s.plan.workload.n_gen = 16;
+    s.plan.threads = Some(s.threads_options.clone());
+    let run = tune(land, s, None, Mode::Search);
+    assert!(
+        run.skipped_axes.iter().all(|a| a.axis != "threads"),
+        "{:?}",
+        run.skipped_axes
+    );
+    let trace = run.trace.borrow();
+    assert!(trace.calls.iter().any(|(c, _, _)| c.threads != 16));
+}
