@@ -193,7 +193,7 @@ pub fn multiplied_by_type(info: &GgufInfo) -> Vec<(u32, String, u64)> {
             None => out.push((t.ggml_type, t.type_name.clone(), params)),
         }
     }
-    out.sort_by(|a, b| b.2.cmp(&a.2));
+    out.sort_by_key(|row| std::cmp::Reverse(row.2));
     out
 }
 

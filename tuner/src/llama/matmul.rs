@@ -83,10 +83,7 @@ pub fn cpu_matmul_rate(
 ///
 /// # Safety
 /// `T` must be the function's type as ggml declares it.
-unsafe fn proc<T: Copy>(reg: sys::ggml_backend_reg_t, name: &CStr) -> T
-where
-    T: Default,
-{
+unsafe fn proc<T: Copy + Default>(reg: sys::ggml_backend_reg_t, name: &CStr) -> T {
     if reg.is_null() {
         return T::default();
     }

@@ -146,7 +146,12 @@ pub(super) fn quick_workload(w: &Workload, c: &Ceilings) -> Option<Workload> {
         return None;
     }
     let k = want / fastest;
-    let cut = |n: u32, least: u32| ((f64::from(n) * k) as u32).max(least).min(n);
+    // Whole steps of a quarter of the least, so that the next run on this machine, whose probes
+    // differ by a few percent, measures the same request and reuses what this one measured.
+    let cut = |n: u32, least: u32| {
+        let step = least / 4;
+        ((f64::from(n) * k) as u32 / step * step).max(least).min(n)
+    };
     Some(Workload {
         n_prompt: cut(w.n_prompt, QUICK_PROMPT),
         n_gen: cut(w.n_gen, QUICK_GEN),
@@ -176,9 +181,10 @@ mod tests {
             generation_tps: Some(8.0),
             method: Vec::new(),
         };
-        // 512 / 32 + 64 / 8 = 24 s at the ceilings: a sixth of it.
+        // 512 / 32 + 64 / 8 = 24 s at the ceilings: a sixth of it (85 and 10 tokens, in steps of
+        // 8 and 2).
         let q = quick_workload(&w(512, 64), &slow).expect("shortened");
-        assert_eq!((q.n_prompt, q.n_gen, q.n_ctx), (85, 10, 4096));
+        assert_eq!((q.n_prompt, q.n_gen, q.n_ctx), (80, 10, 4096));
         assert!(f64::from(q.n_prompt) / 32.0 + f64::from(q.n_gen) / 8.0 <= 4.0);
         // A small model's request fits as it is; without both ceilings nothing is said.
         let fast = Ceilings {
