@@ -63,7 +63,10 @@ fn check_time_plan(report: &serde_json::Value, err: &str) {
     assert!(plan["request_s"].as_f64() > Some(0.0), "{plan}");
     assert!(expected > Some(0.0) && expected <= budget, "{plan}");
     assert_eq!(budget, report["budget_s"].as_f64(), "{plan}");
-    let said = err.lines().filter(|l| l.starts_with("autotune: time: about")).count();
+    let said = err
+        .lines()
+        .filter(|l| l.starts_with("autotune: time: about"))
+        .count();
     assert_eq!(said, 1, "said once: {err}");
 }
 

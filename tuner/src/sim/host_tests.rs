@@ -190,7 +190,12 @@ fn a_model_larger_than_the_ram_pages_on_the_host_alone_within_a_budget_of_the_ra
     assert!(!fits(&land, &s, &base), "larger than the RAM");
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let win = run.winner.clone().expect("measured, paging");
-    assert_eq!(win.kernels, search_space::KernelChoice::Plain, "{}", win.label());
+    assert_eq!(
+        win.kernels,
+        search_space::KernelChoice::Plain,
+        "{}",
+        win.label()
+    );
     let report = land.footprint(&win, s.plan.workload.n_ctx);
     let (need, budget) = crate::engine::placement::pages(&s, &report).expect("it pages");
     assert!(need > budget && budget == 24 * GIB, "{need} {budget}");
@@ -200,5 +205,8 @@ fn a_model_larger_than_the_ram_pages_on_the_host_alone_within_a_budget_of_the_ra
 
     s.mem_budgets.0.last_mut().unwrap().given = true;
     let run = tune(land, s, None, Mode::Search);
-    assert!(run.winner.is_none(), "a given budget counts the mapped weights too");
+    assert!(
+        run.winner.is_none(),
+        "a given budget counts the mapped weights too"
+    );
 }

@@ -376,7 +376,12 @@ impl Landscape {
     pub fn footprint(&self, c: &Candidate, n_ctx: u32) -> LoadReport {
         let shares = self.shares(c, n_ctx);
         let mapped = (c.host_buffer == HostBuffer::Mapped && !self.host_repacked(c))
-            .then(|| shares.iter().find(|s| s.device.is_none()).map(|s| s.weights))
+            .then(|| {
+                shares
+                    .iter()
+                    .find(|s| s.device.is_none())
+                    .map(|s| s.weights)
+            })
             .flatten()
             .filter(|&w| w > 0);
         let per_device: Vec<DeviceBytes> = (shares.into_iter())
