@@ -570,3 +570,40 @@ fn ctx_max_is_the_largest_context_that_keeps_every_layer_on_the_device() {
         stderr(&o)
     );
 }
+
+/// A dry run maps nothing (as llama.cpp's own fit), yet it predicts the weights a real load maps
+/// from the file (llama.cpp's breakdown of the host's weights): what may be paged where the host
+/// alone runs a model larger than its RAM. With plain kernels every weight on the host is mapped.
+#[test]
+fn a_dry_run_predicts_the_weights_a_real_load_maps() {
+    let model = demo_model();
+    let sb = Sandbox::new();
+    let v = sb.run_json(&[
+        "measure",
+        &model_arg(&model),
+        "-c",
+        "256",
+        "-p",
+        "16",
+        "-n",
+        "4",
+        "--reps",
+        "2",
+        "-t",
+        "2",
+        "--kernels",
+        "plain",
+        "--predict",
+        "--json",
+    ]);
+    let mapped = |report: &serde_json::Value| -> u64 {
+        (report["buffers"].as_array().unwrap().iter())
+            .filter(|b| b["buffer"] == "CPU_Mapped" && b["what"] == "model")
+            .map(|b| b["bytes"].as_u64().unwrap())
+            .sum()
+    };
+    let (predicted, loaded) = (mapped(&v["predicted"]), mapped(&v["load"]));
+    assert!(loaded > 100 << 20, "{}", v["load"]);
+    let off = predicted.abs_diff(loaded) as f64 / loaded as f64;
+    assert!(off < 0.05, "predicted {predicted}, mapped {loaded}");
+}

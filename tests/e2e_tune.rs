@@ -27,6 +27,7 @@ fn tunes_the_demo_model_and_saves_a_valid_profile() {
 
     let report: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
     check_report(&report);
+    check_time_plan(&report, &stderr(&o));
     let versus = &report["versus_defaults"];
     check_versus_defaults(&report);
     let profile = check_saved_profile(&sb, &out_file);
@@ -52,6 +53,21 @@ fn check_report(report: &serde_json::Value) {
         report["baseline_figures"]["tg_tps"].as_f64().is_some(),
         "llama.cpp's defaults measured in the same run"
     );
+}
+
+/// The run said its time once llama.cpp's defaults were measured (on stderr, as it ran), and the
+/// report keeps it: a request's seconds, the time expected within the budget kept.
+fn check_time_plan(report: &serde_json::Value, err: &str) {
+    let plan = &report["time_plan"];
+    let (expected, budget) = (plan["expected_s"].as_f64(), plan["budget_s"].as_f64());
+    assert!(plan["request_s"].as_f64() > Some(0.0), "{plan}");
+    assert!(expected > Some(0.0) && expected <= budget, "{plan}");
+    assert_eq!(budget, report["budget_s"].as_f64(), "{plan}");
+    let said = err
+        .lines()
+        .filter(|l| l.starts_with("autotune: time: about"))
+        .count();
+    assert_eq!(said, 1, "said once: {err}");
 }
 
 /// The headline's claim against the defaults comes from the decision rule: a verdict with its

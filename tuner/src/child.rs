@@ -53,6 +53,7 @@ pub fn serve() -> anyhow::Result<()> {
             Request::Greedy(r) => crate::quant::checks::greedy(&r),
             Request::Retrieval(r) => crate::quant::checks::retrieval(&r),
             Request::KvPairs(r) => worker::server::kv_pairs(&r),
+            Request::Matmul(r) => worker::server::matmul(&r),
         };
         writeln!(stdout, "{}", serde_json::to_string(&response)?)?;
         stdout.flush()?;

@@ -10,6 +10,7 @@
 
 use crate::measuring::LoadReport;
 use crate::measuring::{ContextSettings, MeasureRequest, Measurer, ModelSettings, Progress};
+use crate::measuring::{SkippedAxis, TimePlan};
 use crate::stats::{self, Sample, Verdict};
 use profiles::measurements::MeasurementLog;
 use run::{BaselinePlacement, BaselineSource};
@@ -27,6 +28,7 @@ pub(crate) mod sim;
 mod axes;
 mod backends;
 pub mod baseline;
+mod ceiling;
 mod challenge;
 pub mod context;
 mod gate;
@@ -42,6 +44,7 @@ mod search;
 mod settings;
 pub(crate) mod split;
 mod strategy;
+mod time;
 mod view;
 #[cfg(test)]
 pub use rounds::{GIVE_UP_FACTOR, ONE_REPETITION_FACTOR};
@@ -118,6 +121,11 @@ pub struct Engine<'a> {
     pub(crate) kv_checks: Vec<profiles::KvQualityCheck>,
     /// What the backend axis measured ([`backends`]).
     pub(crate) backend_trials: Vec<BackendTried>,
+    /// The run's time as said once llama.cpp's defaults were measured ([`time`]).
+    pub time_plan: Option<TimePlan>,
+    /// The axes not measured: the ceilings left nothing beyond the noise to win there
+    /// ([`ceiling`]).
+    pub skipped_axes: Vec<SkippedAxis>,
 }
 
 impl<'a> Engine<'a> {
@@ -149,6 +157,8 @@ impl<'a> Engine<'a> {
             lent: None,
             kv_checks: Vec::new(),
             backend_trials: Vec::new(),
+            time_plan: None,
+            skipped_axes: Vec::new(),
         }
     }
 
@@ -221,7 +231,7 @@ impl<'a> Engine<'a> {
     }
 
     pub(crate) fn out_of_time(&mut self) -> bool {
-        self.size_default_budget();
+        self.plan_time();
         if (self.stop)() {
             self.interrupted = true;
         }
@@ -229,34 +239,6 @@ impl<'a> Engine<'a> {
             self.budget_spent = true;
         }
         self.interrupted || self.budget_spent
-    }
-
-    /// The default budget, once the baseline's first visit is measured: [`VISITS`] visits of
-    /// what that one cost, where that is more than the budget, up to its cap.
-    fn size_default_budget(&mut self) {
-        let (Some(cap), None) = (self.settings.time_budget_cap, self.visit_seconds) else {
-            return;
-        };
-        let Some((base, _)) = &self.defaults else {
-            return;
-        };
-        let Some(r) = (self.results.iter()).find(|r| &r.candidate == base && r.reps.len() >= 2)
-        else {
-            return;
-        };
-        // Repetitions reused from an earlier run cost nothing now: a resumed run sizes its budget
-        // by what they took, told from their figures, as the run that measured them did.
-        let seconds = if r.seconds > 0.0 {
-            r.seconds
-        } else {
-            r.visit_seconds_from_figures(&self.settings.plan.workload)
-        };
-        if seconds <= 0.0 {
-            return;
-        }
-        self.visit_seconds = Some(seconds);
-        let want = Duration::from_secs_f64(seconds * VISITS).min(cap);
-        self.settings.time_budget = self.settings.time_budget.max(want);
     }
 
     pub(crate) fn request(&self, c: &Candidate) -> MeasureRequest {
@@ -406,7 +388,9 @@ impl<'a> Engine<'a> {
             })
             .collect();
         for _ in 0..2 {
-            if self.out_of_time() {
+            // A round loads each afresh: about a visit less a request each.
+            let n = group.len() as f64;
+            if self.out_of_time() || self.would_overrun(n, -n) {
                 break;
             }
             self.round += 1;
@@ -489,6 +473,8 @@ impl Engine<'_> {
             quality: self.quality_record(),
             visit_seconds: self.visit_seconds,
             backends: std::mem::take(&mut self.backend_trials),
+            time_plan: self.time_plan.take(),
+            skipped_axes: std::mem::take(&mut self.skipped_axes),
         }
     }
 }

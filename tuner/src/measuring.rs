@@ -98,6 +98,81 @@ pub trait Progress {
     fn best(&self, label: &str, margin: Option<f64>, elapsed: Duration, budget: Duration);
     /// A line worth the user's eye as it happens (a quality gate's verdict).
     fn note(&self, _line: &str) {}
+    /// The run's time, set once llama.cpp's defaults are measured, before anything else is.
+    fn plan(&self, _plan: &TimePlan) {}
+    /// An axis left unmeasured: its best case could not beat the best so far beyond the noise.
+    fn skipped(&self, _axis: &SkippedAxis) {}
+}
+
+/// The most each phase of a request could reach on this machine for this model, as the probes
+/// found it: the prompt at the matrix-multiply peak of the machine's own kernels over the
+/// multiplications a token needs, generation at the memory's read bandwidth over the bytes a token
+/// reads (the roofline). Either may be unknown (`None`): no axis that moves it is then judged by it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Ceilings {
+    /// Prompt tokens a second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tps: Option<f64>,
+    /// Generated tokens a second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation_tps: Option<f64>,
+    /// How each was found, one line each (the probes' methods).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub method: Vec<String>,
+}
+
+/// The run's time as it is said before the search goes beyond llama.cpp's defaults: what one
+/// request costs here, the budget in force and the time the search expects to take within it, and
+/// how far the defaults are from the ceilings (the most the search could still gain).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimePlan {
+    /// Seconds one request of the workload takes with llama.cpp's defaults (their median).
+    pub request_s: f64,
+    /// Seconds their first visit took: a load, the warm-up and two requests.
+    pub visit_s: f64,
+    /// Seconds one more repetition takes (their median): the request, and with a depth the cache
+    /// filled first, for every sequence.
+    pub repetition_s: f64,
+    /// The time budget in force, fixed from here on.
+    pub budget_s: f64,
+    /// What the search is expected to take, at most the budget: every axis with candidates, each
+    /// new candidate a visit and its further repetitions, the confirmation rounds.
+    pub expected_s: f64,
+    /// The defaults' prompt rate as a share of the prompt's ceiling, where one is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_share: Option<f64>,
+    /// The defaults' generation rate as a share of generation's ceiling, where one is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation_share: Option<f64>,
+    /// The most a request could still gain over the defaults (both phases at their ceilings,
+    /// relative: 0.12 = 12% faster), where both ceilings are known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at_most: Option<f64>,
+    /// Where the budget came from.
+    pub budget_from: BudgetFrom,
+    /// The run's time when this was said (seconds).
+    pub at_s: f64,
+}
+
+/// Where a run's time budget came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetFrom {
+    /// `--budget`, `--quick`'s cap or `--exhaustive`'s.
+    Given,
+    /// The default, which the request's cost did not grow.
+    Default,
+    /// The default grown from what the defaults' first visit cost.
+    Grown,
+}
+
+/// An axis of the search left unmeasured because its best case (every phase it can move at its
+/// ceiling) could not beat the best so far by more than the noise threshold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SkippedAxis {
+    pub axis: String,
+    /// The most a request could have gained on it (relative: 0.01 = 1% faster).
+    pub at_most: f64,
 }
 
 /// What the engine measures through: on a user's run the worker processes running llama.cpp

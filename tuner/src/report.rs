@@ -13,6 +13,7 @@ use serde::Serialize;
 use std::path::PathBuf;
 
 pub mod quality;
+pub mod time;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -37,6 +38,14 @@ pub struct Report {
     /// The search's axes the time budget ran out before (each had candidates to measure).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub axes_not_reached: Vec<String>,
+    /// The run's time as said once llama.cpp's defaults were measured, before anything else.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_plan: Option<crate::measuring::TimePlan>,
+    /// The most each phase could reach here, as probed (what the plan and the skips are judged by).
+    pub ceilings: crate::measuring::Ceilings,
+    /// The axes not measured: their best case could not beat the best so far beyond the noise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub axes_skipped: Vec<crate::measuring::SkippedAxis>,
     pub measured: usize,
     pub failed: usize,
     /// Candidates whose first repetition was stopped as several times slower than the best.

@@ -4,11 +4,12 @@
 use crate::measuring::Progress;
 use crate::measuring::Repetition;
 use anyhow::Context as _;
+use indicatif::ProgressState;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// How long an interrupted run may take to stop cleanly before it is ended anyway: a clean stop
 /// (the worker killed, the report printed) takes well under a second, so only a call that cannot
@@ -73,21 +74,51 @@ pub fn error_line(e: &anyhow::Error) -> String {
     one_line(&text)
 }
 
-/// The tuning run's progress bar: repetitions counted, the candidate and the best so far.
-pub struct Bar(Option<ProgressBar>);
+/// The tuning run's progress bar: repetitions counted, the candidate, the best so far, and once
+/// the run's time is set ([`Bar::set_time_left`]) the time left.
+pub struct Bar(Option<ProgressBar>, Deadline);
+
+/// When the run's budget ends, once it is known.
+type Deadline = Arc<Mutex<Option<Instant>>>;
 
 impl Bar {
     pub fn new(quiet: bool) -> Bar {
-        Bar(bar(
-            quiet,
-            "{spinner} [{elapsed_precise}] {pos} reps · {prefix} · {wide_msg}",
-        ))
+        const TEMPLATE: &str =
+            "{spinner} [{elapsed_precise}{left}] {pos} reps · {prefix} · {wide_msg}";
+        let deadline: Deadline = Arc::default();
+        let at = Arc::clone(&deadline);
+        let left = move |_: &ProgressState, w: &mut dyn std::fmt::Write| {
+            if let Some(end) = *at.lock().unwrap_or_else(|e| e.into_inner()) {
+                let left = end.saturating_duration_since(Instant::now());
+                let _ = write!(w, ", {} left", clock(left));
+            }
+        };
+        let bar = bar(quiet, "{spinner} [{elapsed_precise}] {pos} reps");
+        if let Some(b) = &bar {
+            let style = ProgressStyle::with_template(TEMPLATE).expect("valid template");
+            b.set_style(style.with_key("left", left));
+        }
+        Bar(bar, deadline)
+    }
+
+    /// The run's budget has `left` to go from now: the bar counts it down.
+    pub fn set_time_left(&self, left: Duration) {
+        *self.1.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now() + left);
     }
 
     pub fn finish(&self) {
         if let Some(b) = &self.0 {
             b.finish_and_clear();
         }
+    }
+}
+
+/// A duration as a clock: "6:59", "1:02:03".
+fn clock(d: Duration) -> String {
+    let s = d.as_secs();
+    match s / 3600 {
+        0 => format!("{}:{:02}", s / 60, s % 60),
+        h => format!("{h}:{:02}:{:02}", (s / 60) % 60, s % 60),
     }
 }
 
@@ -142,6 +173,13 @@ mod tests {
     struct Quoting {
         #[source]
         source: std::io::Error,
+    }
+
+    #[test]
+    fn the_time_left_reads_as_a_clock() {
+        assert_eq!(clock(Duration::from_secs(419)), "6:59");
+        assert_eq!(clock(Duration::from_secs(3723)), "1:02:03");
+        assert_eq!(clock(Duration::ZERO), "0:00");
     }
 
     #[test]

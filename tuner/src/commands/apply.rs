@@ -26,15 +26,7 @@ use std::time::{Duration, Instant};
 use timings::Timings;
 
 pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
-    if !(args.tolerance.is_finite() && args.tolerance > 0.0) {
-        return Err(Exit::new(
-            exit::USAGE,
-            format!(
-                "--tolerance {} must be a positive number, e.g. 0.25",
-                args.tolerance
-            ),
-        ));
-    }
+    check_tolerance(args.tolerance)?;
     let stored = stored::resolve(&args.target, args.force, cli.verbose)?;
     let p = &stored.profile;
 
@@ -105,6 +97,16 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         proc.child.id()
     );
     server::serve_in_foreground(&mut proc, &signal)
+}
+
+fn check_tolerance(tolerance: f64) -> anyhow::Result<()> {
+    if tolerance.is_finite() && tolerance > 0.0 {
+        return Ok(());
+    }
+    Err(Exit::new(
+        exit::USAGE,
+        format!("--tolerance {tolerance} must be a positive number, e.g. 0.25"),
+    ))
 }
 
 /// The check's completions, on the prompt for the profile (of its speculation's kind when it has

@@ -6,7 +6,7 @@
 use crate::engine::group::Group;
 use crate::engine::strategy::{Once, Strategy};
 use crate::engine::view::View;
-use crate::engine::{vary_cache, Engine};
+use crate::engine::{vary_cache, Engine, TuneSettings};
 use crate::measuring::{LoadReport, TrialFailure};
 use search_space::size::format_size_pair;
 use search_space::{Candidate, KvOffload};
@@ -40,6 +40,29 @@ impl Unfit {
             why,
             over_budget: true,
         }
+    }
+}
+
+/// Where a configuration fits the host's budget only by paging its mapped weights
+/// ([`pageable`]), the host bytes of its dry run `report` and that budget.
+pub fn pages(s: &TuneSettings, report: &LoadReport) -> Option<(u64, u64)> {
+    let need = report.per_device.iter().find(|d| d.device == "CPU")?.bytes;
+    let budget = s.mem_budgets.of("CPU")?;
+    (need > budget && pageable(s, report) > 0).then_some((need, budget))
+}
+
+/// Host bytes of `report` the kernel can page (the model file's mapped weights) where the host
+/// alone computes and its budget is the RAM (not a `--mem-budget CPU=` given, which counts every
+/// byte): llama.cpp runs a model larger than the RAM from its mapping, each token reading what was
+/// dropped from disk again, so only the rest must fit (and the run says the model pages:
+/// [`pages`]). Beside a device, placements that keep the weights in RAM exist, and one that would
+/// page is pruned.
+pub fn pageable(s: &TuneSettings, report: &LoadReport) -> u64 {
+    let given = s.mem_budgets.entry("CPU").is_some_and(|b| b.given);
+    if s.offload || given {
+        0
+    } else {
+        report.mapped_bytes()
     }
 }
 
@@ -96,9 +119,14 @@ impl Engine<'_> {
             .filter(|d| host || d.device != "CPU")
         {
             if let Some(budget) = self.settings.mem_budgets.of(&d.device) {
-                if d.bytes > budget {
+                let pageable = if d.device == "CPU" {
+                    self.pageable(&report)
+                } else {
+                    0
+                };
+                if d.bytes.saturating_sub(pageable) > budget {
                     let ram = if d.device == "CPU" { " (host RAM)" } else { "" };
-                    let (need, budget) = format_size_pair(d.bytes, budget);
+                    let (need, budget) = format_size_pair(d.bytes - pageable, budget);
                     return Err(Unfit::over_budget(format!(
                         "pruned: needs {need} on {}{ram}, budget {budget}",
                         d.device,
@@ -106,7 +134,45 @@ impl Engine<'_> {
                 }
             }
         }
+        if host {
+            self.host_memory_fits(&report)?;
+        }
         Ok(report)
+    }
+
+    /// Host bytes of `report` the kernel can page ([`pageable`]).
+    pub(crate) fn pageable(&self, report: &LoadReport) -> u64 {
+        pageable(&self.settings, report)
+    }
+
+    /// What the host and the devices that share its memory (an integrated GPU, llvmpipe) hold
+    /// together, held to the host's budget: one memory, one budget. Each was held to its own
+    /// budget above, each of which is that same RAM.
+    fn host_memory_fits(&self, report: &LoadReport) -> Result<(), Unfit> {
+        let shared = &self.settings.host_memory_devices;
+        let Some(budget) = self.settings.mem_budgets.of("CPU") else {
+            return Ok(());
+        };
+        if shared.is_empty() {
+            return Ok(());
+        }
+        let on =
+            |d: &&crate::measuring::DeviceBytes| d.device == "CPU" || shared.contains(&d.device);
+        let held: u64 = report.per_device.iter().filter(on).map(|d| d.bytes).sum();
+        let held = held.saturating_sub(self.pageable(report));
+        if held <= budget {
+            return Ok(());
+        }
+        let mut names: Vec<&str> = (report.per_device.iter().filter(on))
+            .filter(|d| d.bytes > 0)
+            .map(|d| d.device.as_str())
+            .collect();
+        names.sort_by_key(|n| *n != "CPU");
+        let (need, budget) = format_size_pair(held, budget);
+        Err(Unfit::over_budget(format!(
+            "pruned: needs {need} on {} together, one memory (the host's RAM), budget {budget}",
+            names.join(" and ")
+        )))
     }
 
     /// Tensor parallelism's dry run reports its devices' buffers as one ("Meta(...)"), not per

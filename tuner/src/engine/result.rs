@@ -142,7 +142,7 @@ pub fn score_seconds(r: &Repetition, w: &Workload) -> f64 {
 /// What a repetition's phases took, at its rates: the request at no depth, and with a depth the
 /// cache filled to it (at the shallow prompt rate) and the request again there; every sequence's
 /// (the rates are all sequences' together).
-fn rep_seconds(r: &Repetition, w: &Workload) -> f64 {
+pub(crate) fn rep_seconds(r: &Repetition, w: &Workload) -> f64 {
     let shallow = Workload {
         depth: 0,
         ..w.clone()

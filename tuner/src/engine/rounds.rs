@@ -81,6 +81,13 @@ impl Engine<'_> {
                 }
                 let k = pending[o];
                 let i = idx[k];
+                // What could not end before the budget does is not begun (grid mode measures all).
+                let first = self.results[i].reps.is_empty();
+                let (visits, repetitions) = if first { (1.0, 0.0) } else { (0.0, 1.0) };
+                if axis != "grid" && self.would_overrun(visits, repetitions) {
+                    self.budget_spent = true;
+                    break;
+                }
                 // A candidate's first visit takes the two repetitions it needs to be judged at all,
                 // on one load: with loads that cost seconds (a GPU's gigabytes, an RPC upload) a
                 // budget that ends after one round still leaves every visited candidate measured.
@@ -307,6 +314,11 @@ impl Engine<'_> {
         // RAM included.
         if let Some(p) = &self.results[i].predicted {
             req.expect = p.per_device.clone();
+            // Mapped weights the kernel may page need no free RAM (a model larger than it).
+            let pageable = self.pageable(p);
+            for e in req.expect.iter_mut().filter(|e| e.device == "CPU") {
+                e.bytes = e.bytes.saturating_sub(pageable);
+            }
         }
         if self.results[i].reps.is_empty() && stops_early(axis) {
             req.give_up = self.give_up(i);

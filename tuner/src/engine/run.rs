@@ -87,6 +87,10 @@ pub struct Run {
     /// Where a GPU shows through several backends: the configuration measured through each
     /// (`engine/backends.rs`); empty where each GPU has one backend or the axis was not reached.
     pub backends: Vec<BackendTried>,
+    /// The run's time as said before the search went beyond llama.cpp's defaults.
+    pub time_plan: Option<crate::measuring::TimePlan>,
+    /// The axes not measured: the ceilings left nothing beyond the noise to win there.
+    pub skipped_axes: Vec<crate::measuring::SkippedAxis>,
 }
 
 /// One backend's configuration in the backend axis.

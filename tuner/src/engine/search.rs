@@ -61,6 +61,7 @@ impl Engine<'_> {
         if let Some(left) = out.not_reached {
             self.not_reached = left;
         }
+        self.record_skips(out.skipped);
         out.best
     }
 
@@ -84,7 +85,9 @@ impl Engine<'_> {
     /// repetitions before any gets more).
     fn first_group(&self, base: &Candidate) -> Group {
         if !self.settings.offload || self.settings.n_gpu_layers_pinned() {
-            return Group::new(vec![base.clone()], "defaults");
+            let mut group = vec![base.clone()];
+            group.extend(self.unpacked_where_unfit(base));
+            return Group::new(group, "defaults");
         }
         let start = self.placement_start(base);
         let mut group = self.placement_group(&start);
@@ -110,6 +113,22 @@ impl Engine<'_> {
             promising,
             ..Group::new(group, "gpu layers")
         }
+    }
+
+    /// `base` with plain kernels where it does not fit the budgets and that does: repacked weights
+    /// are a copy in RAM, so a model larger than the RAM, which llama.cpp runs from its mapping,
+    /// runs with plain kernels or not at all (llama.cpp's defaults would be killed for memory).
+    fn unpacked_where_unfit(&self, base: &Candidate) -> Option<Candidate> {
+        let plain = search_space::KernelChoice::Plain;
+        if base.kernels == plain || !self.settings.plan.kernels.contains(&plain) {
+            return None;
+        }
+        self.check_fit(base).err().filter(|u| u.over_budget)?;
+        let c = Candidate {
+            kernels: plain,
+            ..base.clone()
+        };
+        self.check_fit(&c).is_ok().then_some(c)
     }
 
     /// Grid mode (`--exhaustive`): every combination of the declared knob values, measured with the

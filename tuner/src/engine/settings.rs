@@ -4,7 +4,7 @@
 //! budgets per device, the quality gate a quantized KV cache is held to). The engine changes only
 //! the default time budget, and the context where `--ctx max` has it search for one.
 
-use crate::measuring::Workload;
+use crate::measuring::{Ceilings, Workload};
 use profiles::{Budgets, DeviceBudget};
 use search_space::backend;
 use search_space::{
@@ -137,6 +137,10 @@ pub struct TuneSettings {
     /// The backends a GPU several of them drive is measured through (ggml's names: `CUDA`,
     /// `Vulkan`), the first where the search starts; fewer than two: no backend axis.
     pub backends: Vec<String>,
+    /// The offload devices whose memory is the host's RAM (an integrated GPU, llvmpipe): what they
+    /// and the host hold together is held to the host's budget, memory that is one memory being
+    /// budgeted once.
+    pub host_memory_devices: Vec<String>,
     /// Layers of the model (offload goes up to n_layers + 1, the output layer).
     pub n_layers: u32,
     /// Whether a non-CPU device exists to offload layers to.
@@ -147,6 +151,10 @@ pub struct TuneSettings {
     /// `-sm tensor`): where two or more GPUs of one backend run them ([`split_modes_for`]). The
     /// simulator cannot model either, so its runs offer none.
     pub split_modes: Vec<SplitMode>,
+    /// The most each phase of a request could reach here, probed before the run (none where the
+    /// probes cannot bound it: an offload device, a model the caches hold): an axis that could not
+    /// gain beyond the noise by them is not measured (`engine/ceiling.rs`).
+    pub ceilings: Ceilings,
 }
 
 impl TuneSettings {

@@ -9,6 +9,7 @@
 use super::group::Group;
 use super::view::View;
 use super::{in_space, Axis, Engine};
+use crate::measuring::SkippedAxis;
 use search_space::Candidate;
 
 /// A way of searching: proposes groups, one at a time, from what is measured so far.
@@ -101,6 +102,7 @@ pub(crate) struct Descend {
     /// A group is out, and its choice comes with the next call.
     proposed: bool,
     not_reached: Option<Vec<String>>,
+    skipped: Vec<SkippedAxis>,
 }
 
 /// What a descent found.
@@ -109,6 +111,8 @@ pub(crate) struct Descended {
     /// The axes with candidates that the budget's end left unmeasured; `None` where it did not
     /// end within the descent (or a stop did).
     pub not_reached: Option<Vec<String>>,
+    /// The axes not measured: by the ceilings, nothing beyond the noise to win there.
+    pub skipped: Vec<SkippedAxis>,
 }
 
 impl Descend {
@@ -120,6 +124,7 @@ impl Descend {
             base: base.clone(),
             proposed: false,
             not_reached: None,
+            skipped: Vec::new(),
         }
     }
 
@@ -179,6 +184,10 @@ impl Strategy for Descend {
             if group.len() < 2 && self.best.is_some() {
                 continue;
             }
+            if let Some(s) = view.skip_if_nothing_to_win(axis, &from) {
+                self.skipped.push(s);
+                continue;
+            }
             self.proposed = true;
             return Some(Group::new(group, axis));
         }
@@ -189,6 +198,7 @@ impl Strategy for Descend {
         Descended {
             best: self.best,
             not_reached: self.not_reached,
+            skipped: self.skipped,
         }
     }
 }

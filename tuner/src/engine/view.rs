@@ -4,7 +4,7 @@
 
 use super::group::Group;
 use super::{Axis, Engine, TuneSettings};
-use crate::measuring::Progress;
+use crate::measuring::{Progress, SkippedAxis};
 use search_space::Candidate;
 use std::time::Duration;
 
@@ -51,6 +51,10 @@ impl View<'_, '_> {
     }
     pub fn margin_over_runner_up(&self, best: &Candidate) -> Option<f64> {
         self.engine.margin_over_runner_up(best)
+    }
+    /// `axis` skipped from `from` where the ceilings leave nothing beyond the noise to win.
+    pub fn skip_if_nothing_to_win(&self, axis: &str, from: &Candidate) -> Option<SkippedAxis> {
+        self.engine.skip_if_nothing_to_win(axis, from)
     }
     /// Which of `axes` would vary `from`.
     pub fn axes_with_candidates(&self, axes: &[Axis], from: &Candidate) -> Vec<String> {

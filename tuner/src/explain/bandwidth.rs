@@ -112,6 +112,11 @@ pub struct Bandwidth {
     pub bytes_per_s: f64,
     /// One line: buffer size, threads, passes.
     pub method: String,
+    /// Other programs took more than [`BUSY_PROBE_SHARE`] of the CPUs while it read: the figure
+    /// is low, and no ceiling.
+    pub busy: bool,
+    /// The last-level cache it read past, where the machine says.
+    pub cache_bytes: Option<u64>,
 }
 
 /// Measures the CPU's memory read bandwidth; `None` when the machine has too little free memory
@@ -157,8 +162,11 @@ pub fn measure_cpu() -> Option<Bandwidth> {
         ),
         None => String::new(),
     };
-    let busy = busy_note(watch.share(Duration::ZERO));
+    let share = watch.share(Duration::ZERO);
+    let busy = busy_note(share);
     Some(Bandwidth {
+        busy: share.is_some_and(|s| s > BUSY_PROBE_SHARE),
+        cache_bytes: llc,
         bytes_per_s: best,
         method: format!(
             "read of a {} buffer{cache} by {threads} threads, best of {passes} passes{busy}",

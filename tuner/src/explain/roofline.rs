@@ -170,6 +170,33 @@ pub fn token_reads(info: &GgufInfo, c: &Candidate, w: &Workload, offload: bool) 
     r
 }
 
+/// The parameters one token multiplies, by ggml type (id and name), largest first: every weight
+/// matrix's active parameters (a mixture of experts' used share of its experts), not the embedding
+/// lookup's row nor any one-dimensional tensor (norms, biases). What a prompt's matrix products
+/// compute: two operations a parameter a token.
+pub fn multiplied_by_type(info: &GgufInfo) -> Vec<(u32, String, u64)> {
+    let tied_output = !info.tensors.iter().any(|t| t.name == "output.weight");
+    let mut out: Vec<(u32, String, u64)> = Vec::new();
+    for t in info
+        .tensors
+        .iter()
+        .filter(|t| t.dims.iter().filter(|&&d| d > 1).count() >= 2)
+    {
+        if matches!(part_of(&t.name), Part::Lookup)
+            && !(tied_output && t.name == "token_embd.weight")
+        {
+            continue;
+        }
+        let (_, params) = per_token(t, info, tied_output);
+        match out.iter_mut().find(|(id, _, _)| *id == t.ggml_type) {
+            Some(row) => row.2 += params,
+            None => out.push((t.ggml_type, t.type_name.clone(), params)),
+        }
+    }
+    out.sort_by_key(|row| std::cmp::Reverse(row.2));
+    out
+}
+
 /// Whether every layer reads K and V of every cached token: each layer has its `attn_k` and
 /// `attn_v` weights (no recurrent or attention-free layers), and the model has no sliding window
 /// and no compressed (MLA) cache. Then the KV cache a token reads grows with the context.
@@ -330,6 +357,24 @@ mod tests {
         assert!(four.weight_bytes * 3 < one.weight_bytes, "{four:?} {one:?}");
         assert_eq!(four.kv_bytes, one.kv_bytes);
         assert_eq!(four.active_parameters, one.active_parameters);
+    }
+
+    #[test]
+    fn a_token_multiplies_every_matrix_but_the_lookup_by_type() {
+        let info = info_of(dense(true));
+        let by = multiplied_by_type(&info);
+        let names: Vec<&str> = by.iter().map(|(_, n, _)| n.as_str()).collect();
+        // q4_K: 2 × (q 256×256 + k 256×128 + up 256×512); q6_K: the output; q8_0: v (the lookup's
+        // q8_0 table is not multiplied); the f32 norms are one-dimensional.
+        assert_eq!(by[0].2, 2 * (256 * 256 + 256 * 128 + 256 * 512));
+        assert_eq!(names, ["q4_K", "q6_K", "q8_0"]);
+        assert_eq!(by[1].2, 256 * 1024);
+        assert_eq!(by[2].2, 2 * 256 * 128);
+        // Tied: the table is the output projection, multiplied whole.
+        let tied = multiplied_by_type(&info_of(dense(false)));
+        assert!(tied
+            .iter()
+            .any(|(_, n, p)| n == "q8_0" && *p == 2 * 256 * 128 + 256 * 1024));
     }
 
     #[test]

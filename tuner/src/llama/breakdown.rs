@@ -110,6 +110,29 @@ pub fn breakdown_per_device(rows: &[BreakdownRow]) -> Vec<profiles::measurements
         .collect()
 }
 
+/// The buffers a dry run (which maps nothing, as llama.cpp's fit) predicts for a real load that
+/// maps the model file: the weights its host buffers hold (the breakdown's `Host` row) as the
+/// mapped buffer the real load reports (`CPU_Mapped`), in place of the host's empty model buffers
+/// the dry run logged. Repacked weights (`CPU_REPACK`, a copy) keep their own row.
+pub fn predicted_mapping(
+    buffers: &mut Vec<profiles::measurements::BufferReport>,
+    rows: &[BreakdownRow],
+) {
+    let Some(host) = rows
+        .iter()
+        .find(|r| r.name == "Host")
+        .filter(|r| r.model > 0)
+    else {
+        return;
+    };
+    buffers.retain(|b| !(b.what == "model" && b.bytes == 0 && b.buffer == "CPU"));
+    buffers.push(profiles::measurements::BufferReport {
+        buffer: "CPU_Mapped".into(),
+        what: "model".into(),
+        bytes: host.model,
+    });
+}
+
 #[cfg(test)]
 mod breakdown_tests {
     use super::*;
@@ -126,5 +149,37 @@ common_memory_breakdown_print: |   - Host                   |                   
         assert_eq!(rows[0].compute, 528 * 1024 * 1024);
         assert_eq!(rows[1].name, "Host");
         assert_eq!(breakdown_per_device(&rows)[0].device, "CPU");
+    }
+
+    #[test]
+    fn a_dry_run_predicts_the_host_weights_as_the_mapped_buffer() {
+        use profiles::measurements::BufferReport;
+        let b = |buffer: &str, what: &str, bytes| BufferReport {
+            buffer: buffer.into(),
+            what: what.into(),
+            bytes,
+        };
+        let mut buffers = vec![
+            b("CPU", "model", 0),
+            b("CPU_REPACK", "model", 0),
+            b("CPU", "compute", 9),
+        ];
+        let row = |name: &str, model| BreakdownRow {
+            name: name.into(),
+            model,
+            context: 0,
+            compute: 0,
+        };
+        predicted_mapping(&mut buffers, &[row("Host", 300), row("CPU_REPACK", 200)]);
+        let report = profiles::measurements::LoadReport {
+            buffers: buffers.clone(),
+            ..Default::default()
+        };
+        assert_eq!(report.mapped_bytes(), 300);
+        assert!(buffers.iter().any(|x| x.buffer == "CPU_REPACK"));
+        // Nothing on the host: nothing predicted.
+        let mut none = vec![b("CPU", "model", 0)];
+        predicted_mapping(&mut none, &[row("Host", 0)]);
+        assert_eq!(none.len(), 1);
     }
 }

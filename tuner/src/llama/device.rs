@@ -27,6 +27,18 @@ impl DeviceInfo {
         search_space::backend::of(&self.backend).name == "RPC"
     }
 
+    /// A device whose memory is the host's RAM: an integrated GPU (Apple silicon, a laptop's or a
+    /// Strix Halo's, a Vulkan iGPU), or a software rasteriser standing in for a GPU (Mesa's
+    /// llvmpipe and lavapipe, SwiftShader), which reports the host's memory as its own. Its budget
+    /// and the host's are one ([`crate::engine::TuneSettings::host_memory_devices`]).
+    pub fn shares_host_memory(&self) -> bool {
+        let d = self.description.to_ascii_lowercase();
+        self.kind == "igpu"
+            || ["llvmpipe", "lavapipe", "swiftshader"]
+                .iter()
+                .any(|s| d.contains(s))
+    }
+
     /// A device llama.cpp places layers on (a GPU, integrated or not, or an RPC server); CPU and
     /// accelerator devices (BLAS, AMX) only serve the CPU's tensors.
     pub fn takes_layers(&self) -> bool {

@@ -16,6 +16,7 @@ mod devices;
 pub mod fit;
 mod link;
 mod log;
+mod matmul;
 mod model;
 mod mtp;
 mod rpc;
@@ -29,7 +30,7 @@ pub use backend::{
     system_info, BackendModule,
 };
 pub use bandwidth::device_read_bandwidth;
-pub use breakdown::{breakdown_per_device, memory_breakdown};
+pub use breakdown::{breakdown_per_device, memory_breakdown, predicted_mapping};
 pub use context::{server_outputs, Context, SeqToken};
 pub use device::DeviceInfo;
 pub use devices::{device_free_for, device_view, devices, SkippedDevice};
@@ -37,6 +38,7 @@ pub use link::device_link;
 #[cfg(test)]
 pub use log::loaded_modules;
 pub use log::{bytes_per_device, cpu_variant, log_tail, parse_buffer_reports, take_log};
+pub use matmul::cpu_matmul_rate;
 pub use model::{quantize_model, Model};
 pub use mtp::{MtpDrafter, MtpWant};
 pub use rpc::{rpc_add_servers, rpc_start_server};

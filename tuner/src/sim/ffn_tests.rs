@@ -61,7 +61,10 @@ fn whole_layers_win_without_depth_and_host_ffns_win_at_depth() {
 #[test]
 fn over_a_slow_bus_whole_layers_win_even_at_depth() {
     let land = landscape(0.25e9);
-    let s = at_depth(&land, 16384);
+    let mut s = at_depth(&land, 16384);
+    // Each repetition fills 16384 tokens of cache with the host's weights crossing a slow bus for
+    // every micro-batch (a first visit: 49 simulated minutes): time for every axis.
+    s.time_budget = std::time::Duration::from_secs(24 * 3600);
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let win = run.winner.clone().expect("a winner");
     assert_eq!(win.n_cpu_ffn, 0, "{}", win.label());

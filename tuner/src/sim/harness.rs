@@ -104,12 +104,15 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         quality: QualityGate::on(DEFAULT_MAX_KV_KLD, &workload, 16),
         links: land.links(),
         mem_budgets: budgets(land),
+        host_memory_devices: Vec::new(),
         backends: backends(land),
         n_layers: land.model.n_layers,
         offload,
         moe: land.model.moe.is_some(),
         // The simulator models neither -sm row nor -sm tensor: they are measured on real devices.
         split_modes: Vec::new(),
+        // What the probes would find where the host alone computes (none beside a device).
+        ceilings: land.ceilings(&workload),
     }
 }
 
@@ -205,6 +208,10 @@ pub struct SimRun {
     pub visit_seconds: Option<f64>,
     /// What the backend axis measured.
     pub backends: Vec<crate::engine::BackendTried>,
+    /// The run's time as said once the defaults were measured.
+    pub time_plan: Option<crate::measuring::TimePlan>,
+    /// The axes the ceilings left nothing to win on.
+    pub skipped_axes: Vec<crate::measuring::SkippedAxis>,
 }
 
 /// How the run searches: coordinate descent, or every placement × every knob value.
@@ -271,6 +278,8 @@ pub fn tune_logged(
         budget: e.settings.time_budget,
         visit_seconds: e.visit_seconds,
         backends: std::mem::take(&mut e.backend_trials),
+        time_plan: e.time_plan.take(),
+        skipped_axes: std::mem::take(&mut e.skipped_axes),
         quality: e.quality_record(),
         results: std::mem::take(&mut e.results),
         winner,

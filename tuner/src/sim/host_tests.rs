@@ -129,3 +129,84 @@ fn on_two_numa_nodes_the_search_keeps_distribute() {
         .iter()
         .all(|(c, _, _)| c.numa == Numa::Off));
 }
+
+/// An integrated GPU (or llvmpipe) whose memory is the host's RAM: each of its budget and the
+/// host's is that RAM, so a placement that fits each alone can need more than the RAM together. It
+/// is held to the host's budget once, together; a discrete GPU's memory is its own.
+#[test]
+fn a_gpu_that_shares_the_hosts_memory_is_budgeted_with_it_once() {
+    let ram = 40 * GIB;
+    let land = gpus(1, ram);
+    let mut s = settings(&land, 3);
+    s.mem_budgets.0.push(profiles::DeviceBudget {
+        device: "CPU".into(),
+        bytes: ram,
+        given: true,
+        same_gpu: Vec::new(),
+    });
+    // Half the 70B-class model's 80 layers on each side: about 19 GiB each, 38 GiB together.
+    let half = Candidate::llama_default(16, 40);
+    let bytes = |d: &str| {
+        (land
+            .footprint(&half, s.plan.workload.n_ctx)
+            .per_device
+            .iter())
+        .find(|x| x.device == d)
+        .map_or(0, |x| x.bytes)
+    };
+    let (host, gpu) = (bytes("CPU"), bytes("CUDA0"));
+    assert!(
+        host < ram && gpu < ram && host + gpu > ram - 8 * GIB,
+        "{host} {gpu}"
+    );
+    let mut tight = s.clone();
+    let budget = host + gpu - GIB;
+    tight.mem_budgets.0.last_mut().unwrap().bytes = budget;
+    let apart =
+        super::harness::with_engine(land.clone(), tight.clone(), |e| e.check_fit(&half).is_ok());
+    assert!(apart, "a discrete GPU: each side fits its own budget");
+    tight.host_memory_devices = vec!["CUDA0".into()];
+    let why = super::harness::with_engine(land, tight, |e| e.check_fit(&half).err());
+    let why = why.expect("one memory: pruned together").why;
+    assert!(why.contains("on CPU and CUDA0 together"), "{why}");
+}
+
+/// A 70B-class model (about 38 GiB) on a host alone with 24 GiB of RAM: llama.cpp runs it from
+/// its mapping, paging the weights the RAM cannot hold, so the run measures it (plain kernels:
+/// repacked weights are a copy in RAM and do not fit) and says it pages, where before nothing fit.
+/// A budget the user gave (`--mem-budget CPU=`) still counts every byte.
+#[test]
+fn a_model_larger_than_the_ram_pages_on_the_host_alone_within_a_budget_of_the_ram() {
+    let land = gpus(0, 0);
+    let mut s = settings(&land, 8);
+    s.plan.workload.n_gen = 16;
+    s.mem_budgets.0.push(profiles::DeviceBudget {
+        device: "CPU".into(),
+        bytes: 24 * GIB,
+        given: false,
+        same_gpu: Vec::new(),
+    });
+    let base = Candidate::llama_default(16, 0);
+    assert!(!fits(&land, &s, &base), "larger than the RAM");
+    let run = tune(land.clone(), s.clone(), None, Mode::Search);
+    let win = run.winner.clone().expect("measured, paging");
+    assert_eq!(
+        win.kernels,
+        search_space::KernelChoice::Plain,
+        "{}",
+        win.label()
+    );
+    let report = land.footprint(&win, s.plan.workload.n_ctx);
+    let (need, budget) = crate::engine::placement::pages(&s, &report).expect("it pages");
+    assert!(need > budget && budget == 24 * GIB, "{need} {budget}");
+    // The defaults (repacked) were pruned on the RAM, their private copy named.
+    let pruned = run.results.iter().find(|r| r.candidate == base).unwrap();
+    assert!(pruned.over_budget, "{:?}", pruned.skipped);
+
+    s.mem_budgets.0.last_mut().unwrap().given = true;
+    let run = tune(land, s, None, Mode::Search);
+    assert!(
+        run.winner.is_none(),
+        "a given budget counts the mapped weights too"
+    );
+}

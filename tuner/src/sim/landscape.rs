@@ -374,10 +374,20 @@ impl Landscape {
     }
 
     /// The dry run's answer: bytes per device (the host as `CPU`).
+    /// The host's weights are mapped from the file (a real load's `CPU_Mapped` buffer): mapped
+    /// and not repacked (a copy in RAM).
     pub fn footprint(&self, c: &Candidate, n_ctx: u32) -> LoadReport {
-        let per_device: Vec<DeviceBytes> = self
-            .shares(c, n_ctx)
-            .into_iter()
+        let shares = self.shares(c, n_ctx);
+        let mapped = (c.host_buffer == HostBuffer::Mapped && !self.host_repacked(c))
+            .then(|| {
+                shares
+                    .iter()
+                    .find(|s| s.device.is_none())
+                    .map(|s| s.weights)
+            })
+            .flatten()
+            .filter(|&w| w > 0);
+        let per_device: Vec<DeviceBytes> = (shares.into_iter())
             .map(|s| DeviceBytes {
                 bytes: s.bytes(),
                 device: s.name,
@@ -386,6 +396,13 @@ impl Landscape {
         LoadReport {
             reported_bytes: per_device.iter().map(|d| d.bytes).sum(),
             per_device,
+            buffers: (mapped.into_iter())
+                .map(|bytes| profiles::measurements::BufferReport {
+                    buffer: "CPU_Mapped".into(),
+                    what: "model".into(),
+                    bytes,
+                })
+                .collect(),
             ..LoadReport::default()
         }
     }

@@ -16,6 +16,7 @@ mod backend_tests;
 mod baseline_tests;
 mod bench;
 mod budget_tests;
+mod ceiling_tests;
 mod context_tests;
 mod crash_tests;
 mod depth_tests;
@@ -87,6 +88,36 @@ struct Loaded {
     context: Option<String>,
     /// This load's lasting speed offset (multiplicative).
     offset: f64,
+}
+
+impl Landscape {
+    /// What a run's probes would find here: where the host alone computes, generation at the host's
+    /// bandwidth (at the best thread count and NUMA strategy) over the bytes a token reads, and the
+    /// prompt at every core's compute with repacked kernels at the most efficient micro-batch over
+    /// the multiplications a token needs (the landscape's own formulas, their fixed costs left
+    /// out: a bound, never reached); nothing beside a device, where the real probes bound nothing.
+    pub fn ceilings(&self, w: &crate::measuring::Workload) -> crate::measuring::Ceilings {
+        if !self.devices.is_empty() {
+            return crate::measuring::Ceilings::default();
+        }
+        let c = Candidate::llama_default(1, 0);
+        let read: f64 = (self.shares(&c, w.n_ctx).iter())
+            .map(|s| s.read_per_token)
+            .sum();
+        let nodes = f64::from(self.host.numa_nodes.max(1));
+        let numa = if nodes > 1.0 {
+            0.9f64.max(1.1 / nodes)
+        } else {
+            1.0
+        };
+        let cores = f64::from(self.host.physical_cores.max(1));
+        let best_batch = 512.0 / (512.0 + 96.0);
+        crate::measuring::Ceilings {
+            generation_tps: Some(self.host.bandwidth * numa / read),
+            prompt_tps: Some(self.host.flops_per_core * cores * 1.3 * best_batch / (3.6 * read)),
+            method: vec!["the simulated host's bandwidth and compute".into()],
+        }
+    }
 }
 
 /// The engine's measurer on a simulated landscape.

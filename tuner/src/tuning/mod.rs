@@ -4,10 +4,12 @@
 //! through [`tune`]; neither sees flags.
 
 mod backends;
+mod ceilings;
 pub mod joint;
 mod kv_pairs;
 mod measurer;
 mod output;
+mod progress;
 
 pub use output::{complete, nothing_measured, profile_from_run, report_of, save, After};
 
@@ -47,7 +49,8 @@ pub const THOROUGH_CANDIDATE_CAP: Duration = Duration::from_secs(120);
 /// [`CANDIDATE_CAP`] with `--quick`.
 pub const QUICK_CANDIDATE_CAP: Duration = Duration::from_secs(8);
 
-/// The most a default budget grows to, for a model whose configurations take long to measure.
+/// The most a default budget grows to, for a model whose configurations take long to measure,
+/// where a device takes layers (on the host alone it does not grow).
 pub const GROWN_BUDGET_CAP: Duration = Duration::from_secs(1800);
 
 impl Plan {
@@ -76,8 +79,16 @@ impl Plan {
             } else {
                 self.time_budget
             },
-            time_budget_cap: (self.time_budget_grows && !self.quick && !self.exhaustive)
-                .then_some(GROWN_BUDGET_CAP),
+            // On the host alone the search has no placements, split or backends to walk: the
+            // default budget is its cap (a slow model's request is sized down instead, and its
+            // axes with nothing to win are skipped).
+            time_budget_cap: (self.time_budget_grows && !self.quick && !self.exhaustive).then_some(
+                if offload {
+                    GROWN_BUDGET_CAP
+                } else {
+                    DEFAULT_BUDGET
+                },
+            ),
             threads_options,
             threads_batch_options,
             default_threads,
@@ -96,6 +107,11 @@ impl Plan {
             ubatch_options: ubatch_options(&self.ubatch_options, &self.workload, offload),
             links: Vec::new(),
             mem_budgets: session::budgets_of(&self.mem_budgets, self.mem_margin, machine)?,
+            host_memory_devices: (machine.offload_devices().into_iter())
+                .chain(machine.other_backends.iter().map(|o| &o.device))
+                .filter(|d| d.shares_host_memory())
+                .map(|d| d.name.clone())
+                .collect(),
             backends: backends::backends_for(self.backends.as_deref(), machine)?,
             n_layers,
             offload,
@@ -105,6 +121,7 @@ impl Plan {
                     .map(|d| d.backend.as_str())
                     .collect::<Vec<_>>(),
             ),
+            ceilings: crate::measuring::Ceilings::default(),
         })
     }
 }
@@ -279,6 +296,9 @@ pub struct Tuned {
     pub elapsed_s: f64,
     /// Other programs' share of the CPUs' time while the engine measured ([`busy`]).
     pub others_cpu: Option<f64>,
+    /// The workload asked for, where `--quick` measured a shorter request
+    /// ([`ceilings::quick_workload`]).
+    pub shortened_from: Option<Workload>,
 }
 
 /// How the worker sets up a measurement; a change that alters what a repetition measures bumps it,
@@ -305,23 +325,7 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         cpus,
         "as autotune started",
     );
-    // Each offload device is asked which mixed K/V pairs it runs, once for the run.
-    let pairs = kv_pairs::ask_devices(&plan.cache_types, &probe.machine, &info);
-    let mut settings = plan.settings(&model, &probe.machine, &info, &pairs)?;
-    let context = if plan.ctx_max {
-        let choice = choose_context(plan, &settings, stop)?;
-        let at = Plan {
-            workload: Workload {
-                n_ctx: choice.n_ctx,
-                ..plan.workload.clone()
-            },
-            ..plan.clone()
-        };
-        settings = at.settings(&model, &probe.machine, &info, &pairs)?;
-        Some(choice)
-    } else {
-        None
-    };
+    let (mut settings, context) = resolve(plan, &model, &probe, &info, stop)?;
     let llama = profiles::LlamaBuild {
         version: probe.llama_version.clone(),
         commit: crate::llama::build_info().1,
@@ -337,6 +341,10 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
     settings.links = measure_links(plan, &probe, &stop_fn);
     let pool = WorkerPool::new(max_alive, plan.trial_timeout);
     let bar = Bar::new(plan.quiet);
+    let told = progress::Told {
+        bar: &bar,
+        quiet: plan.quiet,
+    };
     let started = Instant::now();
     let measuring = Watch::start(&plan.rpc);
     let run = Engine::new(
@@ -344,7 +352,7 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         Box::new(Workers::new(pool)),
         Some(&mut log),
         &stop_fn,
-        &bar,
+        &told,
     )
     .tune(plan.exhaustive);
     let others_cpu = measuring.share(Duration::ZERO);
@@ -362,9 +370,54 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         llama,
         rpc: plan.rpc.clone(),
         context,
+        shortened_from: (run.settings.plan.workload.n_prompt != plan.workload.n_prompt
+            || run.settings.plan.workload.n_gen != plan.workload.n_gen)
+            .then(|| plan.workload.clone()),
         run,
         others_cpu,
     })
+}
+
+/// The engine's settings for `plan` on this machine and model: at the context `--ctx max` chooses
+/// (and how it chose), with the ceilings probed, and with `--quick` at a request short enough for
+/// its minute where the ceilings say the workload's would not be ([`ceilings::quick_workload`]).
+fn resolve(
+    plan: &Plan,
+    model: &Path,
+    probe: &Probe,
+    info: &GgufInfo,
+    stop: &AtomicBool,
+) -> anyhow::Result<(TuneSettings, Option<ContextChoice>)> {
+    // Each offload device is asked which mixed K/V pairs it runs, once for the run.
+    let pairs = kv_pairs::ask_devices(&plan.cache_types, &probe.machine, info);
+    let at = |p: &Plan| p.settings(model, &probe.machine, info, &pairs);
+    let mut settings = at(plan)?;
+    let context = if plan.ctx_max {
+        let choice = choose_context(plan, &settings, stop)?;
+        let p = Plan {
+            workload: Workload {
+                n_ctx: choice.n_ctx,
+                ..plan.workload.clone()
+            },
+            ..plan.clone()
+        };
+        settings = at(&p)?;
+        Some(choice)
+    } else {
+        None
+    };
+    let ceilings = ceilings::probe(&settings, info);
+    if let Some(w) = (plan.quick)
+        .then(|| ceilings::quick_workload(&settings.plan.workload, &ceilings))
+        .flatten()
+    {
+        settings = at(&Plan {
+            workload: w,
+            ..settings.plan.clone()
+        })?;
+    }
+    settings.ceilings = ceilings;
+    Ok((settings, context))
 }
 
 /// Trial workers that may hold a model at once. Two only when they fit comfortably in memory, and

@@ -30,6 +30,18 @@ fn grown_budget_note(run: &crate::engine::Run) -> Option<String> {
     })
 }
 
+/// Where the winner's host part is larger than the RAM the run had: it ran from the model file's
+/// mapping, paging weights from disk, and so would a server.
+fn paging_note(run: &crate::engine::Run) -> Option<String> {
+    let w = run.winner.as_ref()?;
+    let r = run.results.iter().find(|r| &r.candidate == w)?;
+    let (need, budget) = crate::engine::placement::pages(&run.settings, r.predicted.as_ref()?)?;
+    let (need, budget) = search_space::size::format_size_pair(need, budget);
+    Some(format!(
+        "the winner needs {need} of host memory and the run had {budget} of RAM: llama.cpp runs it from the model file's mapping, reading the weights the RAM cannot hold from disk again for every token, and it was measured so (faster storage or more RAM would be faster; repacked weights, a copy in RAM, were not an option)"
+    ))
+}
+
 /// The notes of the run: GPU warnings, crashed candidates, a budget that ran out.
 fn notes(t: &Tuned) -> Vec<String> {
     let results = &t.run.results;
@@ -60,6 +72,19 @@ fn notes(t: &Tuned) -> Vec<String> {
     if let Some(n) = grown_budget_note(&t.run) {
         notes.push(n);
     }
+    notes.extend(paging_note(&t.run));
+    if let Some(asked) = &t.shortened_from {
+        let w = &t.run.settings.plan.workload;
+        notes.push(format!(
+            "--quick measured a shorter request than the workload's ({}-token prompt and {} generated, for {} and {}): one of those would have taken longer than its minute holds here; the rates stand for the workload's, the seconds per request are the shorter one's",
+            w.n_prompt, w.n_gen, asked.n_prompt, asked.n_gen
+        ));
+    }
+    notes.extend(
+        (t.run.time_plan.as_ref())
+            .map(|p| format!("said before the search: {}", report::time::plan_line(p))),
+    );
+    notes.extend(t.run.skipped_axes.iter().map(report::time::skipped_line));
     let cpus = t.probe.machine.logical_cpus;
     notes.extend(busy::note(t.others_cpu, cpus, "while autotune measured"));
     // Only the time budget's own skips: a candidate pruned on a memory budget ("needs 10.0 MiB on
@@ -173,6 +198,9 @@ pub fn report_of(t: &Tuned) -> Report {
         interrupted: t.interrupted,
         budget_spent: run.budget_spent,
         axes_not_reached: run.not_reached.clone(),
+        time_plan: run.time_plan.clone(),
+        ceilings: s.ceilings.clone(),
+        axes_skipped: run.skipped_axes.clone(),
         measured: run.results.iter().filter(|r| r.ok()).count(),
         failed: (run.results.iter())
             .filter(|r| r.failure.as_ref().is_some_and(|f| !f.gave_up()))

@@ -16,4 +16,4 @@ mod timing;
 
 pub use client::Worker;
 pub use pool::WorkerPool;
-pub use protocol::{BandwidthRequest, LinkRequest, Request, Response};
+pub use protocol::{BandwidthRequest, LinkRequest, MatmulRequest, Request, Response};

@@ -97,6 +97,7 @@ impl WorkerPool {
             | Request::Link(_)
             | Request::Greedy(_)
             | Request::Retrieval(_)
+            | Request::Matmul(_)
             | Request::KvPairs(_) => return Err(TrialFailure::Interrupted),
         };
         let key = Self::key(m);

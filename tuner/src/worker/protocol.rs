@@ -40,6 +40,8 @@ pub enum Request {
     Retrieval(Box<RetrievalRequest>),
     /// Which mixed K/V cache pairs each device runs flash attention over (`llama::runs_kv_pair`).
     KvPairs(KvPairsRequest),
+    /// The CPU's matrix-multiply peak on a weight type (a prompt's ceiling).
+    Matmul(MatmulRequest),
 }
 
 /// Ask each device which of `pairs` it runs with an attention of `shape`.
@@ -48,6 +50,16 @@ pub struct KvPairsRequest {
     pub devices: Vec<String>,
     pub pairs: Vec<(CacheType, CacheType)>,
     pub shape: crate::llama::AttentionShape,
+}
+
+/// Measure the CPU's matrix-multiply rate on weights of one ggml type (`llama::cpu_matmul_rate`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MatmulRequest {
+    pub ggml_type: u32,
+    pub threads: u32,
+    /// Timed passes at most; fewer once `time_limit_ms` has gone by (always at least one).
+    pub passes: u32,
+    pub time_limit_ms: u64,
 }
 
 /// Measure the link to a device (`llama::device_link`); RPC servers are connected first.
@@ -106,6 +118,13 @@ pub enum Response {
     Bandwidth {
         bytes_per_s: f64,
         bytes: u64,
+        passes: u32,
+    },
+    /// Multiply-adds a second (two operations each) of the best pass and buffer type, which one,
+    /// and the passes timed.
+    Matmul {
+        flops_per_s: f64,
+        buffer: String,
         passes: u32,
     },
     /// The link's median round trip (seconds) and best rates each way (bytes per second).

@@ -7,7 +7,7 @@
 //! A worker keeps its model loaded while requests only change context settings.
 
 use super::memory::{self, committed_bytes, rss_bytes, short_of_device_memory};
-use super::protocol::{BandwidthRequest, KvPairsRequest, LinkRequest, Response};
+use super::protocol::{BandwidthRequest, KvPairsRequest, LinkRequest, MatmulRequest, Response};
 use super::timing::{self, Cutoff, TokenSource};
 use crate::llama::{self, Context, ContextSettings, Model, ModelSettings};
 use crate::measuring::{DeviceBytes, LoadReport, MeasureRequest, Repetition};
@@ -35,6 +35,22 @@ pub fn link(r: &LinkRequest) -> Response {
         },
         Err(e) => Response::Failed {
             stage: "link".into(),
+            message: e.to_string(),
+        },
+    }
+}
+
+/// The CPU's matrix-multiply peak on a weight type (a prompt's ceiling).
+pub fn matmul(r: &MatmulRequest) -> Response {
+    let limit = std::time::Duration::from_millis(r.time_limit_ms);
+    match llama::cpu_matmul_rate(r.ggml_type, r.threads, r.passes, limit) {
+        Ok(m) => Response::Matmul {
+            flops_per_s: m.flops_per_s,
+            buffer: m.buffer,
+            passes: m.passes,
+        },
+        Err(e) => Response::Failed {
+            stage: "matmul".into(),
             message: e.to_string(),
         },
     }
@@ -167,11 +183,14 @@ impl WorkerState {
         }
         let mut log = self.load_log.clone();
         log.extend(llama::take_log());
-        let buffers = llama::parse_buffer_reports(&log);
+        let mut buffers = llama::parse_buffer_reports(&log);
         let reported_bytes = buffers.iter().map(|b| b.bytes).sum();
         // llama.cpp's own accounting (what its fit plans with); the logged buffer sizes as a fallback.
         let ctx = &self.context.as_ref().expect("context created above").1;
         let breakdown = llama::memory_breakdown(ctx);
+        if m.settings.no_alloc && m.settings.host_buffer == search_space::HostBuffer::Mapped {
+            llama::predicted_mapping(&mut buffers, &breakdown);
+        }
         let per_device = if breakdown.is_empty() {
             llama::bytes_per_device(&buffers, &llama::devices())
         } else {

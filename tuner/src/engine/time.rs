@@ -1,0 +1,142 @@
+//! The run's time, set once and said before the search goes beyond llama.cpp's defaults: what one
+//! request costs here (the defaults' first visit), the default budget sized from it, what the search
+//! expects to take within the budget, and how far the defaults are from the ceilings (the most the
+//! search could still gain). Nothing grows after that: the budget said is the budget kept.
+
+use super::ceiling::{at_most, Phases};
+use super::result::rep_seconds;
+use super::{in_space, Engine, AXES, VISITS};
+use crate::measuring::{BudgetFrom, TimePlan};
+use crate::stats::Sample;
+use search_space::Candidate;
+use std::time::Duration;
+
+impl Engine<'_> {
+    /// Once the baseline's first visit is measured (its load, warm-up and two repetitions), and
+    /// only then: the default budget sized on it ([`VISITS`] such visits where that is more, up to
+    /// its cap), and the [`TimePlan`] said. A resumed run tells what the reused repetitions took
+    /// from their load time and rates, as the run that measured them did.
+    pub(super) fn plan_time(&mut self) {
+        if self.time_plan.is_some() {
+            return;
+        }
+        let Some((base, _)) = self.defaults.clone() else {
+            return;
+        };
+        let w = self.settings.plan.workload.clone();
+        // The defaults, or where they could not run (a model larger than the RAM, repacked) the
+        // first configuration measured in their place.
+        let Some(r) = (self.results.iter().find(|r| r.candidate == base))
+            .filter(|r| r.failure.is_none() && r.skipped.is_none())
+            .or_else(|| self.results.iter().find(|r| r.reps.len() >= 2))
+            .filter(|r| r.reps.len() >= 2)
+        else {
+            return;
+        };
+        let base = r.candidate.clone();
+        let visit = if r.seconds > 0.0 {
+            r.seconds
+        } else {
+            r.visit_seconds_from_figures(&w)
+        };
+        let Some(request) = Sample::new(r.scores(&w)).ok().map(|s| s.median()) else {
+            return;
+        };
+        let repetitions = r.reps.iter().map(|x| rep_seconds(x, &w)).collect();
+        let repetition = Sample::new(repetitions).map_or(request, |s| s.median());
+        if visit <= 0.0 {
+            return;
+        }
+        let mut budget_from = BudgetFrom::Given;
+        if let Some(cap) = self.settings.time_budget_cap {
+            self.visit_seconds = Some(visit);
+            let want = Duration::from_secs_f64(visit * VISITS).min(cap);
+            budget_from = if want > self.settings.time_budget {
+                BudgetFrom::Grown
+            } else {
+                BudgetFrom::Default
+            };
+            self.settings.time_budget = self.settings.time_budget.max(want);
+        }
+        let budget = self.settings.time_budget.as_secs_f64();
+        let expected = self.expected_seconds(&base, visit, repetition).min(budget);
+        let (shares, room) = self.headroom(&base);
+        let plan = TimePlan {
+            request_s: request,
+            visit_s: visit,
+            repetition_s: repetition,
+            budget_s: budget,
+            expected_s: expected,
+            prompt_share: shares.0,
+            generation_share: shares.1,
+            at_most: room,
+            budget_from,
+            at_s: self.elapsed().as_secs_f64(),
+        };
+        self.progress.plan(&plan);
+        self.time_plan = Some(plan);
+    }
+
+    /// Whether a step of the run that costs about `visits` first visits and `repetitions` further
+    /// repetitions (as the time plan measured them) would end past the budget: it is not begun, so
+    /// that the run ends within the budget it said. Nothing is refused before the plan is made (the
+    /// first visit is always measured).
+    pub(super) fn would_overrun(&self, visits: f64, repetitions: f64) -> bool {
+        let Some(p) = &self.time_plan else {
+            return false;
+        };
+        let cost = visits * p.visit_s + repetitions * p.repetition_s;
+        self.elapsed().as_secs_f64() + cost > self.settings.time_budget.as_secs_f64()
+    }
+
+    /// The baseline's rates as shares of the ceilings (prompt, generation), and the most a request
+    /// could gain with both at their ceilings.
+    fn headroom(&self, base: &Candidate) -> ((Option<f64>, Option<f64>), Option<f64>) {
+        let Some((pp, tg)) = self.phase_medians(base) else {
+            return ((None, None), None);
+        };
+        let c = &self.settings.ceilings;
+        let share = |now: f64, ceiling: Option<f64>| {
+            super::ceiling::ceiling_of(now, ceiling).map(|x| (now / x).min(1.0))
+        };
+        let both = Phases {
+            prompt: true,
+            generation: true,
+        };
+        let room = at_most(c, pp, tg, both, &self.settings.plan.workload);
+        ((share(pp, c.prompt_tps), share(tg, c.generation_tps)), room)
+    }
+
+    /// What the search is expected to take from the baseline's first visit on: where the host
+    /// alone computes, every descent axis's new candidates (those the ceilings leave room for), each
+    /// a visit and its further repetitions up to the minimum, the quality gate's evaluation of one
+    /// quantized cache (two contexts through its text at the prompt's rate) and the confirmation
+    /// rounds (four fresh loads of a repetition each: about two visits). With a device to offload
+    /// to the placements, the cliff and the split depend on what is measured: the budget.
+    fn expected_seconds(&self, base: &Candidate, visit: f64, repetition: f64) -> f64 {
+        let s = &self.settings;
+        if s.offload {
+            return s.time_budget.as_secs_f64();
+        }
+        let from = in_space(s, base);
+        let mut new: Vec<Candidate> = Vec::new();
+        for axis in &AXES {
+            if self.nothing_to_win(axis.name, &from).is_some() {
+                continue;
+            }
+            for c in (axis.vary)(s, &from) {
+                if c != from && c.validate().is_ok() && !new.contains(&c) {
+                    new.push(c);
+                }
+            }
+        }
+        let per_new = visit + f64::from(s.plan.min_reps.saturating_sub(2)) * repetition;
+        let gate = match (s.quality.max_kv_kld, self.phase_medians(base)) {
+            (Some(_), Some((pp, _))) if new.iter().any(|c| c.kv_lossy()) => {
+                2.0 * f64::from(s.quality.max_tokens) / pp
+            }
+            _ => 0.0,
+        };
+        new.len() as f64 * per_new + gate + 2.0 * visit
+    }
+}
