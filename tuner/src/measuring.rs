@@ -63,7 +63,10 @@ pub struct KvQualityRequest {
     /// The quantized cache's rotation as the candidate runs it.
     pub attn_rot: search_space::AttnRot,
     pub window: u32,
+    /// Tokens evaluated at most: fewer where the verdict against `decide_at` is decided first.
     pub max_tokens: u32,
+    /// The gate the figures are held to ([`crate::quant::kld::decided`]).
+    pub decide_at: Option<f64>,
     pub threads: u32,
     /// Layers on the offload devices: the candidate's, which its budgets hold (the evaluation
     /// falls back to the CPU where the model does not load so).

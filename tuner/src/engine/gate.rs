@@ -64,6 +64,7 @@ impl Engine<'_> {
             attn_rot: c.attn_rot,
             window: q.window,
             max_tokens: q.max_tokens,
+            decide_at: Some(max),
             threads: q.threads,
             n_gpu_layers: c.n_gpu_layers,
             devices: if c.n_gpu_layers > 0 {

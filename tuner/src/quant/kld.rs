@@ -84,6 +84,17 @@ impl Accumulator {
         }
     }
 
+    /// Positions added so far.
+    pub fn len(&self) -> usize {
+        self.klds.len()
+    }
+
+    /// The mean KL divergence of the positions added after the first `from`; none where none was.
+    pub fn mean_since(&self, from: usize) -> Option<f64> {
+        let new = self.klds.get(from..).filter(|n| !n.is_empty())?;
+        Some(new.iter().sum::<f64>() / new.len() as f64)
+    }
+
     pub fn finish(mut self) -> QualityFigures {
         let n = self.klds.len();
         let nf = n.max(1) as f64;
@@ -122,6 +133,35 @@ impl Accumulator {
             ref_ppl: ppl(self.ref_nll),
             ppl: ppl(self.nll),
         }
+    }
+}
+
+/// Whether the mean of `window_means` (each window's mean KL divergence over its scored positions)
+/// lies on one side of `gate` with 95% confidence, so further windows cannot change the verdict:
+/// the windows are the units (positions within one window are correlated), Student's t over at
+/// least two of them. A quality evaluation stops there (issue 54: the gate's evaluation sized by
+/// the interval, not a fixed count of tokens).
+pub fn decided(window_means: &[f64], gate: f64) -> bool {
+    let n = window_means.len();
+    if n < 2 || !gate.is_finite() {
+        return false;
+    }
+    let mean = window_means.iter().sum::<f64>() / n as f64;
+    let var = window_means.iter().map(|m| (m - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    let half = t95(n - 1) * (var / n as f64).sqrt();
+    mean + half < gate || mean - half > gate
+}
+
+/// Student's t at 97.5% (a two-sided 95% interval) for `df` degrees of freedom.
+fn t95(df: usize) -> f64 {
+    const TABLE: [f64; 10] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    ];
+    match df {
+        0 => f64::INFINITY,
+        1..=10 => TABLE[df - 1],
+        11..=30 => 2.2,
+        _ => 2.0,
     }
 }
 
@@ -181,5 +221,38 @@ mod tests {
             prop_assert!(p.kld >= 0.0 && p.kld.is_finite());
             prop_assert_eq!(compare_position(&r, &r, None).kld, 0.0);
         }
+    }
+
+    #[test]
+    fn a_gate_far_from_consistent_windows_is_decided_and_one_window_never_is() {
+        // Two windows near 0.003 against 0.02: decided, passed.
+        assert!(decided(&[0.0028, 0.0032], 0.02));
+        // Far above: decided, refused.
+        assert!(decided(&[0.100, 0.104], 0.02));
+        // One window says nothing of the spread.
+        assert!(!decided(&[0.001], 0.02));
+        // Windows that straddle the gate are not decided, nor two close to it apart.
+        assert!(!decided(&[0.005, 0.035], 0.02));
+        assert!(!decided(&[0.017, 0.019], 0.02));
+        // More windows tighten the interval around the same mean.
+        assert!(!decided(&[0.012, 0.016], 0.02));
+        assert!(decided(&[0.012, 0.016, 0.013, 0.015, 0.014, 0.014], 0.02));
+    }
+
+    #[test]
+    fn an_accumulator_gives_the_mean_of_a_window() {
+        let mut a = Accumulator::default();
+        let at = |kld| PositionStats {
+            kld,
+            same_top1: true,
+            ref_logprob: None,
+            logprob: None,
+        };
+        a.add(at(1.0));
+        let from = a.len();
+        assert_eq!(a.mean_since(from), None);
+        a.add(at(2.0));
+        a.add(at(4.0));
+        assert_eq!(a.mean_since(from), Some(3.0));
     }
 }

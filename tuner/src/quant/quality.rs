@@ -68,6 +68,10 @@ pub struct QualityRow {
     /// llama.cpp's build, the backend and flash attention it was measured with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_with: Option<MeasuredWith>,
+    /// The gate the evaluation could stop at once its verdict was decided
+    /// ([`EvalSettings::decide_at`]): its figures may rest on fewer windows, good for that gate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_at: Option<f64>,
 }
 
 impl QualityRow {
@@ -99,6 +103,9 @@ pub struct EvalSettings {
     /// The rotation of the compared models' quantized caches (the reference's f16 cache is never
     /// rotated).
     pub attn_rot: search_space::AttnRot,
+    /// A gate the rows are held to: the evaluation stops after the window where each verdict is
+    /// decided ([`crate::quant::kld::decided`]); `None`: every window (a table's figures).
+    pub decide_at: Option<f64>,
     /// Ignore cached results.
     pub fresh: bool,
     pub cache_dir: PathBuf,
@@ -237,6 +244,10 @@ impl<'a> Evaluator<'a> {
         let path = self.cache_path(t, reference, &self.settings.with);
         let text = std::fs::read_to_string(path).ok()?;
         let mut row: QualityRow = serde_json::from_str(&text).ok()?;
+        // Figures decided at another gate may not decide this one; every window's hold anywhere.
+        if row.decided_at.is_some() && row.decided_at != self.settings.decide_at {
+            return None;
+        }
         row.cached = true;
         row.kind = t.kind;
         row.model = t.model.path.clone();
@@ -338,6 +349,7 @@ impl<'a> Evaluator<'a> {
             flash_attn: s.with.flash_attn,
             attn_rot: s.attn_rot,
             progress: Some(progress.clone()),
+            decide_at: s.decide_at,
         });
         let bar = batch_bar(s.quiet, batch, reference);
         let answer = self.ask(&request, &progress, bar)?;
@@ -407,6 +419,7 @@ impl<'a> Evaluator<'a> {
                 tokens: answer.tokens,
                 chunks: answer.chunks,
                 measured_with: Some(with.clone()),
+                decided_at: self.settings.decide_at,
                 ..base_row(t, reference)
             };
             match result {
@@ -591,6 +604,7 @@ fn base_row(t: &Task, reference: &Subject) -> QualityRow {
         cached: false,
         error: None,
         measured_with: None,
+        decided_at: None,
     }
 }
 
@@ -638,6 +652,7 @@ pub fn kv_pair_quality(
         Some(r) if !same_file(r, &req.model) => subject_of(r)?,
         _ => subject.clone(),
     };
+    let other = reference.identity != subject.identity;
     let settings = EvalSettings {
         text: EVAL_TEXT.to_string(),
         max_tokens: Some(req.max_tokens),
@@ -648,6 +663,9 @@ pub fn kv_pair_quality(
         devices: req.devices.clone(),
         with: measured_with(req.n_gpu_layers, &req.devices, req.flash_attn),
         attn_rot: req.attn_rot,
+        // Against another file the verdict is on what the cache adds to the weights' drift, two
+        // rows together: every window.
+        decide_at: req.decide_at.filter(|_| !other),
         fresh: false,
         cache_dir: crate::session::cache_dir(),
         quiet: true,
@@ -658,7 +676,6 @@ pub fn kv_pair_quality(
         kv: req.type_k,
         kv_v: req.type_v,
     }];
-    let other = reference.identity != subject.identity;
     if other {
         tasks.push(Task {
             kind: Kind::Weights,
@@ -738,6 +755,7 @@ mod tests {
                 flash_attn: fa,
             },
             attn_rot: Default::default(),
+            decide_at: None,
             fresh: false,
             cache_dir: dir.to_path_buf(),
             quiet: true,

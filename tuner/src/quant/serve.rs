@@ -143,6 +143,8 @@ fn reference(
 struct JobState {
     model: Option<Arc<Model>>,
     acc: Accumulator,
+    /// Each window's mean KL divergence, for [`kld::decided`].
+    window_means: Vec<f64>,
     seconds: f64,
     error: Option<String>,
 }
@@ -184,12 +186,18 @@ pub fn quality(q: &QualityRequest) -> Response {
         q.max_tokens.map(|m| m as usize),
     );
     let total = (windows.len() * jobs.len()) as u64;
+    let mut done = 0;
     for (k, window) in windows.iter().enumerate() {
         let progress = |j: usize| write_progress(&q.progress, (k * q.jobs.len() + j) as u64, total);
         if let Err(e) = compare_chunk(q, &mut jobs, &mut ref_ctx, window, n_ctx, progress) {
             return failed("decode", format!("reference: {e}"));
         }
+        done = k + 1;
+        if q.decide_at.is_some_and(|gate| all_decided(&jobs, gate)) {
+            break;
+        }
     }
+    let windows = &windows[..done];
     write_progress(&q.progress, total, total);
     Response::Quality(QualityAnswer {
         results: jobs
@@ -206,6 +214,14 @@ pub fn quality(q: &QualityRequest) -> Response {
         chunks: windows.len() as u32,
         cpu_fallback,
     })
+}
+
+/// Whether every job still evaluated has its verdict against `gate` ([`kld::decided`]); a job that
+/// failed has nothing more to say.
+fn all_decided(jobs: &[JobState], gate: f64) -> bool {
+    (jobs.iter())
+        .filter(|j| j.error.is_none())
+        .all(|j| kld::decided(&j.window_means, gate))
 }
 
 /// Each job's model (the reference itself where the job names it), timed; a model that does not
@@ -225,12 +241,14 @@ fn load_jobs(q: &QualityRequest, reference: &Arc<Model>) -> Vec<JobState> {
                 Ok(m) => JobState {
                     model: Some(m),
                     acc: Accumulator::default(),
+                    window_means: Vec::new(),
                     seconds,
                     error: None,
                 },
                 Err(e) => JobState {
                     model: None,
                     acc: Accumulator::default(),
+                    window_means: Vec::new(),
                     seconds,
                     error: Some(e),
                 },
@@ -299,10 +317,12 @@ fn compare_chunk(
         let outcome = chunk_context(&model, kv, n_ctx, (q.threads, q.flash_attn, q.attn_rot))
             .map_err(|e| e.to_string())
             .and_then(|mut ctx| compare_logits(ref_ctx, &mut ctx, window));
+        let before = job.acc.len();
         match outcome {
             Ok(stats) => stats.into_iter().for_each(|s| job.acc.add(s)),
             Err(e) => job.error = Some(e),
         }
+        job.window_means.extend(job.acc.mean_since(before));
         job.seconds += t.elapsed().as_secs_f64() + ref_share;
     }
     Ok(())

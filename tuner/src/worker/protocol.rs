@@ -196,6 +196,10 @@ pub struct QualityRequest {
     pub attn_rot: search_space::AttnRot,
     /// Where to write `done/total` (chunks × jobs) while working.
     pub progress: Option<PathBuf>,
+    /// A gate each job's mean KL divergence is held to: the evaluation stops after the window
+    /// where every job's is on one side of it with 95% confidence ([`crate::quant::kld::decided`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decide_at: Option<f64>,
 }
 
 /// llama.cpp's default, for requests that do not say.
