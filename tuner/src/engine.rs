@@ -442,6 +442,12 @@ impl Engine<'_> {
                 ranking::leaderboard(&self.results, &s.plan.workload, s.plan.noise, s.plan.seed)
                     .into_iter()
                     .filter(|e| e.figures.is_some() && !self.refused(&e.candidate))
+                    // The choice is among the caches the user allowed: llama.cpp's defaults, the
+                    // baseline, keep an f16 cache that `--cache-types q8_0` rules out.
+                    .filter(|e| {
+                        s.kv_pairs
+                            .contains(&(e.candidate.type_k, e.candidate.type_v))
+                    })
                     .map(|e| e.candidate)
                     .collect();
             let runner_up = measured.iter().find(|c| **c != w).cloned();

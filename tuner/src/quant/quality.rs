@@ -72,6 +72,10 @@ pub struct QualityRow {
     /// ([`EvalSettings::decide_at`]): its figures may rest on fewer windows, good for that gate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_at: Option<f64>,
+    /// Where `decided_at` is: each window's mean KL divergence, so another gate can be decided
+    /// from them ([`crate::quant::kld::decided`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub window_means: Vec<f64>,
 }
 
 impl QualityRow {
@@ -244,8 +248,9 @@ impl<'a> Evaluator<'a> {
         let path = self.cache_path(t, reference, &self.settings.with);
         let text = std::fs::read_to_string(path).ok()?;
         let mut row: QualityRow = serde_json::from_str(&text).ok()?;
-        // Figures decided at another gate may not decide this one; every window's hold anywhere.
-        if row.decided_at.is_some() && row.decided_at != self.settings.decide_at {
+        // Figures from fewer windows are reused where their windows decide this gate too; every
+        // window's hold for any gate.
+        if row.decided_at.is_some() && !reusable(&row, self.settings.decide_at) {
             return None;
         }
         row.cached = true;
@@ -414,12 +419,17 @@ impl<'a> Evaluator<'a> {
             },
             ..self.settings.with.clone()
         };
+        let mut means = answer.window_means.into_iter();
         for (t, result) in batch.iter().zip(answer.results) {
+            let decided_at = self.settings.decide_at;
             let mut row = QualityRow {
                 tokens: answer.tokens,
                 chunks: answer.chunks,
                 measured_with: Some(with.clone()),
-                decided_at: self.settings.decide_at,
+                decided_at,
+                window_means: (means.next())
+                    .filter(|_| decided_at.is_some())
+                    .unwrap_or_default(),
                 ..base_row(t, reference)
             };
             match result {
@@ -605,7 +615,14 @@ fn base_row(t: &Task, reference: &Subject) -> QualityRow {
         error: None,
         measured_with: None,
         decided_at: None,
+        window_means: Vec::new(),
     }
+}
+
+/// Whether a cached row evaluated up to a decision (`decided_at`) serves an evaluation held to
+/// `gate`: its windows decide that gate too. An evaluation without a gate wants every window.
+fn reusable(row: &QualityRow, gate: Option<f64>) -> bool {
+    gate.is_some_and(|g| row.decided_at == Some(g) || super::kld::decided(&row.window_means, g))
 }
 
 /// The reference for a ladder: `--reference` (checked to be the same model) or the most precise rung.
@@ -780,6 +797,7 @@ mod tests {
             text_tokens: 2048,
             chunks: 4,
             cpu_fallback,
+            window_means: Vec::new(),
         }
     }
 
@@ -838,5 +856,36 @@ mod tests {
         assert!(at("b7400", "CPU", FlashAttn::On)
             .cached(&task, &model)
             .is_some());
+    }
+
+    #[test]
+    fn a_row_decided_at_one_gate_serves_another_its_windows_decide() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.gguf");
+        std::fs::write(&file, b"GGUF model bytes").unwrap();
+        let model = Subject {
+            path: file.clone(),
+            file_type: "Q4_K_M".into(),
+            size_bytes: 16,
+            identity: ModelIdentity::of_file(&file).unwrap(),
+        };
+        let task = Task {
+            kind: Kind::Kv,
+            model: &model,
+            kv: CacheType::Q8_0,
+            kv_v: CacheType::Q8_0,
+        };
+        let row = QualityRow {
+            decided_at: Some(0.001),
+            window_means: vec![0.0070, 0.0074],
+            ..base_row(&task, &model)
+        };
+        // Refused at 0.001; far under 0.05 and far over 0.002: decided there too.
+        assert!(reusable(&row, Some(0.001)));
+        assert!(reusable(&row, Some(0.05)));
+        assert!(reusable(&row, Some(0.002)));
+        // Near its mean two windows decide nothing; a table wants every window.
+        assert!(!reusable(&row, Some(0.0075)));
+        assert!(!reusable(&row, None));
     }
 }

@@ -199,6 +199,7 @@ pub fn quality(q: &QualityRequest) -> Response {
     }
     let windows = &windows[..done];
     write_progress(&q.progress, total, total);
+    let window_means = jobs.iter().map(|j| j.window_means.clone()).collect();
     Response::Quality(QualityAnswer {
         results: jobs
             .into_iter()
@@ -213,6 +214,7 @@ pub fn quality(q: &QualityRequest) -> Response {
         text_tokens,
         chunks: windows.len() as u32,
         cpu_fallback,
+        window_means,
     })
 }
 

@@ -219,6 +219,10 @@ pub struct QualityAnswer {
     /// The reference did not load with its layers offloaded and was evaluated on the CPU.
     #[serde(default)]
     pub cpu_fallback: bool,
+    /// Each job's windows' mean KL divergences, in order (what [`crate::quant::kld::decided`]
+    /// decides on).
+    #[serde(default)]
+    pub window_means: Vec<Vec<f64>>,
 }
 
 // ---- Checks of a profile's output (`quant::checks`) ----
