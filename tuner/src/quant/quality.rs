@@ -801,19 +801,24 @@ mod tests {
         }
     }
 
+    /// A small file in `dir` as a Q4_K_M model to evaluate.
+    fn model_in(dir: &Path) -> Subject {
+        let file = dir.join("m.gguf");
+        std::fs::write(&file, b"GGUF model bytes").unwrap();
+        Subject {
+            identity: ModelIdentity::of_file(&file).unwrap(),
+            path: file,
+            file_type: "Q4_K_M".into(),
+            size_bytes: 16,
+        }
+    }
+
     /// A figure is reused only where llama.cpp's build, the backend and flash attention are those
     /// it was measured with: any of them changed, it is measured again.
     #[test]
     fn a_changed_build_backend_or_flash_attention_measures_again() {
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("m.gguf");
-        std::fs::write(&file, b"GGUF model bytes").unwrap();
-        let model = Subject {
-            path: file.clone(),
-            file_type: "Q4_K_M".into(),
-            size_bytes: 16,
-            identity: ModelIdentity::of_file(&file).unwrap(),
-        };
+        let model = model_in(dir.path());
         let task = Task {
             kind: Kind::Kv,
             model: &model,
@@ -861,14 +866,7 @@ mod tests {
     #[test]
     fn a_row_decided_at_one_gate_serves_another_its_windows_decide() {
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("m.gguf");
-        std::fs::write(&file, b"GGUF model bytes").unwrap();
-        let model = Subject {
-            path: file.clone(),
-            file_type: "Q4_K_M".into(),
-            size_bytes: 16,
-            identity: ModelIdentity::of_file(&file).unwrap(),
-        };
+        let model = model_in(dir.path());
         let task = Task {
             kind: Kind::Kv,
             model: &model,
