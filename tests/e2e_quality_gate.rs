@@ -16,11 +16,16 @@ use std::sync::OnceLock;
 
 /// One axis tuned, everything else pinned: the KV-cache pairs of f16 and q8_0 (f16/f16, q8_0/q8_0
 /// and f16/q8_0 on the CPU), a short request at `ctx`, every candidate tied (±50%), the gate given.
+/// The caches rotated, unless `extra` asks otherwise: an unrotated cache is a second pair held to
+/// the gate, a second evaluation only the rotation's own test needs.
 fn tune_args(model: &str, ctx: &str, gate: &str, extra: &[&str]) -> Vec<String> {
     let fixed = "-t 2 --kernels plain --flash-attn on --ubatch 512 --cache-types f16,q8_0 \
                  --prompt 128 --gen 32 --noise 0.5 --budget 300s --seed 3 --json";
     let mut v = vec![model.to_string(), "--ctx".into(), ctx.into()];
     v.extend(fixed.split_whitespace().map(String::from));
+    if !extra.contains(&"--attn-rot") {
+        v.extend(["--attn-rot".to_string(), "on".to_string()]);
+    }
     v.extend(["--max-kv-kld".to_string(), gate.to_string()]);
     v.extend(extra.iter().map(|s| s.to_string()));
     v
