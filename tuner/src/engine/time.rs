@@ -3,12 +3,13 @@
 //! expects to take within the budget, and how far the defaults are from the ceilings (the most the
 //! search could still gain). Nothing grows after that: the budget said is the budget kept.
 
-use super::ceiling::{at_most, Phases};
+use super::ceiling::at_most;
+use super::confirm::{CONFIRM_ROUNDS, RESERVED_FINALISTS};
 use super::result::rep_seconds;
 use super::{in_space, Engine, AXES, VISITS};
 use crate::measuring::{BudgetFrom, TimePlan};
 use crate::stats::Sample;
-use search_space::Candidate;
+use search_space::{Candidate, Phases};
 use std::time::Duration;
 
 impl Engine<'_> {
@@ -47,6 +48,18 @@ impl Engine<'_> {
         if visit <= 0.0 {
             return;
         }
+        let median = |f: fn(&crate::measuring::Repetition) -> f64| {
+            Sample::new(r.reps.iter().map(f).collect()).map_or(0.0, |s| s.median())
+        };
+        let (pp_tps, tg_tps) = (median(|x| x.pp_tps), median(|x| x.tg_tps));
+        let load_s = r.load.as_ref().map_or(0.0, |l| l.load_seconds);
+        // The first visit's own repetitions at the size they were measured at: the rest of it is
+        // the warm-up and a context's making, which every new context pays.
+        let measured = self.measured_workload();
+        let own: f64 = (r.reps.iter().take(2))
+            .map(|x| rep_seconds(x, &measured))
+            .sum();
+        let warm_up_s = (visit - load_s - own).max(0.0);
         let mut budget_from = BudgetFrom::Given;
         if let Some(cap) = self.settings.time_budget_cap {
             self.visit_seconds = Some(visit);
@@ -65,6 +78,10 @@ impl Engine<'_> {
             request_s: request,
             visit_s: visit,
             repetition_s: repetition,
+            load_s,
+            warm_up_s,
+            pp_tps,
+            tg_tps,
             budget_s: budget,
             expected_s: expected,
             prompt_share: shares.0,
@@ -77,16 +94,73 @@ impl Engine<'_> {
         self.time_plan = Some(plan);
     }
 
-    /// Whether a step of the run that costs about `visits` first visits and `repetitions` further
-    /// repetitions (as the time plan measured them) would end past the budget: it is not begun, so
-    /// that the run ends within the budget it said. Nothing is refused before the plan is made (the
-    /// first visit is always measured).
-    pub(super) fn would_overrun(&self, visits: f64, repetitions: f64) -> bool {
-        let Some(p) = &self.time_plan else {
+    /// Whether a step of the run that costs about `seconds` would end past the budget, the time
+    /// the confirmation needs kept aside where `reserve` (the search's steps): it is not begun,
+    /// so that the run ends within the budget it said. Nothing is refused before the plan is made
+    /// (the first visit is always measured).
+    pub(super) fn would_overrun(&self, seconds: f64, reserve: bool) -> bool {
+        if self.time_plan.is_none() {
             return false;
+        }
+        let kept = if reserve { self.confirm_reserve() } else { 0.0 };
+        self.elapsed().as_secs_f64() + seconds + kept > self.settings.time_budget.as_secs_f64()
+    }
+
+    /// What the confirmation needs: [`RESERVED_FINALISTS`] finalists, [`CONFIRM_ROUNDS`]
+    /// repetitions each on the workload's request, each on a fresh load.
+    fn confirm_reserve(&self) -> f64 {
+        if !self.settings.screen || self.settings.plan.exhaustive {
+            return 0.0;
+        }
+        RESERVED_FINALISTS * f64::from(CONFIRM_ROUNDS) * self.confirm_cost()
+    }
+
+    /// One confirming repetition: a load and the workload's request, at the defaults' figures.
+    pub(super) fn confirm_cost(&self) -> f64 {
+        self.time_plan
+            .as_ref()
+            .map_or(0.0, |p| p.load_s + p.repetition_s)
+    }
+
+    /// What measuring `c` once more costs at the request size decided at, timing `phases`: its
+    /// first visit (a load where its model is not the one loaded, the warm-up and the two
+    /// repetitions it takes), or one repetition; at the defaults' rates.
+    pub(super) fn step_cost(&self, c: &Candidate, first: bool, phases: Phases) -> f64 {
+        let Some(p) = &self.time_plan else {
+            return 0.0;
         };
-        let cost = visits * p.visit_s + repetitions * p.repetition_s;
-        self.elapsed().as_secs_f64() + cost > self.settings.time_budget.as_secs_f64()
+        let rep = self.repetition_cost(phases);
+        if !first {
+            return rep;
+        }
+        let load = match self.loaded.contains(&search_space::knob::model_key(c)) {
+            true => 0.0,
+            false => p.load_s,
+        };
+        load + p.warm_up_s + 2.0 * rep
+    }
+
+    /// One repetition at the request size decided at, timing `phases`, at the defaults' rates.
+    fn repetition_cost(&self, phases: Phases) -> f64 {
+        let Some(p) = &self.time_plan else {
+            return 0.0;
+        };
+        let w = self.measured_workload();
+        let np = f64::from(w.n_parallel.max(1));
+        let (pp, tg) = (p.pp_tps.max(1e-9), p.tg_tps.max(1e-9));
+        let prompt = if phases.prompt {
+            f64::from(w.n_prompt) / pp
+        } else {
+            0.0
+        };
+        let generation = if phases.generation {
+            f64::from(w.n_gen) / tg
+        } else {
+            0.0
+        };
+        // A depth is filled before each phase at it (untimed, but it takes its time).
+        let fill = f64::from(w.depth) / pp * if w.depth > 0 { 2.0 } else { 0.0 };
+        np * (prompt + generation + fill)
     }
 
     /// The baseline's rates as shares of the ceilings (prompt, generation), and the most a request
