@@ -145,8 +145,13 @@ impl Engine<'_> {
 
     /// The request a measurement now takes: the workload's, at the size decided at.
     pub(crate) fn measured_workload(&self) -> Workload {
+        self.workload_at(self.fidelity)
+    }
+
+    /// The workload's request at `screen`'s size (`None`: its own).
+    pub(crate) fn workload_at(&self, screen: Option<Screen>) -> Workload {
         let w = &self.settings.plan.workload;
-        match self.fidelity {
+        match screen {
             Some(s) => Workload {
                 n_prompt: s.n_prompt,
                 n_gen: s.n_gen,

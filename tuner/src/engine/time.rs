@@ -7,7 +7,7 @@ use super::ceiling::at_most;
 use super::confirm::{CONFIRM_ROUNDS, RESERVED_FINALISTS};
 use super::result::rep_seconds;
 use super::{in_space, Engine, AXES, VISITS};
-use crate::measuring::{BudgetFrom, TimePlan};
+use crate::measuring::{BudgetFrom, Screen, TimePlan};
 use crate::stats::Sample;
 use search_space::{Candidate, Phases};
 use std::time::Duration;
@@ -72,9 +72,8 @@ impl Engine<'_> {
             self.settings.time_budget = self.settings.time_budget.max(want);
         }
         let budget = self.settings.time_budget.as_secs_f64();
-        let expected = self.expected_seconds(&base, visit, repetition).min(budget);
         let (shares, room) = self.headroom(&base);
-        let plan = TimePlan {
+        let mut plan = TimePlan {
             request_s: request,
             visit_s: visit,
             repetition_s: repetition,
@@ -83,13 +82,16 @@ impl Engine<'_> {
             pp_tps,
             tg_tps,
             budget_s: budget,
-            expected_s: expected,
+            expected_s: 0.0,
             prompt_share: shares.0,
             generation_share: shares.1,
             at_most: room,
             budget_from,
             at_s: self.elapsed().as_secs_f64(),
         };
+        // Priced by the plan's own figures.
+        self.time_plan = Some(plan.clone());
+        plan.expected_s = (plan.at_s + self.expected_seconds(&base)).min(budget);
         self.progress.plan(&plan);
         self.time_plan = Some(plan);
     }
@@ -126,10 +128,21 @@ impl Engine<'_> {
     /// first visit (a load where its model is not the one loaded, the warm-up and the two
     /// repetitions it takes), or one repetition; at the defaults' rates.
     pub(super) fn step_cost(&self, c: &Candidate, first: bool, phases: Phases) -> f64 {
+        self.step_cost_at(c, first, phases, self.fidelity)
+    }
+
+    /// [`Self::step_cost`] at the request size `screen` (`None`: the workload's own).
+    fn step_cost_at(
+        &self,
+        c: &Candidate,
+        first: bool,
+        phases: Phases,
+        screen: Option<Screen>,
+    ) -> f64 {
         let Some(p) = &self.time_plan else {
             return 0.0;
         };
-        let rep = self.repetition_cost(phases);
+        let rep = self.repetition_cost_at(phases, screen);
         if !first {
             return rep;
         }
@@ -140,12 +153,12 @@ impl Engine<'_> {
         load + p.warm_up_s + 2.0 * rep
     }
 
-    /// One repetition at the request size decided at, timing `phases`, at the defaults' rates.
-    fn repetition_cost(&self, phases: Phases) -> f64 {
+    /// One repetition at the request size `screen`, timing `phases`, at the defaults' rates.
+    fn repetition_cost_at(&self, phases: Phases, screen: Option<Screen>) -> f64 {
         let Some(p) = &self.time_plan else {
             return 0.0;
         };
-        let w = self.measured_workload();
+        let w = self.workload_at(screen);
         let np = f64::from(w.n_parallel.max(1));
         let (pp, tg) = (p.pp_tps.max(1e-9), p.tg_tps.max(1e-9));
         let prompt = if phases.prompt {
@@ -181,36 +194,48 @@ impl Engine<'_> {
         ((share(pp, c.prompt_tps), share(tg, c.generation_tps)), room)
     }
 
-    /// What the search is expected to take from the baseline's first visit on: where the host
-    /// alone computes, every descent axis's new candidates (those the ceilings leave room for), each
-    /// a visit and its further repetitions up to the minimum, the quality gate's evaluation of one
-    /// quantized cache (two contexts through its text at the prompt's rate) and the confirmation
-    /// rounds (four fresh loads of a repetition each: about two visits). With a device to offload
-    /// to the placements, the cliff and the split depend on what is measured: the budget.
-    fn expected_seconds(&self, base: &Candidate, visit: f64, repetition: f64) -> f64 {
+    /// What the run is expected to take after the baseline's first visit: where the host alone
+    /// computes, every descent axis's new candidates (those the ceilings leave room for), each a
+    /// first visit at the request its axis screens on and its further repetitions up to the
+    /// minimum, the quality gate's evaluation of one quantized cache (two contexts through its text
+    /// at the prompt's rate) and the confirmation. With a device to offload to the placements, the
+    /// cliff and the split depend on what is measured: the budget.
+    fn expected_seconds(&self, base: &Candidate) -> f64 {
         let s = &self.settings;
         if s.offload {
             return s.time_budget.as_secs_f64();
         }
         let from = in_space(s, base);
-        let mut new: Vec<Candidate> = Vec::new();
+        let mut new: Vec<(Candidate, Option<Screen>, Phases)> = Vec::new();
         for axis in &AXES {
             if self.nothing_to_win(axis.name, &from).is_some() {
                 continue;
             }
-            for c in (axis.vary)(s, &from) {
-                if c != from && c.validate().is_ok() && !new.contains(&c) {
-                    new.push(c);
+            let group: Vec<Candidate> = std::iter::once(from.clone())
+                .chain((axis.vary)(s, &from))
+                .filter(|c| c.validate().is_ok())
+                .collect();
+            let screen = self.screen_for(&group, axis.name);
+            let phases = search_space::knob::phases_moved(&group);
+            for c in group {
+                if c != from && !new.iter().any(|(n, ..)| *n == c) {
+                    new.push((c, screen, phases));
                 }
             }
         }
-        let per_new = visit + f64::from(s.plan.min_reps.saturating_sub(2)) * repetition;
+        let more = f64::from(s.plan.min_reps.saturating_sub(2));
+        let search: f64 = (new.iter())
+            .map(|(c, screen, phases)| {
+                self.step_cost_at(c, true, *phases, *screen)
+                    + more * self.repetition_cost_at(*phases, *screen)
+            })
+            .sum();
         let gate = match (s.quality.max_kv_kld, self.phase_medians(base)) {
-            (Some(_), Some((pp, _))) if new.iter().any(|c| c.kv_lossy()) => {
+            (Some(_), Some((pp, _))) if new.iter().any(|(c, ..)| c.kv_lossy()) => {
                 2.0 * f64::from(s.quality.max_tokens) / pp
             }
             _ => 0.0,
         };
-        new.len() as f64 * per_new + gate + 2.0 * visit
+        search + gate + self.confirm_reserve()
     }
 }
