@@ -37,6 +37,7 @@ mod gate;
 mod group;
 mod hosts;
 mod lent;
+mod order;
 pub(crate) mod placement;
 pub mod ranking;
 mod result;
@@ -82,12 +83,14 @@ pub(crate) struct Concluded {
     pub twin: Option<confirm::TwinVerdict>,
 }
 
-/// How a tie is broken: on an axis toward less memory (what it frees may buy a later axis more),
-/// in the run's choice toward the lossless setting.
+/// How a tie is broken: on an axis beside an offload device toward less memory (what it frees may
+/// buy a later axis more), on the host's axes and in the run's choice toward the lossless setting;
+/// in the run's choice a tie counts below the best as above it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ties {
     LessMemory,
     Lossless,
+    Final,
 }
 
 /// Visits (a load, its warm-up and two repetitions) a default budget leaves time for: about what
@@ -305,7 +308,13 @@ impl<'a> Engine<'a> {
     /// first ([`Engine::passes_gate`]); one refused is left out with every candidate of its K/V
     /// pair, and the choice is made again among the rest (the lossless caches always remain).
     pub fn choose(&mut self, among: &[Candidate]) -> Option<Candidate> {
-        self.choose_by(among, Ties::LessMemory)
+        // On the host alone memory buys nothing later (no device takes more layers for it): a tie
+        // goes to the lossless setting there too, with no quality evaluation for nothing.
+        let ties = match self.settings.offload {
+            true => Ties::LessMemory,
+            false => Ties::Lossless,
+        };
+        self.choose_by(among, ties)
     }
 
     /// The run's choice among every measured candidate: [`Engine::choose`]'s rule, except that a
@@ -314,7 +323,7 @@ impl<'a> Engine<'a> {
     /// every less lossy candidate tied with it; less memory decides only among settings of equal
     /// loss. A user who did not ask for less memory does not get a lossy cache for nothing.
     pub fn choose_final(&mut self, among: &[Candidate]) -> Option<Candidate> {
-        self.choose_by(among, Ties::Lossless)
+        self.choose_by(among, Ties::Final)
     }
 
     fn choose_by(&mut self, among: &[Candidate], ties: Ties) -> Option<Candidate> {
@@ -352,7 +361,7 @@ impl<'a> Engine<'a> {
         let noise = self.settings.plan.noise;
         // On an axis a tie further below the best is more likely slower than not, and such choices
         // compound over the axes; in the run's choice a tie is a tie either way.
-        let near = |ratio: f64| ties == Ties::Lossless || ratio >= -noise / 2.0;
+        let near = |ratio: f64| ties == Ties::Final || ratio >= -noise / 2.0;
         let tied = measured.iter().filter(|r| {
             std::ptr::eq(**r, *top)
                 || r.compare_with(top, w, noise, self.settings.plan.seed)
@@ -360,7 +369,9 @@ impl<'a> Engine<'a> {
         });
         let winner = match ties {
             Ties::LessMemory => tied.copied().min_by(|a, b| tie_break(a, b)),
-            Ties::Lossless => tie_winner(&tied.copied().collect::<Vec<_>>(), self.settings.offload),
+            Ties::Lossless | Ties::Final => {
+                tie_winner(&tied.copied().collect::<Vec<_>>(), self.settings.offload)
+            }
         };
         winner.map(|r| r.candidate.clone())
     }

@@ -35,8 +35,9 @@ pub struct TwinVerdict {
 
 impl Engine<'_> {
     /// The finalists of a search that chose `winner` among `measured` (its choosable candidates,
-    /// best first): the winner, the runner-up, llama.cpp's defaults and the winner's lossless twin
-    /// where it is lossy and the user allows its cache. Each once, the winner first.
+    /// best first): the winner, the runner-up, llama.cpp's defaults where the search screened them
+    /// and the winner's lossless twin where it is lossy and the user allows its cache. Each once,
+    /// the winner first.
     pub(super) fn finalists(
         &self,
         winner: &Candidate,
@@ -52,7 +53,11 @@ impl Engine<'_> {
         if let Some(r) = measured.iter().find(|c| *c != winner) {
             add(r.clone());
         }
-        add(base.clone());
+        // The defaults' figures on the workload's request, where the search measured them on a
+        // shorter one: the headline compares figures of one request.
+        if self.settings.screen {
+            add(base.clone());
+        }
         let twin = knob::lossless_twin(winner);
         if twin != *winner && self.settings.kv_pairs.contains(&(twin.type_k, twin.type_v)) {
             add(twin);
@@ -80,21 +85,27 @@ impl Engine<'_> {
             let pending: Vec<usize> = (0..idx.len())
                 .filter(|&k| !dropped[k] && self.confirms_more(idx[k], round, before[k], spent[k]))
                 .collect();
-            if pending.is_empty() || self.out_of_time() {
+            // The search stopped where its next step would have eaten into this time: only the
+            // budget itself, or a stop, ends the confirmation.
+            if pending.is_empty() || self.stopped() || self.elapsed() >= self.settings.time_budget {
                 break;
             }
             self.round += 1;
+            let mut measured = false;
             for o in stats::shuffled_order(pending.len(), self.settings.plan.seed ^ self.round) {
-                if self.out_of_time() || self.would_overrun(self.confirm_cost(), false) {
-                    self.budget_spent = true;
+                if self.stopped() || self.would_overrun(self.confirm_cost(), false) {
                     break;
                 }
+                measured = true;
                 let i = idx[pending[o]];
                 self.measurer.get_mut().unload();
                 self.loaded.clear();
                 let t = self.elapsed();
                 self.measure_once(i, CONFIRM);
                 spent[pending[o]] += self.elapsed().saturating_sub(t);
+            }
+            if !measured {
+                break;
             }
         }
         (idx.iter().zip(&before).zip(&screened))

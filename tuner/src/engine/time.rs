@@ -132,7 +132,7 @@ impl Engine<'_> {
     }
 
     /// [`Self::step_cost`] at the request size `screen` (`None`: the workload's own).
-    fn step_cost_at(
+    pub(super) fn step_cost_at(
         &self,
         c: &Candidate,
         first: bool,

@@ -136,8 +136,8 @@ pub struct SimMeasurer {
     /// llama.cpp's fit failing with this message (a worker that aborts, say) instead of answering.
     pub llama_fit_error: Option<String>,
     pub trace: Rc<RefCell<Trace>>,
-    /// One configuration whose every rate is scaled by this factor (a landscape's tie nudged).
-    pub skew: Option<(Candidate, f64)>,
+    /// The configurations whose every rate is scaled by this factor (a landscape's tie nudged).
+    pub skew: Option<(fn(&Candidate) -> bool, f64)>,
 }
 
 fn model_key(req: &MeasureRequest) -> String {
@@ -254,7 +254,7 @@ impl Measurer for SimMeasurer {
         self.trace.borrow_mut().requests.push(w.clone());
         let i = self.ensure_loaded(req, &c)?;
         let mut ideal = self.land.ideal(&c, w);
-        if let Some((_, k)) = self.skew.as_ref().filter(|(s, _)| *s == c) {
+        if let Some((_, k)) = self.skew.filter(|(skewed, _)| skewed(&c)) {
             ideal.pp_tps *= k;
             ideal.tg_tps *= k;
         }

@@ -75,12 +75,54 @@ fn a_request_fast_at_the_ceilings_is_measured_whole() {
     assert!(worth_screening(&w, &c));
 }
 
-/// The KV-cache axis ties (an empty 4k cache on a host: a q8_0 cache costs and saves nothing
+/// The KV-cache axis ties (a GPU with room to spare: a q8_0 cache costs and saves nothing
 /// measurable) and the search goes on from the quantized cache, which holds less memory; a later
-/// axis then gains. The lossless twin of that winner (f16, and the later gain) is measured beside
-/// it in the confirmation, ties with it, and wins the run.
+/// axis then gains (a thread count, made 8% faster here). The lossless twin of that winner (f16,
+/// and the later gain) is measured beside it in the confirmation, ties with it, and wins the run.
 #[test]
 fn a_kv_tie_with_a_later_gain_ends_with_the_lossless_cache_and_the_gain() {
+    let land = super::harness::gpus(1, 80 * super::GIB);
+    let s = settings(&land, 9);
+    let mut m = SimMeasurer::new(land, s.plan.seed);
+    m.skew = Some((|c| c.threads == 8, 1.08));
+    let stop = || false;
+    let mut e = Engine::new(s, Box::new(m), None, &stop, &super::harness::Quiet);
+    let base = e.baseline();
+    let q8 = Candidate {
+        type_k: CacheType::Q8_0,
+        type_v: CacheType::Q8_0,
+        ..base.clone()
+    };
+    e.measure_group(&[base.clone(), q8.clone()], "kv cache");
+    let chosen = e.choose(&[base.clone(), q8.clone()]).expect("measured");
+    assert_eq!(
+        chosen, q8,
+        "the tie goes to less memory on an axis beside a device"
+    );
+    let faster = q8.with_threads(8, q8.batch_threads());
+    e.measure_group(&[q8.clone(), faster.clone()], "threads");
+    assert_eq!(e.choose(&[q8, faster.clone()]), Some(faster.clone()));
+    let done = e.conclude(Some(faster.clone()));
+    let twin = knob::lossless_twin(&faster);
+    let f16 = Candidate {
+        type_k: CacheType::F16,
+        type_v: CacheType::F16,
+        ..faster.clone()
+    };
+    assert_eq!(twin, f16);
+    assert!(done.confirmed.contains(&twin), "{:?}", done.confirmed);
+    assert_eq!(done.winner, Some(twin), "the lossless cache and the gain");
+    let verdict = done.twin.expect("the lossy winner beside its twin");
+    assert!(
+        !verdict.chose_lossy && verdict.ratio.is_some(),
+        "{verdict:?}"
+    );
+}
+
+/// On the host alone memory buys nothing later: an axis's tie goes to the lossless cache there,
+/// and no quality evaluation is spent on it.
+#[test]
+fn on_the_host_alone_a_kv_tie_on_its_axis_goes_to_the_lossless_cache() {
     let land = host_alone();
     let s = settings(&land, 9);
     with_engine(land, s, |e: &mut Engine| {
@@ -91,33 +133,7 @@ fn a_kv_tie_with_a_later_gain_ends_with_the_lossless_cache_and_the_gain() {
             ..base.clone()
         };
         e.measure_group(&[base.clone(), q8.clone()], "kv cache");
-        let chosen = e.choose(&[base.clone(), q8.clone()]).expect("measured");
-        assert_eq!(chosen, q8, "the tie goes to less memory on an axis");
-        let faster = q8.with_threads(8, q8.batch_threads());
-        e.measure_group(&[q8.clone(), faster.clone()], "threads");
-        assert_eq!(
-            e.choose(&[q8.clone(), faster.clone()]),
-            Some(faster.clone())
-        );
-        let done = e.conclude(Some(faster.clone()));
-        let twin = knob::lossless_twin(&faster);
-        let f16 = Candidate {
-            type_k: CacheType::F16,
-            type_v: CacheType::F16,
-            ..faster.clone()
-        };
-        assert_eq!(twin, f16);
-        assert!(done.confirmed.contains(&twin), "{:?}", done.confirmed);
-        assert_eq!(
-            done.winner,
-            Some(twin.clone()),
-            "the lossless cache and the gain"
-        );
-        let verdict = done.twin.expect("the lossy winner beside its twin");
-        assert!(
-            !verdict.chose_lossy && verdict.ratio.is_some(),
-            "{verdict:?}"
-        );
+        assert_eq!(e.choose(&[base.clone(), q8]), Some(base));
     });
 }
 
@@ -138,7 +154,7 @@ fn a_tie_in_the_runs_choice_counts_below_the_best_too() {
         ..base.clone()
     };
     // The f16 cache measured 3% slower than q8_0 in every round: within 5% noise, below half of it.
-    m.skew = Some((base.clone(), 0.97));
+    m.skew = Some((|c| c.type_k == CacheType::F16, 0.97));
     let mut e = Engine::new(s, Box::new(m), None, &stop, &super::harness::Quiet);
     e.measure_group(&[base.clone(), q8.clone()], "kv cache");
     assert_eq!(e.choose(&[base.clone(), q8.clone()]), Some(q8.clone()));
@@ -179,5 +195,32 @@ fn a_screen_keeps_the_whole_prompt_where_a_knob_compared_needs_it() {
             "a candidate alone is a reference"
         );
         assert_eq!(e.screen_for(&[base], "confirm"), None);
+    });
+}
+
+/// On the host alone the descent takes its axes by the gain each can bring per second: an axis
+/// with nothing to measure goes last, and the rotation stays right after the KV cache it rotates.
+#[test]
+fn on_the_host_alone_the_axes_go_by_their_gain_per_second() {
+    let land = host_alone();
+    let s = settings(&land, 5);
+    with_engine(land, s, |e: &mut Engine| {
+        let base = e.baseline();
+        e.measure_group(std::slice::from_ref(&base), "defaults");
+        assert!(e.time_plan.is_some());
+        let from = crate::engine::in_space(&e.settings, &base);
+        let names: Vec<&str> = (e.by_gain_per_second(&crate::engine::AXES, &from).iter())
+            .map(|a| a.name)
+            .collect();
+        assert_eq!(names.len(), crate::engine::AXES.len());
+        let at = |n: &str| names.iter().position(|x| *x == n).unwrap();
+        assert_eq!(at("attention rotation"), at("kv cache") + 1, "{names:?}");
+        assert_eq!(at("numa"), at("threads") + 1, "{names:?}");
+        // Op offload and the host buffer vary nothing without a device: last.
+        assert!(
+            at("op offload") > at("batch") && at("host buffer") > at("batch"),
+            "{names:?}"
+        );
+        assert_ne!(names[0], "op offload", "{names:?}");
     });
 }
