@@ -85,6 +85,9 @@ impl Trace {
     }
 }
 
+/// Which configurations a measurer's rates are scaled for, and by how much.
+pub type Skew = (fn(&Candidate) -> bool, f64);
+
 /// One loaded model in a simulated worker.
 struct Loaded {
     model: String,
@@ -137,7 +140,7 @@ pub struct SimMeasurer {
     pub llama_fit_error: Option<String>,
     pub trace: Rc<RefCell<Trace>>,
     /// The configurations whose every rate is scaled by this factor (a landscape's tie nudged).
-    pub skew: Option<(fn(&Candidate) -> bool, f64)>,
+    pub skew: Option<Skew>,
 }
 
 fn model_key(req: &MeasureRequest) -> String {
