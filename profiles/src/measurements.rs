@@ -86,6 +86,26 @@ pub struct Repetition {
     /// phase (`search_space::knob::phases_moved`). Both in every repetition of earlier logs.
     #[serde(default = "Phases::both", skip_serializing_if = "Phases::is_both")]
     pub timed: Phases,
+    /// The request this repetition timed where the search screened candidates on one shorter than
+    /// the workload's; absent: the workload's own request (and in every repetition of earlier logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub screen: Option<Screen>,
+}
+
+/// A request shorter than the workload's, on which the search screens candidates: fewer generated
+/// tokens, and a shorter prompt where the knobs compared show their effect on one. Its rates stand
+/// for the workload's in the search's ranking; the finalists are measured again on the workload's
+/// own request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Screen {
+    pub n_prompt: u32,
+    pub n_gen: u32,
+}
+
+impl std::fmt::Display for Screen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pp{}/tg{}", self.n_prompt, self.n_gen)
+    }
 }
 
 /// One buffer llama.cpp reported allocating, e.g. `CPU_Mapped model buffer size = 241.00 MiB`.
@@ -481,6 +501,7 @@ mod tests {
             tg_depth_tps: Some(8.0),
             load: None,
             timed: search_space::Phases::BOTH,
+            screen: None,
         };
         let mut log = MeasurementLog::open(&path, context(4096), true).unwrap();
         log.append(&Record::rep(&c, &rep(None)));
@@ -519,6 +540,7 @@ mod tests {
             tg_depth_tps: None,
             load: None,
             timed: search_space::Phases::BOTH,
+            screen: None,
         };
         let mut log = MeasurementLog::open(&path, context(""), true).unwrap();
         log.append(&Record::rep(&c, &rep));

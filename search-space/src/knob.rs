@@ -72,6 +72,21 @@ impl Phases {
     }
 }
 
+/// The shortest request on which a knob's effect on speed shows: what the search may screen a
+/// change of it on ([`shows_on_short`]). Generation is screened on a few generated tokens whatever
+/// the knob: a token generated is a batch of one at the depth the workload sets, and its rate over
+/// 32 tokens is its rate over 128 (the depth, where there is one, is kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Shows {
+    /// On one micro-batch of the prompt: it changes each micro-batch alike (thread counts, the CPU
+    /// kernels, a NUMA strategy).
+    OnShortPrompt,
+    /// Only on the workload's whole prompt: it changes how the prompt is cut into micro-batches,
+    /// what attention over it costs, or what a batch sends to a device (batch sizes, flash
+    /// attention, the KV cache, op offload, the placement).
+    OnWholePrompt,
+}
+
 /// One llama-server option: its flag, its long name (the key in a `--models-preset` file) and its
 /// value (`None` for a flag that takes none).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,6 +132,10 @@ pub trait Knob: Sync {
     }
     /// The phases of a request a change of it can speed up or slow down.
     fn moves(&self) -> Phases;
+    /// The shortest prompt its effect shows on ([`Shows`]).
+    fn shows(&self) -> Shows {
+        Shows::OnWholePrompt
+    }
     /// Whether `backend`'s devices read it (the backend facts' table says what each runs).
     fn runs_on(&self, _backend: &Backend) -> bool {
         true
@@ -232,6 +251,26 @@ pub fn phases_moved(cs: &[Candidate]) -> Phases {
         }
     }
     out
+}
+
+/// Whether every difference between any two of `cs` shows on a short prompt ([`Shows`]): what a
+/// screen comparing them may shorten the prompt to.
+pub fn shows_on_short(cs: &[Candidate]) -> bool {
+    cs.iter().enumerate().all(|(i, a)| {
+        (cs[i + 1..].iter()).all(|b| differing(a, b).all(|k| k.shows() == Shows::OnShortPrompt))
+    })
+}
+
+/// `c` with every knob that changes the model's output at its lossless setting (llama.cpp's
+/// default) and every other knob as `c` has it: the lossless twin a lossy winner is measured beside.
+/// (Every knob lossy in `c` is reset, not in turn: the rotation of a quantized cache is lossy only
+/// beside that cache.)
+pub fn lossless_twin(c: &Candidate) -> Candidate {
+    let mut twin = c.clone();
+    for k in KNOBS.iter().filter(|k| k.lossy(c)) {
+        k.reset(&mut twin);
+    }
+    twin
 }
 
 /// The values of the knobs that need a new worker or a new load: candidates equal in it share a

@@ -16,4 +16,4 @@ pub use candidate::{
     kv_pairs, AttnRot, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa,
     OpOffload, SplitMode,
 };
-pub use knob::{Knob, Phases, ServerOption, Side, KNOBS};
+pub use knob::{Knob, Phases, ServerOption, Shows, Side, KNOBS};

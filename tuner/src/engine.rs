@@ -10,8 +10,8 @@
 
 use crate::measuring::LoadReport;
 use crate::measuring::{ContextSettings, MeasureRequest, Measurer, ModelSettings, Progress};
-use crate::measuring::{SkippedAxis, TimePlan};
-use crate::stats::{self, Sample, Verdict};
+use crate::measuring::{Screen, SkippedAxis, TimePlan};
+use crate::stats::Verdict;
 use profiles::measurements::MeasurementLog;
 use run::{BaselinePlacement, BaselineSource};
 use search_space::{CacheType, Candidate, Phases};
@@ -30,11 +30,14 @@ mod backends;
 pub mod baseline;
 mod ceiling;
 mod challenge;
+mod confirm;
 pub mod context;
+mod fidelity;
 mod gate;
 mod group;
 mod hosts;
 mod lent;
+mod order;
 pub(crate) mod placement;
 pub mod ranking;
 mod result;
@@ -57,6 +60,8 @@ pub(crate) use axes::vary_cache;
 use axes::*;
 #[cfg(test)]
 pub(crate) use backends::backend_of_device;
+pub use confirm::TwinVerdict;
+pub use fidelity::worth_screening;
 pub use result::{score_seconds, CandidateResult, BUDGET_SPENT};
 use result::{tie_break, tie_winner};
 pub use run::{BackendTried, Run};
@@ -67,12 +72,25 @@ pub use settings::{
     SCORED_POSITIONS,
 };
 
-/// How a tie is broken: on an axis toward less memory (what it frees may buy a later axis more),
-/// in the run's choice toward the lossless setting.
+/// What [`Engine::conclude`] found after the search.
+pub(crate) struct Concluded {
+    pub winner: Option<Candidate>,
+    /// The finalists the confirmation measured, the search's winner first.
+    pub confirmed: Vec<Candidate>,
+    /// Each finalist's median on the workload's request over its median where it was screened,
+    /// less one.
+    pub drift: Vec<(Candidate, f64)>,
+    pub twin: Option<confirm::TwinVerdict>,
+}
+
+/// How a tie is broken: on an axis beside an offload device toward less memory (what it frees may
+/// buy a later axis more), on the host's axes and in the run's choice toward the lossless setting;
+/// in the run's choice a tie counts below the best as above it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ties {
     LessMemory,
     Lossless,
+    Final,
 }
 
 /// Visits (a load, its warm-up and two repetitions) a default budget leaves time for: about what
@@ -126,6 +144,11 @@ pub struct Engine<'a> {
     /// The axes not measured: the ceilings left nothing beyond the noise to win there
     /// ([`ceiling`]).
     pub skipped_axes: Vec<SkippedAxis>,
+    /// The request size decided at now ([`fidelity`]): a screen, or `None`, the workload's own.
+    fidelity: Option<Screen>,
+    /// The model keys of the configurations measured last, most recent last: a first visit of a
+    /// configuration that shares one reuses its load ([`Engine::step_cost`]).
+    loaded: Vec<Vec<String>>,
 }
 
 impl<'a> Engine<'a> {
@@ -159,6 +182,18 @@ impl<'a> Engine<'a> {
             backend_trials: Vec::new(),
             time_plan: None,
             skipped_axes: Vec::new(),
+            fidelity: None,
+            loaded: Vec::new(),
+        }
+    }
+
+    /// `c`'s model is loaded (a worker keeps the last two).
+    pub(crate) fn now_loaded(&mut self, c: &Candidate) {
+        let key = search_space::knob::model_key(c);
+        self.loaded.retain(|k| *k != key);
+        self.loaded.push(key);
+        if self.loaded.len() > 2 {
+            self.loaded.remove(0);
         }
     }
 
@@ -221,10 +256,11 @@ impl<'a> Engine<'a> {
             return i;
         }
         let mut r = CandidateResult::new(c.clone());
+        r.screen = self.fidelity;
         if let Some(log) = self.log.as_deref() {
-            r.reps = log.previous_reps(c);
-            r.rounds = vec![None; r.reps.len()];
-            r.load = r.reps.iter().rev().find_map(|x| x.load.clone());
+            let reps = log.previous_reps(c);
+            r.load = reps.iter().rev().find_map(|x| x.load.clone());
+            r.reuse(reps);
         }
         self.results.push(r);
         self.results.len() - 1
@@ -247,7 +283,7 @@ impl<'a> Engine<'a> {
             settings: ModelSettings::for_candidate(c, &self.settings.plan.rpc),
             context: ContextSettings::for_candidate(c, self.settings.plan.workload.n_ctx)
                 .with_sequences(self.settings.plan.workload.n_parallel),
-            workload: self.settings.plan.workload.clone(),
+            workload: self.measured_workload(),
             seed: self.settings.plan.seed ^ (self.round.wrapping_mul(0x100_0000_01B3)),
             expect: Vec::new(),
             give_up: None,
@@ -272,7 +308,13 @@ impl<'a> Engine<'a> {
     /// first ([`Engine::passes_gate`]); one refused is left out with every candidate of its K/V
     /// pair, and the choice is made again among the rest (the lossless caches always remain).
     pub fn choose(&mut self, among: &[Candidate]) -> Option<Candidate> {
-        self.choose_by(among, Ties::LessMemory)
+        // On the host alone memory buys nothing later (no device takes more layers for it): a tie
+        // goes to the lossless setting there too, with no quality evaluation for nothing.
+        let ties = match self.settings.offload {
+            true => Ties::LessMemory,
+            false => Ties::Lossless,
+        };
+        self.choose_by(among, ties)
     }
 
     /// The run's choice among every measured candidate: [`Engine::choose`]'s rule, except that a
@@ -281,7 +323,7 @@ impl<'a> Engine<'a> {
     /// every less lossy candidate tied with it; less memory decides only among settings of equal
     /// loss. A user who did not ask for less memory does not get a lossy cache for nothing.
     pub fn choose_final(&mut self, among: &[Candidate]) -> Option<Candidate> {
-        self.choose_by(among, Ties::Lossless)
+        self.choose_by(among, Ties::Final)
     }
 
     fn choose_by(&mut self, among: &[Candidate], ties: Ties) -> Option<Candidate> {
@@ -317,14 +359,19 @@ impl<'a> Engine<'a> {
             ma.partial_cmp(&mb).unwrap_or(std::cmp::Ordering::Equal)
         })?;
         let noise = self.settings.plan.noise;
+        // On an axis a tie further below the best is more likely slower than not, and such choices
+        // compound over the axes; in the run's choice a tie is a tie either way.
+        let near = |ratio: f64| ties == Ties::Final || ratio >= -noise / 2.0;
         let tied = measured.iter().filter(|r| {
             std::ptr::eq(**r, *top)
                 || r.compare_with(top, w, noise, self.settings.plan.seed)
-                    .is_some_and(|c| c.verdict == Verdict::Tie && c.ratio >= -noise / 2.0)
+                    .is_some_and(|c| c.verdict == Verdict::Tie && near(c.ratio))
         });
         let winner = match ties {
             Ties::LessMemory => tied.copied().min_by(|a, b| tie_break(a, b)),
-            Ties::Lossless => tie_winner(&tied.copied().collect::<Vec<_>>(), self.settings.offload),
+            Ties::Lossless | Ties::Final => {
+                tie_winner(&tied.copied().collect::<Vec<_>>(), self.settings.offload)
+            }
         };
         winner.map(|r| r.candidate.clone())
     }
@@ -366,60 +413,6 @@ impl<'a> Engine<'a> {
         })?
     }
 
-    /// Re-measures the winner and the runner-up, interleaved, at the end of the run; returns the
-    /// relative drift of each (new median vs the run's median).
-    pub fn confirm(
-        &mut self,
-        winner: &Candidate,
-        runner_up: Option<&Candidate>,
-    ) -> Vec<(Candidate, f64)> {
-        let w = self.settings.plan.workload.clone();
-        let mut group = vec![winner.clone()];
-        group.extend(runner_up.cloned());
-        let before: Vec<(Candidate, usize, Option<f64>)> = group
-            .iter()
-            .map(|c| {
-                let r = self.results.iter().find(|r| &r.candidate == c);
-                (
-                    c.clone(),
-                    r.map_or(0, |r| r.reps.len()),
-                    r.and_then(|r| r.rate_sample(&w)).map(|s| s.median()),
-                )
-            })
-            .collect();
-        for _ in 0..2 {
-            // A round loads each afresh: about a visit less a request each.
-            let n = group.len() as f64;
-            if self.out_of_time() || self.would_overrun(n, -n) {
-                break;
-            }
-            self.round += 1;
-            for o in stats::shuffled_order(
-                group.len(),
-                self.settings.plan.seed.wrapping_add(self.round),
-            ) {
-                // Every confirming repetition on a fresh load: one load of a configuration can run
-                // several percent faster or slower than another for as long as it lives (seen on a
-                // VM: `autotune measure --twice` without reloads called identical twins different).
-                self.measurer.get_mut().unload();
-                let i = self.index_of(&group[o]);
-                self.measure_once(i, "confirm");
-            }
-        }
-        before
-            .into_iter()
-            .filter_map(|(c, n0, old)| {
-                let r = self.results.iter().find(|r| r.candidate == c)?;
-                let new: Vec<f64> = r.reps[n0.min(r.reps.len())..]
-                    .iter()
-                    .map(|x| 1.0 / score_seconds(x, &w))
-                    .collect();
-                let new_median = Sample::new(new).ok()?.median();
-                Some((c, new_median / old? - 1.0))
-            })
-            .collect()
-    }
-
     pub fn shutdown(&mut self) {
         self.measurer.get_mut().shutdown();
     }
@@ -435,35 +428,8 @@ impl Engine<'_> {
             self.run()
         };
         let (baseline, baseline_placement) = self.baseline_and_placement();
-        let (mut confirm_drift, mut confirmed) = (Vec::new(), Vec::new());
-        if let Some(w) = winner.clone().filter(|_| !self.interrupted) {
-            let s = &self.settings;
-            let measured: Vec<Candidate> =
-                ranking::leaderboard(&self.results, &s.plan.workload, s.plan.noise, s.plan.seed)
-                    .into_iter()
-                    .filter(|e| e.figures.is_some() && !self.refused(&e.candidate))
-                    // The choice is among the caches the user allowed: llama.cpp's defaults, the
-                    // baseline, keep an f16 cache that `--cache-types q8_0` rules out.
-                    .filter(|e| {
-                        s.kv_pairs
-                            .contains(&(e.candidate.type_k, e.candidate.type_v))
-                    })
-                    .map(|e| e.candidate)
-                    .collect();
-            let runner_up = measured.iter().find(|c| **c != w).cloned();
-            confirmed = std::iter::once(w.clone())
-                .chain(runner_up.clone())
-                .collect();
-            // The confirmation rounds run within the budget (they stop when it is spent).
-            confirm_drift = self
-                .confirm(&w, runner_up.as_ref())
-                .into_iter()
-                .map(|(c, d)| (c.label(), d))
-                .collect();
-            if let Some(b) = self.choose_final(&measured) {
-                winner = Some(b);
-            }
-        }
+        let done = self.conclude(winner.clone());
+        winner = done.winner;
         self.shutdown();
         Run {
             settings: self.settings.clone(),
@@ -471,8 +437,10 @@ impl Engine<'_> {
             winner,
             baseline,
             baseline_placement,
-            confirm_drift,
-            confirmed,
+            confirm_drift: (done.drift.into_iter())
+                .map(|(c, d)| (c.label(), d))
+                .collect(),
+            confirmed: done.confirmed,
             interrupted: self.interrupted,
             budget_spent: self.budget_spent,
             not_reached: std::mem::take(&mut self.not_reached),
@@ -481,6 +449,81 @@ impl Engine<'_> {
             backends: std::mem::take(&mut self.backend_trials),
             time_plan: self.time_plan.take(),
             skipped_axes: std::mem::take(&mut self.skipped_axes),
+            twin: done.twin,
         }
+    }
+
+    /// After the search: its finalists confirmed on the workload's request ([`confirm`]), and the
+    /// run's choice made among them on the confirmation's rounds; where those measured too little
+    /// (the budget ran out, the run was stopped), among what the search measured.
+    pub(crate) fn conclude(&mut self, searched: Option<Candidate>) -> Concluded {
+        let mut done = Concluded {
+            winner: searched.clone(),
+            confirmed: Vec::new(),
+            drift: Vec::new(),
+            twin: None,
+        };
+        let Some(w) = searched.filter(|_| !self.interrupted) else {
+            self.show_screened();
+            return done;
+        };
+        let base = self.baseline();
+        let measured = self.choosable();
+        let finalists = self.finalists(&w, &measured, &base);
+        done.drift = self.confirm(&finalists);
+        let allowed = self.allowed(&finalists);
+        done.winner = match self.choose_final(&allowed) {
+            Some(b) => {
+                done.twin = self.twin_verdict(&finalists, &b);
+                Some(b)
+            }
+            None => {
+                self.decide_at(self.search_fidelity(&w));
+                self.choose_final(&measured).or(Some(w))
+            }
+        };
+        done.confirmed = finalists;
+        self.show_screened();
+        done
+    }
+
+    /// The results as the report shows them ([`CandidateResult::show_screened`]).
+    fn show_screened(&mut self) {
+        for r in &mut self.results {
+            r.show_screened();
+        }
+    }
+
+    /// The candidates the run may choose among at the request size decided at, best first: those
+    /// measured and not refused by the quality gate, with a cache the user allowed.
+    fn choosable(&self) -> Vec<Candidate> {
+        let s = &self.settings;
+        let measured: Vec<Candidate> =
+            ranking::leaderboard(&self.results, &s.plan.workload, s.plan.noise, s.plan.seed)
+                .into_iter()
+                .filter(|e| e.figures.is_some() && !self.refused(&e.candidate))
+                .map(|e| e.candidate)
+                .collect();
+        self.allowed(&measured)
+    }
+
+    /// `cs` with a cache the user allowed: llama.cpp's defaults, the baseline or a lossless twin
+    /// keep an f16 cache that `--cache-types q8_0` rules out, and are not chosen.
+    fn allowed(&self, cs: &[Candidate]) -> Vec<Candidate> {
+        (cs.iter())
+            .filter(|c| self.settings.kv_pairs.contains(&(c.type_k, c.type_v)))
+            .cloned()
+            .collect()
+    }
+
+    /// The request size the search measured `c` at last (its figures where the confirmation has
+    /// none).
+    fn search_fidelity(&self, c: &Candidate) -> Option<Screen> {
+        let r = self.results.iter().find(|r| &r.candidate == c)?;
+        (r.set_aside.iter())
+            .filter(|s| s.reps.len() >= 2)
+            .map(|s| s.screen)
+            .next_back()
+            .flatten()
     }
 }

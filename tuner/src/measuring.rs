@@ -11,7 +11,9 @@
 pub use crate::llama::fit::FitDevice;
 pub use crate::llama::fit::{FitAnswer, FitRequest, TensorOverride};
 pub use crate::llama::{ContextSettings, ModelSettings};
-pub use profiles::measurements::{DeviceBytes, LoadReport, Repetition, TrialFailure, Workload};
+pub use profiles::measurements::{
+    DeviceBytes, LoadReport, Repetition, Screen, TrialFailure, Workload,
+};
 pub use profiles::QualityFigures;
 use search_space::{CacheType, FlashAttn, Phases};
 use serde::{Deserialize, Serialize};
@@ -136,6 +138,19 @@ pub struct TimePlan {
     /// Seconds one more repetition takes (their median): the request, and with a depth the cache
     /// filled first, for every sequence.
     pub repetition_s: f64,
+    /// Seconds their load took (a first visit of a configuration whose model is not loaded pays
+    /// one; one that changes only context settings does not).
+    #[serde(default)]
+    pub load_s: f64,
+    /// Seconds of their first visit that were neither the load nor a repetition: the warm-up and
+    /// the context's making, which every new context pays.
+    #[serde(default)]
+    pub warm_up_s: f64,
+    /// Their prompt and generation rates (medians), which price a request of any size.
+    #[serde(default)]
+    pub pp_tps: f64,
+    #[serde(default)]
+    pub tg_tps: f64,
     /// The time budget in force, fixed from here on.
     pub budget_s: f64,
     /// What the search is expected to take, at most the budget: every axis with candidates, each

@@ -65,8 +65,13 @@ pub struct Report {
     pub versus_defaults: Option<VersusDefaults>,
     /// The winner and runner-up re-measured at the end: relative change of their medians.
     pub confirm_drift: Vec<(String, f64)>,
-    /// The candidates measured again at the end (the winner and the runner-up before confirmation).
+    /// The finalists measured again at the end on the workload's request (the search's winner
+    /// first, its runner-up, llama.cpp's defaults, a lossy winner's lossless twin).
     pub confirmed: Vec<Candidate>,
+    /// A lossy finalist beside its lossless twin (every other knob equal), as the confirmation
+    /// measured them: the lossy one wins only by being faster beyond the noise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lossless_twin: Option<crate::engine::TwinVerdict>,
     pub profile_path: Option<PathBuf>,
     pub measurement_log: Option<PathBuf>,
     pub notes: Vec<String>,
@@ -457,6 +462,9 @@ impl Report {
                 s.push_str(&format!("quality {line}\n"));
             }
         }
+        if let Some(t) = &self.lossless_twin {
+            s.push_str(&format!("lossless {}\n", twin_line(t, self.noise)));
+        }
         for (label, drift) in &self.confirm_drift {
             if drift.abs() > self.noise {
                 s.push_str(&format!("drift   {label} re-measured at the end: {:+.1}% (beyond the ±{:.0}% noise threshold)\n", drift * 100.0, self.noise * 100.0));
@@ -470,6 +478,24 @@ impl Report {
         }
         s
     }
+}
+
+/// A lossy finalist against its lossless twin: by how much it was faster, and which one the run
+/// chose.
+fn twin_line(t: &crate::engine::TwinVerdict, noise: f64) -> String {
+    let by = match t.ratio {
+        Some(r) => format!("{:+.1}% requests/s", r * 100.0),
+        None => "not compared (too few repetitions)".into(),
+    };
+    let chose = match t.chose_lossy {
+        true => format!(
+            "{} won: faster beyond the ±{:.0}% noise",
+            t.lossy,
+            noise * 100.0
+        ),
+        false => format!("{} won: a lossy setting no faster loses", t.twin),
+    };
+    format!("{} vs its lossless twin {}: {by}; {chose}", t.lossy, t.twin)
 }
 
 /// `s` cut to `n` characters, with an ellipsis when it was longer (table cells).
@@ -511,6 +537,7 @@ mod tests {
                 tg_depth_tps: None,
                 load: None,
                 timed: search_space::Phases::BOTH,
+                screen: None,
             });
             r.rounds.push(Some(k as u64 + 1));
         }

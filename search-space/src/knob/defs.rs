@@ -33,6 +33,9 @@ impl Knob for Threads {
         // The prompt's threads are their own knob ([`ThreadsBatch`], its value the count in use).
         Phases::GENERATION
     }
+    fn shows(&self) -> Shows {
+        Shows::OnShortPrompt
+    }
     fn runs_on(&self, backend: &Backend) -> bool {
         backend.name == "CPU"
     }
@@ -72,6 +75,9 @@ impl Knob for ThreadsBatch {
     }
     fn moves(&self) -> Phases {
         Phases::PROMPT
+    }
+    fn shows(&self) -> Shows {
+        Shows::OnShortPrompt
     }
     fn runs_on(&self, backend: &Backend) -> bool {
         backend.name == "CPU"
@@ -376,6 +382,9 @@ impl Knob for Kernels {
     fn moves(&self) -> Phases {
         Phases::BOTH
     }
+    fn shows(&self) -> Shows {
+        Shows::OnShortPrompt
+    }
     fn runs_on(&self, backend: &Backend) -> bool {
         backend.name == "CPU"
     }
@@ -638,6 +647,9 @@ impl Knob for NumaKnob {
     }
     fn moves(&self) -> Phases {
         Phases::BOTH
+    }
+    fn shows(&self) -> Shows {
+        Shows::OnShortPrompt
     }
     fn runs_on(&self, backend: &Backend) -> bool {
         backend.name == "CPU"

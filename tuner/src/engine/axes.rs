@@ -241,10 +241,18 @@ pub(super) fn vary_op_offload(s: &TuneSettings, from: &Candidate) -> Vec<Candida
         })
         .collect()
 }
+/// Flash attention's settings; on the host alone `auto` and `on` are one run, and only the one
+/// `from` has is measured: llama.cpp resolves `auto` to on where every layer's device runs flash
+/// attention over the cache's types (llama-context.cpp's `resolve`), and the CPU runs it over all.
 pub(super) fn vary_flash_attn(s: &TuneSettings, from: &Candidate) -> Vec<Candidate> {
-    s.plan
-        .flash_attn
-        .iter()
+    let same_run = |f: FlashAttn| {
+        !s.offload
+            && f != from.flash_attn
+            && f != FlashAttn::Off
+            && from.flash_attn != FlashAttn::Off
+    };
+    (s.plan.flash_attn.iter())
+        .filter(|&&f| !same_run(f))
         .map(|&f| Candidate {
             flash_attn: f,
             ..from.clone()

@@ -8,27 +8,7 @@
 use super::Engine;
 use crate::measuring::{Ceilings, SkippedAxis, Workload};
 use crate::stats::Sample;
-use search_space::Candidate;
-
-/// Which phases of a request an axis's knob can move.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Phases {
-    pub prompt: bool,
-    pub generation: bool,
-}
-
-const PROMPT: Phases = Phases {
-    prompt: true,
-    generation: false,
-};
-const GENERATION: Phases = Phases {
-    prompt: false,
-    generation: true,
-};
-const BOTH: Phases = Phases {
-    prompt: true,
-    generation: true,
-};
+use search_space::{Candidate, Phases};
 
 /// The phases each axis of the coordinate descent can move: generation's threads (`-t`, the
 /// prompt's held) only generation; the prompt's threads (`-tb`) and the micro-batch only the prompt
@@ -36,9 +16,9 @@ const BOTH: Phases = Phases {
 /// moving both (it is never judged by one ceiling alone).
 pub(crate) fn phases_of(axis: &str) -> Phases {
     match axis {
-        "threads" => GENERATION,
-        "prompt threads" | "batch" => PROMPT,
-        _ => BOTH,
+        "threads" => Phases::GENERATION,
+        "prompt threads" | "batch" => Phases::PROMPT,
+        _ => Phases::BOTH,
     }
 }
 
@@ -183,26 +163,35 @@ mod tests {
         let c = ceilings(Some(40.0), Some(8.0));
         // pp512 at 20 t/s (25.6 s) and tg128 at 7.2 t/s (17.8 s): 43.4 s a request.
         let now = 512.0 / 20.0 + 128.0 / 7.2;
-        let gen = at_most(&c, 20.0, 7.2, GENERATION, &w(512, 128)).unwrap();
+        let gen = at_most(&c, 20.0, 7.2, Phases::GENERATION, &w(512, 128)).unwrap();
         let want = now / (512.0 / 20.0 + 128.0 / 8.0) - 1.0;
         assert!((gen - want).abs() < 1e-12, "{gen} vs {want}");
-        let prompt = at_most(&c, 20.0, 7.2, PROMPT, &w(512, 128)).unwrap();
+        let prompt = at_most(&c, 20.0, 7.2, Phases::PROMPT, &w(512, 128)).unwrap();
         assert!((prompt - (now / (512.0 / 40.0 + 128.0 / 7.2) - 1.0)).abs() < 1e-12);
-        let both = at_most(&c, 20.0, 7.2, BOTH, &w(512, 128)).unwrap();
+        let both = at_most(&c, 20.0, 7.2, Phases::BOTH, &w(512, 128)).unwrap();
         assert!(both > prompt && both > gen);
         // A phase measured at its ceiling, within a measurement's noise, has nothing left (not a
         // negative gain); one measured well past it shows the probe was low: no bound.
-        assert_eq!(at_most(&c, 41.0, 8.1, BOTH, &w(512, 128)), Some(0.0));
-        assert_eq!(at_most(&c, 50.0, 8.1, BOTH, &w(512, 128)), None);
-        assert!(at_most(&c, 50.0, 7.2, GENERATION, &w(512, 128)).is_some());
+        assert_eq!(
+            at_most(&c, 41.0, 8.1, Phases::BOTH, &w(512, 128)),
+            Some(0.0)
+        );
+        assert_eq!(at_most(&c, 50.0, 8.1, Phases::BOTH, &w(512, 128)), None);
+        assert!(at_most(&c, 50.0, 7.2, Phases::GENERATION, &w(512, 128)).is_some());
     }
 
     #[test]
     fn without_a_ceiling_for_a_phase_it_moves_an_axis_is_not_bounded() {
         let only_tg = ceilings(None, Some(8.0));
-        assert!(at_most(&only_tg, 20.0, 7.2, GENERATION, &w(512, 128)).is_some());
-        assert_eq!(at_most(&only_tg, 20.0, 7.2, PROMPT, &w(512, 128)), None);
-        assert_eq!(at_most(&only_tg, 20.0, 7.2, BOTH, &w(512, 128)), None);
+        assert!(at_most(&only_tg, 20.0, 7.2, Phases::GENERATION, &w(512, 128)).is_some());
+        assert_eq!(
+            at_most(&only_tg, 20.0, 7.2, Phases::PROMPT, &w(512, 128)),
+            None
+        );
+        assert_eq!(
+            at_most(&only_tg, 20.0, 7.2, Phases::BOTH, &w(512, 128)),
+            None
+        );
         // At depth or with several sequences the ceilings (one empty-cache request's) say nothing.
         let c = ceilings(Some(40.0), Some(8.0));
         let deep = Workload {
@@ -210,20 +199,20 @@ mod tests {
             n_ctx: 8192,
             ..w(512, 128)
         };
-        assert_eq!(at_most(&c, 20.0, 7.2, BOTH, &deep), None);
+        assert_eq!(at_most(&c, 20.0, 7.2, Phases::BOTH, &deep), None);
         let four = Workload {
             n_parallel: 4,
             ..w(512, 128)
         };
-        assert_eq!(at_most(&c, 20.0, 7.2, BOTH, &four), None);
+        assert_eq!(at_most(&c, 20.0, 7.2, Phases::BOTH, &four), None);
     }
 
     #[test]
     fn generations_threads_and_the_prompts_knobs_move_one_phase_each() {
-        assert_eq!(phases_of("threads"), GENERATION);
-        assert_eq!(phases_of("prompt threads"), PROMPT);
-        assert_eq!(phases_of("batch"), PROMPT);
-        assert_eq!(phases_of("kv cache"), BOTH);
-        assert_eq!(phases_of("kernels"), BOTH);
+        assert_eq!(phases_of("threads"), Phases::GENERATION);
+        assert_eq!(phases_of("prompt threads"), Phases::PROMPT);
+        assert_eq!(phases_of("batch"), Phases::PROMPT);
+        assert_eq!(phases_of("kv cache"), Phases::BOTH);
+        assert_eq!(phases_of("kernels"), Phases::BOTH);
     }
 }

@@ -2,7 +2,7 @@
 //! decisions compare: the modelled seconds of one request of the workload.
 
 use crate::measuring::TrialFailure;
-use crate::measuring::{LoadReport, Repetition, Workload};
+use crate::measuring::{LoadReport, Repetition, Screen, Workload};
 use crate::stats::{self, RoundRate, Sample};
 use search_space::Candidate;
 use serde::{Deserialize, Serialize};
@@ -38,6 +38,13 @@ pub struct CandidateResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halted: Option<String>,
     pub seconds: f64,
+    /// The request `reps` timed where it was a screen, shorter than the workload's
+    /// ([`super::fidelity`]); `None`: the workload's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub screen: Option<Screen>,
+    /// Its repetitions at the request sizes the engine does not decide at now.
+    #[serde(skip)]
+    pub(crate) set_aside: Vec<super::fidelity::SetAside>,
 }
 
 impl CandidateResult {
@@ -54,6 +61,8 @@ impl CandidateResult {
             crashed_once: None,
             halted: None,
             seconds: 0.0,
+            screen: None,
+            set_aside: Vec::new(),
         }
     }
 

@@ -2,6 +2,7 @@
 //! unfinished candidate once, so slow drift of the machine hits all of them alike; a candidate
 //! stops when its confidence interval is tight, it reaches its limits, or it clearly loses.
 
+use super::confirm::CONFIRM;
 use super::lent::Lent;
 use super::result::score_seconds;
 use super::{Engine, BUDGET_SPENT};
@@ -57,6 +58,7 @@ impl Engine<'_> {
     /// placement's every expert on its device is also the most layers that fit; a filled split can be
     /// a device alone) is measured once a round, as any other.
     pub fn measure_group(&mut self, group: &[Candidate], axis: &str) {
+        self.decide_at(self.screen_for(group, axis));
         let idx = self.fitted_indices(group);
         self.lent = self.lent_for(&idx, axis);
         let mut spent = vec![Duration::ZERO; idx.len()];
@@ -83,19 +85,16 @@ impl Engine<'_> {
                 let i = idx[k];
                 // What could not end before the budget does is not begun (grid mode measures all).
                 let first = self.results[i].reps.is_empty();
-                let (visits, repetitions) = if first { (1.0, 0.0) } else { (0.0, 1.0) };
-                if axis != "grid" && self.would_overrun(visits, repetitions) {
+                let timed = self.lent.as_ref().map_or(Phases::BOTH, |l| l.timed);
+                let cost = self.step_cost(&self.results[i].candidate, first, timed);
+                if axis != "grid" && self.would_overrun(cost, true) {
                     self.budget_spent = true;
                     break;
                 }
                 // A candidate's first visit takes the two repetitions it needs to be judged at all,
                 // on one load: with loads that cost seconds (a GPU's gigabytes, an RPC upload) a
                 // budget that ends after one round still leaves every visited candidate measured.
-                let visit = if self.results[i].reps.is_empty() {
-                    2
-                } else {
-                    1
-                };
+                let visit = if first { 2 } else { 1 };
                 for _ in 0..visit {
                     let t = self.elapsed();
                     self.measure_once(i, axis);
@@ -125,7 +124,7 @@ impl Engine<'_> {
                 BUDGET_SPENT
             };
             for &i in &idx {
-                if self.results[i].reps.len() < 2
+                if !self.results[i].measured_at_any_size()
                     && self.results[i].failure.is_none()
                     && self.results[i].skipped.is_none()
                 {
@@ -165,7 +164,7 @@ impl Engine<'_> {
 
     /// The results' indices of a group's candidates, each once, each with llama.cpp's fit asked
     /// (a candidate that does not fit is skipped with the reason).
-    fn fitted_indices(&mut self, group: &[Candidate]) -> Vec<usize> {
+    pub(super) fn fitted_indices(&mut self, group: &[Candidate]) -> Vec<usize> {
         let mut idx: Vec<usize> = Vec::with_capacity(group.len());
         for c in group {
             let i = self.index_of(c);
@@ -344,6 +343,8 @@ impl Engine<'_> {
                 if let Some(lent) = &self.lent {
                     lent.fill(&mut rep);
                 }
+                rep.screen = self.fidelity;
+                self.now_loaded(&c);
                 if let Some(l) = &rep.load {
                     self.results[i].load = Some(l.clone());
                 }
@@ -378,5 +379,5 @@ impl Engine<'_> {
 /// [`ONE_REPETITION_FACTOR`]): not in the confirmation, nor in grid mode (`--exhaustive`: every
 /// combination measured in full, for those who want the whole grid).
 fn stops_early(axis: &str) -> bool {
-    axis != "confirm" && axis != "grid"
+    axis != CONFIRM && axis != "grid"
 }

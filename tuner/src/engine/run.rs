@@ -91,6 +91,8 @@ pub struct Run {
     pub time_plan: Option<crate::measuring::TimePlan>,
     /// The axes not measured: the ceilings left nothing beyond the noise to win there.
     pub skipped_axes: Vec<crate::measuring::SkippedAxis>,
+    /// A lossy finalist beside its lossless twin, as the confirmation measured them.
+    pub twin: Option<super::confirm::TwinVerdict>,
 }
 
 /// One backend's configuration in the backend axis.

@@ -155,6 +155,10 @@ pub struct TuneSettings {
     /// probes cannot bound it: an offload device, a model the caches hold): an axis that could not
     /// gain beyond the noise by them is not measured (`engine/ceiling.rs`).
     pub ceilings: Ceilings,
+    /// Whether the search screens candidates on a request shorter than the workload's and
+    /// confirms the finalists on the workload's own (`engine/fidelity.rs`): where a request takes
+    /// long even at the ceilings ([`super::worth_screening`]); not in grid mode.
+    pub screen: bool,
 }
 
 impl TuneSettings {

@@ -94,7 +94,9 @@ impl Strategy for Once {
 /// proposed beside the best so far, the best kept. A budget that ends on the way records the axes
 /// it left ([`Descended::not_reached`]).
 pub(crate) struct Descend {
-    axes: &'static [Axis],
+    axes: Vec<Axis>,
+    /// The axes put in order of the gain they can bring per second of measuring, once.
+    ordered: bool,
     /// The next axis to propose.
     k: usize,
     best: Option<Candidate>,
@@ -118,7 +120,8 @@ pub(crate) struct Descended {
 impl Descend {
     pub fn new(axes: &'static [Axis], best: Option<Candidate>, base: &Candidate) -> Self {
         Descend {
-            axes,
+            axes: axes.to_vec(),
+            ordered: false,
             k: 0,
             best,
             base: base.clone(),
@@ -157,6 +160,10 @@ impl Strategy for Descend {
     fn next(&mut self, view: &View, chosen: Option<Candidate>) -> Option<Group> {
         if std::mem::take(&mut self.proposed) {
             self.hear(view, chosen);
+        }
+        if !std::mem::replace(&mut self.ordered, true) {
+            let from = self.from(view);
+            self.axes = view.by_gain_per_second(&self.axes, &from);
         }
         while let Some(&Axis {
             name: axis, vary, ..

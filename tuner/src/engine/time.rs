@@ -3,12 +3,13 @@
 //! expects to take within the budget, and how far the defaults are from the ceilings (the most the
 //! search could still gain). Nothing grows after that: the budget said is the budget kept.
 
-use super::ceiling::{at_most, Phases};
+use super::ceiling::at_most;
+use super::confirm::{CONFIRM_ROUNDS, RESERVED_FINALISTS};
 use super::result::rep_seconds;
 use super::{in_space, Engine, AXES, VISITS};
-use crate::measuring::{BudgetFrom, TimePlan};
+use crate::measuring::{BudgetFrom, Screen, TimePlan};
 use crate::stats::Sample;
-use search_space::Candidate;
+use search_space::{Candidate, Phases};
 use std::time::Duration;
 
 impl Engine<'_> {
@@ -47,6 +48,18 @@ impl Engine<'_> {
         if visit <= 0.0 {
             return;
         }
+        let median = |f: fn(&crate::measuring::Repetition) -> f64| {
+            Sample::new(r.reps.iter().map(f).collect()).map_or(0.0, |s| s.median())
+        };
+        let (pp_tps, tg_tps) = (median(|x| x.pp_tps), median(|x| x.tg_tps));
+        let load_s = r.load.as_ref().map_or(0.0, |l| l.load_seconds);
+        // The first visit's own repetitions at the size they were measured at: the rest of it is
+        // the warm-up and a context's making, which every new context pays.
+        let measured = self.measured_workload();
+        let own: f64 = (r.reps.iter().take(2))
+            .map(|x| rep_seconds(x, &measured))
+            .sum();
+        let warm_up_s = (visit - load_s - own).max(0.0);
         let mut budget_from = BudgetFrom::Given;
         if let Some(cap) = self.settings.time_budget_cap {
             self.visit_seconds = Some(visit);
@@ -59,34 +72,108 @@ impl Engine<'_> {
             self.settings.time_budget = self.settings.time_budget.max(want);
         }
         let budget = self.settings.time_budget.as_secs_f64();
-        let expected = self.expected_seconds(&base, visit, repetition).min(budget);
         let (shares, room) = self.headroom(&base);
-        let plan = TimePlan {
+        let mut plan = TimePlan {
             request_s: request,
             visit_s: visit,
             repetition_s: repetition,
+            load_s,
+            warm_up_s,
+            pp_tps,
+            tg_tps,
             budget_s: budget,
-            expected_s: expected,
+            expected_s: 0.0,
             prompt_share: shares.0,
             generation_share: shares.1,
             at_most: room,
             budget_from,
             at_s: self.elapsed().as_secs_f64(),
         };
+        // Priced by the plan's own figures.
+        self.time_plan = Some(plan.clone());
+        plan.expected_s = (plan.at_s + self.expected_seconds(&base)).min(budget);
         self.progress.plan(&plan);
         self.time_plan = Some(plan);
     }
 
-    /// Whether a step of the run that costs about `visits` first visits and `repetitions` further
-    /// repetitions (as the time plan measured them) would end past the budget: it is not begun, so
-    /// that the run ends within the budget it said. Nothing is refused before the plan is made (the
-    /// first visit is always measured).
-    pub(super) fn would_overrun(&self, visits: f64, repetitions: f64) -> bool {
-        let Some(p) = &self.time_plan else {
+    /// Whether a step of the run that costs about `seconds` would end past the budget, the time
+    /// the confirmation needs kept aside where `reserve` (the search's steps): it is not begun,
+    /// so that the run ends within the budget it said. Nothing is refused before the plan is made
+    /// (the first visit is always measured).
+    pub(super) fn would_overrun(&self, seconds: f64, reserve: bool) -> bool {
+        if self.time_plan.is_none() {
             return false;
+        }
+        let kept = if reserve { self.confirm_reserve() } else { 0.0 };
+        self.elapsed().as_secs_f64() + seconds + kept > self.settings.time_budget.as_secs_f64()
+    }
+
+    /// What the confirmation needs: [`RESERVED_FINALISTS`] finalists, [`CONFIRM_ROUNDS`]
+    /// repetitions each on the workload's request, each on a fresh load.
+    fn confirm_reserve(&self) -> f64 {
+        if !self.settings.screen || self.settings.plan.exhaustive {
+            return 0.0;
+        }
+        RESERVED_FINALISTS * f64::from(CONFIRM_ROUNDS) * self.confirm_cost()
+    }
+
+    /// One confirming repetition: a load and the workload's request, at the defaults' figures.
+    pub(super) fn confirm_cost(&self) -> f64 {
+        self.time_plan
+            .as_ref()
+            .map_or(0.0, |p| p.load_s + p.repetition_s)
+    }
+
+    /// What measuring `c` once more costs at the request size decided at, timing `phases`: its
+    /// first visit (a load where its model is not the one loaded, the warm-up and the two
+    /// repetitions it takes), or one repetition; at the defaults' rates.
+    pub(super) fn step_cost(&self, c: &Candidate, first: bool, phases: Phases) -> f64 {
+        self.step_cost_at(c, first, phases, self.fidelity)
+    }
+
+    /// [`Self::step_cost`] at the request size `screen` (`None`: the workload's own).
+    pub(super) fn step_cost_at(
+        &self,
+        c: &Candidate,
+        first: bool,
+        phases: Phases,
+        screen: Option<Screen>,
+    ) -> f64 {
+        let Some(p) = &self.time_plan else {
+            return 0.0;
         };
-        let cost = visits * p.visit_s + repetitions * p.repetition_s;
-        self.elapsed().as_secs_f64() + cost > self.settings.time_budget.as_secs_f64()
+        let rep = self.repetition_cost_at(phases, screen);
+        if !first {
+            return rep;
+        }
+        let load = match self.loaded.contains(&search_space::knob::model_key(c)) {
+            true => 0.0,
+            false => p.load_s,
+        };
+        load + p.warm_up_s + 2.0 * rep
+    }
+
+    /// One repetition at the request size `screen`, timing `phases`, at the defaults' rates.
+    fn repetition_cost_at(&self, phases: Phases, screen: Option<Screen>) -> f64 {
+        let Some(p) = &self.time_plan else {
+            return 0.0;
+        };
+        let w = self.workload_at(screen);
+        let np = f64::from(w.n_parallel.max(1));
+        let (pp, tg) = (p.pp_tps.max(1e-9), p.tg_tps.max(1e-9));
+        let prompt = if phases.prompt {
+            f64::from(w.n_prompt) / pp
+        } else {
+            0.0
+        };
+        let generation = if phases.generation {
+            f64::from(w.n_gen) / tg
+        } else {
+            0.0
+        };
+        // A depth is filled before each phase at it (untimed, but it takes its time).
+        let fill = f64::from(w.depth) / pp * if w.depth > 0 { 2.0 } else { 0.0 };
+        np * (prompt + generation + fill)
     }
 
     /// The baseline's rates as shares of the ceilings (prompt, generation), and the most a request
@@ -107,36 +194,48 @@ impl Engine<'_> {
         ((share(pp, c.prompt_tps), share(tg, c.generation_tps)), room)
     }
 
-    /// What the search is expected to take from the baseline's first visit on: where the host
-    /// alone computes, every descent axis's new candidates (those the ceilings leave room for), each
-    /// a visit and its further repetitions up to the minimum, the quality gate's evaluation of one
-    /// quantized cache (two contexts through its text at the prompt's rate) and the confirmation
-    /// rounds (four fresh loads of a repetition each: about two visits). With a device to offload
-    /// to the placements, the cliff and the split depend on what is measured: the budget.
-    fn expected_seconds(&self, base: &Candidate, visit: f64, repetition: f64) -> f64 {
+    /// What the run is expected to take after the baseline's first visit: where the host alone
+    /// computes, every descent axis's new candidates (those the ceilings leave room for), each a
+    /// first visit at the request its axis screens on and its further repetitions up to the
+    /// minimum, the quality gate's evaluation of one quantized cache (two contexts through its text
+    /// at the prompt's rate) and the confirmation. With a device to offload to the placements, the
+    /// cliff and the split depend on what is measured: the budget.
+    fn expected_seconds(&self, base: &Candidate) -> f64 {
         let s = &self.settings;
         if s.offload {
             return s.time_budget.as_secs_f64();
         }
         let from = in_space(s, base);
-        let mut new: Vec<Candidate> = Vec::new();
+        let mut new: Vec<(Candidate, Option<Screen>, Phases)> = Vec::new();
         for axis in &AXES {
             if self.nothing_to_win(axis.name, &from).is_some() {
                 continue;
             }
-            for c in (axis.vary)(s, &from) {
-                if c != from && c.validate().is_ok() && !new.contains(&c) {
-                    new.push(c);
+            let group: Vec<Candidate> = std::iter::once(from.clone())
+                .chain((axis.vary)(s, &from))
+                .filter(|c| c.validate().is_ok())
+                .collect();
+            let screen = self.screen_for(&group, axis.name);
+            let phases = search_space::knob::phases_moved(&group);
+            for c in group {
+                if c != from && !new.iter().any(|(n, ..)| *n == c) {
+                    new.push((c, screen, phases));
                 }
             }
         }
-        let per_new = visit + f64::from(s.plan.min_reps.saturating_sub(2)) * repetition;
+        let more = f64::from(s.plan.min_reps.saturating_sub(2));
+        let search: f64 = (new.iter())
+            .map(|(c, screen, phases)| {
+                self.step_cost_at(c, true, *phases, *screen)
+                    + more * self.repetition_cost_at(*phases, *screen)
+            })
+            .sum();
         let gate = match (s.quality.max_kv_kld, self.phase_medians(base)) {
-            (Some(_), Some((pp, _))) if new.iter().any(|c| c.kv_lossy()) => {
+            (Some(_), Some((pp, _))) if new.iter().any(|(c, ..)| c.kv_lossy()) => {
                 2.0 * f64::from(s.quality.max_tokens) / pp
             }
             _ => 0.0,
         };
-        new.len() as f64 * per_new + gate + 2.0 * visit
+        search + gate + self.confirm_reserve()
     }
 }

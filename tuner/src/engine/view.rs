@@ -57,6 +57,9 @@ impl View<'_, '_> {
         self.engine.skip_if_nothing_to_win(axis, from)
     }
     /// Which of `axes` would vary `from`.
+    pub fn by_gain_per_second(&self, axes: &[Axis], from: &Candidate) -> Vec<Axis> {
+        self.engine.by_gain_per_second(axes, from)
+    }
     pub fn axes_with_candidates(&self, axes: &[Axis], from: &Candidate) -> Vec<String> {
         self.engine.axes_with_candidates(axes, from)
     }

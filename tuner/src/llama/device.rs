@@ -27,8 +27,9 @@ impl DeviceInfo {
         search_space::backend::of(&self.backend).name == "RPC"
     }
 
-    /// A device whose memory is the host's RAM: an integrated GPU (Apple silicon, a laptop's or a
-    /// Strix Halo's, a Vulkan iGPU), or a software rasteriser standing in for a GPU (Mesa's
+    /// A device whose memory is the host's RAM: an integrated GPU its backend reports as one (a
+    /// laptop's or a Strix Halo's Vulkan iGPU; ggml-metal reports Apple silicon's as a GPU, so a
+    /// Mac's GPU and host are budgeted apart), or a software rasteriser standing in for a GPU (Mesa's
     /// llvmpipe and lavapipe, SwiftShader), which reports the host's memory as its own. Its budget
     /// and the host's are one ([`crate::engine::TuneSettings::host_memory_devices`]).
     pub fn shares_host_memory(&self) -> bool {

@@ -113,6 +113,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         split_modes: Vec::new(),
         // What the probes would find where the host alone computes (none beside a device).
         ceilings: land.ceilings(&workload),
+        screen: crate::engine::worth_screening(&workload, &land.ceilings(&workload)),
     }
 }
 
@@ -246,7 +247,6 @@ pub fn tune_logged(
     mode: Mode,
     log: Option<&mut profiles::measurements::MeasurementLog>,
 ) -> SimRun {
-    let (w, noise, seed) = (s.plan.workload.clone(), s.plan.noise, s.plan.seed);
     let trace = Rc::clone(&m.trace);
     let stop = || false;
     let mut e = Engine::new(s, Box::new(m), log, &stop, &Quiet);
@@ -254,20 +254,10 @@ pub fn tune_logged(
         Mode::Search => e.run(),
         Mode::Grid => full_grid(&mut e),
     };
-    let mut winner = searched.clone();
-    let mut runner_up = None;
-    let mut drift = Vec::new();
-    if let Some(win) = searched.clone() {
-        let board = crate::engine::ranking::leaderboard(&e.results, &w, noise, seed);
-        let measured: Vec<Candidate> = board
-            .iter()
-            .filter(|x| x.figures.is_some() && !e.refused(&x.candidate))
-            .map(|x| x.candidate.clone())
-            .collect();
-        runner_up = measured.iter().find(|c| **c != win).cloned();
-        drift = e.confirm(&win, runner_up.as_ref());
-        winner = e.choose_final(&measured).or(winner);
-    }
+    let done = e.conclude(searched.clone());
+    let (winner, drift) = (done.winner, done.drift);
+    // The runner-up the confirmation measured beside the winner (not the defaults nor a twin).
+    let runner_up = done.confirmed.get(1).cloned();
     let (baseline, baseline_placement) = e.baseline_and_placement();
     SimRun {
         baseline,

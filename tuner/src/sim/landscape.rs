@@ -620,6 +620,7 @@ impl Landscape {
                 .then(|| np as f64 / self.step_seconds(c, w.n_ctx, w.depth, np)),
             load: None,
             timed: search_space::Phases::BOTH,
+            screen: None,
         }
     }
 

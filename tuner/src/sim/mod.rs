@@ -32,6 +32,7 @@ mod moe_tests;
 mod placement_tests;
 mod rivals;
 mod rounds_tests;
+mod screen_tests;
 mod split_tests;
 mod strategy_tests;
 
@@ -74,6 +75,8 @@ pub struct Trace {
     pub kv_checks: Vec<(CacheType, CacheType)>,
     /// The simulated time each of those began.
     pub kv_checks_began: Vec<f64>,
+    /// The request each measurement call asked for (its workload: a screen's is shorter).
+    pub requests: Vec<crate::measuring::Workload>,
 }
 
 impl Trace {
@@ -81,6 +84,9 @@ impl Trace {
         self.calls.iter().filter(|(_, o, _)| *o == outcome).count()
     }
 }
+
+/// Which configurations a measurer's rates are scaled for, and by how much.
+pub type Skew = (fn(&Candidate) -> bool, f64);
 
 /// One loaded model in a simulated worker.
 struct Loaded {
@@ -133,6 +139,8 @@ pub struct SimMeasurer {
     /// llama.cpp's fit failing with this message (a worker that aborts, say) instead of answering.
     pub llama_fit_error: Option<String>,
     pub trace: Rc<RefCell<Trace>>,
+    /// The configurations whose every rate is scaled by this factor (a landscape's tie nudged).
+    pub skew: Option<Skew>,
 }
 
 fn model_key(req: &MeasureRequest) -> String {
@@ -159,6 +167,7 @@ impl SimMeasurer {
             crashing: None,
             llama_fit_error: None,
             trace: Rc::default(),
+            skew: None,
         }
     }
 
@@ -245,8 +254,13 @@ impl Measurer for SimMeasurer {
     ) -> Result<Repetition, TrialFailure> {
         let c = candidate_of(req);
         let w = &req.workload;
+        self.trace.borrow_mut().requests.push(w.clone());
         let i = self.ensure_loaded(req, &c)?;
-        let ideal = self.land.ideal(&c, w);
+        let mut ideal = self.land.ideal(&c, w);
+        if let Some((_, k)) = self.skew.filter(|(skewed, _)| skewed(&c)) {
+            ideal.pp_tps *= k;
+            ideal.tg_tps *= k;
+        }
         let context = serde_json::to_string(&req.context).expect("serialises");
         let fresh = self.loaded[i].context.as_deref() != Some(context.as_str());
         if fresh {
@@ -283,6 +297,7 @@ impl Measurer for SimMeasurer {
                 ..self.land.footprint(&c, w.n_ctx)
             }),
             timed: search_space::Phases::BOTH,
+            screen: None,
         };
         if req.phases.is_both() {
             if let Some(stopped) = self.give_up(req, &rep) {

@@ -2,8 +2,8 @@
 //! quantization together with its configuration.
 //!
 //! 1. The ladder: MODEL and its other quantizations (named, or found beside it).
-//! 2. Quality first, because it is cheap next to tuning and decides what is worth tuning: every
-//!    rung's KL divergence from the most precise file at the workload's depth (cached). Rungs over
+//! 2. Quality first, since it decides what is worth tuning: every rung's KL divergence from the
+//!    most precise file at the workload's depth (cached; outside `--budget`). Rungs over
 //!    `--max-kld` are not tuned.
 //! 3. Each remaining rung is tuned like `tune` tunes a model ([`tuning::tune`], one file at a time,
 //!    the budget shared among them, every other setting the same), which reuses and appends to each

@@ -122,6 +122,8 @@ impl Plan {
                     .collect::<Vec<_>>(),
             ),
             ceilings: crate::measuring::Ceilings::default(),
+            // Set once the ceilings are probed ([`resolve`]).
+            screen: false,
         })
     }
 }
@@ -416,6 +418,8 @@ fn resolve(
             ..settings.plan.clone()
         })?;
     }
+    settings.screen =
+        !plan.exhaustive && crate::engine::worth_screening(&settings.plan.workload, &ceilings);
     settings.ceilings = ceilings;
     Ok((settings, context))
 }

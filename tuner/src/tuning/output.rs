@@ -228,6 +228,7 @@ pub fn report_of(t: &Tuned) -> Report {
         }),
         confirm_drift: run.confirm_drift.clone(),
         confirmed: run.confirmed.clone(),
+        lossless_twin: run.twin.clone(),
         profile_path: None,
         measurement_log: Some(t.log_path.clone()),
         notes: notes(t),

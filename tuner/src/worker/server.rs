@@ -308,11 +308,10 @@ impl WorkerState {
                 true => timing::generation(ctx, tokens, w.n_gen, np, &mut shallow)?,
                 false => 0.0,
             };
-            let (pp_depth_tps, tg_depth_tps) = if w.depth > 0 {
-                let (pp, tg) = timing::at_depth(ctx, tokens, (w, np), timed, &mut deep)?;
-                (Some(pp), Some(tg))
-            } else {
-                (None, None)
+            let (pp_depth_tps, tg_depth_tps) = match w.depth > 0 {
+                true => timing::at_depth(ctx, tokens, (w, np), timed, &mut deep)
+                    .map(|(pp, tg)| (Some(pp), Some(tg)))?,
+                false => (None, None),
             };
             Ok(Repetition {
                 pp_tps,
@@ -321,6 +320,7 @@ impl WorkerState {
                 tg_depth_tps,
                 load: load.clone(),
                 timed,
+                screen: None,
             })
         };
         match run(ctx, &mut tokens) {

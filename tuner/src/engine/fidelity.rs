@@ -1,0 +1,163 @@
+//! The request a measurement takes: the search screens candidates on one shorter than the
+//! workload's, as short as the knobs a group compares allow (the knob table's
+//! [`search_space::Shows`]), and confirms its finalists on the workload's own request. On a 7B
+//! model on two cores a request of llama-bench's pp512/tg128 takes a minute, most of it
+//! generating; 32 generated tokens rank what 128 do (a token's rate does not depend on how many
+//! follow it), and a thread count or a kernel choice ranks on one micro-batch of a long prompt as
+//! on all of them.
+//!
+//! The engine decides at one request size at a time: every candidate's repetitions at that size
+//! are its figures ([`CandidateResult::decide_at`]), the others are set aside until a decision at
+//! their size needs them again.
+
+use super::result::CandidateResult;
+use super::Engine;
+use crate::measuring::{Ceilings, Repetition, Screen, Workload};
+use search_space::knob;
+use search_space::Candidate;
+
+/// The generated tokens a screen times (FMwork: 128 generated tokens rank configurations as 1,024
+/// do, at 2.7x less cost; a token's rate does not depend on the tokens after it).
+pub const SCREEN_GEN: u32 = 32;
+
+/// A run screens where even at its ceilings a request of the workload would take longer than
+/// this: a short request saves the most there, and the demo model's 3-second request is measured
+/// whole as it always was.
+pub const SCREEN_ABOVE: f64 = 5.0;
+
+/// Whether a run of `w` on a host with `ceilings` screens its candidates: where both ceilings are
+/// known (the host alone computes) and a request at them takes more than [`SCREEN_ABOVE`] seconds.
+pub fn worth_screening(w: &Workload, ceilings: &Ceilings) -> bool {
+    let (Some(pp), Some(tg)) = (ceilings.prompt_tps, ceilings.generation_tps) else {
+        return false;
+    };
+    let fastest = f64::from(w.n_prompt) / pp.max(1e-9) + f64::from(w.n_gen) / tg.max(1e-9);
+    fastest > SCREEN_ABOVE
+}
+
+/// Repetitions of a candidate at a request size other than the one the engine decides at now.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SetAside {
+    pub screen: Option<Screen>,
+    pub reps: Vec<Repetition>,
+    pub rounds: Vec<Option<u64>>,
+}
+
+impl CandidateResult {
+    /// Its figures become those at `screen` (`None`: the workload's own request); the ones it had
+    /// are set aside.
+    pub(crate) fn decide_at(&mut self, screen: Option<Screen>) {
+        if self.screen == screen {
+            return;
+        }
+        let now = SetAside {
+            screen: self.screen,
+            reps: std::mem::take(&mut self.reps),
+            rounds: std::mem::take(&mut self.rounds),
+        };
+        if !now.reps.is_empty() {
+            self.set_aside.push(now);
+        }
+        if let Some(k) = self.set_aside.iter().position(|s| s.screen == screen) {
+            let back = self.set_aside.remove(k);
+            (self.reps, self.rounds) = (back.reps, back.rounds);
+        }
+        self.screen = screen;
+    }
+
+    /// Whether it has the two repetitions a judgement needs at some request size.
+    pub(crate) fn measured_at_any_size(&self) -> bool {
+        self.reps.len() >= 2 || self.set_aside.iter().any(|s| s.reps.len() >= 2)
+    }
+
+    /// Repetitions reused from an earlier run, each where its request size puts it.
+    pub(crate) fn reuse(&mut self, reps: Vec<Repetition>) {
+        for rep in reps {
+            if rep.screen == self.screen {
+                self.reps.push(rep);
+                self.rounds.push(None);
+                continue;
+            }
+            match self.set_aside.iter_mut().find(|s| s.screen == rep.screen) {
+                Some(s) => {
+                    s.reps.push(rep);
+                    s.rounds.push(None);
+                }
+                None => self.set_aside.push(SetAside {
+                    screen: rep.screen,
+                    reps: vec![rep],
+                    rounds: vec![None],
+                }),
+            }
+        }
+    }
+
+    /// For the report: where it has too few repetitions on the workload's request to be judged
+    /// (it was screened, not confirmed), its figures at the screen it has the most repetitions of.
+    pub(crate) fn show_screened(&mut self) {
+        if self.screen.is_some() || self.reps.len() >= 2 {
+            return;
+        }
+        let most = (self.set_aside.iter())
+            .filter(|s| s.reps.len() >= 2)
+            .max_by_key(|s| (s.reps.len(), s.screen.map(|x| x.n_prompt)))
+            .map(|s| s.screen);
+        if let Some(screen) = most {
+            self.decide_at(screen);
+        }
+    }
+}
+
+impl Engine<'_> {
+    /// The request a group of `candidates` is screened on: the workload's, with no more than
+    /// [`SCREEN_GEN`] generated tokens and, where every difference among them shows on a short
+    /// prompt, no more prompt than one micro-batch of it (llama.cpp computes a prompt a micro-batch
+    /// at a time; a thread count or a kernel choice changes each alike). `None` where that is the
+    /// workload's own request, where the run does not screen, and in the confirmation and the grid
+    /// (measured whole). A candidate alone is a reference (the defaults: the time said, the
+    /// ceilings' shares, the headline): its whole prompt.
+    pub(crate) fn screen_for(&self, candidates: &[Candidate], axis: &str) -> Option<Screen> {
+        let w = &self.settings.plan.workload;
+        if !self.settings.screen || axis == super::confirm::CONFIRM || axis == "grid" {
+            return None;
+        }
+        let micro_batch = candidates.iter().map(|c| c.n_ubatch).max();
+        let n_prompt = match micro_batch {
+            Some(ub) if candidates.len() > 1 && knob::shows_on_short(candidates) => {
+                w.n_prompt.min(ub)
+            }
+            _ => w.n_prompt,
+        };
+        let screen = Screen {
+            n_prompt,
+            n_gen: w.n_gen.min(SCREEN_GEN),
+        };
+        (screen.n_prompt < w.n_prompt || screen.n_gen < w.n_gen).then_some(screen)
+    }
+
+    /// Every candidate's figures become those at `screen` ([`CandidateResult::decide_at`]).
+    pub(crate) fn decide_at(&mut self, screen: Option<Screen>) {
+        self.fidelity = screen;
+        for r in &mut self.results {
+            r.decide_at(screen);
+        }
+    }
+
+    /// The request a measurement now takes: the workload's, at the size decided at.
+    pub(crate) fn measured_workload(&self) -> Workload {
+        self.workload_at(self.fidelity)
+    }
+
+    /// The workload's request at `screen`'s size (`None`: its own).
+    pub(crate) fn workload_at(&self, screen: Option<Screen>) -> Workload {
+        let w = &self.settings.plan.workload;
+        match screen {
+            Some(s) => Workload {
+                n_prompt: s.n_prompt,
+                n_gen: s.n_gen,
+                ..w.clone()
+            },
+            None => w.clone(),
+        }
+    }
+}
