@@ -32,7 +32,7 @@ mod ceiling;
 mod challenge;
 mod confirm;
 pub mod context;
-mod fidelity;
+pub(crate) mod fidelity;
 mod gate;
 mod group;
 mod hosts;
@@ -60,11 +60,9 @@ pub(crate) use axes::vary_cache;
 use axes::*;
 #[cfg(test)]
 pub(crate) use backends::backend_of_device;
-pub use confirm::TwinVerdict;
-pub use fidelity::worth_screening;
 pub use result::{score_seconds, CandidateResult, BUDGET_SPENT};
 use result::{tie_break, tie_winner};
-pub use run::{BackendTried, Run};
+pub use run::{BackendTried, Run, TwinVerdict};
 #[cfg(test)]
 pub use settings::TEXT;
 pub use settings::{
@@ -80,7 +78,7 @@ pub(crate) struct Concluded {
     /// Each finalist's median on the workload's request over its median where it was screened,
     /// less one.
     pub drift: Vec<(Candidate, f64)>,
-    pub twin: Option<confirm::TwinVerdict>,
+    pub twin: Option<TwinVerdict>,
 }
 
 /// How a tie is broken: on an axis beside an offload device toward less memory (what it frees may
@@ -472,7 +470,12 @@ impl Engine<'_> {
         let finalists = self.finalists(&w, &measured, &base);
         done.drift = self.confirm(&finalists);
         let allowed = self.allowed(&finalists);
-        done.winner = match self.choose_final(&allowed) {
+        // The choice on the confirmation's rounds where it measured the search's winner and every
+        // finalist it compares with (a finalist it did not reach would lose to the winner unseen).
+        let judged = |r: &CandidateResult| r.ok() || r.did_not_fit() || r.failure.is_some();
+        let confirmed =
+            (allowed.iter()).all(|c| (self.results.iter()).any(|r| &r.candidate == c && judged(r)));
+        done.winner = match confirmed.then(|| self.choose_final(&allowed)).flatten() {
             Some(b) => {
                 done.twin = self.twin_verdict(&finalists, &b);
                 Some(b)

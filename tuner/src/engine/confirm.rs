@@ -5,6 +5,7 @@
 //! quantized cache), its lossless twin: every other knob equal, so that a lossy setting wins only
 //! by being faster beyond the noise than the same configuration without it.
 
+use super::run::TwinVerdict;
 use super::Engine;
 use crate::stats::{self, Sample};
 use search_space::{knob, Candidate};
@@ -19,19 +20,6 @@ pub const CONFIRM_ROUNDS: u32 = 2;
 /// Finalists the time reserved for the confirmation plans on: the winner and llama.cpp's defaults
 /// (a runner-up or a lossless twin beside them take what the search left).
 pub const RESERVED_FINALISTS: f64 = 2.0;
-
-/// What the confirmation found for a lossy winner's lossless twin, for the report.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct TwinVerdict {
-    /// The lossy candidate and its twin, by label.
-    pub lossy: String,
-    pub twin: String,
-    /// The lossy one's requests a second over the twin's, less one (0.05: 5% faster), on the
-    /// confirmation's rounds; `None` where either was not measured enough to compare.
-    pub ratio: Option<f64>,
-    /// Which of the two the run chose.
-    pub chose_lossy: bool,
-}
 
 impl Engine<'_> {
     /// The finalists of a search that chose `winner` among `measured` (its choosable candidates,

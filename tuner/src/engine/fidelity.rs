@@ -10,9 +10,8 @@
 //! are its figures ([`CandidateResult::decide_at`]), the others are set aside until a decision at
 //! their size needs them again.
 
-use super::result::CandidateResult;
 use super::Engine;
-use crate::measuring::{Ceilings, Repetition, Screen, Workload};
+use crate::measuring::{Ceilings, Screen, Workload};
 use search_space::knob;
 use search_space::Candidate;
 
@@ -33,79 +32,6 @@ pub fn worth_screening(w: &Workload, ceilings: &Ceilings) -> bool {
     };
     let fastest = f64::from(w.n_prompt) / pp.max(1e-9) + f64::from(w.n_gen) / tg.max(1e-9);
     fastest > SCREEN_ABOVE
-}
-
-/// Repetitions of a candidate at a request size other than the one the engine decides at now.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct SetAside {
-    pub screen: Option<Screen>,
-    pub reps: Vec<Repetition>,
-    pub rounds: Vec<Option<u64>>,
-}
-
-impl CandidateResult {
-    /// Its figures become those at `screen` (`None`: the workload's own request); the ones it had
-    /// are set aside.
-    pub(crate) fn decide_at(&mut self, screen: Option<Screen>) {
-        if self.screen == screen {
-            return;
-        }
-        let now = SetAside {
-            screen: self.screen,
-            reps: std::mem::take(&mut self.reps),
-            rounds: std::mem::take(&mut self.rounds),
-        };
-        if !now.reps.is_empty() {
-            self.set_aside.push(now);
-        }
-        if let Some(k) = self.set_aside.iter().position(|s| s.screen == screen) {
-            let back = self.set_aside.remove(k);
-            (self.reps, self.rounds) = (back.reps, back.rounds);
-        }
-        self.screen = screen;
-    }
-
-    /// Whether it has the two repetitions a judgement needs at some request size.
-    pub(crate) fn measured_at_any_size(&self) -> bool {
-        self.reps.len() >= 2 || self.set_aside.iter().any(|s| s.reps.len() >= 2)
-    }
-
-    /// Repetitions reused from an earlier run, each where its request size puts it.
-    pub(crate) fn reuse(&mut self, reps: Vec<Repetition>) {
-        for rep in reps {
-            if rep.screen == self.screen {
-                self.reps.push(rep);
-                self.rounds.push(None);
-                continue;
-            }
-            match self.set_aside.iter_mut().find(|s| s.screen == rep.screen) {
-                Some(s) => {
-                    s.reps.push(rep);
-                    s.rounds.push(None);
-                }
-                None => self.set_aside.push(SetAside {
-                    screen: rep.screen,
-                    reps: vec![rep],
-                    rounds: vec![None],
-                }),
-            }
-        }
-    }
-
-    /// For the report: where it has too few repetitions on the workload's request to be judged
-    /// (it was screened, not confirmed), its figures at the screen it has the most repetitions of.
-    pub(crate) fn show_screened(&mut self) {
-        if self.screen.is_some() || self.reps.len() >= 2 {
-            return;
-        }
-        let most = (self.set_aside.iter())
-            .filter(|s| s.reps.len() >= 2)
-            .max_by_key(|s| (s.reps.len(), s.screen.map(|x| x.n_prompt)))
-            .map(|s| s.screen);
-        if let Some(screen) = most {
-            self.decide_at(screen);
-        }
-    }
 }
 
 impl Engine<'_> {

@@ -44,7 +44,7 @@ pub struct CandidateResult {
     pub screen: Option<Screen>,
     /// Its repetitions at the request sizes the engine does not decide at now.
     #[serde(skip)]
-    pub(crate) set_aside: Vec<super::fidelity::SetAside>,
+    pub(crate) set_aside: Vec<SetAside>,
 }
 
 impl CandidateResult {
@@ -133,6 +133,79 @@ impl CandidateResult {
     }
 }
 
+/// Repetitions of a candidate at a request size other than the one the engine decides at now.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SetAside {
+    pub screen: Option<Screen>,
+    pub reps: Vec<Repetition>,
+    pub rounds: Vec<Option<u64>>,
+}
+
+impl CandidateResult {
+    /// Its figures become those at `screen` (`None`: the workload's own request); the ones it had
+    /// are set aside.
+    pub(crate) fn decide_at(&mut self, screen: Option<Screen>) {
+        if self.screen == screen {
+            return;
+        }
+        let now = SetAside {
+            screen: self.screen,
+            reps: std::mem::take(&mut self.reps),
+            rounds: std::mem::take(&mut self.rounds),
+        };
+        if !now.reps.is_empty() {
+            self.set_aside.push(now);
+        }
+        if let Some(k) = self.set_aside.iter().position(|s| s.screen == screen) {
+            let back = self.set_aside.remove(k);
+            (self.reps, self.rounds) = (back.reps, back.rounds);
+        }
+        self.screen = screen;
+    }
+
+    /// Whether it has the two repetitions a judgement needs at some request size.
+    pub(crate) fn measured_at_any_size(&self) -> bool {
+        self.reps.len() >= 2 || self.set_aside.iter().any(|s| s.reps.len() >= 2)
+    }
+
+    /// Repetitions reused from an earlier run, each where its request size puts it.
+    pub(crate) fn reuse(&mut self, reps: Vec<Repetition>) {
+        for rep in reps {
+            if rep.screen == self.screen {
+                self.reps.push(rep);
+                self.rounds.push(None);
+                continue;
+            }
+            match self.set_aside.iter_mut().find(|s| s.screen == rep.screen) {
+                Some(s) => {
+                    s.reps.push(rep);
+                    s.rounds.push(None);
+                }
+                None => self.set_aside.push(SetAside {
+                    screen: rep.screen,
+                    reps: vec![rep],
+                    rounds: vec![None],
+                }),
+            }
+        }
+    }
+
+    /// For the report: where it has too few repetitions on the workload's request to be judged
+    /// (it was screened, not confirmed), its figures at the screen it has the most repetitions of.
+    pub(crate) fn show_screened(&mut self) {
+        if self.screen.is_some() || self.reps.len() >= 2 {
+            return;
+        }
+        let most = (self.set_aside.iter())
+            .filter(|s| s.reps.len() >= 2)
+            .max_by_key(|s| (s.reps.len(), s.screen.map(|x| x.n_prompt)))
+            .map(|s| s.screen);
+        if let Some(screen) = most {
+            self.decide_at(screen);
+        }
+    }
+}
+
 /// The objective: expected seconds for one request of the workload,
 /// `n_prompt / pp + n_gen / tg`, with pp and tg measured at depth when a depth is set (a request in
 /// a long chat processes its prompt after what the cache holds, then generates).
@@ -167,8 +240,8 @@ pub(crate) fn rep_seconds(r: &Repetition, w: &Workload) -> f64 {
 /// f16 cache's is kept among the tied only where it holds more of the model on the offload devices
 /// (`offload`) than every less lossy one tied with it: there the memory it saves buys something
 /// measured (a layer more on a device). Among those left (equal loss, or such a gain), less memory
-/// decides ([`tie_break`]). A user who did not ask for less memory does not get a lossy cache for
-/// nothing.
+/// decides ([`tie_break`]), and on the host alone the configuration closer to llama.cpp's defaults
+/// first. A user who did not ask for less memory does not get a lossy cache for nothing.
 pub(super) fn tie_winner<'r>(
     tied: &[&'r CandidateResult],
     offload: bool,
@@ -183,9 +256,17 @@ pub(super) fn tie_winner<'r>(
     let least = (tied.iter())
         .map(|r| kv_loss(&r.candidate))
         .fold(f64::INFINITY, f64::min);
-    (tied.iter().copied())
-        .filter(|r| kv_loss(&r.candidate) <= least || buys_placement(r))
-        .min_by(|a, b| tie_break(a, b))
+    let kept =
+        (tied.iter().copied()).filter(|r| kv_loss(&r.candidate) <= least || buys_placement(r));
+    match offload {
+        true => kept.min_by(|a, b| tie_break(a, b)),
+        // On the host alone memory buys nothing: the configuration closer to llama.cpp's defaults
+        // (a tie between flash attention on and off went to off for its smaller buffers, and the
+        // confirmation measured it 8% slower on a 7B).
+        false => kept.min_by(|a, b| {
+            (a.candidate.complexity().cmp(&b.candidate.complexity())).then(tie_break(a, b))
+        }),
+    }
 }
 
 /// How far a candidate's KV cache is from lossless: 0 for unquantized K and V, else more the

@@ -92,7 +92,7 @@ pub struct Run {
     /// The axes not measured: the ceilings left nothing beyond the noise to win there.
     pub skipped_axes: Vec<crate::measuring::SkippedAxis>,
     /// A lossy finalist beside its lossless twin, as the confirmation measured them.
-    pub twin: Option<super::confirm::TwinVerdict>,
+    pub twin: Option<TwinVerdict>,
 }
 
 /// One backend's configuration in the backend axis.
@@ -103,4 +103,17 @@ pub struct BackendTried {
     pub candidate: Candidate,
     /// The axis chose it: the search went on through this backend.
     pub chosen: bool,
+}
+
+/// What the confirmation found for a lossy winner's lossless twin, for the report.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TwinVerdict {
+    /// The lossy candidate and its twin, by label.
+    pub lossy: String,
+    pub twin: String,
+    /// The lossy one's requests a second over the twin's, less one (0.05: 5% faster), on the
+    /// confirmation's rounds; `None` where either was not measured enough to compare.
+    pub ratio: Option<f64>,
+    /// Which of the two the run chose.
+    pub chose_lossy: bool,
 }

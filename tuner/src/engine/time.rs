@@ -117,11 +117,12 @@ impl Engine<'_> {
         RESERVED_FINALISTS * f64::from(CONFIRM_ROUNDS) * self.confirm_cost()
     }
 
-    /// One confirming repetition: a load and the workload's request, at the defaults' figures.
+    /// One confirming repetition: a load, its warm-up and the workload's request, at the defaults'
+    /// figures.
     pub(super) fn confirm_cost(&self) -> f64 {
         self.time_plan
             .as_ref()
-            .map_or(0.0, |p| p.load_s + p.repetition_s)
+            .map_or(0.0, |p| p.load_s + p.warm_up_s + p.repetition_s)
     }
 
     /// What measuring `c` once more costs at the request size decided at, timing `phases`: its

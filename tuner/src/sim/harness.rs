@@ -113,7 +113,7 @@ pub fn settings(land: &Landscape, seed: u64) -> TuneSettings {
         split_modes: Vec::new(),
         // What the probes would find where the host alone computes (none beside a device).
         ceilings: land.ceilings(&workload),
-        screen: crate::engine::worth_screening(&workload, &land.ceilings(&workload)),
+        screen: crate::engine::fidelity::worth_screening(&workload, &land.ceilings(&workload)),
     }
 }
 

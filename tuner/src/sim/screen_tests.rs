@@ -4,7 +4,8 @@
 
 use super::harness::{settings, tune, with_engine, Mode};
 use super::{Landscape, SimMeasurer};
-use crate::engine::{worth_screening, Engine};
+use crate::engine::fidelity::worth_screening;
+use crate::engine::Engine;
 use crate::measuring::Screen;
 use search_space::{knob, CacheType, Candidate};
 

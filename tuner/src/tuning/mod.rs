@@ -418,8 +418,8 @@ fn resolve(
             ..settings.plan.clone()
         })?;
     }
-    settings.screen =
-        !plan.exhaustive && crate::engine::worth_screening(&settings.plan.workload, &ceilings);
+    settings.screen = !plan.exhaustive
+        && crate::engine::fidelity::worth_screening(&settings.plan.workload, &ceilings);
     settings.ceilings = ceilings;
     Ok((settings, context))
 }
