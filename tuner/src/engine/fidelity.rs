@@ -3,8 +3,8 @@
 //! [`search_space::Shows`]), and confirms its finalists on the workload's own request. On a 7B
 //! model on two cores a request of llama-bench's pp512/tg128 takes a minute, most of it
 //! generating; 32 generated tokens rank what 128 do (a token's rate does not depend on how many
-//! follow it), and a thread count or a kernel choice ranks on one micro-batch of a long prompt as
-//! on all of them.
+//! follow it), and a thread count or a kernel choice ranks on a 128-token prompt as on 512 (the
+//! rank check: docs/benchmarks.md).
 //!
 //! The engine decides at one request size at a time: every candidate's repetitions at that size
 //! are its figures ([`CandidateResult::decide_at`]), the others are set aside until a decision at
@@ -18,6 +18,13 @@ use search_space::Candidate;
 /// The generated tokens a screen times (FMwork: 128 generated tokens rank configurations as 1,024
 /// do, at 2.7x less cost; a token's rate does not depend on the tokens after it).
 pub const SCREEN_GEN: u32 = 32;
+
+/// The prompt a screen times where every knob compared shows its effect on a short one (and at
+/// most one micro-batch): the warm-up before a fresh context's first repetition processes as many
+/// (a prompt-sized graph's first run is slower: 13% on a 7B's first 512-token prompt after a
+/// 32-token warm-up), so a thread count or a kernel choice costs a quarter of a 512-token prompt
+/// twice over.
+pub const SCREEN_PROMPT: u32 = 128;
 
 /// A run screens where even at its ceilings a request of the workload would take longer than
 /// this: a short request saves the most there, and the demo model's 3-second request is measured
@@ -37,8 +44,7 @@ pub fn worth_screening(w: &Workload, ceilings: &Ceilings) -> bool {
 impl Engine<'_> {
     /// The request a group of `candidates` is screened on: the workload's, with no more than
     /// [`SCREEN_GEN`] generated tokens and, where every difference among them shows on a short
-    /// prompt, no more prompt than one micro-batch of it (llama.cpp computes a prompt a micro-batch
-    /// at a time; a thread count or a kernel choice changes each alike). `None` where that is the
+    /// prompt, no more than [`SCREEN_PROMPT`] prompt tokens (and one micro-batch). `None` where that is the
     /// workload's own request, where the run does not screen, and in the confirmation and the grid
     /// (measured whole). A candidate alone is a reference (the defaults: the time said, the
     /// ceilings' shares, the headline): its whole prompt.
@@ -50,7 +56,7 @@ impl Engine<'_> {
         let micro_batch = candidates.iter().map(|c| c.n_ubatch).max();
         let n_prompt = match micro_batch {
             Some(ub) if candidates.len() > 1 && knob::shows_on_short(candidates) => {
-                w.n_prompt.min(ub)
+                w.n_prompt.min(ub).min(SCREEN_PROMPT)
             }
             _ => w.n_prompt,
         };

@@ -174,10 +174,10 @@ fn a_screen_keeps_the_whole_prompt_where_a_knob_compared_needs_it() {
         assert_eq!(
             e.screen_for(&[base.clone(), t8], "threads"),
             Some(Screen {
-                n_prompt: 512,
+                n_prompt: 128,
                 n_gen: 32
             }),
-            "a thread count shows on one micro-batch"
+            "a thread count shows on a short prompt"
         );
         assert_eq!(
             e.screen_for(&[base.clone(), ub], "batch"),
