@@ -22,14 +22,11 @@ pub(crate) fn phases_of(axis: &str) -> Phases {
     }
 }
 
-/// How far past its ceiling a phase may be measured and the ceiling still be taken for one: a
-/// measurement's own noise. Further past it, the probe was low (a busy moment, a kernel it did not
-/// try), and a ceiling the measurements beat bounds nothing.
-pub(crate) const PAST_CEILING: f64 = 0.03;
-
-/// A phase's ceiling where `now` (measured) does not beat it by more than [`PAST_CEILING`].
+/// A phase's ceiling where `now` (measured) does not beat it. A measurement above its probe shows
+/// the probe low (a busy moment, a kernel it did not try: one was 30% low), and a ceiling that may
+/// be low cannot say an axis has nothing to win: it bounds nothing, and the axes are measured.
 pub(crate) fn ceiling_of(now: f64, ceiling: Option<f64>) -> Option<f64> {
-    ceiling.filter(|x| x.is_finite() && *x > 0.0 && now <= x * (1.0 + PAST_CEILING))
+    ceiling.filter(|x| x.is_finite() && *x > 0.0 && now <= *x)
 }
 
 /// The most a request measured at `pp` and `tg` tokens a second could gain where `phases` move,

@@ -1,7 +1,9 @@
 //! A short probe of the CPU's memory read bandwidth, for the roofline.
 //!
 //! Method: fill a buffer several times larger than the last-level cache (so the reads come from RAM,
-//! not from cache), then read it with every CPU at once, each thread summing its own contiguous
+//! not from cache), each part first written by the thread that reads it (on several NUMA nodes each
+//! thread then reads its own node's memory, as a decoding thread reads what it first touched), then
+//! read it with every CPU at once, each thread summing its own contiguous
 //! chunk, and keep the best of a few passes (the best pass is the one least disturbed by other work on
 //! the machine). About a second in all, most of it filling the buffer. It is a plain streaming read,
 //! like the weight reads of token generation; it does not try the tricks (non-temporal loads,
@@ -129,12 +131,8 @@ pub fn measure_cpu() -> Option<Bandwidth> {
         .map(|n| n.get())
         .unwrap_or(1);
     let words = (size / 8) as usize;
-    let mut buffer: Vec<u64> = Vec::new();
-    buffer.try_reserve_exact(words).ok()?;
-    // Non-zero contents, written before timing: untouched pages all map to one shared zero page,
-    // which would be read from cache.
-    buffer.resize(words, 0x0101_0101_0101_0101);
     let chunk = words.div_ceil(threads);
+    let buffer = filled(words, chunk)?;
     let started = Instant::now();
     let mut best = 0.0f64;
     let mut passes = 0;
@@ -173,6 +171,29 @@ pub fn measure_cpu() -> Option<Bandwidth> {
             search_space::size::format_size(size)
         ),
     })
+}
+
+/// `words` non-zero words (untouched pages all map to one shared zero page, which would be read
+/// from cache), each `chunk` of them written first by the thread that reads it in the probe: the
+/// kernel places a page on the NUMA node of the thread that first touches it, as the weights a
+/// decoding thread reads (one thread filling it all would put the buffer on its node, and the
+/// probe would read one node's memory). `None` where the memory cannot be had.
+fn filled(words: usize, chunk: usize) -> Option<Vec<u64>> {
+    let mut buffer: Vec<u64> = Vec::new();
+    buffer.try_reserve_exact(words).ok()?;
+    std::thread::scope(|s| {
+        for part in buffer.spare_capacity_mut()[..words].chunks_mut(chunk.max(1)) {
+            s.spawn(move || {
+                for w in part {
+                    w.write(0x0101_0101_0101_0101);
+                }
+            });
+        }
+    });
+    // SAFETY: the threads above wrote every one of the first `words` elements, within the
+    // capacity reserved for them.
+    unsafe { buffer.set_len(words) };
+    Some(buffer)
 }
 
 /// The probe's buffer: `CACHE_MULTIPLE` × the cache, within bounds, and at most a quarter of the free
