@@ -17,6 +17,10 @@ pub struct QualityFigures {
     pub kld_se: f64,
     pub kld_median: f64,
     pub kld_p99: f64,
+    /// The 99.9th percentile: what the worst positions in a thousand saw (absent in records
+    /// written before it was kept).
+    #[serde(default)]
+    pub kld_p999: f64,
     pub kld_max: f64,
     /// Share of positions whose most likely next token is the reference's (0..1).
     pub top1: f64,
@@ -123,9 +127,10 @@ impl KvQualityCheck {
                     _ => String::new(),
                 };
                 format!(
-                    "mean KLD {}, p99 {}, top-1 {:.1}%{against}",
+                    "mean KLD {}, p99 {}, p99.9 {}, top-1 {:.1}%{against}",
                     fmt_kld(f.kld_mean),
                     fmt_kld(f.kld_p99),
+                    fmt_kld(f.kld_p999),
                     100.0 * f.top1
                 )
             }

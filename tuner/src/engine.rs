@@ -343,12 +343,22 @@ impl<'a> Engine<'a> {
         ties: Ties,
     ) -> Option<Candidate> {
         let w = &self.settings.plan.workload;
-        let measured: Vec<&CandidateResult> = among
+        let found: Vec<&CandidateResult> = among
             .iter()
             .filter(|c| !refused.contains(&lossy_of(c)))
             .filter_map(|c| self.results.iter().find(|r| &r.candidate == c))
             .filter(|r| r.ok())
             .collect();
+        // In the run's choice, measured figures alone: a phase a repetition borrowed from its group
+        // is a constant outside it, with no variance to judge by.
+        let whole: Vec<CandidateResult> = match ties {
+            Ties::Final => found.iter().map(|r| r.timed_whole()).collect(),
+            _ => Vec::new(),
+        };
+        let measured: Vec<&CandidateResult> = match ties {
+            Ties::Final => whole.iter().filter(|r| r.ok()).collect(),
+            _ => found,
+        };
         let top = measured.iter().max_by(|a, b| {
             let (ma, mb) = (
                 a.rate_sample(w).map(|s| s.median()),

@@ -122,6 +122,20 @@ impl CandidateResult {
         stats::decide(&self.round_rates(w), &other.round_rates(w), noise, seed)
     }
 
+    /// A copy with only the repetitions that timed both phases (none of their figures borrowed),
+    /// each with its round; where fewer than two did, all of them.
+    pub(crate) fn timed_whole(&self) -> CandidateResult {
+        let keep: Vec<bool> = self.reps.iter().map(|r| r.timed.is_both()).collect();
+        let mut out = self.clone();
+        if keep.iter().filter(|k| **k).count() >= 2 {
+            let mut k = keep.iter();
+            out.reps.retain(|_| *k.next().unwrap_or(&true));
+            let mut k = keep.iter();
+            out.rounds.retain(|_| *k.next().unwrap_or(&true));
+        }
+        out
+    }
+
     /// Bytes the load holds ([`LoadReport::held_bytes`]: llama.cpp's figures, its mapped buffers as
     /// the pages inference read), else the dry run's prediction (0 when neither is known).
     pub fn mem_bytes(&self) -> u64 {

@@ -41,7 +41,13 @@ impl Engine<'_> {
             return false;
         }
         let n = r.reps.len() as u32;
-        if n < self.settings.plan.min_reps {
+        // A screen ranks, and the finalists are measured again whole: its first visit's two
+        // repetitions are its minimum.
+        let min_reps = match self.fidelity {
+            Some(_) => self.settings.plan.min_reps.min(2),
+            None => self.settings.plan.min_reps,
+        };
+        if n < min_reps {
             return true;
         }
         if n >= self.settings.plan.max_reps || spent >= self.settings.plan.candidate_cap {

@@ -704,6 +704,7 @@ fn the_quality_finding_shows_the_winners_figures_and_what_the_gate_refused() {
         kld_se: kld / 20.0,
         kld_median: kld / 3.0,
         kld_p99: kld * 8.0,
+        kld_p999: kld * 30.0,
         kld_max: kld * 40.0,
         top1,
         ref_ppl: 6.2,

@@ -124,6 +124,7 @@ impl Accumulator {
             kld_se: (var / nf).sqrt(),
             kld_median: quantile(0.5),
             kld_p99: quantile(0.99),
+            kld_p999: quantile(0.999),
             kld_max: self.klds.last().copied().unwrap_or(0.0),
             top1: if n > 0 {
                 self.same_top1 as f64 / nf

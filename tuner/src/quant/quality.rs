@@ -786,6 +786,7 @@ mod tests {
             kld_se: 0.001,
             kld_median: 0.003,
             kld_p99: 0.06,
+            kld_p999: 0.2,
             kld_max: 0.5,
             top1: 0.95,
             ref_ppl: 20.0,

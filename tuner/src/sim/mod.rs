@@ -384,6 +384,7 @@ impl Measurer for SimMeasurer {
                 kld_se: kld / 20.0,
                 kld_median: kld / 3.0,
                 kld_p99: kld * 8.0,
+                kld_p999: kld * 30.0,
                 kld_max: kld * 40.0,
                 top1: (1.0 - 1.7 * kld.sqrt()).max(0.0),
                 ref_ppl: 10.0,

@@ -103,6 +103,8 @@ pub struct WorkerState {
     /// Whether the referenced bits were cleared after the last (re)load, so that the model file's
     /// pages read from then on can be counted ([`memory::model_pages_referenced`]).
     refs_cleared: bool,
+    /// Whether the last request loaded the model (not only made a new context on it).
+    model_loaded: bool,
 }
 
 /// The worker's memory just before the model was loaded.
@@ -164,9 +166,11 @@ impl WorkerState {
             stage: "rpc".into(),
             message: e.to_string(),
         })?;
+        self.model_loaded = false;
         if self.model.as_ref().map(|(k, _)| k) != Some(&key) {
             self.load_model(m, key)?;
             fresh = true;
+            self.model_loaded = true;
         }
         if self.context.as_ref().map(|(c, _)| c) != Some(&m.context) {
             self.context = None;
@@ -281,6 +285,7 @@ impl WorkerState {
             Ok(l) => l,
             Err(r) => return r,
         };
+        let model_loaded = self.model_loaded;
         let ctx = &mut self.context.as_mut().expect("context created above").1;
         let mut tokens = TokenSource::new(m.seed, ctx.model().n_vocab(), ctx.model().bos());
         let w = &m.workload;
@@ -289,7 +294,7 @@ impl WorkerState {
                    tokens: &mut TokenSource|
          -> Result<Repetition, llama::LlamaError> {
             if load.is_some() {
-                warm_up(ctx, tokens, m)?;
+                warm_up(ctx, tokens, m, model_loaded)?;
             }
             // The score counts the phases at depth when there is one, else the others.
             let limit = m.give_up.map(|g| g.limit_ms as f64 / 1e3);
@@ -367,10 +372,12 @@ fn warm_up(
     ctx: &mut Context,
     tokens: &mut TokenSource,
     m: &MeasureRequest,
+    model_loaded: bool,
 ) -> Result<(), llama::LlamaError> {
     let w = &m.workload;
     let np = w.n_parallel.max(1);
-    let prompt = match m.phases.prompt {
+    let context_only = !model_loaded && std::env::var_os("AUTOTUNE_WARM_CONTEXT_SHORT").is_some();
+    let prompt = match m.phases.prompt && !context_only {
         true => w.n_prompt,
         false => w.n_prompt.min(WARM_UP_TOKENS),
     };
