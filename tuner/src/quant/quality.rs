@@ -1,7 +1,8 @@
 //! Quality of a ladder: for every rung, and for every KV-cache type (on the reference's weights), the
 //! KL divergence of its next-token distributions from the reference's and how often both agree on
 //! the most likely token, over an evaluation text shipped with autotune (`assets/eval.txt`: English
-//! prose, code and dialogue written for this purpose, about 3,000 tokens).
+//! prose, code, dialogue and a specification written for this purpose, about 14,100 words; the
+//! token count depends on the model's vocabulary).
 //!
 //! Each evaluation runs in a worker (llama.cpp, logits for every position, the text cut into chunks
 //! of the context size) and is cached in `$AUTOTUNE_CACHE_DIR/quality/` by the identities of both
@@ -886,5 +887,20 @@ mod tests {
         // Near its mean two windows decide nothing; a table wants every window.
         assert!(!reusable(&row, Some(0.0075)));
         assert!(!reusable(&row, None));
+    }
+
+    /// Windows run to 16,384 tokens, and one longer than the text would repeat it: both caches
+    /// would then copy what they saw a few thousand tokens back and agree whatever the quantized
+    /// one lost. So the text is long enough and repeats no run of 40 words (about 64 tokens).
+    #[test]
+    fn the_evaluation_text_repeats_no_run_of_words() {
+        let words: Vec<&str> = EVAL_TEXT.split_whitespace().collect();
+        assert!(words.len() >= 13_000, "{} words", words.len());
+        let mut runs = std::collections::HashSet::<String>::new();
+        for run in words.windows(40) {
+            let run = run.join(" ");
+            assert!(!runs.contains(&run), "repeated: {run}");
+            runs.insert(run);
+        }
     }
 }
