@@ -167,12 +167,13 @@ mod tests {
         assert!((prompt - (now / (512.0 / 40.0 + 128.0 / 7.2) - 1.0)).abs() < 1e-12);
         let both = at_most(&c, 20.0, 7.2, Phases::BOTH, &w(512, 128)).unwrap();
         assert!(both > prompt && both > gen);
-        // A phase measured at its ceiling, within a measurement's noise, has nothing left (not a
-        // negative gain); one measured well past it shows the probe was low: no bound.
+        // A phase measured at its ceiling has nothing left; one measured past it, however little,
+        // shows the probe low: no bound.
         assert_eq!(
-            at_most(&c, 41.0, 8.1, Phases::BOTH, &w(512, 128)),
+            at_most(&c, 40.0, 8.0, Phases::BOTH, &w(512, 128)),
             Some(0.0)
         );
+        assert_eq!(at_most(&c, 41.0, 8.0, Phases::BOTH, &w(512, 128)), None);
         assert_eq!(at_most(&c, 50.0, 8.1, Phases::BOTH, &w(512, 128)), None);
         assert!(at_most(&c, 50.0, 7.2, Phases::GENERATION, &w(512, 128)).is_some());
     }

@@ -119,20 +119,7 @@ impl Engine<'_> {
                 attn_rot: c.attn_rot,
             },
         };
-        let verdict = if check.passed {
-            "within the gate".to_string()
-        } else if let Some(f) = check.figures.as_ref().filter(|f| f.kld_mean <= max) {
-            format!(
-                "its mean within the gate, its 99th percentile ({}) over {} times it ({}): refused",
-                profiles::fmt_kld(f.kld_p99),
-                TAIL_MULTIPLE,
-                profiles::fmt_kld(max)
-            )
-        } else if check.figures.is_some() {
-            format!("over the gate ({}): refused", profiles::fmt_kld(max))
-        } else {
-            "refused".to_string()
-        };
+        let verdict = verdict_of(&check, max);
         self.progress
             .note(&format!("quality {label}: {}, {verdict}", check.describe()));
         check
@@ -149,6 +136,24 @@ impl Engine<'_> {
             tokens: q.max_tokens,
             checks: self.kv_checks.clone(),
         }
+    }
+}
+
+/// What the gate said of a pair, for the progress line.
+fn verdict_of(check: &KvQualityCheck, max: f64) -> String {
+    if check.passed {
+        "within the gate".to_string()
+    } else if let Some(f) = check.figures.as_ref().filter(|f| f.kld_mean <= max) {
+        format!(
+            "its mean within the gate, its 99th percentile ({}) over {} times it ({}): refused",
+            profiles::fmt_kld(f.kld_p99),
+            TAIL_MULTIPLE,
+            profiles::fmt_kld(max)
+        )
+    } else if check.figures.is_some() {
+        format!("over the gate ({}): refused", profiles::fmt_kld(max))
+    } else {
+        "refused".to_string()
     }
 }
 

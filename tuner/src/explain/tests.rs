@@ -742,7 +742,7 @@ fn the_quality_finding_shows_the_winners_figures_and_what_the_gate_refused() {
     let q = finding(&Explanation::of(&p), Topic::Quality).clone();
     assert_eq!(
         q.text,
-        "kv=q8_0/q8_0: mean KLD 0.0015, p99 0.0120, top-1 98.5% against f16, within the gate (0.0200); \
+        "kv=q8_0/q8_0: mean KLD 0.0015, p99 0.0120, p99.9 0.0450, top-1 98.5% against f16, within the gate (0.0200); \
          1024-token windows of autotune's evaluation text (English prose, code and dialogue)"
     );
     assert_eq!(

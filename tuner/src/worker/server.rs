@@ -285,7 +285,7 @@ impl WorkerState {
             Ok(l) => l,
             Err(r) => return r,
         };
-        let model_loaded = self.model_loaded;
+        let warm = (load.is_some()).then_some(self.model_loaded);
         let ctx = &mut self.context.as_mut().expect("context created above").1;
         let mut tokens = TokenSource::new(m.seed, ctx.model().n_vocab(), ctx.model().bos());
         let w = &m.workload;
@@ -293,16 +293,10 @@ impl WorkerState {
         let run = |ctx: &mut Context,
                    tokens: &mut TokenSource|
          -> Result<Repetition, llama::LlamaError> {
-            if load.is_some() {
+            if let Some(model_loaded) = warm {
                 warm_up(ctx, tokens, m, model_loaded)?;
             }
-            // The score counts the phases at depth when there is one, else the others.
-            let limit = m.give_up.map(|g| g.limit_ms as f64 / 1e3);
-            let (mut shallow, mut deep) = if w.depth > 0 {
-                (Cutoff::off(), Cutoff::new(limit, np))
-            } else {
-                (Cutoff::new(limit, np), Cutoff::off())
-            };
+            let (mut shallow, mut deep) = cutoffs(m);
             // A phase not asked for is not timed: its figures stay 0 until the engine lends them.
             let timed = m.phases;
             let pp_tps = match timed.prompt {
@@ -363,11 +357,25 @@ impl WorkerState {
     }
 }
 
+/// The stopping rules of a repetition's phases on an empty cache and at depth: the score counts
+/// the phases at depth when there is one, else the others.
+fn cutoffs(m: &MeasureRequest) -> (Cutoff, Cutoff) {
+    let limit = m.give_up.map(|g| g.limit_ms as f64 / 1e3);
+    let np = m.workload.n_parallel.max(1);
+    match m.workload.depth > 0 {
+        true => (Cutoff::off(), Cutoff::new(limit, np)),
+        false => (Cutoff::new(limit, np), Cutoff::off()),
+    }
+}
+
 /// The warm-up before a fresh context's first repetition, discarded: first touches of weights
 /// and buffers, thread pool start. The warm-up's prompt plus its 4 tokens must fit a slot's
 /// context: a prompt as long as the context would otherwise leave no KV slot for them.
 /// Generation timed alone needs no prompt-sized graph warmed: a few tokens touch every weight
-/// (on a 7B model on 2 cores, 20 s less per fresh context).
+/// (on a 7B model on 2 cores, 20 s less per fresh context). Nor does a new context on a model
+/// already loaded and run: its first repetition was as much slower than the next after a 32-token
+/// warm-up as after a whole prompt's (a 7B's pp512: 5% and 6%, within the machine's noise), and a
+/// whole prompt's warm-up is 20 s there, for every thread count, cache or micro-batch measured.
 fn warm_up(
     ctx: &mut Context,
     tokens: &mut TokenSource,
@@ -376,8 +384,7 @@ fn warm_up(
 ) -> Result<(), llama::LlamaError> {
     let w = &m.workload;
     let np = w.n_parallel.max(1);
-    let context_only = !model_loaded && std::env::var_os("AUTOTUNE_WARM_CONTEXT_SHORT").is_some();
-    let prompt = match m.phases.prompt && !context_only {
+    let prompt = match m.phases.prompt && model_loaded {
         true => w.n_prompt,
         false => w.n_prompt.min(WARM_UP_TOKENS),
     };
