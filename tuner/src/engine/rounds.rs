@@ -69,6 +69,11 @@ impl Engine<'_> {
         self.lent = self.lent_for(&idx, axis);
         let mut spent = vec![Duration::ZERO; idx.len()];
         let mut dropped = vec![false; idx.len()];
+        // A group whose comparison cannot be measured before the budget's end is not begun: its
+        // first visit alone would be time spent on nothing to compare.
+        if axis != "grid" && !self.room_to_compare(&idx) {
+            self.budget_spent = true;
+        }
         loop {
             self.drop_clear_losers(&idx, &mut dropped);
             let pending: Vec<usize> = (0..idx.len())
@@ -123,21 +128,39 @@ impl Engine<'_> {
             }
         }
         self.lent = None;
-        if self.budget_spent || self.interrupted {
-            let why = if self.interrupted {
-                "not measured: interrupted"
-            } else {
-                BUDGET_SPENT
-            };
-            for &i in &idx {
-                if !self.results[i].measured_at_any_size()
-                    && self.results[i].failure.is_none()
-                    && self.results[i].skipped.is_none()
-                {
-                    self.results[i].skipped = Some(why.to_string());
-                }
+        self.mark_unmeasured(&idx);
+    }
+
+    /// Where the budget or a stop ended a group, its candidates measured at no size say why.
+    fn mark_unmeasured(&mut self, idx: &[usize]) {
+        if !self.budget_spent && !self.interrupted {
+            return;
+        }
+        let why = if self.interrupted {
+            "not measured: interrupted"
+        } else {
+            BUDGET_SPENT
+        };
+        for &i in idx {
+            let r = &mut self.results[i];
+            if !r.measured_at_any_size() && r.failure.is_none() && r.skipped.is_none() {
+                r.skipped = Some(why.to_string());
             }
         }
+    }
+
+    /// Whether the budget leaves time for the two cheapest first visits the group still needs
+    /// (a candidate beside one measured at this size, or two new ones): a comparison's least.
+    fn room_to_compare(&self, idx: &[usize]) -> bool {
+        let timed = self.lent.as_ref().map_or(Phases::BOTH, |l| l.timed);
+        let mut costs: Vec<f64> = (idx.iter())
+            .map(|&i| &self.results[i])
+            .filter(|r| r.reps.is_empty() && r.failure.is_none() && r.skipped.is_none())
+            .map(|r| self.step_cost(&r.candidate, true, timed))
+            .collect();
+        costs.sort_by(f64::total_cmp);
+        let need: f64 = costs.iter().take(2).sum();
+        !self.would_overrun(need, true)
     }
 
     /// What a group's repetitions need not time: where its candidates differ only in knobs that

@@ -103,6 +103,9 @@ pub(crate) struct Descend {
     base: Candidate,
     /// A group is out, and its choice comes with the next call.
     proposed: bool,
+    /// The best so far that the group out varies: its choice stands only where this was measured
+    /// at the group's request size beside it.
+    reference: Option<Candidate>,
     not_reached: Option<Vec<String>>,
     skipped: Vec<SkippedAxis>,
 }
@@ -126,6 +129,7 @@ impl Descend {
             best,
             base: base.clone(),
             proposed: false,
+            reference: None,
             not_reached: None,
             skipped: Vec::new(),
         }
@@ -139,7 +143,14 @@ impl Descend {
 
     /// The last group's choice kept, and said.
     fn hear(&mut self, view: &View, chosen: Option<Candidate>) {
-        if let Some(b) = chosen {
+        // A budget that ends within a group can leave the best so far unmeasured at the group's
+        // request size: a challenger measured alone there has beaten nothing.
+        let reference = self.reference.take();
+        let beat_nothing = |b: &Candidate| {
+            view.past_budget()
+                && (reference.as_ref()).is_some_and(|r| r != b && view.median_rate(r).is_none())
+        };
+        if let Some(b) = chosen.filter(|b| !beat_nothing(b)) {
             self.best = Some(b);
         }
         if let Some(b) = &self.best {
@@ -196,7 +207,13 @@ impl Strategy for Descend {
                 continue;
             }
             self.proposed = true;
-            return Some(Group::new(group, axis));
+            self.reference = Some(from.clone());
+            // The best so far measured first at the group's size: a budget that ends within the
+            // round still leaves what the others are compared with.
+            return Some(Group {
+                promising: vec![from],
+                ..Group::new(group, axis)
+            });
         }
         None
     }

@@ -147,11 +147,40 @@ impl Engine<'_> {
         if !first {
             return rep;
         }
-        let load = match self.loaded.contains(&search_space::knob::model_key(c)) {
-            true => 0.0,
-            false => p.load_s,
+        // A new context on a model already loaded warms up on a few tokens (the worker's
+        // `warm_up`), not on the whole prompt the first visit's figure holds.
+        let (load, warm_up) = match self.loaded.contains(&search_space::knob::model_key(c)) {
+            true => (0.0, self.short_warm_up_s()),
+            false => (p.load_s, self.fresh_warm_up_s(screen)),
         };
-        load + p.warm_up_s + 2.0 * rep
+        load + warm_up + 2.0 * rep
+    }
+
+    /// The warm-up after a load: the prompt of the request measured (the first visit's, where its
+    /// whole figure is known, scaled down to a shorter screen's prompt).
+    fn fresh_warm_up_s(&self, screen: Option<Screen>) -> f64 {
+        let Some(p) = &self.time_plan else {
+            return 0.0;
+        };
+        let w = &self.settings.plan.workload;
+        let share = match screen {
+            Some(s) if s.n_prompt < w.n_prompt => f64::from(s.n_prompt) / f64::from(w.n_prompt),
+            _ => 1.0,
+        };
+        let short = self.short_warm_up_s();
+        short + (p.warm_up_s - short).max(0.0) * share
+    }
+
+    /// The warm-up of a new context on a model already loaded: a few prompt tokens and generation
+    /// steps, at the defaults' rates (and never more than the first visit's).
+    fn short_warm_up_s(&self) -> f64 {
+        let Some(p) = &self.time_plan else {
+            return 0.0;
+        };
+        let np = f64::from(self.settings.plan.workload.n_parallel.max(1));
+        let prompt = f64::from(crate::worker::server::WARM_UP_TOKENS) / p.pp_tps.max(1e-9);
+        let steps = 4.0 / p.tg_tps.max(1e-9);
+        (np * (prompt + steps)).min(p.warm_up_s)
     }
 
     /// One repetition at the request size `screen`, timing `phases`, at the defaults' rates.

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// A link probe to an RPC server's device (`hosts::links`).
-/// The warm-up's prompt where only generation is timed.
-const WARM_UP_TOKENS: u32 = 32;
+/// The warm-up's prompt where only generation is timed, or the model was loaded and run before.
+pub(crate) const WARM_UP_TOKENS: u32 = 32;
 
 pub fn link(r: &LinkRequest) -> Response {
     if let Err(e) = llama::rpc_add_servers(&r.rpc) {
