@@ -10,8 +10,9 @@
 //! field of [`Candidate`], and its entry in [`KNOBS`]: `docs/architecture.md`'s recipe.
 
 use crate::backend::Backend;
-use crate::candidate::{
-    AttnRot, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload,
+use crate::candidate::Candidate;
+use crate::value::{
+    AttnRot, CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload,
     ParseKnobError, SplitMode,
 };
 
@@ -351,6 +352,35 @@ pub fn llama_defaults(threads: u32, n_gpu_layers: u32) -> Candidate {
         }
     }
     c
+}
+
+/// What the table says of a candidate, as its methods: the candidate is data the knobs read, so
+/// these live with the table and `candidate.rs` needs nothing from it.
+impl Candidate {
+    /// llama.cpp's defaults for a context on this machine: what a user gets without tuning
+    /// (`llama-server -m model.gguf -t THREADS`), the baseline every result is compared with. The
+    /// knob table's defaults ([`llama_defaults`]).
+    pub fn llama_default(threads: u32, n_gpu_layers: u32) -> Self {
+        crate::knob::llama_defaults(threads, n_gpu_layers)
+    }
+
+    /// The settings that need a new worker or a model (re)load: candidates equal in this key share
+    /// a loaded model ([`model_key`]).
+    pub fn model_key(&self) -> Vec<String> {
+        model_key(self)
+    }
+
+    /// A short human label, e.g. `ngl=0 t=2 b=2048/512 kv=f16/f16 fa=auto repack`: each knob's
+    /// piece ([`label`]).
+    pub fn label(&self) -> String {
+        label(self)
+    }
+
+    /// How far this candidate is from llama.cpp's defaults (number of knobs changed): ties are broken
+    /// toward the simpler configuration.
+    pub fn complexity(&self) -> u32 {
+        changed_from_defaults(self)
+    }
 }
 
 fn parse<T: std::str::FromStr<Err = ParseKnobError>>(v: &str) -> Result<T, ParseKnobError> {
