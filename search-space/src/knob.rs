@@ -115,6 +115,34 @@ impl ServerOption {
     }
 }
 
+/// The whole numbers a counted knob may take, both ends included, and the field of [`Candidate`]
+/// (a profile's `[winner]` key) its value is kept in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub field: &'static str,
+    pub min: u32,
+    pub max: u32,
+}
+
+impl Bounds {
+    pub const fn new(field: &'static str, min: u32, max: u32) -> Self {
+        Bounds { field, min, max }
+    }
+
+    pub fn contains(&self, v: u32) -> bool {
+        (self.min..=self.max).contains(&v)
+    }
+}
+
+/// A counted knob whose value lies outside its row's [`Bounds`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("must be between {} and {} (found {value})", bounds.min, bounds.max)]
+pub struct OutOfBounds {
+    pub knob: &'static str,
+    pub bounds: Bounds,
+    pub value: u32,
+}
+
 /// One llama.cpp knob. The defaults of the optional methods fit most knobs; a knob overrides what
 /// differs.
 pub trait Knob: Sync {
@@ -143,6 +171,11 @@ pub trait Knob: Sync {
     }
     /// One line on what it does, for `explain` and the docs.
     fn explain(&self) -> &'static str;
+    /// Where a counted knob's value must lie (`None`: its values are named, or a list): what a
+    /// profile read from a file is held to before its value reaches llama.cpp.
+    fn bounds(&self) -> Option<Bounds> {
+        None
+    }
     /// `c`'s value, written as llama.cpp writes it.
     fn value(&self, c: &Candidate) -> String;
     /// `c` with this knob set to `v` (written as [`Knob::value`] writes it, or as llama.cpp's flag
@@ -315,6 +348,23 @@ pub fn environment_names(side: Side) -> Vec<&'static str> {
         .filter_map(|k| k.env(&d))
         .map(|(name, _)| name)
         .collect()
+}
+
+/// The first of `c`'s counted knobs, in [`KNOBS`]' order, whose value lies outside its row's
+/// [`Bounds`]: what a candidate read from a file must not carry to llama.cpp.
+pub fn check_bounds(c: &Candidate) -> Result<(), OutOfBounds> {
+    for k in KNOBS.iter() {
+        let Some(bounds) = k.bounds() else { continue };
+        let value: u32 = (k.value(c).parse()).expect("a counted knob's value is its number");
+        if !bounds.contains(value) {
+            return Err(OutOfBounds {
+                knob: k.name(),
+                bounds,
+                value,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Whether any of `c`'s knobs changes the model's output.

@@ -123,3 +123,32 @@ fn the_model_key_holds_process_and_model_knobs_only() {
     OpOffloadMinBatch.set(&mut proc, "512").unwrap();
     assert_ne!(model_key(&d), model_key(&proc));
 }
+
+#[test]
+fn a_counted_knobs_bounds_name_its_field_and_hold_its_default() {
+    let d = llama_defaults(4, 1);
+    assert_eq!(check_bounds(&d), Ok(()));
+    let bounded: Vec<&dyn Knob> = KNOBS
+        .iter()
+        .copied()
+        .filter(|k| k.bounds().is_some())
+        .collect();
+    assert!(bounded.iter().any(|k| k.name() == OpOffloadMinBatch.name()));
+    for k in bounded {
+        let b = k.bounds().unwrap();
+        let mut c = d.clone();
+        k.set(&mut c, &b.max.to_string()).unwrap();
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            json[b.field],
+            b.max,
+            "{}: its field is {}",
+            k.name(),
+            b.field
+        );
+        assert_eq!(check_bounds(&c), Ok(()), "{}", k.name());
+        k.set(&mut c, &(b.max + 1).to_string()).unwrap();
+        let err = check_bounds(&c).unwrap_err();
+        assert_eq!((err.knob, err.value), (k.name(), b.max + 1));
+    }
+}
