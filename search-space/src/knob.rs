@@ -340,6 +340,31 @@ pub fn environment_of(c: &Candidate, side: Side) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `c` with each knob of `side` that is passed in the environment set as `env` says (a variable
+/// absent: the value that leaves it unset), the inverse of [`environment_of`]: the knob takes the
+/// one of its choices, its default or the variable's own value (a number is passed as itself)
+/// whose variable reads as `env`'s does.
+pub fn set_from_environment(c: &mut Candidate, side: Side, env: &[(String, String)]) {
+    for k in KNOBS.iter().filter(|k| k.side() == side) {
+        let Some((name, _)) = k.env(c) else { continue };
+        let want = (env.iter())
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str());
+        let mut tries: Vec<&str> = k.choices();
+        tries.extend(k.default());
+        tries.extend(want);
+        let found = tries.into_iter().find_map(|v| {
+            let mut tried = c.clone();
+            k.set(&mut tried, v).ok()?;
+            let read = k.env(&tried).and_then(|(_, v)| v);
+            (read.as_deref() == want).then_some(tried)
+        });
+        if let Some(found) = found {
+            *c = found;
+        }
+    }
+}
+
 /// Every variable the knobs of `side` are passed in: what a worker unsets where a run does not set
 /// it, so that the user's shell cannot change what a measurement means.
 pub fn environment_names(side: Side) -> Vec<&'static str> {

@@ -152,3 +152,30 @@ fn a_counted_knobs_bounds_name_its_field_and_hold_its_default() {
         assert_eq!((err.knob, err.value), (k.name(), b.max + 1));
     }
 }
+
+#[test]
+fn the_environment_reads_back_as_the_knobs_that_set_it() {
+    let d = llama_defaults(4, 0);
+    for side in [Side::Process, Side::Context] {
+        for k in KNOBS
+            .iter()
+            .filter(|k| k.side() == side && k.env(&d).is_some())
+        {
+            let values = [k.choices(), k.default().into_iter().collect(), vec!["64"]].concat();
+            for v in values {
+                let mut c = d.clone();
+                if k.set(&mut c, v).is_err() {
+                    continue;
+                }
+                let mut back = d.clone();
+                set_from_environment(&mut back, side, &environment_of(&c, side));
+                assert_eq!(k.value(&back), k.value(&c), "{} = {v}", k.name());
+            }
+        }
+    }
+    // A variable a run does not set leaves its knob at llama.cpp's default.
+    let mut off = d.clone();
+    AttnRotation.set(&mut off, "off").unwrap();
+    set_from_environment(&mut off, Side::Context, &[]);
+    assert_eq!(off, d);
+}
