@@ -7,10 +7,9 @@
 
 use crate::error::{ProfileError, Result};
 use crate::profile::{Figures, Profile, SCHEMA_VERSION};
+use search_space::knob;
 
-pub const MAX_THREADS: u32 = 1024;
-pub const MAX_BATCH: u32 = 1 << 20;
-pub const MAX_GPU_LAYERS: u32 = 10_000;
+pub use search_space::knob::{MAX_BATCH, MAX_GPU_LAYERS, MAX_THREADS};
 /// The most context a profile (and `--ctx`) may ask for: a sanity bound, 100 times today's longest
 /// trained contexts, and below llama.cpp's 32-bit `n_ctx`.
 pub const MAX_CTX: u32 = 1 << 30;
@@ -181,21 +180,18 @@ fn in_range(field: &str, value: u32, min: u32, max: u32) -> Result<()> {
 
 fn check_winner(p: &Profile) -> Result<()> {
     let c = &p.winner;
-    in_range("winner.threads", c.threads, 1, MAX_THREADS)?;
-    if let Some(tb) = c.threads_batch {
-        in_range("winner.threads_batch", tb, 1, MAX_THREADS)?;
-    }
-    in_range("winner.n_batch", c.n_batch, 1, MAX_BATCH)?;
-    in_range("winner.n_ubatch", c.n_ubatch, 1, MAX_BATCH)?;
+    // Every counted knob within its row's bounds (the knob table's, so a knob added there is
+    // checked here without a line of its own).
+    knob::check_bounds(c).map_err(|e| {
+        let found = e.to_string();
+        ProfileError::invalid(format!("winner.{}", e.bounds.field), found)
+    })?;
     if c.n_ubatch > c.n_batch {
         return Err(ProfileError::invalid(
             "winner.n_ubatch",
             format!("({}) must not exceed n_batch ({})", c.n_ubatch, c.n_batch),
         ));
     }
-    in_range("winner.n_gpu_layers", c.n_gpu_layers, 0, MAX_GPU_LAYERS)?;
-    in_range("winner.n_cpu_moe", c.n_cpu_moe, 0, MAX_GPU_LAYERS)?;
-    in_range("winner.n_cpu_ffn", c.n_cpu_ffn, 0, MAX_GPU_LAYERS)?;
     for (i, name) in c.devices.iter().enumerate() {
         if !is_device_name(name) {
             return Err(ProfileError::invalid(

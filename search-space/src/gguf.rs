@@ -10,12 +10,17 @@
 //! key-value pairs, the tensor descriptions, padding to `general.alignment`, then the tensor data.
 
 mod error;
+mod limits;
 mod reader;
 mod tables;
 #[cfg(test)]
 mod tests;
 
 pub use error::{GgufError, GgufErrorKind};
+pub use limits::{
+    MAX_ARRAY_COUNT, MAX_DIMS, MAX_KV_COUNT, MAX_METADATA_BYTES, MAX_STRING_LEN, MAX_TENSOR_COUNT,
+    MAX_TENSOR_NAME_LEN,
+};
 pub use tables::{file_type_name, ggml_type, GgmlType, GGML_TYPES, KNOWN_ARCHITECTURES};
 
 use reader::{Reader, Value, ValueType};
@@ -25,20 +30,6 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::path::{Path, PathBuf};
 
-/// Longest key or string value accepted (1 MiB). Real keys are short; chat templates reach tens of KiB.
-pub const MAX_STRING_LEN: u64 = 1024 * 1024;
-/// Largest metadata section accepted (512 MiB). Big vocabularies (~1M tokens) take tens of MiB.
-pub const MAX_METADATA_BYTES: u64 = 512 * 1024 * 1024;
-/// Most tensors accepted in one file. The largest models have tens of thousands.
-pub const MAX_TENSOR_COUNT: u64 = 1_000_000;
-/// Most metadata key-value pairs accepted. Models have tens to hundreds.
-pub const MAX_KV_COUNT: u64 = 100_000;
-/// Longest metadata array accepted (elements). Vocabularies have up to about a million tokens.
-pub const MAX_ARRAY_COUNT: u64 = 50_000_000;
-/// Most dimensions a tensor can have (`GGML_MAX_DIMS`).
-pub const MAX_DIMS: usize = 4;
-/// Longest tensor name llama.cpp accepts (`GGML_MAX_NAME` - 1).
-pub const MAX_TENSOR_NAME_LEN: usize = 63;
 /// Data alignment when `general.alignment` is absent (`GGUF_DEFAULT_ALIGNMENT`).
 pub const DEFAULT_ALIGNMENT: u32 = 32;
 

@@ -10,8 +10,9 @@
 //! field of [`Candidate`], and its entry in [`KNOBS`]: `docs/architecture.md`'s recipe.
 
 use crate::backend::Backend;
-use crate::candidate::{
-    AttnRot, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload,
+use crate::candidate::Candidate;
+use crate::value::{
+    AttnRot, CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload,
     ParseKnobError, SplitMode,
 };
 
@@ -114,6 +115,34 @@ impl ServerOption {
     }
 }
 
+/// The whole numbers a counted knob may take, both ends included, and the field of [`Candidate`]
+/// (a profile's `[winner]` key) its value is kept in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub field: &'static str,
+    pub min: u32,
+    pub max: u32,
+}
+
+impl Bounds {
+    pub const fn new(field: &'static str, min: u32, max: u32) -> Self {
+        Bounds { field, min, max }
+    }
+
+    pub fn contains(&self, v: u32) -> bool {
+        (self.min..=self.max).contains(&v)
+    }
+}
+
+/// A counted knob whose value lies outside its row's [`Bounds`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("must be between {} and {} (found {value})", bounds.min, bounds.max)]
+pub struct OutOfBounds {
+    pub knob: &'static str,
+    pub bounds: Bounds,
+    pub value: u32,
+}
+
 /// One llama.cpp knob. The defaults of the optional methods fit most knobs; a knob overrides what
 /// differs.
 pub trait Knob: Sync {
@@ -142,6 +171,11 @@ pub trait Knob: Sync {
     }
     /// One line on what it does, for `explain` and the docs.
     fn explain(&self) -> &'static str;
+    /// Where a counted knob's value must lie (`None`: its values are named, or a list): what a
+    /// profile read from a file is held to before its value reaches llama.cpp.
+    fn bounds(&self) -> Option<Bounds> {
+        None
+    }
     /// `c`'s value, written as llama.cpp writes it.
     fn value(&self, c: &Candidate) -> String;
     /// `c` with this knob set to `v` (written as [`Knob::value`] writes it, or as llama.cpp's flag
@@ -306,6 +340,31 @@ pub fn environment_of(c: &Candidate, side: Side) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `c` with each knob of `side` that is passed in the environment set as `env` says (a variable
+/// absent: the value that leaves it unset), the inverse of [`environment_of`]: the knob takes the
+/// one of its choices, its default or the variable's own value (a number is passed as itself)
+/// whose variable reads as `env`'s does.
+pub fn set_from_environment(c: &mut Candidate, side: Side, env: &[(String, String)]) {
+    for k in KNOBS.iter().filter(|k| k.side() == side) {
+        let Some((name, _)) = k.env(c) else { continue };
+        let want = (env.iter())
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str());
+        let mut tries: Vec<&str> = k.choices();
+        tries.extend(k.default());
+        tries.extend(want);
+        let found = tries.into_iter().find_map(|v| {
+            let mut tried = c.clone();
+            k.set(&mut tried, v).ok()?;
+            let read = k.env(&tried).and_then(|(_, v)| v);
+            (read.as_deref() == want).then_some(tried)
+        });
+        if let Some(found) = found {
+            *c = found;
+        }
+    }
+}
+
 /// Every variable the knobs of `side` are passed in: what a worker unsets where a run does not set
 /// it, so that the user's shell cannot change what a measurement means.
 pub fn environment_names(side: Side) -> Vec<&'static str> {
@@ -314,6 +373,23 @@ pub fn environment_names(side: Side) -> Vec<&'static str> {
         .filter_map(|k| k.env(&d))
         .map(|(name, _)| name)
         .collect()
+}
+
+/// The first of `c`'s counted knobs, in [`KNOBS`]' order, whose value lies outside its row's
+/// [`Bounds`]: what a candidate read from a file must not carry to llama.cpp.
+pub fn check_bounds(c: &Candidate) -> Result<(), OutOfBounds> {
+    for k in KNOBS.iter() {
+        let Some(bounds) = k.bounds() else { continue };
+        let value: u32 = (k.value(c).parse()).expect("a counted knob's value is its number");
+        if !bounds.contains(value) {
+            return Err(OutOfBounds {
+                knob: k.name(),
+                bounds,
+                value,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Whether any of `c`'s knobs changes the model's output.
@@ -351,6 +427,35 @@ pub fn llama_defaults(threads: u32, n_gpu_layers: u32) -> Candidate {
         }
     }
     c
+}
+
+/// What the table says of a candidate, as its methods: the candidate is data the knobs read, so
+/// these live with the table and `candidate.rs` needs nothing from it.
+impl Candidate {
+    /// llama.cpp's defaults for a context on this machine: what a user gets without tuning
+    /// (`llama-server -m model.gguf -t THREADS`), the baseline every result is compared with. The
+    /// knob table's defaults ([`llama_defaults`]).
+    pub fn llama_default(threads: u32, n_gpu_layers: u32) -> Self {
+        crate::knob::llama_defaults(threads, n_gpu_layers)
+    }
+
+    /// The settings that need a new worker or a model (re)load: candidates equal in this key share
+    /// a loaded model ([`model_key`]).
+    pub fn model_key(&self) -> Vec<String> {
+        model_key(self)
+    }
+
+    /// A short human label, e.g. `ngl=0 t=2 b=2048/512 kv=f16/f16 fa=auto repack`: each knob's
+    /// piece ([`label`]).
+    pub fn label(&self) -> String {
+        label(self)
+    }
+
+    /// How far this candidate is from llama.cpp's defaults (number of knobs changed): ties are broken
+    /// toward the simpler configuration.
+    pub fn complexity(&self) -> u32 {
+        changed_from_defaults(self)
+    }
 }
 
 fn parse<T: std::str::FromStr<Err = ParseKnobError>>(v: &str) -> Result<T, ParseKnobError> {

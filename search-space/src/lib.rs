@@ -11,9 +11,10 @@ pub mod identity;
 pub mod knob;
 pub mod size;
 pub mod testfiles;
+pub mod value;
 
-pub use candidate::{
-    kv_pairs, AttnRot, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa,
-    OpOffload, SplitMode,
-};
+pub use candidate::{kv_pairs, Candidate};
 pub use knob::{Knob, Phases, ServerOption, Shows, Side, KNOBS};
+pub use value::{
+    AttnRot, CacheType, FlashAttn, HostBuffer, KernelChoice, KvOffload, Numa, OpOffload, SplitMode,
+};

@@ -1,7 +1,7 @@
 //! The `args` format: `llama-server` and its arguments on one POSIX shell line, the environment
 //! variables the profile's knobs need in front of it (`NAME=VALUE llama-server ...`).
 
-use super::{env_assignments, Exporter};
+use super::exporter::{env_assignments, Exporter};
 use crate::error::Result;
 use crate::profile::Profile;
 use crate::server_args::shell_quote;

@@ -1,7 +1,7 @@
 //! The `json` format: the whole profile (its `server_env` with its `server_args`) as pretty JSON,
 //! an array of them for several.
 
-use super::Exporter;
+use super::exporter::Exporter;
 use crate::error::{ProfileError, Result};
 use crate::profile::Profile;
 

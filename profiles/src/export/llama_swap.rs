@@ -1,7 +1,7 @@
 //! The `llama-swap` format: llama-swap's `models:` map, an entry per profile, each with its
 //! llama-server command and the environment its knobs need (the entry's `env:` list).
 
-use super::{origin, section_names, Exporter};
+use super::exporter::{origin, section_names, Exporter};
 use crate::error::Result;
 use crate::profile::Profile;
 use crate::server_args::shell_quote;

@@ -8,16 +8,17 @@
 //! does not; where a runner cannot take a setting, the export says so in a comment.
 
 mod args;
+mod exporter;
 mod json;
 mod llama_swap;
 mod ollama;
 mod presets;
 
+pub use exporter::Exporter;
+
 use crate::error::{ProfileError, Result};
 use crate::profile::Profile;
-use crate::server_args::shell_quote;
 use clap::ValueEnum;
-use std::collections::BTreeMap;
 use std::fmt;
 
 /// The formats, by the names `--format` takes (clap's `ValueEnum`: kebab-case, with aliases
@@ -41,16 +42,6 @@ pub enum ExportFormat {
     Ollama,
     /// The whole profile as JSON; several profiles make an array
     Json,
-}
-
-/// One format: profiles in, the file's text out.
-pub trait Exporter {
-    /// Whether one file of this format can hold several profiles (a runner serving several models).
-    fn takes_several(&self) -> bool;
-
-    /// `profiles` in this format, ending in a newline. [`export_many`] hands it at least one
-    /// profile, and only one unless [`Exporter::takes_several`]; each one validated.
-    fn export(&self, profiles: &[&Profile]) -> Result<String>;
 }
 
 impl ExportFormat {
@@ -115,40 +106,6 @@ pub fn export_many(ps: &[&Profile], f: ExportFormat) -> Result<String> {
         }),
         _ => exporter.export(ps),
     }
-}
-
-/// The comment line that says where a profile came from and what it measured.
-fn origin(p: &Profile) -> String {
-    format!(
-        "autotune profile for {} on {} (llama.cpp {}): {:.1} t/s prompt, {:.1} t/s generation",
-        p.model.file_name, p.machine.hostname, p.llama.version, p.figures.pp_tps, p.figures.tg_tps
-    )
-}
-
-/// `env` as a POSIX shell's assignments before a command (`A=1 B=2`), each value quoted where it
-/// needs to be; the name is left bare, since a quoted name makes the shell read a command instead.
-fn env_assignments(env: &BTreeMap<String, String>) -> String {
-    (env.iter())
-        .map(|(name, v)| format!("{name}={}", shell_quote(&[v])))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// The profiles' names in a file of several: each model's stem, with `-2`, `-3`, … after a stem that
-/// came before (the same file name in two folders).
-fn section_names(ps: &[&Profile]) -> Vec<String> {
-    let mut names: Vec<String> = Vec::with_capacity(ps.len());
-    for p in ps {
-        let stem = p.model_stem();
-        let mut name = stem.clone();
-        let mut n = 1;
-        while names.contains(&name) {
-            n += 1;
-            name = format!("{stem}-{n}");
-        }
-        names.push(name);
-    }
-    names
 }
 
 #[cfg(test)]

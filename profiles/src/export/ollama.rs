@@ -9,7 +9,7 @@
 //! `NewContextParams`), so the profile's `-ub` is written as `num_batch`, and its `-b` gets a note
 //! where Ollama's batch differs from it.
 
-use super::{origin, Exporter};
+use super::exporter::{origin, Exporter};
 use crate::error::Result;
 use crate::profile::Profile;
 use crate::server_args::words;

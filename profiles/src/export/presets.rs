@@ -8,7 +8,7 @@
 //! router's command line in the `use with:` comment, and where the profiles disagree about them,
 //! each section that needs some says so in an `; autotune:` comment.
 
-use super::{env_assignments, origin, section_names, Exporter};
+use super::exporter::{env_assignments, origin, section_names, Exporter};
 use crate::error::Result;
 use crate::profile::Profile;
 use std::collections::BTreeMap;

@@ -3,6 +3,7 @@
 use super::*;
 use crate::example_profile;
 use proptest::prelude::*;
+use search_space::Knob;
 use search_space::{
     AttnRot, CacheType, Candidate, FlashAttn, HostBuffer, KernelChoice, KvOffload, OpOffload,
 };
@@ -147,6 +148,35 @@ fn numbers_out_of_range_are_refused() {
         p.refresh_server_args();
         let msg = invalid(&p);
         assert!(msg.contains(expected), "{msg} (expected {expected})");
+    }
+}
+
+/// A profile as read from its file: `p` written as TOML and parsed back, then validated.
+fn read_back(p: &Profile) -> Result<()> {
+    let (back, _) = Profile::from_toml(&p.to_toml().unwrap()).unwrap();
+    back.validate(false)
+}
+
+#[test]
+fn the_op_offload_threshold_is_held_to_its_knobs_bounds() {
+    let bounds = knob::OpOffloadMinBatch.bounds().unwrap();
+    for ok in [bounds.min, 64, bounds.max] {
+        let mut p = example_profile();
+        p.winner.op_offload_min_batch = Some(ok);
+        p.refresh_server_args();
+        read_back(&p).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
+    for bad in [0, bounds.max + 1, u32::MAX] {
+        let mut p = example_profile();
+        p.winner.op_offload_min_batch = Some(bad);
+        p.refresh_server_args();
+        let err = read_back(&p).unwrap_err();
+        assert!(matches!(err, ProfileError::Invalid { .. }), "{err:?}");
+        let expected = format!(
+            "winner.op_offload_min_batch must be between {} and {} (found {bad})",
+            bounds.min, bounds.max
+        );
+        assert!(err.to_string().contains(&expected), "{err}");
     }
 }
 

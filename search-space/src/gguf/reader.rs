@@ -3,11 +3,11 @@
 //! [`GgufError`] that says what was being read and where.
 
 use super::error::GgufError;
-use super::tables::ggml_type;
-use super::{
+use super::limits::{
     MAX_ARRAY_COUNT, MAX_DIMS, MAX_KV_COUNT, MAX_METADATA_BYTES, MAX_STRING_LEN, MAX_TENSOR_COUNT,
     MAX_TENSOR_NAME_LEN,
 };
+use super::tables::ggml_type;
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Read};
 use std::path::PathBuf;

@@ -15,6 +15,15 @@ macro_rules! typed_value {
     };
 }
 
+/// The most threads a profile may ask for: a sanity bound, far above any machine's cores, that keeps
+/// an edited number from reaching llama.cpp.
+pub const MAX_THREADS: u32 = 1024;
+/// The largest batch (and micro-batch) a profile may ask for: a sanity bound, far above what any
+/// device computes in one pass.
+pub const MAX_BATCH: u32 = 1 << 20;
+/// The most layers a profile may place: a sanity bound, far above any model's layer count.
+pub const MAX_GPU_LAYERS: u32 = 10_000;
+
 pub struct Threads;
 impl Knob for Threads {
     fn name(&self) -> &'static str {
@@ -41,6 +50,9 @@ impl Knob for Threads {
     }
     fn explain(&self) -> &'static str {
         "threads that generate (-t): generation streams the weights, and saturates the memory bus with fewer threads than the cores"
+    }
+    fn bounds(&self) -> Option<Bounds> {
+        Some(Bounds::new("threads", 1, MAX_THREADS))
     }
     fn value(&self, c: &Candidate) -> String {
         c.threads.to_string()
@@ -84,6 +96,9 @@ impl Knob for ThreadsBatch {
     }
     fn explain(&self) -> &'static str {
         "threads that process the prompt (-tb): compute-bound, so often more than generation wants"
+    }
+    fn bounds(&self) -> Option<Bounds> {
+        Some(Bounds::new("threads_batch", 1, MAX_THREADS))
     }
     fn value(&self, c: &Candidate) -> String {
         c.batch_threads().to_string()
@@ -130,6 +145,9 @@ impl Knob for Batch {
     fn explain(&self) -> &'static str {
         "tokens of the prompt submitted at once (-b): at least one micro-batch"
     }
+    fn bounds(&self) -> Option<Bounds> {
+        Some(Bounds::new("n_batch", 1, MAX_BATCH))
+    }
     fn value(&self, c: &Candidate) -> String {
         c.n_batch.to_string()
     }
@@ -165,6 +183,9 @@ impl Knob for Ubatch {
     }
     fn explain(&self) -> &'static str {
         "tokens computed in one pass (-ub): larger is faster on a GPU, and costs compute-buffer memory"
+    }
+    fn bounds(&self) -> Option<Bounds> {
+        Some(Bounds::new("n_ubatch", 1, MAX_BATCH))
     }
     fn value(&self, c: &Candidate) -> String {
         c.n_ubatch.to_string()
@@ -281,6 +302,9 @@ impl Knob for GpuLayers {
     fn explain(&self) -> &'static str {
         "layers on the offload devices (-ngl): a layer that spills to the host runs at the host's speed"
     }
+    fn bounds(&self) -> Option<Bounds> {
+        Some(Bounds::new("n_gpu_layers", 0, MAX_GPU_LAYERS))
+    }
     fn value(&self, c: &Candidate) -> String {
         c.n_gpu_layers.to_string()
     }
@@ -322,6 +346,9 @@ macro_rules! host_layers_knob {
             }
             fn explain(&self) -> &'static str {
                 $explain
+            }
+            fn bounds(&self) -> Option<Bounds> {
+                Some(Bounds::new(stringify!($field), 0, MAX_GPU_LAYERS))
             }
             fn value(&self, c: &Candidate) -> String {
                 c.$field.to_string()
@@ -699,6 +726,12 @@ impl Knob for OpOffloadMinBatch {
     }
     fn explain(&self) -> &'static str {
         "the batch size from which host weights go to a device for a batch's operations (GGML_OP_OFFLOAD_MIN_BATCH): below it the host computes them itself"
+    }
+    fn bounds(&self) -> Option<Bounds> {
+        // No batch is larger than MAX_BATCH, so a threshold above it says what op offload off
+        // says; and the backends read the variable with `atoi` into an `int`, which a larger
+        // number would overflow.
+        Some(Bounds::new("op_offload_min_batch", 1, MAX_BATCH))
     }
     fn value(&self, c: &Candidate) -> String {
         c.op_offload_min_batch

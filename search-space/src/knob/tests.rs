@@ -123,3 +123,59 @@ fn the_model_key_holds_process_and_model_knobs_only() {
     OpOffloadMinBatch.set(&mut proc, "512").unwrap();
     assert_ne!(model_key(&d), model_key(&proc));
 }
+
+#[test]
+fn a_counted_knobs_bounds_name_its_field_and_hold_its_default() {
+    let d = llama_defaults(4, 1);
+    assert_eq!(check_bounds(&d), Ok(()));
+    let bounded: Vec<&dyn Knob> = KNOBS
+        .iter()
+        .copied()
+        .filter(|k| k.bounds().is_some())
+        .collect();
+    assert!(bounded.iter().any(|k| k.name() == OpOffloadMinBatch.name()));
+    for k in bounded {
+        let b = k.bounds().unwrap();
+        let mut c = d.clone();
+        k.set(&mut c, &b.max.to_string()).unwrap();
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            json[b.field],
+            b.max,
+            "{}: its field is {}",
+            k.name(),
+            b.field
+        );
+        assert_eq!(check_bounds(&c), Ok(()), "{}", k.name());
+        k.set(&mut c, &(b.max + 1).to_string()).unwrap();
+        let err = check_bounds(&c).unwrap_err();
+        assert_eq!((err.knob, err.value), (k.name(), b.max + 1));
+    }
+}
+
+#[test]
+fn the_environment_reads_back_as_the_knobs_that_set_it() {
+    let d = llama_defaults(4, 0);
+    for side in [Side::Process, Side::Context] {
+        for k in KNOBS
+            .iter()
+            .filter(|k| k.side() == side && k.env(&d).is_some())
+        {
+            let values = [k.choices(), k.default().into_iter().collect(), vec!["64"]].concat();
+            for v in values {
+                let mut c = d.clone();
+                if k.set(&mut c, v).is_err() {
+                    continue;
+                }
+                let mut back = d.clone();
+                set_from_environment(&mut back, side, &environment_of(&c, side));
+                assert_eq!(k.value(&back), k.value(&c), "{} = {v}", k.name());
+            }
+        }
+    }
+    // A variable a run does not set leaves its knob at llama.cpp's default.
+    let mut off = d.clone();
+    AttnRotation.set(&mut off, "off").unwrap();
+    set_from_environment(&mut off, Side::Context, &[]);
+    assert_eq!(off, d);
+}

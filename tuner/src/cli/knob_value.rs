@@ -2,7 +2,7 @@
 //! completions), each parsed as the knob's type parses it, aliases included (`-fa 1`).
 
 use clap::builder::{PossibleValue, TypedValueParser};
-use search_space::candidate::ParseKnobError;
+use search_space::value::ParseKnobError;
 use search_space::Knob;
 use std::ffi::OsStr;
 use std::marker::PhantomData;

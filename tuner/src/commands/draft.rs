@@ -123,15 +123,10 @@ fn setup(
 /// Both models' context: the flags', with a batch that holds the longest draft of every slot.
 fn context(a: &DraftArgs, threads: u32, longest: u32) -> ContextSettings {
     let n_batch = 2048u32.max(longest + 1);
-    crate::speculative::workload::for_slots(
-        ContextSettings {
-            n_batch,
-            type_k: a.cache_type_k,
-            type_v: a.cache_type_v,
-            flash_attn: a.flash_attn,
-            ..ContextSettings::defaults(a.ctx, threads)
-        },
-        a.parallel,
-        longest,
-    )
+    let flags = ContextSettings::defaults(a.ctx, threads).with_knobs(|c| {
+        c.n_batch = n_batch;
+        (c.type_k, c.type_v) = (a.cache_type_k, a.cache_type_v);
+        c.flash_attn = a.flash_attn;
+    });
+    crate::speculative::workload::for_slots(flags, a.parallel, longest)
 }

@@ -9,7 +9,7 @@ use crate::exit::{self, Exit};
 use crate::llama::{ContextSettings, ModelSettings};
 use crate::quant::retrieval::{self, Retrieved};
 use crate::stored;
-use search_space::CacheType;
+use search_space::knob;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -57,11 +57,9 @@ pub fn run(cli: &Cli, a: &VerifyArgs) -> anyhow::Result<i32> {
     };
     let profile_kv = run(&context)?;
     let f16 = if p.winner.kv_lossy() {
-        Some(run(&ContextSettings {
-            type_k: CacheType::F16,
-            type_v: CacheType::F16,
-            ..context.clone()
-        })?)
+        // The lossless twin's caches, its environment made anew: no variable the profile's
+        // quantized cache set (the rotation turned off) reaches the f16 reference.
+        Some(run(&context.with_knobs(|c| *c = knob::lossless_twin(c)))?)
     } else {
         None
     };

@@ -17,7 +17,7 @@ pub use backends::backend_placements;
 #[cfg(test)]
 pub use context::at_full_context;
 use finding::{finding, measured, secs};
-pub use finding::{Finding, PlacementPoint, Topic};
+pub use finding::{Finding, PlacementPoint, Topic, NOTE};
 pub use knobs::{knob_effects, KnobEffect};
 
 /// Relative differences below this are within the default noise threshold of a run.
@@ -511,9 +511,20 @@ fn settings(knobs: &[KnobEffect]) -> Finding {
     } else {
         format!("{} mattered most", top.knob)
     };
+    // Each knob's line, and under a knob's first line what the knob does: a reader who does not
+    // know `ub` or `-nkvo` learns why it could matter.
+    let mut details = Vec::new();
+    let mut told: Vec<&str> = Vec::new();
+    for k in knobs {
+        details.push(line(k));
+        if !told.contains(&k.what) {
+            told.push(k.what);
+            details.push(format!("{NOTE}{}", k.what));
+        }
+    }
     Finding {
         topic: Topic::Settings,
         text,
-        details: knobs.iter().map(line).collect(),
+        details,
     }
 }

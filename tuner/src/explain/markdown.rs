@@ -114,7 +114,10 @@ fn diagnosis(profile: &Profile, explanation: &Explanation) -> String {
             finding.text
         ));
         for d in &finding.details {
-            s.push_str(&format!("  - {d}\n"));
+            match d.strip_prefix(super::NOTE) {
+                Some(note) => s.push_str(&format!("    - {note}\n")),
+                None => s.push_str(&format!("  - {d}\n")),
+            }
         }
     }
     s.push_str("\n## Roofline\n\n");

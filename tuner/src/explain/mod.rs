@@ -18,7 +18,7 @@ pub mod roofline;
 mod tests;
 mod view;
 
-pub use diagnosis::{Finding, KnobEffect, PlacementPoint};
+pub use diagnosis::{Finding, KnobEffect, PlacementPoint, NOTE};
 pub use view::{decimal_bytes, offload_devices, RooflineScope, RooflineView};
 
 use profiles::Profile;

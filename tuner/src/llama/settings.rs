@@ -175,4 +175,70 @@ impl ContextSettings {
             ..self
         }
     }
+
+    /// The same with knobs changed: the candidate these settings stand for, as `edit` leaves it,
+    /// made into settings again by [`ContextSettings::for_candidate`], the context and the
+    /// sequences kept. The one way to change a knob of settings already made: a field changed by
+    /// hand would keep the environment the old values set (an f16 run made from an unrotated
+    /// quantized cache's settings would still turn the rotation off).
+    pub fn with_knobs(&self, edit: impl FnOnce(&mut Candidate)) -> ContextSettings {
+        let mut c = self.candidate();
+        edit(&mut c);
+        ContextSettings::for_candidate(&c, self.n_ctx).with_sequences(self.sequences)
+    }
+
+    /// The candidate these settings stand for on the context's side: the knobs they hold, those
+    /// passed in the environment read back through the knob table, every other knob at
+    /// llama.cpp's default (which [`ContextSettings::for_candidate`] does not read).
+    fn candidate(&self) -> Candidate {
+        let mut c = Candidate {
+            n_batch: self.n_batch,
+            n_ubatch: self.n_ubatch,
+            threads: self.threads,
+            threads_batch: self.threads_batch,
+            type_k: self.type_k,
+            type_v: self.type_v,
+            flash_attn: self.flash_attn,
+            op_offload: self.op_offload,
+            kv_offload: self.kv_offload,
+            ..Candidate::llama_default(self.threads, 0)
+        };
+        knob::set_from_environment(&mut c, Side::Context, &self.env);
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use search_space::{AttnRot, KvOffload};
+
+    /// Settings made from a candidate and changed by nothing are the same settings: the candidate
+    /// they stand for holds every knob the mapping reads, the environment's among them.
+    #[test]
+    fn settings_changed_by_nothing_are_the_same() {
+        let mut q = Candidate::llama_default(4, 0)
+            .with_threads(4, 8)
+            .with_ubatch(256);
+        (q.type_k, q.type_v, q.flash_attn) = (CacheType::Q8_0, CacheType::Q4_0, FlashAttn::On);
+        (q.attn_rot, q.kv_offload, q.op_offload) = (AttnRot::Off, KvOffload::Off, OpOffload::Off);
+        for c in [Candidate::llama_default(2, 0), q] {
+            let s = ContextSettings::for_candidate(&c, 4096).with_sequences(3);
+            assert_eq!(s.with_knobs(|_| {}), s);
+        }
+    }
+
+    /// The f16 run beside an unrotated quantized cache: its environment is made anew, so it does
+    /// not turn the rotation off.
+    #[test]
+    fn a_changed_knob_makes_its_environment_anew() {
+        let mut c = Candidate::llama_default(2, 0);
+        (c.type_k, c.type_v, c.attn_rot) = (CacheType::Q8_0, CacheType::Q8_0, AttnRot::Off);
+        let unrotated = ContextSettings::for_candidate(&c, 4096);
+        assert!(!unrotated.env.is_empty());
+        let f16 = unrotated.with_knobs(|c| *c = knob::lossless_twin(c));
+        assert_eq!((f16.type_k, f16.type_v), (CacheType::F16, CacheType::F16));
+        assert!(f16.env.is_empty(), "{:?}", f16.env);
+        assert_eq!((f16.n_ctx, f16.threads), (4096, 2));
+    }
 }

@@ -34,11 +34,8 @@ pub fn greedy(q: &GreedyRequest) -> Response {
         Err(e) => return failed("load", e.to_string()),
     };
     let n = q.tokens.len() as u32;
-    let settings = ContextSettings {
-        n_batch: n.max(1),
-        n_ubatch: n.clamp(1, 512),
-        ..ContextSettings::defaults(n.div_ceil(256).max(1) * 256, q.threads.max(1))
-    };
+    let settings = ContextSettings::defaults(n.div_ceil(256).max(1) * 256, q.threads.max(1))
+        .with_knobs(|c| (c.n_batch, c.n_ubatch) = (n.max(1), n.clamp(1, 512)));
     let mut ctx = match Context::new(&model, &settings) {
         Ok(c) => c,
         Err(e) => return failed("context", e.to_string()),

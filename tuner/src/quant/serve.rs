@@ -272,16 +272,11 @@ fn chunk_context(
         type_v,
         flash_attn,
         attn_rot,
+        n_batch: n_ctx,
+        n_ubatch: n_ctx.min(512),
         ..Candidate::llama_default(threads.max(1), 0)
     };
-    Context::new(
-        m,
-        &ContextSettings {
-            n_batch: n_ctx,
-            n_ubatch: n_ctx.min(512),
-            ..ContextSettings::for_candidate(&c, n_ctx)
-        },
-    )
+    Context::new(m, &ContextSettings::for_candidate(&c, n_ctx))
 }
 
 /// `ctx` decodes `window` from an empty cache: the skipped positions without outputs, the rest

@@ -469,10 +469,7 @@ mod tests {
 
     #[test]
     fn the_drafts_other_placements_are_a_q8_0_cache_and_the_cpu() {
-        let context = ContextSettings {
-            n_batch: 512,
-            ..ContextSettings::defaults(512, 1)
-        };
+        let context = ContextSettings::defaults(512, 1).with_knobs(|c| c.n_batch = 512);
         let target = ModelSettings::default();
         let path = Path::new("d.gguf");
         let info = tiny_info(path);
@@ -487,11 +484,7 @@ mod tests {
                 n_gpu_layers: 99,
                 ..target
             },
-            &ContextSettings {
-                type_k: CacheType::Q8_0,
-                type_v: CacheType::Q8_0,
-                ..context
-            },
+            &context.with_knobs(|c| (c.type_k, c.type_v) = (CacheType::Q8_0, CacheType::Q8_0)),
         );
         assert!(
             gpu.settings.n_gpu_layers > 0,

@@ -55,10 +55,9 @@ pub fn fill_slots(prompts: Vec<Prompt>, slots: u32) -> Vec<Prompt> {
 /// slot's last token and longest draft (`n_max`) at once, as the check of a round decodes them.
 pub fn for_slots(context: ContextSettings, slots: u32, n_max: u32) -> ContextSettings {
     let n_batch = context.n_batch.max(slots.max(1) * (n_max + 1));
-    ContextSettings {
-        n_batch,
-        ..context.with_sequences(slots)
-    }
+    context
+        .with_sequences(slots)
+        .with_knobs(|c| c.n_batch = n_batch)
 }
 
 #[cfg(test)]

@@ -319,8 +319,9 @@ impl DraftModel {
     pub fn placed(&self, p: DraftPlacement) -> DraftModel {
         let mut m = self.clone();
         m.settings.n_gpu_layers = p.n_gpu_layers;
-        m.context.type_k = p.type_k;
-        m.context.type_v = p.type_v;
+        m.context = m
+            .context
+            .with_knobs(|c| (c.type_k, c.type_v) = (p.type_k, p.type_v));
         m
     }
 }

@@ -67,9 +67,14 @@ pub struct PlacementPoint {
 pub struct Finding {
     pub topic: Topic,
     pub text: String,
+    /// A detail that starts with [`NOTE`] is a note on the detail before it, shown under it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub details: Vec<String>,
 }
+
+/// What a note on the detail before it starts with: the text shows it indented under that detail
+/// (these spaces), the Markdown report as a list item nested in that detail's.
+pub const NOTE: &str = "  ";
 
 /// A finding without detail lines.
 pub(super) fn finding(topic: Topic, text: String) -> Finding {

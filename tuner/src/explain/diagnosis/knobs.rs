@@ -11,6 +11,8 @@ use serde::Serialize;
 #[derive(Debug, Clone, Serialize)]
 pub struct KnobEffect {
     pub knob: &'static str,
+    /// What the knob does, in one line (the knob table's [`Knob::explain`]).
+    pub what: &'static str,
     pub best: String,
     pub best_s: f64,
     pub worst: String,
@@ -178,6 +180,7 @@ fn knob_effect(
     let winner_value = shown(knob, &profile.winner);
     let effect = KnobEffect {
         knob: knob.name(),
+        what: knob.explain(),
         best: best.label.clone(),
         best_s: best.score_s,
         worst: worst.label.clone(),
@@ -195,4 +198,35 @@ fn best_of(values: &[Value]) -> f64 {
         .iter()
         .map(|v| v.score_s)
         .fold(f64::INFINITY, f64::min)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Topic, NOTE};
+    use crate::explain::tests::cpu_profile;
+    use crate::explain::Explanation;
+
+    /// Every knob the settings finding names says what it does, from the knob table, once: in the
+    /// text under its line and in the JSON beside its figures.
+    #[test]
+    fn each_knob_named_says_what_it_does_once() {
+        let e = Explanation::of(&cpu_profile());
+        assert!(!e.knob_effects.is_empty());
+        let json = serde_json::to_value(&e).unwrap();
+        let settings = e.findings.iter().find(|f| f.topic == Topic::Settings);
+        let details = &settings.unwrap().details;
+        for (i, k) in e.knob_effects.iter().enumerate() {
+            let row = search_space::knob::by_name(k.knob).unwrap();
+            assert_eq!(k.what, row.explain());
+            assert_eq!(json["knob_effects"][i]["what"], row.explain());
+            let note = format!("{NOTE}{}", row.explain());
+            assert_eq!(
+                details.iter().filter(|d| **d == note).count(),
+                1,
+                "{details:?}"
+            );
+            let line = details.iter().position(|d| d.starts_with(k.knob)).unwrap();
+            assert_eq!(details[line + 1], note, "{details:?}");
+        }
+    }
 }
