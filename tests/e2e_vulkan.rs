@@ -553,10 +553,10 @@ fn the_op_offload_threshold_is_searched_saved_and_applied() {
     if let Some(env) = &env {
         assert!(line.starts_with(env.as_str()), "{line}");
     }
-    let v = json(&vulkan(
-        &sb,
-        &strs(&apply_check_args(&profile, &llama_server())),
-    ));
+    // llama-server (llama.cpp's own tool, not autotune's worker) segfaulted once on llvmpipe in
+    // this check (1 of 51 runs of the same profile: the suite's, and none of 50 alone); the
+    // server is retried as in the other tests here, the tune above is not.
+    let v = apply_checked(&sb, &profile);
     let command = command_of(&v);
     if let Some(env) = &env {
         assert_eq!(command[0], env.trim(), "{command:?}");

@@ -20,10 +20,9 @@ use search_space::Candidate;
 pub const SCREEN_GEN: u32 = 32;
 
 /// The prompt a screen times where every knob compared shows its effect on a short one (and at
-/// most one micro-batch): the warm-up before a fresh context's first repetition processes as many
-/// (a prompt-sized graph's first run is slower: 13% on a 7B's first 512-token prompt after a
-/// 32-token warm-up), so a thread count or a kernel choice costs a quarter of a 512-token prompt
-/// twice over.
+/// most one micro-batch): the warm-up after a load processes as many (a load's first prompt-sized
+/// graph runs slower: 2-7% on a 7B's first 512-token prompt after a 32-token warm-up), so a kernel
+/// choice costs a quarter of a 512-token prompt twice over, and a thread count a quarter.
 pub const SCREEN_PROMPT: u32 = 128;
 
 /// A run screens where even at its ceilings a request of the workload would take longer than
