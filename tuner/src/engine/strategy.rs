@@ -103,9 +103,6 @@ pub(crate) struct Descend {
     base: Candidate,
     /// A group is out, and its choice comes with the next call.
     proposed: bool,
-    /// The best so far that the group out varies: its choice stands only where this was measured
-    /// at the group's request size beside it.
-    reference: Option<Candidate>,
     not_reached: Option<Vec<String>>,
     skipped: Vec<SkippedAxis>,
 }
@@ -129,7 +126,6 @@ impl Descend {
             best,
             base: base.clone(),
             proposed: false,
-            reference: None,
             not_reached: None,
             skipped: Vec::new(),
         }
@@ -143,14 +139,7 @@ impl Descend {
 
     /// The last group's choice kept, and said.
     fn hear(&mut self, view: &View, chosen: Option<Candidate>) {
-        // A budget that ends within a group can leave the best so far unmeasured at the group's
-        // request size: a challenger measured alone there has beaten nothing.
-        let reference = self.reference.take();
-        let beat_nothing = |b: &Candidate| {
-            view.past_budget()
-                && (reference.as_ref()).is_some_and(|r| r != b && view.median_rate(r).is_none())
-        };
-        if let Some(b) = chosen.filter(|b| !beat_nothing(b)) {
+        if let Some(b) = chosen {
             self.best = Some(b);
         }
         if let Some(b) = &self.best {
@@ -207,7 +196,6 @@ impl Strategy for Descend {
                 continue;
             }
             self.proposed = true;
-            self.reference = Some(from.clone());
             // The best so far measured first at the group's size: a budget that ends within the
             // round still leaves what the others are compared with.
             return Some(Group {

@@ -179,7 +179,7 @@ impl Engine<'_> {
         };
         let np = f64::from(self.settings.plan.workload.n_parallel.max(1));
         let prompt = f64::from(crate::worker::server::WARM_UP_TOKENS) / p.pp_tps.max(1e-9);
-        let steps = 4.0 / p.tg_tps.max(1e-9);
+        let steps = f64::from(crate::worker::timing::WARM_UP_STEPS) / p.tg_tps.max(1e-9);
         (np * (prompt + steps)).min(p.warm_up_s)
     }
 

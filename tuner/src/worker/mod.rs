@@ -12,7 +12,7 @@ pub mod pool;
 pub mod protocol;
 pub mod server;
 pub(crate) mod stall;
-mod timing;
+pub(crate) mod timing;
 
 pub use client::Worker;
 pub use pool::WorkerPool;

@@ -60,18 +60,21 @@ impl Cutoff {
     }
 }
 
+/// Generation steps of the discarded warm-up, after its prompt.
+pub(crate) const WARM_UP_STEPS: u32 = 4;
+
 /// The discarded warm-up: first touches of weights and buffers, the thread pool's start. An
-/// `n`-token prompt per sequence, then 4 generation steps.
+/// `n`-token prompt per sequence, then [`WARM_UP_STEPS`] generation steps.
 pub fn warm_up(ctx: &mut Context, tokens: &mut TokenSource, n: u32, np: u32) -> Result<()> {
     ctx.clear();
     if np <= 1 {
         ctx.decode(&mut tokens.prompt(n))?;
-        for _ in 0..4 {
+        for _ in 0..WARM_UP_STEPS {
             ctx.decode(&mut [tokens.next()])?;
         }
     } else {
         ctx.decode_sequences(&prompts(tokens, n, np))?;
-        for step in 0..4 {
+        for step in 0..WARM_UP_STEPS {
             ctx.decode_sequences(&step_tokens(tokens, n + step, np))?;
         }
     }
