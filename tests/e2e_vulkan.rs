@@ -5,9 +5,14 @@
 //! the device's memory budget and dry runs, offloaded layers measured, the profile's devices, and a
 //! llama-server loading the same module from the tools' directory.
 //!
-//! Debian 12's llvmpipe (Mesa 22.3.6) crashes now and then in its own threads (SIGSEGV or heap
-//! corruption inside libvulkan_lvp.so, seen in about 3 of 8 llama-server checks on a 500-token
-//! prompt): a run that ended in such a crash is run again, up to [`TRIES`] times, and said on stderr.
+//! Debian 12's llvmpipe (Mesa 22.3.6) corrupts its heap on one path (docs/gpus.md): host layers'
+//! operations offloaded to the device (op offload on, some layers on the host) with flash attention
+//! on abort in libvulkan_lvp's malloc, or segfault in llama-server, while Mesa's shader cache is
+//! cold (with MESA_SHADER_CACHE_DISABLE=true, most runs on batches of 256 tokens or more). With
+//! flash attention off it never did (4 tunes and 5 llama-server checks, cache disabled). The tests
+//! here that keep op offload on with host layers either keep to short batches (the 64-token prompt
+//! of [`WORKLOAD`], never seen to crash) or turn flash attention off; nothing is run again after a
+//! crash.
 //!
 //! `scripts/test` builds the module and sets AUTOTUNE_REQUIRE_VULKAN=1 (on CI it must build); without
 //! it, a machine with no Vulkan module or no llvmpipe skips these tests with a line on stderr.
@@ -51,41 +56,16 @@ fn vulkan_device(sb: &Sandbox) -> bool {
     false
 }
 
-/// Runs of one command, when the earlier ones ended in a driver crash.
-const TRIES: usize = 5;
-
-/// Whether a run's output says a process died of a signal (the driver's crash): a tune's
-/// leaderboard records a killed worker, `apply` names the signal llama-server died of.
-fn crashed(o: &Output) -> bool {
-    let text = format!("{}{}", stdout(o), stderr(o));
-    text.contains("worker killed by SIG") || text.contains("llama-server exited (signal")
-}
-
-/// `run()` until it did not crash, at most [`TRIES`] times; the last run.
-fn retrying_crashes(what: &str, run: impl Fn() -> Output) -> Output {
-    for n in 1..TRIES {
-        let o = run();
-        if !crashed(&o) {
-            return o;
-        }
-        eprintln!(
-            "{what}: a process crashed (llvmpipe), try {n} of {TRIES}: {}",
-            stderr(&o).trim().lines().last().unwrap_or("")
-        );
-    }
-    run()
-}
-
 fn json(o: &Output) -> serde_json::Value {
     assert!(o.status.success(), "{}\n{}", stderr(o), stdout(o));
     serde_json::from_str(&stdout(o)).expect("--json prints JSON")
 }
 
 /// `apply PROFILE --exec --check-only --json` with the tools' llama-server (which loads the same
-/// Vulkan module), run again after a driver crash; its JSON.
+/// Vulkan module); its JSON.
 fn apply_checked(sb: &Sandbox, profile: &std::path::Path) -> serde_json::Value {
     let args = apply_check_args(profile, &llama_server());
-    json(&retrying_crashes("apply", || vulkan(sb, &strs(&args))))
+    json(&vulkan(sb, &strs(&args)))
 }
 
 /// The workload of these tests (short, at a context the 8 MiB budget below splits) and the knobs
@@ -136,8 +116,7 @@ fn a_vulkan_budget_prunes_what_does_not_fit_and_measures_what_does() {
         "3",
     ];
     args.extend_from_slice(WORKLOAD);
-    // A fresh store and cache for each try: a crash recorded in the measurement log would be reused.
-    let r = json(&retrying_crashes("tune", || vulkan(&Sandbox::new(), &args)));
+    let r = json(&vulkan(&Sandbox::new(), &args));
     let board = r["leaderboard"].as_array().expect("leaderboard");
     let ubatch = |e: &serde_json::Value| e["candidate"]["n_ubatch"].as_u64().unwrap();
     let status = |e: &serde_json::Value| e["status"].as_str().unwrap_or("").to_string();
@@ -231,7 +210,7 @@ fn mixed_kv_pairs_are_searched_on_a_vulkan_device_that_runs_them() {
         "on",
         "--no-quality-gate",
     ];
-    let r = json(&retrying_crashes("tune", || vulkan(&Sandbox::new(), &args)));
+    let r = json(&vulkan(&Sandbox::new(), &args));
     let board = r["leaderboard"].as_array().expect("leaderboard");
     let kv = |e: &serde_json::Value| {
         let c = &e["candidate"];
@@ -265,9 +244,13 @@ fn a_profile_offloading_to_vulkan_applies_with_llama_server() {
         "2",
         "--ubatch",
         "512",
+        // Off, the baseline too: on, the server check's 500-token prompt would go through
+        // llvmpipe's heap corruption (the module's doc).
+        "--op-offload",
+        "off",
     ];
     args.extend_from_slice(WORKLOAD);
-    let o = retrying_crashes("tune", || vulkan(&Sandbox::new(), &args));
+    let o = vulkan(&Sandbox::new(), &args);
     assert!(o.status.success(), "tune: {}\n{}", stderr(&o), stdout(&o));
     let text = std::fs::read_to_string(&profile).unwrap();
     assert!(
@@ -335,7 +318,7 @@ fn op_offload_off_wins_over_a_slow_device_and_applies() {
         "repack",
     ];
     args.extend_from_slice(WORKLOAD);
-    let r = json(&retrying_crashes("tune", || vulkan(&Sandbox::new(), &args)));
+    let r = json(&vulkan(&Sandbox::new(), &args));
     let board = r["leaderboard"].as_array().expect("leaderboard");
     let pp = |off: bool| {
         board
@@ -395,7 +378,7 @@ fn model_buffers(sb: &Sandbox, model: &std::path::Path, host_buffer: &str) -> Ve
         "-t",
         "2",
     ];
-    let v = json(&retrying_crashes("measure", || vulkan(sb, &args)));
+    let v = json(&vulkan(sb, &args));
     (v["load"]["buffers"].as_array())
         .unwrap_or_else(|| panic!("buffers: {v:#}"))
         .iter()
@@ -418,7 +401,7 @@ fn tune_half_on_vulkan(model: &std::path::Path, extra: &[&str]) -> Output {
     ]);
     args.extend_from_slice(extra);
     args.extend_from_slice(WORKLOAD);
-    retrying_crashes("tune", || vulkan(&Sandbox::new(), &args))
+    vulkan(&Sandbox::new(), &args)
 }
 
 /// Beside a device with pinned host memory (Vulkan's, as CUDA's) llama.cpp puts the host's weights
@@ -487,7 +470,7 @@ fn a_no_host_profile_repacks_in_llama_server(sb: &Sandbox, model: &std::path::Pa
     let mut apply = vec!["--verbose".to_string()];
     apply.extend(apply_check_args(&profile, &llama_server()));
     apply.extend(["--", "-lv", "4"].map(String::from));
-    let o = retrying_crashes("apply", || vulkan(sb, &strs(&apply)));
+    let o = vulkan(sb, &strs(&apply));
     let v = json(&o);
     assert!(command_of(&v).contains(&"--no-host"), "{v}");
     assert!(v["completion"]["predicted_n"].as_u64().unwrap() > 0, "{v}");
@@ -502,10 +485,12 @@ fn a_no_host_profile_repacks_in_llama_server(sb: &Sandbox, model: &std::path::Pa
 }
 
 /// The op-offload threshold (`GGML_OP_OFFLOAD_MIN_BATCH`), measured where it changes something:
-/// half the tiny model's layers on the host, op offload on, and a 600-token prompt at `-ub 512`,
-/// whose batches are 512 and 88 tokens. Thresholds 32 (llama.cpp's: both batches' host layers go
-/// to the device) and 89 (the 88-token batch stays on the CPU) are both measured; the profile
+/// half the tiny model's layers on the host, op offload on, and a 300-token prompt at `-ub 256`,
+/// whose batches are 256 and 44 tokens. Thresholds 32 (llama.cpp's: both batches' host layers go
+/// to the device) and 45 (the 44-token batch stays on the CPU) are both measured; the profile
 /// carries the winner's value as the server's environment, and `apply` starts llama-server with it.
+///
+/// Flash attention off: on, this path corrupts llvmpipe's heap (the module's doc).
 #[test]
 fn the_op_offload_threshold_is_searched_saved_and_applied() {
     let sb = Sandbox::new();
@@ -521,22 +506,14 @@ fn the_op_offload_threshold_is_searched_saved_and_applied() {
         (r["leaderboard"].as_array().into_iter().flatten())
             .any(|e| threshold(e) == t && !e["figures"].is_null())
     };
-    // llvmpipe corrupts its heap on this path while its shader cache is cold: host layers' operations
-    // offloaded to the device at a 512-token batch abort in libvulkan_lvp's malloc ("corrupted
-    // double-linked list", under ggml_vk_rope). With MESA_SHADER_CACHE_DISABLE=true it aborts every
-    // time (plain kernels too; never with op offload off or every layer on the device); from an
-    // empty cache it aborted twice and then ran, each aborted run having cached some shaders. A
-    // llvmpipe bug, not autotune's (docs/gpus.md): the tune is retried as the other tests here are.
-    let r = json(&retrying_crashes("threshold tune", || {
-        vulkan(&Sandbox::new(), &args)
-    }));
+    let r = json(&vulkan(&Sandbox::new(), &args));
     assert!(
         measured(&r, None),
         "llama.cpp's threshold is measured: {r:#}"
     );
     assert!(
-        measured(&r, Some(89)),
-        "89 keeps the 88-token batch on the CPU: {r:#}"
+        measured(&r, Some(45)),
+        "45 keeps the 44-token batch on the CPU: {r:#}"
     );
     let winner = &r["winner"];
     let text = std::fs::read_to_string(&profile).unwrap();
@@ -558,9 +535,6 @@ fn the_op_offload_threshold_is_searched_saved_and_applied() {
     if let Some(env) = &env {
         assert!(line.starts_with(env.as_str()), "{line}");
     }
-    // llama-server (llama.cpp's own tool, not autotune's worker) segfaulted once on llvmpipe in
-    // this check (1 of 51 runs of the same profile: the suite's, and none of 50 alone); the
-    // server is retried as in the other tests here, the tune above is not.
     let v = apply_checked(&sb, &profile);
     let command = command_of(&v);
     if let Some(env) = &env {
@@ -569,7 +543,7 @@ fn the_op_offload_threshold_is_searched_saved_and_applied() {
     assert!(v["completion"]["predicted_n"].as_u64().unwrap() > 0, "{v}");
 }
 
-/// The threshold test's tune: half the tiny model on the device, a 600-token prompt at `-ub 512`.
+/// The threshold test's tune: half the tiny model on the device, a 300-token prompt at `-ub 256`.
 fn threshold_tune(model: &std::path::Path, profile: &std::path::Path) -> Vec<String> {
     [
         "tune",
@@ -588,11 +562,11 @@ fn threshold_tune(model: &std::path::Path, profile: &std::path::Path) -> Vec<Str
         "--kernels",
         "plain",
         "--ubatch",
-        "512",
+        "256",
         "--ctx",
-        "1024",
+        "400",
         "--prompt",
-        "600",
+        "300",
         "--gen",
         "8",
         "--threads",
@@ -600,7 +574,7 @@ fn threshold_tune(model: &std::path::Path, profile: &std::path::Path) -> Vec<Str
         "--cache-types",
         "f16",
         "--flash-attn",
-        "auto",
+        "off",
         "--min-reps",
         "2",
         "--max-reps",

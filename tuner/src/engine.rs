@@ -204,8 +204,9 @@ impl<'a> Engine<'a> {
         self.measurer.borrow().elapsed()
     }
 
-    /// llama.cpp's defaults, except for a kernel choice the user excluded with --kernels (a user who
-    /// knows the extra kernels crash here must not see them loaded, even as the baseline). With a
+    /// llama.cpp's defaults, except for a kernel choice or op offload the user excluded (--kernels,
+    /// --op-offload: a user who knows the extra kernels or the offload crash here must not see them
+    /// run, even as the baseline). With a
     /// non-CPU device llama-server places what fits by its own fit (`--fit`), so the defaults carry
     /// that placement under this run's budgets (`baseline`), unless the user pinned the layers.
     pub fn baseline(&mut self) -> Candidate {
@@ -223,6 +224,7 @@ impl<'a> Engine<'a> {
         c.kernels = pick(&self.settings.plan.kernels, c.kernels);
         c.host_buffer = pick(&self.settings.host_buffers, c.host_buffer);
         c.numa = pick(&self.settings.numa, c.numa);
+        c.op_offload = pick(&self.settings.op_offload, c.op_offload);
         c.n_cpu_ffn = self.settings.plan.n_cpu_ffn.unwrap_or(0);
         let mut d = if self.settings.offload && !self.settings.n_gpu_layers_pinned() {
             self.fit_defaults(c)
