@@ -161,6 +161,52 @@ fn exec_check_only_starts_the_server_and_compares_its_speed() {
     );
 }
 
+/// A profile whose cache was edited to a quantized one after the run: its quality record (the
+/// gate held the run's caches to it) never measured the new cache, so `--check-only` starts the
+/// server, says the agreement, and fails with exit code 9 and the reason on one line.
+#[test]
+fn check_only_fails_a_cache_edited_beyond_the_gate() {
+    let t = tuned();
+    let server = llama_server();
+    let q4 = edited("q4.toml", |text| {
+        let winner = text.find("[winner]").expect("[winner] table");
+        let (head, tail) = text.split_at(winner);
+        // K alone: a quantized V cache would need flash attention, which the winner may not have.
+        let tail = tail.replacen("type_k = \"f16\"", "type_k = \"q4_0\"", 1);
+        // server_args derived again from the edited winner, as the profile's header says.
+        let start = head.find("\nserver_args = [").expect("server_args") + 1;
+        let end = start + head[start..].find("]\n").unwrap() + 2;
+        format!("{}{}{tail}", &head[..start], &head[end..])
+    });
+    let o = t.sandbox.run(&[
+        "apply",
+        s(&q4),
+        "--exec",
+        "--check-only",
+        "--json",
+        "--server",
+        s(&server),
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(9), "{err}\n{}", stdout(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("--json prints JSON");
+    assert!(command_of(&v).contains(&"q4_0"), "{v}");
+    assert!(
+        v["quality"]
+            .as_str()
+            .unwrap()
+            .contains("quality NOT checked"),
+        "{v}"
+    );
+    let failed = v["agreement"]["failed"].as_str().expect("the reason");
+    assert!(failed.contains("never measured"), "{failed}");
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("autotune: error: kv=q4_0/f16 was never measured"),
+        "{err}"
+    );
+}
+
 #[test]
 fn apply_prints_the_server_command_line() {
     let t = tuned();

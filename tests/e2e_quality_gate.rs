@@ -197,6 +197,13 @@ fn a_cache_that_alone_fits_is_held_to_the_gate_and_its_quality_follows_the_profi
     );
     let args = stdout(&sb.run(&["export", m, "--format", "args"]));
     assert!(args.starts_with(&format!("# {line}")), "{args}");
+    for (format, comment) in [("presets", ";"), ("llama-swap", "#"), ("ollama", "#")] {
+        let text = stdout(&sb.run(&["export", m, "--format", format]));
+        assert!(
+            text.contains(&format!("\n{comment} {line}")),
+            "{format}: {text}"
+        );
+    }
     let explain = stdout(&sb.run(&["explain", m]));
     assert!(explain.contains("within the gate (0.0500)"), "{explain}");
     profiles_without_a_readable_record(&sb, m);

@@ -363,6 +363,10 @@ impl Profile {
         if probe.server_args.is_none() {
             profile.refresh_server_args();
             warnings.push("no `server_args` in the profile: derived them from [winner]".into());
+        } else if profile.server_args == profile.unpinned_server_args() {
+            // Written before the slots, the KV pool and speculation were pinned: the same
+            // configuration, now with what the server would otherwise choose for itself.
+            profile.server_args = profile.expected_server_args();
         }
         Ok((profile, warnings))
     }
@@ -399,7 +403,24 @@ impl Profile {
                 .iter()
                 .flat_map(|m| crate::mtp_options(m, &self.winner)),
         );
+        if self.draft.is_none() && self.ngram.is_none() && self.mtp.is_none() {
+            o.push(ServerOption::with_value(
+                "--spec-type",
+                "spec-type",
+                crate::server_args::NO_SPECULATION,
+            ));
+        }
         o
+    }
+
+    /// [`Self::expected_server_args`] as a profile written before the server's own choices were
+    /// pinned (`-np 1`, `-no-kvu`, `--spec-type none`) has them.
+    fn unpinned_server_args(&self) -> Vec<String> {
+        let np = self.workload.n_parallel;
+        (self.server_options().into_iter())
+            .filter(|o| !crate::server_args::pinned_since_v1(o, np))
+            .flat_map(|o| std::iter::once(o.short.to_string()).chain(o.value))
+            .collect()
     }
 
     /// The environment this profile's winner needs llama-server started with.

@@ -198,7 +198,12 @@ impl QualityRecord {
                     self.text
                 )
             }
-            _ => format!(
+            Some(c) => format!("kv={kv}: REFUSED by the quality gate: {}", c.describe()),
+            None if self.max_kv_kld.is_some() => format!(
+                "kv={kv}: quality NOT checked (the gate measured other caches: the profile was \
+                 edited after the run?)"
+            ),
+            None => format!(
                 "kv={kv}: quality NOT checked ({})",
                 self.unchecked.as_deref().unwrap_or("no gate")
             ),

@@ -21,15 +21,31 @@ pub fn server_options(c: &Candidate, model: &Path, w: &Workload) -> Vec<ServerOp
     let mut opts = vec![
         ServerOption::with_value("-m", "model", model.to_string_lossy()),
         ServerOption::with_value("-c", "ctx-size", w.n_ctx),
+        // The slots measured, each with its share of -c and a KV cache of its own (the worker's
+        // contexts are not unified): without -np, llama-server picks its slots itself (4 now,
+        // sharing one unified pool) and sizes them from -c (llama.cpp #28849).
+        ServerOption::with_value("-np", "parallel", w.n_parallel.max(1)),
+        ServerOption::flag("-no-kvu", "no-kv-unified"),
     ];
-    if w.n_parallel > 1 {
-        // Measured with that many slots, each with its share of -c (without -np, llama-server
-        // gives 4 slots one shared pool: what a single request measured runs the same on).
-        opts.push(ServerOption::with_value("-np", "parallel", w.n_parallel));
-    }
     opts.extend(search_space::knob::server_options(c));
     opts
 }
+
+/// Whether `o` is an option a profile written before the server's own choices were pinned lacked
+/// ([`server_options`]' `-np 1` and `-no-kvu`, [`crate::Profile::server_options`]' `--spec-type
+/// none`): such a profile's `server_args` are read as the same configuration, pinned.
+pub(crate) fn pinned_since_v1(o: &ServerOption, n_parallel: u32) -> bool {
+    match o.short {
+        "-np" => n_parallel <= 1,
+        "-no-kvu" => true,
+        "--spec-type" => o.value.as_deref() == Some(NO_SPECULATION),
+        _ => false,
+    }
+}
+
+/// `--spec-type`'s value where the profile does not speculate: llama.cpp is making n-gram
+/// speculation the server's default (#28391); what was measured did not speculate.
+pub const NO_SPECULATION: &str = "none";
 
 /// The environment variables llama-server needs for `c` beside its argv (the knobs llama.cpp reads
 /// from the environment, those at their default left out), as `NAME=VALUE` pairs.
@@ -131,7 +147,7 @@ mod tests {
         let args = server_args(&c, Path::new("/m/model.gguf"), &workload());
         assert_eq!(
             shell_quote(&args),
-            "-m /m/model.gguf -c 4096 -t 8 -tb 8 -b 2048 -ub 512 -ctk f16 -ctv f16 -fa auto -ngl 0"
+            "-m /m/model.gguf -c 4096 -np 1 -no-kvu -t 8 -tb 8 -b 2048 -ub 512 -ctk f16 -ctv f16 -fa auto -ngl 0"
         );
     }
 

@@ -30,7 +30,8 @@ pub use tune::{CtxArg, DeviceArgs, RpcArgs, TuneArgs, WorkloadArgs};
         through linked llama.cpp and saves the fastest that fits as a profile.",
     after_help = "Exit codes: 0 ok, 1 error, 2 bad usage, 3 bad model file, 4 nothing could be measured, \
         5 bad profile or store, 6 llama-server refused the profile's arguments, 7 an RPC server does not \
-        answer, 8 verify: the profile's quantized KV cache lost a fact the f16 cache keeps, 130 interrupted."
+        answer, 8 verify: the profile's quantized KV cache lost a fact the f16 cache keeps, 9 apply --check-only: \
+        the server's cache fails the profile's quality record, 130 interrupted."
 )]
 pub struct Cli {
     /// Print llama.cpp's own log lines on stderr (useful when a trial fails)

@@ -21,6 +21,10 @@ pub const RPC_HOST: i32 = 7;
 /// `autotune verify`: the profile's quantized KV cache lost a fact, placed deep in the server's
 /// context, that the f16 cache retrieves.
 pub const RETRIEVAL_LOST: i32 = 8;
+/// `apply --exec --check-only`: the server's cache fails the profile's quality record (the gate
+/// refused or never measured it, or the server's output agrees with the f16 reference less than
+/// the gate measured, beyond both intervals).
+pub const QUALITY_CHECK: i32 = 9;
 /// Interrupted by SIGINT or SIGTERM (after keeping what was measured).
 pub const INTERRUPTED: i32 = 130;
 

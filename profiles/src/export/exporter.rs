@@ -17,11 +17,20 @@ pub trait Exporter {
 }
 
 /// The comment line that says where a profile came from and what it measured.
-pub(super) fn origin(p: &Profile) -> String {
+fn origin(p: &Profile) -> String {
     format!(
         "autotune profile for {} on {} (llama.cpp {}): {:.1} t/s prompt, {:.1} t/s generation",
         p.model.file_name, p.machine.hostname, p.llama.version, p.figures.pp_tps, p.figures.tg_tps
     )
+}
+
+/// The comment lines that say where a profile came from and what its cache costs in quality (the
+/// line `show` and `apply` print: its figures within the gate, lossless, or not checked and why),
+/// each after `prefix`.
+pub(super) fn about(p: &Profile, prefix: &str) -> String {
+    let model = shell_quote(&[p.model.path.to_string_lossy()]);
+    let quality = crate::quality::quality_line(p.quality.as_ref(), &p.winner, &model);
+    format!("{prefix}{}\n{prefix}quality {quality}\n", origin(p))
 }
 
 /// `env` as a POSIX shell's assignments before a command (`A=1 B=2`), each value quoted where it

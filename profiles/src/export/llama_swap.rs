@@ -1,7 +1,7 @@
 //! The `llama-swap` format: llama-swap's `models:` map, an entry per profile, each with its
 //! llama-server command and the environment its knobs need (the entry's `env:` list).
 
-use super::exporter::{origin, section_names, Exporter};
+use super::exporter::{about, section_names, Exporter};
 use crate::error::Result;
 use crate::profile::Profile;
 use crate::server_args::shell_quote;
@@ -20,12 +20,12 @@ impl Exporter for LlamaSwap {
         let mut out = String::new();
         let several = ps.len() > 1;
         if !several {
-            let _ = writeln!(out, "# {}", origin(ps[0]));
+            out.push_str(&about(ps[0], "# "));
         }
         let _ = writeln!(out, "models:");
         for (p, name) in ps.iter().zip(section_names(ps)) {
             if several {
-                let _ = writeln!(out, "  # {}", origin(p));
+                out.push_str(&about(p, "  # "));
             }
             entry(p, &name, &mut out);
         }

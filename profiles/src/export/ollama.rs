@@ -9,7 +9,7 @@
 //! `NewContextParams`), so the profile's `-ub` is written as `num_batch`, and its `-b` gets a note
 //! where Ollama's batch differs from it.
 
-use super::exporter::{origin, Exporter};
+use super::exporter::{about, Exporter};
 use crate::error::Result;
 use crate::profile::Profile;
 use crate::server_args::words;
@@ -34,7 +34,7 @@ impl Exporter for Ollama {
 fn modelfile(p: &Profile) -> String {
     let c = &p.winner;
     let mut out = String::new();
-    let _ = writeln!(out, "# {}", origin(p));
+    out.push_str(&about(p, "# "));
     let model = p.model.path.to_string_lossy();
     if model.contains(char::is_whitespace) {
         let _ = writeln!(out, "FROM \"{model}\"");

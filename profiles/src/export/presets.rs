@@ -8,7 +8,7 @@
 //! router's command line in the `use with:` comment, and where the profiles disagree about them,
 //! each section that needs some says so in an `; autotune:` comment.
 
-use super::exporter::{env_assignments, origin, section_names, Exporter};
+use super::exporter::{about, env_assignments, section_names, Exporter};
 use crate::error::Result;
 use crate::profile::Profile;
 use std::collections::BTreeMap;
@@ -30,7 +30,7 @@ impl Exporter for Presets {
         for (p, name) in ps.iter().zip(section_names(ps)) {
             let _ = writeln!(out);
             if several {
-                let _ = writeln!(out, "; {}", origin(p));
+                out.push_str(&about(p, "; "));
             }
             if shared.is_none() && !p.server_env.is_empty() {
                 let _ = writeln!(
@@ -59,7 +59,7 @@ fn header(ps: &[&Profile], shared: Option<&BTreeMap<String, String>>) -> String 
     let mut out = String::new();
     let several = ps.len() > 1;
     if !several {
-        let _ = writeln!(out, "; {}", origin(ps[0]));
+        out.push_str(&about(ps[0], "; "));
     }
     let env = shared.map(env_assignments).unwrap_or_default();
     let env = if env.is_empty() { env } else { env + " " };

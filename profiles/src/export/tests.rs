@@ -105,12 +105,11 @@ fn parallel_slots_reach_every_format() {
     let json = export(&p, ExportFormat::Json).unwrap();
     let back: Profile = serde_json::from_str(&json).unwrap();
     assert_eq!(back.workload.n_parallel, 4);
-    // One request: no -np, and no n_parallel in the file (profiles written before it read the same).
+    // One request: -np 1 pinned in the argv, and no n_parallel in the file (profiles written
+    // before it read the same).
     let one = export(&example_profile(), ExportFormat::Json).unwrap();
-    assert!(
-        !one.contains("n_parallel") && !one.contains("\"-np\""),
-        "{one}"
-    );
+    assert!(!one.contains("n_parallel"), "{one}");
+    assert!(one.contains("\"-np\",\n    \"1\""), "{one}");
 }
 
 #[test]

@@ -193,8 +193,8 @@ fn an_invalid_match_is_reported_with_its_path_and_kept() {
     let p = example_profile();
     let path = store.path_for(&p);
     let text = p.to_toml().unwrap().replacen(
-        "\"--device\", \"CUDA0\"]",
-        "\"--device\", \"CUDA0\", \"--foo\"]",
+        "\"--spec-type\", \"none\"]",
+        "\"--spec-type\", \"none\", \"--foo\"]",
         1,
     );
     fs::write(&path, text).unwrap();

@@ -37,7 +37,44 @@ fn a_smuggled_flag_in_server_args_is_named() {
 
     let mut p = example_profile();
     p.server_args.truncate(4);
-    assert!(invalid(&p).contains("missing '-t'"));
+    assert!(invalid(&p).contains("missing '-np'"));
+}
+
+/// A profile written before llama-server's own choices were pinned (its slots, their KV pool,
+/// speculation) has `server_args` without `-np 1 -no-kvu` and `--spec-type none`: it reads as the
+/// same configuration, pinned; any other difference is still refused.
+#[test]
+fn a_profile_written_before_the_pins_reads_as_pinned() {
+    let mut p = example_profile();
+    assert_eq!(p.workload.n_parallel, 1);
+    let mut unpinned = Vec::new();
+    let mut words = p.server_args.iter().peekable();
+    while let Some(w) = words.next() {
+        match w.as_str() {
+            "-np" | "--spec-type" => {
+                words.next();
+            }
+            "-no-kvu" => {}
+            _ => unpinned.push(w.clone()),
+        }
+    }
+    assert_eq!(
+        unpinned.len() + 5,
+        p.server_args.len(),
+        "{:?}",
+        p.server_args
+    );
+    p.server_args = unpinned.clone();
+    let (read, _) = Profile::from_toml(&p.to_toml().unwrap()).unwrap();
+    assert_eq!(read.server_args, read.expected_server_args());
+    read.validate(false).unwrap();
+    let tail = &read.server_args[read.server_args.len() - 2..];
+    assert_eq!(tail, ["--spec-type", "none"]);
+
+    unpinned.push("--foo".into());
+    p.server_args = unpinned;
+    let (read, _) = Profile::from_toml(&p.to_toml().unwrap()).unwrap();
+    assert!(invalid(&read).contains("unexpected '--foo'"));
 }
 
 #[test]

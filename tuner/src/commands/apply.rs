@@ -89,6 +89,9 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
 
     if args.check_only {
         proc.stop(&signal);
+        if let Some(why) = check.agreement.and_then(|a| a.failed) {
+            return Err(Exit::new(exit::QUALITY_CHECK, why));
+        }
         return Ok(exit::OK);
     }
     proc.echo.store(true, Ordering::Relaxed);

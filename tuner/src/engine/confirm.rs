@@ -1,4 +1,5 @@
-//! The confirmation: the search's finalists measured again on the workload's own request, side by
+//! The confirmation: the search's finalists measured again on the workload's whole prompt (and,
+//! where the run screens, a short generation at its depth: [`Engine::confirm_screen`]), side by
 //! side in interleaved rounds, each repetition on a fresh load, and the run's choice made among
 //! them on those rounds alone. The finalists are the search's winner, the runner-up, llama.cpp's
 //! defaults (the headline compares with them) and, where the winner changes the model's output (a
@@ -53,17 +54,18 @@ impl Engine<'_> {
         out
     }
 
-    /// Measures `finalists` on the workload's own request in interleaved, shuffled rounds, each
+    /// Measures `finalists` on the confirmation's request in interleaved, shuffled rounds, each
     /// repetition on a fresh load (one load of a configuration can run several percent faster or
     /// slower than another for as long as it lives: `autotune measure --twice` without reloads
     /// called identical twins different on a VM): [`CONFIRM_ROUNDS`] each, and more while a
     /// finalist screened rather than measured whole wants them (its interval not yet tight, within
-    /// its limits, not clearly behind). Returns each one's drift: its median on the workload's
-    /// request over its median before the confirmation (where it was screened), less one.
+    /// its limits, not clearly behind). Returns each one's drift: its median on the confirmation's
+    /// request over its median before the confirmation (at that request where the search measured
+    /// it there, else where it was screened last), less one.
     pub(super) fn confirm(&mut self, finalists: &[Candidate]) -> Vec<(Candidate, f64)> {
         let w = self.settings.plan.workload.clone();
         let screened: Vec<Option<f64>> = (finalists.iter()).map(|c| self.median_rate(c)).collect();
-        self.decide_at(None);
+        self.decide_at(self.confirm_screen());
         let idx = self.fitted_indices(finalists);
         let before: Vec<usize> = idx.iter().map(|&i| self.results[i].reps.len()).collect();
         let mut spent = vec![std::time::Duration::ZERO; idx.len()];
@@ -96,14 +98,19 @@ impl Engine<'_> {
                 break;
             }
         }
+        let median = |reps: &[crate::measuring::Repetition]| {
+            let rates = reps.iter().map(|x| 1.0 / super::score_seconds(x, &w));
+            Sample::new(rates.collect()).ok().map(|s| s.median())
+        };
+        // Against what the search measured of it: at the confirmation's request where it measured
+        // it there (the defaults' first visit), else at the request it was screened on last.
         (idx.iter().zip(&before).zip(&screened))
-            .filter_map(|((&i, &n0), old)| {
+            .filter_map(|((&i, &n0), screened)| {
                 let r = &self.results[i];
-                let new: Vec<f64> = (r.reps[n0.min(r.reps.len())..].iter())
-                    .map(|x| 1.0 / super::score_seconds(x, &w))
-                    .collect();
-                let new = Sample::new(new).ok()?.median();
-                Some((r.candidate.clone(), new / (*old)? - 1.0))
+                let n0 = n0.min(r.reps.len());
+                let new = median(&r.reps[n0..])?;
+                let old = median(&r.reps[..n0]).or(*screened)?;
+                Some((r.candidate.clone(), new / old - 1.0))
             })
             .collect()
     }

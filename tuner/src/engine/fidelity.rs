@@ -4,7 +4,8 @@
 //! model on two cores a request of llama-bench's pp512/tg128 takes a minute, most of it
 //! generating; 32 generated tokens rank what 128 do (a token's rate does not depend on how many
 //! follow it), and a thread count or a kernel choice ranks on a 128-token prompt as on 512 (the
-//! rank check: docs/benchmarks.md).
+//! rank check: docs/benchmarks.md). The finalists are confirmed on the workload's whole prompt
+//! and as many generated tokens.
 //!
 //! The engine decides at one request size at a time: every candidate's repetitions at that size
 //! are its figures ([`CandidateResult::decide_at`]), the others are set aside until a decision at
@@ -44,8 +45,8 @@ impl Engine<'_> {
     /// The request a group of `candidates` is screened on: the workload's, with no more than
     /// [`SCREEN_GEN`] generated tokens and, where every difference among them shows on a short
     /// prompt, no more than [`SCREEN_PROMPT`] prompt tokens (and one micro-batch). `None` where that is the
-    /// workload's own request, where the run does not screen, and in the confirmation and the grid
-    /// (measured whole). A candidate alone is a reference (the defaults: the time said, the
+    /// workload's own request, where the run does not screen, and in the confirmation (its own:
+    /// [`Self::confirm_screen`]) and the grid (measured whole). A candidate alone is a reference (the defaults: the time said, the
     /// ceilings' shares, the headline): its whole prompt.
     pub(crate) fn screen_for(&self, candidates: &[Candidate], axis: &str) -> Option<Screen> {
         let w = &self.settings.plan.workload;
@@ -64,6 +65,19 @@ impl Engine<'_> {
             n_gen: w.n_gen.min(SCREEN_GEN),
         };
         (screen.n_prompt < w.n_prompt || screen.n_gen < w.n_gen).then_some(screen)
+    }
+
+    /// The request the finalists are confirmed on: the workload's prompt whole, at its depth, and
+    /// where the run screens, no more than [`SCREEN_GEN`] generated tokens (a token's rate does
+    /// not depend on the tokens after it; on a 7B on two cores the other 96 of pp512/tg128 were 19
+    /// s of each confirming repetition's 70). `None` (the workload's own request) where the run
+    /// does not screen or generates no more than that.
+    pub(crate) fn confirm_screen(&self) -> Option<Screen> {
+        let w = &self.settings.plan.workload;
+        (self.settings.screen && w.n_gen > SCREEN_GEN).then_some(Screen {
+            n_prompt: w.n_prompt,
+            n_gen: SCREEN_GEN,
+        })
     }
 
     /// Every candidate's figures become those at `screen` ([`CandidateResult::decide_at`]).

@@ -204,10 +204,11 @@ impl CandidateResult {
         }
     }
 
-    /// For the report: where it has too few repetitions on the workload's request to be judged
-    /// (it was screened, not confirmed), its figures at the screen it has the most repetitions of.
+    /// For the report: where it has too few repetitions at the request size decided at last (the
+    /// confirmation's: it was screened, not confirmed), its figures at the screen it has the most
+    /// repetitions of.
     pub(crate) fn show_screened(&mut self) {
-        if self.screen.is_some() || self.reps.len() >= 2 {
+        if self.reps.len() >= 2 {
             return;
         }
         let most = (self.set_aside.iter())

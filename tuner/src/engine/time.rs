@@ -117,12 +117,14 @@ impl Engine<'_> {
         RESERVED_FINALISTS * f64::from(CONFIRM_ROUNDS) * self.confirm_cost()
     }
 
-    /// One confirming repetition: a load, its warm-up and the workload's request, at the defaults'
-    /// figures.
+    /// One confirming repetition: a load, its warm-up and the confirmation's request
+    /// ([`Engine::confirm_screen`]), at the defaults' figures.
     pub(super) fn confirm_cost(&self) -> f64 {
-        self.time_plan
-            .as_ref()
-            .map_or(0.0, |p| p.load_s + p.warm_up_s + p.repetition_s)
+        let Some(p) = &self.time_plan else {
+            return 0.0;
+        };
+        let screen = self.confirm_screen();
+        p.load_s + self.fresh_warm_up_s(screen) + self.repetition_cost_at(Phases::BOTH, screen)
     }
 
     /// What measuring `c` once more costs at the request size decided at, timing `phases`: its

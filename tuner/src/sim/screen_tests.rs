@@ -1,10 +1,10 @@
 //! Screening and the confirmation: a slow host's candidates are screened on short requests and
-//! the finalists measured whole, side by side; a lossy winner is measured beside its lossless twin
+//! the finalists measured again on the workload's whole prompt, side by side; a lossy winner is measured beside its lossless twin
 //! and wins only by being faster; ties in the run's choice go either way.
 
 use super::harness::{settings, tune, with_engine, Mode};
 use super::{Landscape, SimMeasurer};
-use crate::engine::fidelity::worth_screening;
+use crate::engine::fidelity::{worth_screening, SCREEN_GEN};
 use crate::engine::Engine;
 use crate::measuring::Screen;
 use search_space::{knob, CacheType, Candidate};
@@ -17,33 +17,51 @@ fn host_alone() -> Landscape {
 }
 
 #[test]
-fn a_slow_host_screens_on_short_requests_and_confirms_the_finalists_whole() {
+fn a_slow_host_screens_on_short_requests_and_confirms_the_finalists_on_the_whole_prompt() {
     let land = host_alone();
     let mut s = settings(&land, 4);
-    // A chat's request: most of its time generating.
-    (s.plan.workload.n_prompt, s.plan.workload.n_gen) = (128, 512);
+    // A long answer to a long question: most of its time generating, and a prompt longer than
+    // the screens of thread counts and kernels time.
+    (s.plan.workload.n_prompt, s.plan.workload.n_gen) = (512, 512);
     s.screen = worth_screening(&s.plan.workload, &s.ceilings);
     assert!(s.screen, "a request takes minutes here");
     let w = s.plan.workload.clone();
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let trace = run.trace.borrow();
-    // The search's requests generate 32 tokens; the confirmation's, the workload's 512.
+    // Every request generates 32 tokens, the confirmation's too (a token's rate does not depend on
+    // the tokens after it); none generates the workload's 512.
     let gens: Vec<u32> = trace.requests.iter().map(|r| r.n_gen).collect();
-    assert!(gens.iter().filter(|g| **g == 32).count() >= 6, "{gens:?}");
-    let whole = trace.requests.iter().filter(|r| r.n_gen == w.n_gen).count();
+    assert!(gens.iter().all(|g| *g == SCREEN_GEN), "{gens:?}");
     let win = run.winner.clone().expect("a winner");
     let r = (run.results.iter())
         .find(|r| r.candidate == win)
         .expect("measured");
-    // The winner's figures are the confirmation's, on the workload's own request.
-    assert!(r.screen.is_none() && r.reps.len() >= 2, "{:?}", r.screen);
+    // The winner's figures are the confirmation's: the workload's whole prompt, 32 tokens generated.
+    let confirm = Screen {
+        n_prompt: w.n_prompt,
+        n_gen: SCREEN_GEN,
+    };
     assert!(
-        whole >= 2 * run.drift.len() && run.drift.len() >= 2,
-        "{whole} {:?}",
-        run.drift
+        r.screen == Some(confirm) && r.reps.len() >= 2,
+        "{:?}",
+        r.screen
     );
-    // The baseline is a finalist: the headline compares figures of one request size.
-    assert!(run.drift.iter().any(|(c, _)| *c == run.baseline));
+    assert!(run.drift.len() >= 2, "{:?}", run.drift);
+    // The confirmation's requests, the run's last: each finalist twice at least, whole prompts.
+    let last = &trace.requests[trace.requests.len() - 2 * run.drift.len()..];
+    assert!(last.iter().all(|q| q.n_prompt == w.n_prompt), "{last:?}");
+    // The baseline has figures at the confirmation's request (the headline compares figures of one
+    // request size): its first visit's, where it was measured on the whole prompt, and the
+    // confirmation's unless those already put it clearly behind.
+    let base = (run.results.iter())
+        .find(|r| r.candidate == run.baseline)
+        .expect("the baseline measured");
+    assert!(
+        base.screen == Some(confirm) && base.reps.len() >= 2,
+        "{:?} {}",
+        base.screen,
+        base.reps.len()
+    );
     // Screening is cheaper than measuring every candidate whole, and finds as good a winner.
     let mut whole_run = s.clone();
     whole_run.screen = false;
