@@ -169,7 +169,7 @@ fn check_only_fails_a_cache_edited_beyond_the_gate() {
     let t = tuned();
     let server = llama_server();
     let q4 = edited("q4.toml", |text| {
-        let winner = text.find("[winner]").expect("[winner] table");
+        let winner = text.find("\n[winner]\n").expect("[winner] table");
         let (head, tail) = text.split_at(winner);
         // K alone: a quantized V cache would need flash attention, which the winner may not have.
         let tail = tail.replacen("type_k = \"f16\"", "type_k = \"q4_0\"", 1);
