@@ -9,7 +9,6 @@ pub mod joint;
 mod kv_pairs;
 mod measurer;
 mod output;
-mod page_cache;
 mod progress;
 
 pub use output::{complete, nothing_measured, profile_from_run, report_of, save, After};
@@ -316,7 +315,6 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         .with_context(|| format!("{}: cannot resolve path", model.display()))?;
     let identity = ModelIdentity::of_file(&model)
         .with_context(|| format!("{}: cannot read", model.display()))?;
-    read_model_through(plan, &model, stop);
     let start_up = Watch::start(&plan.rpc);
     let probe = probe::probe(plan.verbose, &plan.rpc)?;
     for w in &probe.gpu_warnings {
@@ -380,20 +378,6 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         run,
         others_cpu,
     })
-}
-
-/// The model file into the page cache before anything is measured ([`page_cache`]), said where
-/// that took long enough to be seen (a read from disk, not from the cache).
-fn read_model_through(plan: &Plan, model: &Path, stop: &AtomicBool) {
-    let stop_fn = || stop.load(Ordering::Relaxed);
-    let took =
-        crate::ram::available_now().and_then(|a| page_cache::read_through(model, a, &stop_fn));
-    if let Some(s) = took.filter(|s| *s >= 3.0 && !plan.quiet) {
-        eprintln!(
-            "autotune: read the model file in {s:.0} s before measuring, so that every load finds it \
-             in memory"
-        );
-    }
 }
 
 /// The engine's settings for `plan` on this machine and model: at the context `--ctx max` chooses
