@@ -123,10 +123,12 @@ fn check_server_args(profile: &profiles::Profile, model: &std::path::Path) {
         let v = &a[pos(flag) + 1];
         assert!(!v.starts_with('-'), "{flag} has a value: {a:?}");
     }
-    assert_eq!(
-        profile.server_args,
-        profiles::server_args(&profile.winner, &profile.model.path, &profile.workload)
-    );
+    assert_eq!(profile.server_args, profile.expected_server_args());
+    // What llama-server would otherwise choose for itself, pinned as measured: one slot with a
+    // KV cache of its own, no speculation.
+    assert_eq!(a[pos("-np") + 1], "1");
+    assert!(a.contains(&"-no-kvu".to_string()), "{a:?}");
+    assert_eq!(a[a.len() - 2..], ["--spec-type", "none"]);
 }
 
 /// The profile keeps the report's verdict, and the listing shows it, never a raw gain for a tie.
