@@ -21,9 +21,7 @@ use search_space::Candidate;
 pub const SCREEN_GEN: u32 = 32;
 
 /// The prompt a screen times where every knob compared shows its effect on a short one (and at
-/// most one micro-batch): the warm-up after a load processes as many (a load's first prompt-sized
-/// graph runs slower: 2-7% on a 7B's first 512-token prompt after a 32-token warm-up), so a kernel
-/// choice costs a quarter of a 512-token prompt twice over, and a thread count a quarter.
+/// most one micro-batch): a thread count or a kernel choice costs a quarter of a 512-token prompt.
 pub const SCREEN_PROMPT: u32 = 128;
 
 /// A run screens where even at its ceilings a request of the workload would take longer than

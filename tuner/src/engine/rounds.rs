@@ -30,6 +30,14 @@ pub const GIVE_UP_FACTOR: f64 = 1.75;
 /// docs/benchmarks.md, "The figures behind the search's choices".
 pub const ONE_REPETITION_FACTOR: f64 = 1.5;
 
+/// Where the run screens, a first visit takes no second repetition once its first took more than
+/// this many noise thresholds over the best median (at most [`ONE_REPETITION_FACTOR`]): a screen
+/// ranks, the finalists are measured again whole, and a short repetition costs no load. At the
+/// default 2% that is 12% slower: six times the noise, wide of the 3-9% one load's repetitions of
+/// pp512 spread on a 2-core VM; on the 7B there, `-t 1` and `-tb 1` (a request 38% slower on the
+/// screen) each took a second 14-s repetition to be judged.
+pub const SCREEN_ONE_REPETITION_NOISES: f64 = 6.0;
+
 /// The signal a kill sends (the OOM killer's, a user's): not a crash to measure on after.
 const SIGKILL: i32 = 9;
 
@@ -293,14 +301,20 @@ impl Engine<'_> {
     }
 
     /// Whether candidate `i`'s one repetition took more than [`ONE_REPETITION_FACTOR`] times the
-    /// best median measured so far a request: how it stops (its repetition kept).
+    /// best median measured so far a request (on a screen, [`SCREEN_ONE_REPETITION_NOISES`] noise
+    /// thresholds more): how it stops (its repetition kept).
     fn far_behind(&self, i: usize) -> Option<TrialFailure> {
         let r = &self.results[i];
         let [rep] = r.reps.as_slice() else {
             return None;
         };
         let best_ms = self.give_up(i)?.best_ms;
-        let limit_ms = (best_ms as f64 * ONE_REPETITION_FACTOR).ceil() as u64;
+        let factor = match self.fidelity {
+            Some(_) => (1.0 + SCREEN_ONE_REPETITION_NOISES * self.settings.plan.noise)
+                .min(ONE_REPETITION_FACTOR),
+            None => ONE_REPETITION_FACTOR,
+        };
+        let limit_ms = (best_ms as f64 * factor).ceil() as u64;
         let took_ms = (score_seconds(rep, &self.settings.plan.workload) * 1e3).round() as u64;
         (took_ms > limit_ms).then(|| TrialFailure::GaveUp {
             limit_ms,

@@ -124,7 +124,7 @@ impl Engine<'_> {
             return 0.0;
         };
         let screen = self.confirm_screen();
-        p.load_s + self.fresh_warm_up_s(screen) + self.repetition_cost_at(Phases::BOTH, screen)
+        p.load_s + self.fresh_warm_up_s() + self.repetition_cost_at(Phases::BOTH, screen)
     }
 
     /// What measuring `c` once more costs at the request size decided at, timing `phases`: its
@@ -153,24 +153,15 @@ impl Engine<'_> {
         // `warm_up`), not on the whole prompt the first visit's figure holds.
         let (load, warm_up) = match self.loaded.contains(&search_space::knob::model_key(c)) {
             true => (0.0, self.short_warm_up_s()),
-            false => (p.load_s, self.fresh_warm_up_s(screen)),
+            false => (p.load_s, self.fresh_warm_up_s()),
         };
         load + warm_up + 2.0 * rep
     }
 
-    /// The warm-up after a load: the prompt of the request measured (the first visit's, where its
-    /// whole figure is known, scaled down to a shorter screen's prompt).
-    fn fresh_warm_up_s(&self, screen: Option<Screen>) -> f64 {
-        let Some(p) = &self.time_plan else {
-            return 0.0;
-        };
-        let w = &self.settings.plan.workload;
-        let share = match screen {
-            Some(s) if s.n_prompt < w.n_prompt => f64::from(s.n_prompt) / f64::from(w.n_prompt),
-            _ => 1.0,
-        };
-        let short = self.short_warm_up_s();
-        short + (p.warm_up_s - short).max(0.0) * share
+    /// The warm-up after a load, as the first visit's took (a context's making and a few
+    /// tokens: the worker's `warm_up`), whatever the request measured after it.
+    fn fresh_warm_up_s(&self) -> f64 {
+        self.time_plan.as_ref().map_or(0.0, |p| p.warm_up_s)
     }
 
     /// The warm-up of a new context on a model already loaded: a few prompt tokens and generation

@@ -31,7 +31,9 @@ fn measured(run: &SimRun, c: &Candidate) -> bool {
 #[test]
 fn on_two_unequal_gpus_the_baseline_is_llama_cpps_fit_and_the_winner_beats_it() {
     let mut land = gpus(2, 24 * GIB);
-    land.devices[1].bandwidth = 2.0 * land.devices[0].bandwidth;
+    // Three times the other's bandwidth: an uneven split wins 7% a request, wide of the 2% noise
+    // (at twice, 4.7%, the verdict on it was a tie on some seeds).
+    land.devices[1].bandwidth = 3.0 * land.devices[0].bandwidth;
     let s = settings(&land, 11);
     let run = tune(land.clone(), s.clone(), None, Mode::Search);
     let base = &run.baseline;

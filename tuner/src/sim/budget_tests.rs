@@ -158,8 +158,8 @@ fn the_default_budget_grows_with_what_a_visit_costs_and_a_given_one_stays() {
     assert!(got <= before * 1.02, "{got} vs {before}");
 }
 
-/// The confirmation re-measures the search's winner and runner-up, twice each, interleaved, each
-/// repetition on a fresh load.
+/// The confirmation re-measures the search's winner and runner-up (and a quantized cache's
+/// lossless twin beside it), twice each, interleaved, each repetition on a fresh load.
 #[test]
 fn confirm_remeasures_the_winner_and_the_runner_up_on_fresh_loads() {
     let mut land = gpus(4, 12 * GIB);
@@ -169,16 +169,23 @@ fn confirm_remeasures_the_winner_and_the_runner_up_on_fresh_loads() {
         run.searched.clone().unwrap(),
         run.runner_up.clone().unwrap(),
     );
+    let mut finalists = vec![win.clone(), second.clone()];
+    let twin = search_space::knob::lossless_twin(&win);
+    if twin != win && !finalists.contains(&twin) {
+        finalists.push(twin);
+    }
     let trace = run.trace.borrow();
-    let last: Vec<&Candidate> = trace.calls[trace.calls.len() - 4..]
+    let n = 2 * finalists.len();
+    let last: Vec<&Candidate> = trace.calls[trace.calls.len() - n..]
         .iter()
         .map(|(c, _, _)| c)
         .collect();
-    assert_eq!(last.iter().filter(|c| ***c == win).count(), 2);
-    assert_eq!(last.iter().filter(|c| ***c == second).count(), 2);
-    assert_eq!(run.drift.len(), 2);
-    // Each confirming repetition paid a load: four in a row on fresh loads.
-    for r in [&win, &second].map(|c| result(&run, c).unwrap()) {
+    for f in &finalists {
+        assert_eq!(last.iter().filter(|c| **c == f).count(), 2, "{}", f.label());
+    }
+    assert_eq!(run.drift.len(), finalists.len());
+    // Each confirming repetition paid a load: all of them in a row on fresh loads.
+    for r in finalists.iter().map(|c| result(&run, c).unwrap()) {
         let fresh = r
             .reps
             .iter()

@@ -643,10 +643,11 @@ impl Landscape {
     }
 
     /// Seconds the discarded warm-up on a fresh context takes, as the worker runs it: a prompt of
-    /// at most a batch per sequence, then 4 generation steps.
+    /// its few tokens (at most a batch per sequence), then 4 generation steps.
     pub fn warm_up_seconds(&self, ideal: &Repetition, w: &Workload, n_batch: u32) -> f64 {
         let np = w.n_parallel.max(1);
-        let n = (w.n_prompt.min(n_batch / np))
+        let n = (w.n_prompt.min(crate::worker::server::WARM_UP_TOKENS))
+            .min(n_batch / np)
             .min((w.n_ctx / np).saturating_sub(4))
             .max(1);
         (n as f64 / ideal.pp_tps + 4.0 / ideal.tg_tps) * np as f64 + 0.05

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// A link probe to an RPC server's device (`hosts::links`).
-/// The warm-up's prompt where only generation is timed, or the model was loaded and run before.
+/// The warm-up's prompt: every weight is touched by any token.
 pub(crate) const WARM_UP_TOKENS: u32 = 32;
 
 pub fn link(r: &LinkRequest) -> Response {
@@ -103,8 +103,6 @@ pub struct WorkerState {
     /// Whether the referenced bits were cleared after the last (re)load, so that the model file's
     /// pages read from then on can be counted ([`memory::model_pages_referenced`]).
     refs_cleared: bool,
-    /// Whether the last request loaded the model (not only made a new context on it).
-    model_loaded: bool,
 }
 
 /// The worker's memory just before the model was loaded.
@@ -166,11 +164,9 @@ impl WorkerState {
             stage: "rpc".into(),
             message: e.to_string(),
         })?;
-        self.model_loaded = false;
         if self.model.as_ref().map(|(k, _)| k) != Some(&key) {
             self.load_model(m, key)?;
             fresh = true;
-            self.model_loaded = true;
         }
         if self.context.as_ref().map(|(c, _)| c) != Some(&m.context) {
             self.context = None;
@@ -285,7 +281,7 @@ impl WorkerState {
             Ok(l) => l,
             Err(r) => return r,
         };
-        let warm = (load.is_some()).then_some(self.model_loaded);
+        let warm = load.is_some();
         let ctx = &mut self.context.as_mut().expect("context created above").1;
         let mut tokens = TokenSource::new(m.seed, ctx.model().n_vocab(), ctx.model().bos());
         let w = &m.workload;
@@ -293,8 +289,8 @@ impl WorkerState {
         let run = |ctx: &mut Context,
                    tokens: &mut TokenSource|
          -> Result<Repetition, llama::LlamaError> {
-            if let Some(model_loaded) = warm {
-                warm_up(ctx, tokens, m, model_loaded)?;
+            if warm {
+                warm_up(ctx, tokens, m)?;
             }
             let (mut shallow, mut deep) = cutoffs(m);
             // A phase not asked for is not timed: its figures stay 0 until the engine lends them.
@@ -371,24 +367,19 @@ fn cutoffs(m: &MeasureRequest) -> (Cutoff, Cutoff) {
 /// The warm-up before a fresh context's first repetition, discarded: first touches of weights
 /// and buffers, thread pool start. The warm-up's prompt plus its 4 tokens must fit a slot's
 /// context: a prompt as long as the context would otherwise leave no KV slot for them.
-/// Generation timed alone needs no prompt-sized graph warmed: a few tokens touch every weight
-/// (on a 7B model on 2 cores, 20 s less per fresh context). Nor does a new context on a model
-/// already loaded and run: its first repetition was as much slower than the next after a 32-token
-/// warm-up as after a whole prompt's (a 7B's pp512: 5% and 6%, within the machine's noise), and a
-/// whole prompt's warm-up is 20 s there, for every thread count, cache or micro-batch measured.
+/// [`WARM_UP_TOKENS`] of prompt touch every weight; a prompt-sized graph needs no warming: on a
+/// 7B on two cores (plain kernels, the file in the page cache) the first pp512 after a fresh load
+/// ran at 31.1-33.7 t/s after a 32-token warm-up and 29.8-32.6 after a whole prompt's (the slower
+/// of two repetitions, four loads each, alternated), and the whole prompt's warm-up was 15-18 s
+/// of every load: of every confirming repetition and every kernel choice measured.
 fn warm_up(
     ctx: &mut Context,
     tokens: &mut TokenSource,
     m: &MeasureRequest,
-    model_loaded: bool,
 ) -> Result<(), llama::LlamaError> {
     let w = &m.workload;
     let np = w.n_parallel.max(1);
-    let prompt = match m.phases.prompt && model_loaded {
-        true => w.n_prompt,
-        false => w.n_prompt.min(WARM_UP_TOKENS),
-    };
-    let n = prompt
+    let n = (w.n_prompt.min(WARM_UP_TOKENS))
         .min(m.context.n_batch / np)
         .min((m.context.n_ctx / np).saturating_sub(4))
         .max(1);
