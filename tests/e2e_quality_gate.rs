@@ -344,6 +344,12 @@ fn joint_mode_holds_the_chosen_weights_with_the_cache_to_max_kv_kld() {
     assert_eq!(check.against.as_deref(), Some("Q4_K_M"), "{check:?}");
     let weights = check.weights_kld.expect("the weights alone");
     assert!(weights > 0.0 && check.kld().unwrap() > 0.0, "{check:?}");
+    // The chosen rung's drift as it will run (what a tie between rungs goes by): the gate's figure
+    // for these weights with that cache, not the weights' own.
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("the choice's report");
+    let chosen = &v["quants"][v["chosen"].as_u64().expect("a choice") as usize];
+    assert_eq!(chosen["total_kld"].as_f64(), check.kld(), "{chosen}");
+    assert_ne!(chosen["total_kld"], chosen["kld"], "{chosen}");
 
     // A gate the cache cannot meet: the rung has no winner, and nothing is chosen; its row says
     // what the cache adds over the weights alone.

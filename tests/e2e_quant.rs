@@ -323,6 +323,16 @@ fn joint_tune_chooses_among_quantizations_and_saves_the_winner() {
             measured || q["status"].as_str().unwrap().starts_with("not measured"),
             "{q}"
         );
+        // A measured rung's drift as it will run: its weights' alone where its winner's cache is
+        // f16, else the gate's figure for its weights with that cache.
+        if measured {
+            let (kld, total) = (q["kld"].as_f64().unwrap(), q["total_kld"].as_f64());
+            let f16 = q["winner"]["type_k"] == "f16" && q["winner"]["type_v"] == "f16";
+            match f16 {
+                true => assert_eq!(total, Some(kld), "{q}"),
+                false => assert!(total.is_some(), "{q}"),
+            }
+        }
     }
     let stored = sb.stored_profiles();
     assert_eq!(stored.len(), 1);

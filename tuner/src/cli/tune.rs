@@ -179,8 +179,8 @@ pub struct TuneArgs {
     pub top: usize,
 
     // ---- quantization choice (tuning::joint): any of these makes `tune` choose among quantizations ----
-    /// Other quantizations of MODEL to choose among (files or folders); each is tuned (--budget is
-    /// shared among them, at least 30 s each) and the fastest under --max-kld wins
+    /// Other quantizations of MODEL to choose among (files or folders); each is tuned (what --budget
+    /// has left after the quality table is shared among them) and the fastest under --max-kld wins
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     pub quants: Vec<PathBuf>,
     /// Choose among the quantizations of MODEL found in its folder (see `autotune quality MODEL --list`)

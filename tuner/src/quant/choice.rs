@@ -70,12 +70,17 @@ pub struct QuantRow {
     /// Mean KL divergence from the reference (weights, f16 KV cache) and top-1 agreement.
     pub kld: Option<f64>,
     pub top1: Option<f64>,
+    /// The tuned winner's mean KL divergence from the reference as it will run: its weights with
+    /// its quantized KV cache (the tune's gate measured the pair against the reference), else the
+    /// weights' own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_kld: Option<f64>,
     pub passes_gate: bool,
     /// The tuned winner of this rung and its figures, when it was tuned and measured.
     pub winner: Option<Candidate>,
     pub figures: Option<Figures>,
     pub placement: Option<Placement>,
-    /// `chosen`, `slower`, `tie, lower quality`, `over the quality gate`, `not measured: …`.
+    /// `chosen`, `N% slower`, `tie, more drift`, `over the quality gate`, `not measured: …`.
     pub status: String,
 }
 
@@ -83,10 +88,17 @@ impl QuantRow {
     pub fn score(&self) -> Option<f64> {
         self.figures.as_ref().map(|f| f.score_s)
     }
+
+    /// What a tie between rungs is decided on: the drift of what will run, else the weights'.
+    pub fn drift(&self) -> f64 {
+        self.total_kld.or(self.kld).unwrap_or(f64::INFINITY)
+    }
 }
 
 /// Index of the chosen rung: the fastest measured rung that passes the gate; a tie (relative
-/// difference within `noise`) goes to the lower KL divergence, then the smaller file.
+/// difference within `noise`) goes to the lower KL divergence of what will run (the weights with
+/// the winner's cache: a Q6_K with a q4_0 cache can drift more than a Q5_K_M with f16), then the
+/// smaller file.
 pub fn choose(rows: &[QuantRow], noise: f64) -> Option<usize> {
     let measured: Vec<usize> = (0..rows.len())
         .filter(|&i| rows[i].passes_gate && rows[i].score().is_some())
@@ -106,10 +118,7 @@ pub fn choose(rows: &[QuantRow], noise: f64) -> Option<usize> {
                 .is_some_and(|s| s <= best_score * (1.0 + noise))
         })
         .min_by(|&a, &b| {
-            let (ka, kb) = (
-                rows[a].kld.unwrap_or(f64::INFINITY),
-                rows[b].kld.unwrap_or(f64::INFINITY),
-            );
+            let (ka, kb) = (rows[a].drift(), rows[b].drift());
             ka.total_cmp(&kb)
                 .then(rows[a].size_bytes.cmp(&rows[b].size_bytes))
         })
@@ -256,6 +265,7 @@ mod tests {
             bpw: 0.0,
             kld: Some(kld),
             top1: Some(0.9),
+            total_kld: None,
             passes_gate: kld <= 0.05,
             winner: None,
             figures: score.map(|s| Figures {
@@ -309,6 +319,20 @@ mod tests {
             None,
             "nothing passes"
         );
+    }
+
+    #[test]
+    fn a_tie_goes_to_the_rung_that_drifts_less_as_it_will_run() {
+        // The larger file's weights drift less, but its winner runs a q4_0 cache that drifts
+        // more in all than the smaller file with f16.
+        let mut q6 = row("Q6_K", 200, 0.004, Some(1.0), false);
+        q6.total_kld = Some(0.03);
+        let mut q5 = row("Q5_K_M", 170, 0.01, Some(1.01), false);
+        q5.total_kld = Some(0.01);
+        assert_eq!(choose(&[q6.clone(), q5.clone()], 0.02), Some(1));
+        // Without the cache's figures, the weights' drift decides as before.
+        q6.total_kld = None;
+        assert_eq!(choose(&[q6, q5], 0.02), Some(0));
     }
 
     #[test]

@@ -24,10 +24,7 @@ use crate::session;
 use crate::tuning::{self, After, Tuned};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
-
-/// The least tuning time a rung gets, whatever the budget divided by the rungs comes to.
-const MIN_BUDGET_PER_RUNG: Duration = Duration::from_secs(30);
+use std::time::{Duration, Instant};
 
 /// A choice among quantizations, validated (built from `tune`'s flags in `commands/`).
 #[derive(Debug, Clone)]
@@ -41,7 +38,8 @@ pub struct Joint {
     pub max_kld: f64,
     pub reference: Option<PathBuf>,
     pub eval: EvalSettings,
-    /// Tuning time of the whole choice, shared among the rungs that pass the gate.
+    /// Time of the whole choice, the quality table's included: what is left after it is shared
+    /// among the rungs that pass the gate.
     pub budget: Duration,
     pub json: bool,
 }
@@ -68,6 +66,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// Chooses among the quantizations of `j.model`, each tuned with `plan`; the chosen one's profile
 /// goes where `after` says.
 pub fn run(j: &Joint, plan: &Plan, after: &After, stop: &AtomicBool) -> anyhow::Result<i32> {
+    let started = Instant::now();
     let ladder = ladder_for(j)?;
     let reference = quality::choose_reference(&ladder, j.reference.as_deref())
         .map_err(|e| Exit::new(exit::USAGE, e))?;
@@ -85,7 +84,12 @@ pub fn run(j: &Joint, plan: &Plan, after: &After, stop: &AtomicBool) -> anyhow::
     }
     let store = session::open_store()?;
     let _lock = session::lock_store(&store, stop)?;
-    let Some(mut tuned) = tune_rungs(&mut report, j, plan, &reference.path, stop) else {
+    let rungs = Rungs {
+        plan,
+        reference: &reference.path,
+        started,
+    };
+    let Some(mut tuned) = tune_rungs(&mut report, j, &rungs, stop) else {
         emit(&report, j.json)?;
         return Err(Exit::new(
             exit::INTERRUPTED,
@@ -203,6 +207,7 @@ fn quant_row(r: &ladder::Rung, q: Option<&QualityRow>, max_kld: f64) -> QuantRow
         bpw: r.bpw,
         kld: q.and_then(|q| q.kld()),
         top1: q.and_then(|q| q.figures.as_ref().map(|f| f.top1)),
+        total_kld: None,
         passes_gate: passes,
         winner: None,
         figures: None,
@@ -211,40 +216,50 @@ fn quant_row(r: &ladder::Rung, q: Option<&QualityRow>, max_kld: f64) -> QuantRow
     }
 }
 
-/// Tunes every rung that passes, the budget shared among them; `None` when interrupted. Each
-/// row gets its winner, figures and placement, or why it was not measured.
+/// What every rung is tuned with: the plan, the reference its gate measures against, and when the
+/// choice began (its budget counts from there).
+struct Rungs<'a> {
+    plan: &'a Plan,
+    reference: &'a Path,
+    started: Instant,
+}
+
+/// Tunes every rung that passes, each with an equal share of the budget left when it begins (the
+/// quality table's time and the rungs' before it spent; a rung's tune still measures llama.cpp's
+/// defaults on a share of nothing); `None` when interrupted. Each row gets its winner, figures and
+/// placement, or why it was not measured.
 fn tune_rungs(
     report: &mut JointReport,
     j: &Joint,
-    plan: &Plan,
-    reference: &Path,
+    rungs: &Rungs,
     stop: &AtomicBool,
 ) -> Option<Vec<Option<Tuned>>> {
+    let plan = rungs.plan;
     let to_tune: Vec<usize> = (0..report.quants.len())
         .filter(|&i| report.quants[i].passes_gate)
         .collect();
-    // A floor, so a short budget shared by a long ladder still measures llama.cpp's defaults.
-    let per_rung = (j.budget / to_tune.len() as u32).max(MIN_BUDGET_PER_RUNG);
-    let rung_plan = Plan {
-        time_budget: per_rung,
+    let mut rung_plan = Plan {
         // The rungs share the joint budget: none grows its share.
         time_budget_grows: false,
         // The tune's gate, measured as what will run: the rung's weights with the pair, against
         // the most precise file.
-        quality_reference: Some(reference.to_path_buf()),
+        quality_reference: Some(rungs.reference.to_path_buf()),
         ..plan.clone()
     };
     let mut tuned: Vec<Option<Tuned>> = (0..report.quants.len()).map(|_| None).collect();
     for (k, &i) in to_tune.iter().enumerate() {
         let row = &mut report.quants[i];
+        let left = j.budget.saturating_sub(rungs.started.elapsed());
+        rung_plan.time_budget = (left / (to_tune.len() - k) as u32).max(Duration::from_secs(1));
         if !plan.quiet {
             eprintln!(
-                "autotune: tuning {} ({}/{}, KLD {}), budget {} s",
+                "autotune: tuning {} ({}/{}, KLD {}), budget {} s of the {} s left",
                 row.file_type,
                 k + 1,
                 to_tune.len(),
                 row.kld.map_or("?".into(), fmt_kld),
-                per_rung.as_secs()
+                rung_plan.time_budget.as_secs(),
+                left.as_secs()
             );
         }
         let outcome = tuning::tune(&rung_plan, &row.path, stop);
@@ -275,6 +290,12 @@ fn fill_from_run(row: &mut QuantRow, t: &Tuned) {
     let board = tuning::report_of(t);
     row.winner = board.winner.clone();
     row.figures = board.winner_figures.clone();
+    // The gate measured a quantized pair with these weights against the reference: what runs.
+    row.total_kld = (row.winner.as_ref())
+        .and_then(|w| board.quality.check(w))
+        .and_then(|c| c.figures.as_ref())
+        .map(|f| f.kld_mean)
+        .or(row.kld);
     let offload: Vec<String> = t
         .probe
         .machine
@@ -317,7 +338,7 @@ fn conclude(report: &mut JointReport, chosen: usize, noise: f64) {
             r.status = "chosen".into();
         } else if let Some(s) = r.score() {
             r.status = if s <= best_score * (1.0 + noise) {
-                "tie, higher KLD".into()
+                "tie, more drift".into()
             } else {
                 format!("{:.0}% slower", (s / best_score - 1.0) * 100.0)
             };
