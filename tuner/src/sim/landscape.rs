@@ -643,11 +643,21 @@ impl Landscape {
     }
 
     /// Seconds the discarded warm-up on a fresh context takes, as the worker runs it: a prompt of
-    /// its few tokens (at most a batch per sequence), then 4 generation steps.
-    pub fn warm_up_seconds(&self, ideal: &Repetition, w: &Workload, n_batch: u32) -> f64 {
+    /// its few tokens (the whole prompt where `whole`), at most a batch per sequence, then 4
+    /// generation steps.
+    pub fn warm_up_seconds(
+        &self,
+        ideal: &Repetition,
+        w: &Workload,
+        n_batch: u32,
+        whole: bool,
+    ) -> f64 {
         let np = w.n_parallel.max(1);
-        let n = (w.n_prompt.min(crate::worker::server::WARM_UP_TOKENS))
-            .min(n_batch / np)
+        let prompt = match whole {
+            true => w.n_prompt,
+            false => w.n_prompt.min(crate::worker::server::WARM_UP_TOKENS),
+        };
+        let n = (prompt.min(n_batch / np))
             .min((w.n_ctx / np).saturating_sub(4))
             .max(1);
         (n as f64 / ideal.pp_tps + 4.0 / ideal.tg_tps) * np as f64 + 0.05

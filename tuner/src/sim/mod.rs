@@ -267,13 +267,18 @@ impl Measurer for SimMeasurer {
         }
         let context = serde_json::to_string(&req.context).expect("serialises");
         let fresh = self.loaded[i].context.as_deref() != Some(context.as_str());
+        // The worker warms a fresh load up on the whole prompt where a device may run its batches.
+        let whole =
+            self.loaded[i].context.is_none() && req.phases.prompt && !self.land.devices.is_empty();
         if fresh {
             if let Some(why) = self.land.out_of_memory(&c, w.n_ctx, false) {
                 self.loaded.remove(i);
                 return Err(self.oom(&c, "context", why));
             }
             // The discarded warm-up.
-            self.clock += self.land.warm_up_seconds(&ideal, w, req.context.n_batch);
+            self.clock += self
+                .land
+                .warm_up_seconds(&ideal, w, req.context.n_batch, whole);
             self.loaded[i].context = Some(context);
         }
         let crash = self.rng.gen::<f64>() < self.land.crash_rate;

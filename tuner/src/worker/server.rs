@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// A link probe to an RPC server's device (`hosts::links`).
-/// The warm-up's prompt: every weight is touched by any token.
+/// The warm-up's prompt where no device's pipelines need building, or only generation is
+/// timed, or the model was loaded and run before: every weight is touched by any token.
 pub(crate) const WARM_UP_TOKENS: u32 = 32;
 
 pub fn link(r: &LinkRequest) -> Response {
@@ -103,6 +104,8 @@ pub struct WorkerState {
     /// Whether the referenced bits were cleared after the last (re)load, so that the model file's
     /// pages read from then on can be counted ([`memory::model_pages_referenced`]).
     refs_cleared: bool,
+    /// Whether the last request loaded the model (not only made a new context on it).
+    model_loaded: bool,
 }
 
 /// The worker's memory just before the model was loaded.
@@ -164,9 +167,11 @@ impl WorkerState {
             stage: "rpc".into(),
             message: e.to_string(),
         })?;
+        self.model_loaded = false;
         if self.model.as_ref().map(|(k, _)| k) != Some(&key) {
             self.load_model(m, key)?;
             fresh = true;
+            self.model_loaded = true;
         }
         if self.context.as_ref().map(|(c, _)| c) != Some(&m.context) {
             self.context = None;
@@ -281,7 +286,7 @@ impl WorkerState {
             Ok(l) => l,
             Err(r) => return r,
         };
-        let warm = load.is_some();
+        let warm = (load.is_some()).then_some(self.model_loaded);
         let ctx = &mut self.context.as_mut().expect("context created above").1;
         let mut tokens = TokenSource::new(m.seed, ctx.model().n_vocab(), ctx.model().bos());
         let w = &m.workload;
@@ -289,8 +294,8 @@ impl WorkerState {
         let run = |ctx: &mut Context,
                    tokens: &mut TokenSource|
          -> Result<Repetition, llama::LlamaError> {
-            if warm {
-                warm_up(ctx, tokens, m)?;
+            if let Some(model_loaded) = warm {
+                warm_up(ctx, tokens, m, model_loaded)?;
             }
             let (mut shallow, mut deep) = cutoffs(m);
             // A phase not asked for is not timed: its figures stay 0 until the engine lends them.
@@ -367,21 +372,36 @@ fn cutoffs(m: &MeasureRequest) -> (Cutoff, Cutoff) {
 /// The warm-up before a fresh context's first repetition, discarded: first touches of weights
 /// and buffers, thread pool start. The warm-up's prompt plus its 4 tokens must fit a slot's
 /// context: a prompt as long as the context would otherwise leave no KV slot for them.
-/// [`WARM_UP_TOKENS`] of prompt touch every weight; a prompt-sized graph needs no warming: on a
-/// 7B on two cores (plain kernels, the file in the page cache) the first pp512 after a fresh load
-/// ran at 31.1-33.7 t/s after a 32-token warm-up and 29.8-32.6 after a whole prompt's (the slower
-/// of two repetitions, four loads each, alternated), and the whole prompt's warm-up was 15-18 s
-/// of every load: of every confirming repetition and every kernel choice measured.
+/// [`WARM_UP_TOKENS`] of prompt touch every weight. On the CPU alone a prompt-sized graph needs no
+/// warming: on a 7B on two cores (the file in the page cache) the first pp512 after a fresh load
+/// ran at 31.1-33.7 t/s after a 32-token warm-up and 29.8-32.6 after a whole prompt's (plain
+/// kernels; the slower of two repetitions, five loads each, alternated), and the whole prompt's
+/// warm-up was 15-25 s of every load. Where a device may run the prompt's batches (offloaded
+/// layers, or op offload of the host's), a fresh load's first batch of each size builds the
+/// device's pipelines: with llvmpipe's shader cache cold, a 32-token warm-up left that to the
+/// first timed 256-token batch, and candidates were stopped as 1.75x slower than the baseline.
 fn warm_up(
     ctx: &mut Context,
     tokens: &mut TokenSource,
     m: &MeasureRequest,
+    model_loaded: bool,
 ) -> Result<(), llama::LlamaError> {
     let w = &m.workload;
     let np = w.n_parallel.max(1);
-    let n = (w.n_prompt.min(WARM_UP_TOKENS))
+    let whole = m.phases.prompt && model_loaded && a_device_may_run_batches();
+    let prompt = match whole {
+        true => w.n_prompt,
+        false => w.n_prompt.min(WARM_UP_TOKENS),
+    };
+    let n = prompt
         .min(m.context.n_batch / np)
         .min((m.context.n_ctx / np).saturating_sub(4))
         .max(1);
     timing::warm_up(ctx, tokens, n, np)
+}
+
+/// Whether this worker's llama.cpp has a device beside the CPU (a GPU, an RPC host's), which
+/// the prompt's batches may run on.
+fn a_device_may_run_batches() -> bool {
+    (llama::devices().iter()).any(|d| matches!(d.kind.as_str(), "gpu" | "igpu"))
 }
