@@ -3,10 +3,10 @@
 //!
 //! 1. The ladder: MODEL and its other quantizations (named, or found beside it).
 //! 2. Quality first, since it decides what is worth tuning: every rung's KL divergence from the
-//!    most precise file at the workload's depth (cached; outside `--budget`). Rungs over
+//!    most precise file at the workload's depth (cached; its time counts in `--budget`). Rungs over
 //!    `--max-kld` are not tuned.
 //! 3. Each remaining rung is tuned like `tune` tunes a model ([`tuning::tune`], one file at a time,
-//!    the budget shared among them, every other setting the same), which reuses and appends to each
+//!    what the budget has left shared among them, every other setting the same), which reuses and appends to each
 //!    file's measurement log, so an interrupted choice resumes like an interrupted tune. Its KV
 //!    cache is held to the tune's own gate (`--max-kv-kld`), measured as what will run: the rung's
 //!    weights with the pair, against the most precise file with f16 caches, at the workload's
@@ -84,12 +84,7 @@ pub fn run(j: &Joint, plan: &Plan, after: &After, stop: &AtomicBool) -> anyhow::
     }
     let store = session::open_store()?;
     let _lock = session::lock_store(&store, stop)?;
-    let rungs = Rungs {
-        plan,
-        reference: &reference.path,
-        started,
-    };
-    let Some(mut tuned) = tune_rungs(&mut report, j, &rungs, stop) else {
+    let Some(mut tuned) = tune_rungs(&mut report, j, plan, &reference.path, started, stop) else {
         emit(&report, j.json)?;
         return Err(Exit::new(
             exit::INTERRUPTED,
@@ -216,25 +211,18 @@ fn quant_row(r: &ladder::Rung, q: Option<&QualityRow>, max_kld: f64) -> QuantRow
     }
 }
 
-/// What every rung is tuned with: the plan, the reference its gate measures against, and when the
-/// choice began (its budget counts from there).
-struct Rungs<'a> {
-    plan: &'a Plan,
-    reference: &'a Path,
-    started: Instant,
-}
-
 /// Tunes every rung that passes, each with an equal share of the budget left when it begins (the
-/// quality table's time and the rungs' before it spent; a rung's tune still measures llama.cpp's
+/// quality table's time and the rungs' before it spent, counted from `started`; a rung's tune still measures llama.cpp's
 /// defaults on a share of nothing); `None` when interrupted. Each row gets its winner, figures and
 /// placement, or why it was not measured.
 fn tune_rungs(
     report: &mut JointReport,
     j: &Joint,
-    rungs: &Rungs,
+    plan: &Plan,
+    reference: &Path,
+    started: Instant,
     stop: &AtomicBool,
 ) -> Option<Vec<Option<Tuned>>> {
-    let plan = rungs.plan;
     let to_tune: Vec<usize> = (0..report.quants.len())
         .filter(|&i| report.quants[i].passes_gate)
         .collect();
@@ -243,13 +231,13 @@ fn tune_rungs(
         time_budget_grows: false,
         // The tune's gate, measured as what will run: the rung's weights with the pair, against
         // the most precise file.
-        quality_reference: Some(rungs.reference.to_path_buf()),
+        quality_reference: Some(reference.to_path_buf()),
         ..plan.clone()
     };
     let mut tuned: Vec<Option<Tuned>> = (0..report.quants.len()).map(|_| None).collect();
     for (k, &i) in to_tune.iter().enumerate() {
         let row = &mut report.quants[i];
-        let left = j.budget.saturating_sub(rungs.started.elapsed());
+        let left = j.budget.saturating_sub(started.elapsed());
         rung_plan.time_budget = (left / (to_tune.len() - k) as u32).max(Duration::from_secs(1));
         if !plan.quiet {
             eprintln!(

@@ -15,11 +15,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// A link probe to an RPC server's device (`hosts::links`).
 /// The warm-up's prompt where no device's pipelines need building, or only generation is
 /// timed, or the model was loaded and run before: every weight is touched by any token.
 pub(crate) const WARM_UP_TOKENS: u32 = 32;
 
+/// A link probe to an RPC server's device (`hosts::links`).
 pub fn link(r: &LinkRequest) -> Response {
     if let Err(e) = llama::rpc_add_servers(&r.rpc) {
         return Response::Failed {
