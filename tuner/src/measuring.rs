@@ -222,11 +222,13 @@ pub trait Measurer {
         rpc: &[String],
     ) -> Vec<(String, f64)>;
     /// The next-token distributions of the model with a K/V cache pair against the same model with
-    /// f16 caches ([`gate`]); `Err` with the reason when they could not be had.
+    /// f16 caches ([`gate`]); `Err` with the reason when they could not be had, or when `stop`
+    /// says so or [`Self::elapsed`] reaches `ends_by` (the run's budget) first.
     fn kv_quality(
         &mut self,
         req: &KvQualityRequest,
         stop: &dyn Fn() -> bool,
+        ends_by: Duration,
     ) -> Result<KvQualityAnswer, String>;
     /// How often the placement of this request has crashed its worker.
     fn crashes_for(&self, req: &MeasureRequest) -> u32;

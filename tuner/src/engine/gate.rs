@@ -12,7 +12,6 @@ use super::Engine;
 use crate::measuring::KvQualityRequest;
 use profiles::{KvQualityCheck, QualityRecord};
 use search_space::{knob, Candidate};
-use std::time::Instant;
 
 impl Engine<'_> {
     /// Whether `c` may be chosen: its caches are lossless, no gate applies, or its K/V pair passed
@@ -79,10 +78,8 @@ impl Engine<'_> {
         let outer = self.stop;
         // Cached figures come back whatever the time left; an evaluation stops at the budget's end.
         self.out_of_time();
-        let left = self.settings.time_budget.saturating_sub(self.elapsed());
-        let until = Instant::now().checked_add(left);
-        let stop = move || outer() || until.is_some_and(|u| Instant::now() >= u);
-        let outcome = self.measurer.get_mut().kv_quality(&req, &stop);
+        let ends_by = self.settings.time_budget;
+        let outcome = self.measurer.get_mut().kv_quality(&req, &outer, ends_by);
         let outcome = outcome.map_err(|e| {
             if self.out_of_time() && !self.interrupted {
                 let budget = self.settings.time_budget.as_secs();

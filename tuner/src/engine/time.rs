@@ -109,12 +109,33 @@ impl Engine<'_> {
     }
 
     /// What the confirmation needs: [`RESERVED_FINALISTS`] finalists, [`CONFIRM_ROUNDS`]
-    /// repetitions each on the workload's request, each on a fresh load.
+    /// repetitions each on the workload's request, each on a fresh load. A run that measures its
+    /// candidates whole keeps that time only while the best so far changes the output: its
+    /// lossless twin must be measured beside it (a lossy setting wins only by being faster than
+    /// the same configuration without it), where otherwise the budget could end first.
     fn confirm_reserve(&self) -> f64 {
-        if !self.settings.screen || self.settings.plan.exhaustive {
+        if self.settings.plan.exhaustive {
+            return 0.0;
+        }
+        if !self.settings.screen && !self.leader_is_lossy() {
             return 0.0;
         }
         RESERVED_FINALISTS * f64::from(CONFIRM_ROUNDS) * self.confirm_cost()
+    }
+
+    /// Whether the fastest candidate measured so far (by its median) changes the model's output
+    /// and has a lossless twin the user allows, which the confirmation would measure beside it.
+    fn leader_is_lossy(&self) -> bool {
+        let w = &self.settings.plan.workload;
+        let rate = |r: &super::CandidateResult| r.rate_sample(w).map(|s| s.median());
+        let leader = (self.results.iter())
+            .filter(|r| r.ok() && !self.refused(&r.candidate))
+            .filter_map(|r| Some((rate(r)?, &r.candidate)))
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        leader.is_some_and(|(_, c)| {
+            let twin = search_space::knob::lossless_twin(c);
+            twin != *c && self.settings.kv_pairs.contains(&(twin.type_k, twin.type_v))
+        })
     }
 
     /// One confirming repetition: a load, its warm-up and the confirmation's request

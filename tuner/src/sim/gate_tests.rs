@@ -62,22 +62,24 @@ fn a_quantized_cache_wins_under_a_loose_gate_and_loses_under_a_tight_one() {
     assert_eq!(checks.len(), unique.len(), "{checks:?}");
 }
 
-/// The evaluation counts against the time budget: a budget spent before the winning pair's gate
-/// leaves that pair unmeasured, said so in the quality record, and the lossless cache wins.
+/// The evaluation counts against the time budget: an evaluation the budget ends before it is done
+/// leaves that pair unmeasured, said so in the quality record, and the lossless cache wins. (The
+/// search keeps time for the confirmation while a quantized cache leads; an evaluation of 200k
+/// tokens, 410 s here, does not fit in it.)
 #[test]
 fn a_budget_spent_before_the_gate_lets_no_unmeasured_pair_win() {
     let (land, s) = tight(0.0015);
-    let s = with_gate(s, GateChoice::On(1.0));
+    let mut s = with_gate(s, GateChoice::On(1.0));
+    s.quality.max_tokens = 200_000;
     let full = tune(land.clone(), s.clone(), None, Mode::Search);
     assert!(full.winner.expect("a winner").kv_lossy());
     let began = full.trace.borrow().kv_checks_began[0];
     let mut short = s.clone();
-    short.time_budget = Duration::from_secs_f64(began - 0.5);
+    short.time_budget = Duration::from_secs_f64(began + 60.0);
     let run = tune(land, short, None, Mode::Search);
     assert!(run.budget_spent);
     let win = run.winner.clone().expect("a winner");
     assert!(!win.kv_lossy(), "{}", win.label());
-    assert!(run.trace.borrow().kv_checks.is_empty());
     let unmeasured = run
         .quality
         .checks

@@ -369,12 +369,13 @@ impl Measurer for SimMeasurer {
     }
 
     /// The landscape's figure for the pair, in the time two passes over the text take (a round
-    /// 10 s and a second per thousand tokens each). The engine's stop (an interruption, or a
-    /// budget already spent) is heeded before it begins; one begun runs to its end.
+    /// 10 s and a second per thousand tokens each). The engine's stop (an interruption) is heeded
+    /// before it begins; one begun runs to its end, or to `ends_by` on the simulated clock.
     fn kv_quality(
         &mut self,
         req: &KvQualityRequest,
         stop: &dyn Fn() -> bool,
+        ends_by: Duration,
     ) -> Result<KvQualityAnswer, String> {
         if stop() {
             return Err("stopped before it began".into());
@@ -385,6 +386,10 @@ impl Measurer for SimMeasurer {
         trace.kv_checks_began.push(self.clock);
         drop(trace);
         self.clock += 10.0 + 2.0 * f64::from(req.max_tokens) / 1000.0;
+        if self.clock >= ends_by.as_secs_f64() {
+            self.clock = self.clock.min(ends_by.as_secs_f64().max(0.0));
+            return Err("stopped at the budget's end".into());
+        }
         let kld = self.land.kv_kld(req.type_k, req.type_v);
         Ok(KvQualityAnswer {
             figures: QualityFigures {

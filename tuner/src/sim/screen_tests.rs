@@ -243,3 +243,43 @@ fn on_the_host_alone_the_axes_go_by_their_gain_per_second() {
         assert_ne!(names[0], "op offload", "{names:?}");
     });
 }
+
+/// A run that measures its candidates whole (beside a GPU) keeps time for the confirmation while
+/// its best so far has a quantized cache: whatever the budget, a lossy winner was measured beside
+/// its lossless twin. (Before, a run that measured whole kept none, and on a long context at 600
+/// s seeds 2 and 3 ended with a q4_0 winner whose f16 twin the budget never reached.)
+#[test]
+fn whatever_the_budget_a_lossy_winner_was_measured_beside_its_twin() {
+    let one_gpu = super::harness::gpus(1, 24 * super::GIB);
+    let mut two_gpus = super::harness::gpus(2, 24 * super::GIB);
+    two_gpus.devices[1].bandwidth *= 3.0;
+    let (mut lossy, mut unmeasured) = (0, Vec::new());
+    for (land, n_ctx) in [(one_gpu, 32768), (two_gpus, 4096)] {
+        for seed in 1..8u64 {
+            for budget in [60, 120, 240, 600, 1800] {
+                let mut s = settings(&land, seed);
+                assert!(!s.screen, "beside a GPU every candidate is measured whole");
+                s.plan.workload.n_ctx = n_ctx;
+                s.time_budget = std::time::Duration::from_secs(budget);
+                let run = tune(land.clone(), s, None, Mode::Search);
+                let Some(win) = run.winner else { continue };
+                let twin = knob::lossless_twin(&win);
+                if twin == win {
+                    continue;
+                }
+                lossy += 1;
+                let judged = (run.results.iter()).any(|r| {
+                    r.candidate == twin && (r.ok() || r.did_not_fit() || r.failure.is_some())
+                });
+                if !judged {
+                    unmeasured.push(format!("seed {seed}, {budget} s: {}", win.label()));
+                }
+            }
+        }
+    }
+    assert!(
+        lossy >= 10,
+        "a quantized cache wins on a long context: {lossy}"
+    );
+    assert!(unmeasured.is_empty(), "{unmeasured:#?}");
+}

@@ -103,12 +103,15 @@ impl Measurer for Workers {
         &mut self,
         req: &KvQualityRequest,
         stop: &dyn Fn() -> bool,
+        ends_by: Duration,
     ) -> Result<KvQualityAnswer, String> {
         // The evaluation loads the model twice in a worker of its own (on the devices where they
         // hold it, else on the CPU): no trial worker may hold memory meanwhile.
         self.pool.shutdown();
         self.dry.shutdown();
-        crate::quant::quality::kv_pair_quality(req, stop)
+        let started = self.started;
+        let stop = move || stop() || started.elapsed() >= ends_by;
+        crate::quant::quality::kv_pair_quality(req, &stop)
     }
 
     fn crashes_for(&self, req: &MeasureRequest) -> u32 {
