@@ -585,3 +585,49 @@ fn threshold_tune(model: &std::path::Path, profile: &std::path::Path) -> Vec<Str
     .map(String::from)
     .to_vec()
 }
+
+/// The quality gate's context at a request's depth that the device cannot hold (its f16 reference's
+/// cache the largest) is evaluated on the CPU alone, said in the row, not failed: else the gate
+/// would refuse the quantized cache that made the model fit. Here the device's largest allocation
+/// is cut to 384 KiB, under one layer's f16 K cache at 1024 positions (512 KiB): the weights load on
+/// it, the context does not (and llvmpipe's worker may crash on that failure: asked again in a
+/// fresh worker). Beside it, the same evaluation with the device whole runs on Vulkan.
+#[test]
+fn a_quality_context_the_device_cannot_hold_is_evaluated_on_the_cpu() {
+    let sb = Sandbox::new();
+    if !vulkan_device(&sb) {
+        return;
+    }
+    let model = tiny_model();
+    let args = [
+        "quality",
+        model.to_str().unwrap(),
+        "--kv-types",
+        "q8_0",
+        "--chunk",
+        "1024",
+        "--tokens",
+        "1100",
+        "--json",
+    ];
+    let backend = |v: &serde_json::Value| {
+        let row = &v["quality"]["kv"][0];
+        assert!(row["figures"]["kld_mean"].is_number(), "{row}");
+        row["measured_with"]["backend"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let whole = json(&vulkan(&sb, &args));
+    assert_eq!(backend(&whole), "Vulkan");
+    let cut = sb
+        .cmd()
+        .env("GGML_VK_VISIBLE_DEVICES", "0")
+        .env("GGML_VK_FORCE_MAX_ALLOCATION_SIZE", "393216")
+        .env("GGML_VK_FORCE_MAX_BUFFER_SIZE", "393216")
+        .args(args)
+        .arg("--fresh")
+        .output()
+        .expect("run autotune");
+    assert_eq!(backend(&json(&cut)), "CPU");
+}

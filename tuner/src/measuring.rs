@@ -64,6 +64,8 @@ pub struct KvQualityRequest {
     pub flash_attn: FlashAttn,
     /// The quantized cache's rotation as the candidate runs it.
     pub attn_rot: search_space::AttnRot,
+    /// Where the candidate keeps its cache (`-nkvo`: in host memory).
+    pub kv_offload: search_space::KvOffload,
     pub window: u32,
     /// Tokens evaluated at most: fewer where the verdict against `decide_at` is decided first.
     pub max_tokens: u32,

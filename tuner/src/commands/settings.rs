@@ -343,6 +343,7 @@ pub fn eval_settings(
             quality::measured_with(999, &[], search_space::FlashAttn::Auto)
         },
         attn_rot: Default::default(),
+        kv_offload: Default::default(),
         decide_at: None,
         fresh,
         cache_dir: session::cache_dir(),

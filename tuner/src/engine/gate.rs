@@ -61,6 +61,7 @@ impl Engine<'_> {
             type_v: c.type_v,
             flash_attn: c.flash_attn,
             attn_rot: c.attn_rot,
+            kv_offload: c.kv_offload,
             window: q.window,
             max_tokens: q.max_tokens,
             decide_at: Some(max),

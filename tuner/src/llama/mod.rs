@@ -39,7 +39,7 @@ pub use link::device_link;
 pub use log::loaded_modules;
 pub use log::{bytes_per_device, cpu_variant, log_tail, parse_buffer_reports, take_log};
 pub use matmul::cpu_matmul_rate;
-pub use model::{quantize_model, Model};
+pub use model::{quantize_model, Model, NO_DEVICE};
 pub use mtp::{MtpDrafter, MtpWant};
 pub use rpc::{rpc_add_servers, rpc_start_server};
 pub use settings::{dense_ffn_pattern, expert_pattern, ContextSettings, ModelSettings};

@@ -199,10 +199,15 @@ fn c_path(path: &Path) -> Result<CString, LlamaError> {
         .ok_or_else(|| LlamaError::BadPath(path.display().to_string()))
 }
 
-/// Devices by name, NULL-terminated, as `llama_model_params.devices` wants them.
+/// The device list of a model on the CPU alone (llama.cpp's `--device none`).
+pub const NO_DEVICE: &str = "none";
+
+/// Devices by name, NULL-terminated, as `llama_model_params.devices` wants them; [`NO_DEVICE`]
+/// alone is the empty list: the CPU alone, as llama.cpp's `--device none` (no device's host
+/// buffer, no operation offloaded).
 fn device_list(names: &[String]) -> Result<Vec<sys::ggml_backend_dev_t>, LlamaError> {
     let mut devs: Vec<sys::ggml_backend_dev_t> = Vec::new();
-    for name in names {
+    for name in names.iter().filter(|n| *n != NO_DEVICE) {
         let cname =
             CString::new(name.as_str()).map_err(|_| LlamaError::UnknownDevice(name.clone()))?;
         // SAFETY: looks a name up in ggml's device registry.

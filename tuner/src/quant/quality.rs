@@ -108,6 +108,8 @@ pub struct EvalSettings {
     /// The rotation of the compared models' quantized caches (the reference's f16 cache is never
     /// rotated).
     pub attn_rot: search_space::AttnRot,
+    /// Where every context keeps its cache (`off`: in host memory, `-nkvo`).
+    pub kv_offload: search_space::KvOffload,
     /// A gate the rows are held to: the evaluation stops after the window where each verdict is
     /// decided ([`crate::quant::kld::decided`]); `None`: every window (a table's figures).
     pub decide_at: Option<f64>,
@@ -154,6 +156,18 @@ pub fn measured_with(n_gpu_layers: u32, devices: &[String], flash_attn: FlashAtt
 fn with_key(with: &MeasuredWith) -> String {
     let text = format!("{}|{}|{}", with.llama, with.backend, with.flash_attn);
     hex::encode(Sha256::digest(text.as_bytes()))[..10].to_string()
+}
+
+/// Where the figures were computed beside a device, which changes them a little (the host's layers
+/// and a cache kept in host memory, `-nkvo`, run on the CPU's kernels): the layers offloaded and
+/// the cache's place. Nothing on the CPU alone, whatever was asked (the rows measured there before
+/// this key keep their names).
+fn placement_key(s: &EvalSettings, with: &MeasuredWith) -> String {
+    if with.backend == "CPU" {
+        return String::new();
+    }
+    let kvo = if s.kv_offload.is_on() { "" } else { "-nkvo" };
+    format!("-g{}{kvo}", s.n_gpu_layers)
 }
 
 /// The whole table: the reference, the weight rows (most precise first) and the KV rows.
@@ -230,14 +244,15 @@ impl<'a> Evaluator<'a> {
             false => format!("{kv}-norot"),
         };
         self.settings.cache_dir.join("quality").join(format!(
-            "{}-vs-{}-{}-{}-t{tokens}-c{}{}-w{}.json",
+            "{}-vs-{}-{}-{}-t{tokens}-c{}{}-w{}{}.json",
             t.model.identity.short(),
             reference.identity.short(),
             kv,
             s.text_hash(),
             s.chunk,
             s.scored.map_or(String::new(), |n| format!("-s{n}")),
-            with_key(with)
+            with_key(with),
+            placement_key(s, with)
         ))
     }
 
@@ -326,7 +341,11 @@ impl<'a> Evaluator<'a> {
             .collect())
     }
 
-    /// One worker request for a batch of tasks; successful rows are cached.
+    /// One worker request for a batch of tasks; successful rows are cached. Where the devices
+    /// could not answer it (a context at the request's depth they cannot hold: the f16
+    /// reference's cache is the largest; or a device that failed it), it is asked again on the
+    /// CPU: the same figures, slower, recorded as the CPU's. Else a quantized cache that made the
+    /// model fit would be refused for what its f16 reference needs.
     fn run_batch(
         &mut self,
         batch: &[&Task],
@@ -335,7 +354,34 @@ impl<'a> Evaluator<'a> {
         let s = &self.settings;
         let progress =
             std::env::temp_dir().join(format!("autotune-quality-{}.progress", std::process::id()));
-        let request = Request::Quality(QualityRequest {
+        let on_devices = self.request(batch, reference, s.n_gpu_layers, &s.devices, &progress);
+        let bar = batch_bar(s.quiet, batch, reference);
+        let answer = match self.ask(&on_devices, &progress, bar) {
+            Err(f) if self.settings.n_gpu_layers > 0 && f != TrialFailure::Interrupted => {
+                let none = [crate::llama::NO_DEVICE.to_string()];
+                let on_cpu = self.request(batch, reference, 0, &none, &progress);
+                let bar = batch_bar(self.settings.quiet, batch, reference);
+                QualityAnswer {
+                    cpu_fallback: true,
+                    ..self.ask(&on_cpu, &progress, bar)?
+                }
+            }
+            answer => answer?,
+        };
+        Ok(self.answered_rows(batch, reference, answer))
+    }
+
+    /// The worker's request for a batch of tasks, `n_gpu_layers` on `devices`.
+    fn request(
+        &self,
+        batch: &[&Task],
+        reference: &Subject,
+        n_gpu_layers: u32,
+        devices: &[String],
+        progress: &Path,
+    ) -> Request {
+        let s = &self.settings;
+        Request::Quality(QualityRequest {
             reference: reference.path.clone(),
             jobs: batch
                 .iter()
@@ -350,16 +396,14 @@ impl<'a> Evaluator<'a> {
             n_ctx: s.chunk,
             scored: s.scored,
             threads: s.threads,
-            n_gpu_layers: s.n_gpu_layers,
-            devices: s.devices.clone(),
+            n_gpu_layers,
+            devices: devices.to_vec(),
             flash_attn: s.with.flash_attn,
             attn_rot: s.attn_rot,
-            progress: Some(progress.clone()),
+            kv_offload: s.kv_offload,
+            progress: Some(progress.to_path_buf()),
             decide_at: s.decide_at,
-        });
-        let bar = batch_bar(s.quiet, batch, reference);
-        let answer = self.ask(&request, &progress, bar)?;
-        Ok(self.answered_rows(batch, reference, answer))
+        })
     }
 
     /// Sends a quality request to the worker (started if need be) and waits for its answer,
@@ -681,6 +725,7 @@ pub fn kv_pair_quality(
         devices: req.devices.clone(),
         with: measured_with(req.n_gpu_layers, &req.devices, req.flash_attn),
         attn_rot: req.attn_rot,
+        kv_offload: req.kv_offload,
         // Against another file the verdict is on what the cache adds to the weights' drift, two
         // rows together: every window.
         decide_at: req.decide_at.filter(|_| !other),
@@ -773,6 +818,7 @@ mod tests {
                 flash_attn: fa,
             },
             attn_rot: Default::default(),
+            kv_offload: Default::default(),
             decide_at: None,
             fresh: false,
             cache_dir: dir.to_path_buf(),
@@ -863,6 +909,49 @@ mod tests {
         assert!(at("b7400", "CPU", FlashAttn::On)
             .cached(&task, &model)
             .is_some());
+    }
+
+    /// Beside a device the layers offloaded and the cache's place (`-nkvo`) change the figures a
+    /// little: a row measured with one is not reused for another. On the CPU alone they change
+    /// nothing, and the rows keep their names.
+    #[test]
+    fn the_layers_offloaded_and_the_caches_place_key_a_devices_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = model_in(dir.path());
+        let task = Task {
+            kind: Kind::Kv,
+            model: &model,
+            kv: CacheType::Q8_0,
+            kv_v: CacheType::Q8_0,
+        };
+        let never = || false;
+        let at = |backend: &str, ngl: u32, kvo: search_space::KvOffload| {
+            let mut s = settings(dir.path(), "b7400", backend, FlashAttn::Auto);
+            (s.n_gpu_layers, s.kv_offload) = (ngl, kvo);
+            Evaluator::new(s, &never)
+        };
+        let on = search_space::KvOffload::On;
+        let measured = at("CUDA", 20, on);
+        measured.answered_rows(&[&task], &model, answer(false));
+        assert!(measured.cached(&task, &model).is_some());
+        assert!(at("CUDA", 30, on).cached(&task, &model).is_none(), "layers");
+        let nkvo = search_space::KvOffload::Off;
+        assert!(
+            at("CUDA", 20, nkvo).cached(&task, &model).is_none(),
+            "-nkvo"
+        );
+        let cpu = at("CPU", 0, on);
+        cpu.answered_rows(&[&task], &model, answer(false));
+        assert!(
+            at("CPU", 99, nkvo).cached(&task, &model).is_some(),
+            "the CPU's row"
+        );
+        let name = |e: &Evaluator| e.cache_path(&task, &model, &e.settings.with);
+        assert!(
+            !name(&cpu).to_string_lossy().contains("-g"),
+            "{:?}",
+            name(&cpu)
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub use crate::worker::protocol::{
     QualityAnswer, QualityJob, QualityRequest, QuantizeAnswer, QuantizeRequest,
 };
 use rayon::prelude::*;
-use search_space::{AttnRot, CacheType, Candidate, FlashAttn};
+use search_space::{AttnRot, CacheType, Candidate};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -96,45 +96,47 @@ pub fn quantize(q: &QuantizeRequest) -> Response {
 thread_local! {
     /// The reference stays loaded between requests (the worker answers them on one thread): a
     /// ladder is compared against one reference. With it, whether it fell back to the CPU.
-    static REFERENCE: std::cell::RefCell<Option<(PathBuf, Arc<Model>, bool)>> = const { std::cell::RefCell::new(None) };
+    static REFERENCE: std::cell::RefCell<Option<(Placed, Arc<Model>, bool)>> = const { std::cell::RefCell::new(None) };
 }
 
 /// The model with `n_gpu_layers` on `devices`, and whether it fell back to the CPU.
 fn load(path: &Path, n_gpu_layers: u32, devices: &[String]) -> Result<(Arc<Model>, bool), String> {
-    let settings = |ngl| ModelSettings {
+    let settings = |ngl, devices: &[String]| ModelSettings {
         n_gpu_layers: ngl,
-        devices: if ngl > 0 {
-            devices.to_vec()
-        } else {
-            Vec::new()
-        },
+        devices: devices.to_vec(),
         ..Default::default()
     };
-    match Model::load(path, &settings(n_gpu_layers)) {
+    match Model::load(path, &settings(n_gpu_layers, devices)) {
         Ok(m) => Ok((Arc::new(m), false)),
-        // Offloading may not fit (two models at once): the CPU gives the same figures, slower.
-        Err(_) if n_gpu_layers > 0 => Model::load(path, &settings(0))
+        // Offloading may not fit (two models at once): the CPU alone gives the same figures, slower.
+        Err(_) if n_gpu_layers > 0 => Model::load(path, &settings(0, &[llama::NO_DEVICE.into()]))
             .map(|m| (Arc::new(m), true))
             .map_err(|e| e.to_string()),
         Err(e) => Err(e.to_string()),
     }
 }
 
+/// A file as it was asked to be placed: layers offloaded, and to which devices.
+type Placed = (PathBuf, u32, Vec<String>);
+
+/// The reference, loaded as asked or kept from the request before where that asked the same (the
+/// same file on the CPU after a request on the devices is another model).
 fn reference(
     path: &Path,
     n_gpu_layers: u32,
     devices: &[String],
 ) -> Result<(Arc<Model>, bool), String> {
+    let asked: Placed = (path.to_path_buf(), n_gpu_layers, devices.to_vec());
     REFERENCE.with(|slot| {
         let mut slot = slot.borrow_mut();
         if let Some((p, m, fell_back)) = slot.as_ref() {
-            if p == path {
+            if *p == asked {
                 return Ok((Arc::clone(m), *fell_back));
             }
         }
         *slot = None;
         let (m, fell_back) = load(path, n_gpu_layers, devices)?;
-        *slot = Some((path.to_path_buf(), Arc::clone(&m), fell_back));
+        *slot = Some((asked, Arc::clone(&m), fell_back));
         Ok((m, fell_back))
     })
 }
@@ -150,38 +152,41 @@ struct JobState {
 }
 
 /// Answers a [`QualityRequest`]: loads the reference and each job's model, then compares their
-/// logits chunk by chunk over the text and answers with each job's figures.
+/// logits chunk by chunk over the text and answers with each job's figures. A context the devices
+/// cannot hold fails the request at its start (the evaluator asks again on the CPU).
 pub fn quality(q: &QualityRequest) -> Response {
-    let (reference, cpu_fallback) = match reference(&q.reference, q.n_gpu_layers, &q.devices) {
-        Ok(m) => m,
-        Err(e) => return failed("load", format!("reference {}: {e}", q.reference.display())),
-    };
-    let mut jobs = load_jobs(q, &reference);
-    let tokens = match reference.tokenize(&q.text) {
-        Ok(t) => t,
-        Err(e) => return failed("tokenize", e),
-    };
-    let text_tokens = tokens.len() as u64;
+    compare(q).map_or_else(|r| r, Response::Quality)
+}
+
+/// [`quality`], its failure the worker's answer.
+fn compare(q: &QualityRequest) -> Result<QualityAnswer, Response> {
+    let fail = |stage: &str, e: String| failed(stage, e);
+    let (reference, cpu_fallback) = reference(&q.reference, q.n_gpu_layers, &q.devices)
+        .map_err(|e| fail("load", format!("reference {}: {e}", q.reference.display())))?;
+    // Where the reference fell back to the CPU, its jobs are compared there too.
+    let n_gpu_layers = if cpu_fallback { 0 } else { q.n_gpu_layers };
+    let mut jobs = load_jobs(q, &reference, n_gpu_layers);
+    let unfit = |e: llama::LlamaError| fail("context", e.to_string());
+    let mut ref_ctx = chunk_context(&reference, (CacheType::F16, CacheType::F16), q, AttnRot::On)
+        .map_err(unfit)?;
+    // Each job's context beside the reference's, as the comparison holds them: one that does not
+    // fit the devices fails the request (to be asked again on the CPU), not that job alone.
+    for (job, spec) in jobs.iter().zip(&q.jobs) {
+        if let Some(m) = job.model.as_ref().filter(|_| n_gpu_layers > 0) {
+            drop(chunk_context(m, job_kv(spec), q, q.attn_rot).map_err(unfit)?);
+        }
+    }
+    let tokens = (reference.tokenize(&q.text)).map_err(|e| fail("tokenize", e))?;
     let bos = reference
         .add_bos()
         .then(|| reference.bos())
         .filter(|&b| b >= 0);
-    let n_ctx = q.n_ctx.max(16);
-    let mut ref_ctx = match chunk_context(
-        &reference,
-        (CacheType::F16, CacheType::F16),
-        n_ctx,
-        (q.threads, q.flash_attn, AttnRot::On),
-    ) {
-        Ok(c) => c,
-        Err(e) => return failed("context", e.to_string()),
-    };
     // With `scored`, each window's first tokens only fill the cache: the figures are those of the
     // positions at its end, at the depth a request reaches.
     let windows = super::windows::windows(
         &tokens,
         bos,
-        n_ctx as usize,
+        q.n_ctx.max(16) as usize,
         q.scored.map(|s| s as usize),
         q.max_tokens.map(|m| m as usize),
     );
@@ -189,9 +194,8 @@ pub fn quality(q: &QualityRequest) -> Response {
     let mut done = 0;
     for (k, window) in windows.iter().enumerate() {
         let progress = |j: usize| write_progress(&q.progress, (k * q.jobs.len() + j) as u64, total);
-        if let Err(e) = compare_chunk(q, &mut jobs, &mut ref_ctx, window, n_ctx, progress) {
-            return failed("decode", format!("reference: {e}"));
-        }
+        compare_chunk(q, &mut jobs, &mut ref_ctx, window, progress)
+            .map_err(|e| fail("decode", format!("reference: {e}")))?;
         done = k + 1;
         if q.decide_at.is_some_and(|gate| all_decided(&jobs, gate)) {
             break;
@@ -200,7 +204,7 @@ pub fn quality(q: &QualityRequest) -> Response {
     let windows = &windows[..done];
     write_progress(&q.progress, total, total);
     let window_means = jobs.iter().map(|j| j.window_means.clone()).collect();
-    Response::Quality(QualityAnswer {
+    Ok(QualityAnswer {
         results: jobs
             .into_iter()
             .map(|j| match j.error {
@@ -211,11 +215,16 @@ pub fn quality(q: &QualityRequest) -> Response {
         tokens: (windows.iter())
             .map(|w| (w.input.len() - usize::from(bos.is_some())) as u64)
             .sum(),
-        text_tokens,
+        text_tokens: tokens.len() as u64,
         chunks: windows.len() as u32,
         cpu_fallback,
         window_means,
     })
+}
+
+/// A job's K and V cache types.
+fn job_kv(spec: &crate::worker::protocol::QualityJob) -> (CacheType, CacheType) {
+    (spec.kv, spec.kv_v.unwrap_or(spec.kv))
 }
 
 /// Whether every job still evaluated has its verdict against `gate` ([`kld::decided`]); a job that
@@ -228,7 +237,7 @@ fn all_decided(jobs: &[JobState], gate: f64) -> bool {
 
 /// Each job's model (the reference itself where the job names it), timed; a model that does not
 /// load is that job's failure.
-fn load_jobs(q: &QualityRequest, reference: &Arc<Model>) -> Vec<JobState> {
+fn load_jobs(q: &QualityRequest, reference: &Arc<Model>, n_gpu_layers: u32) -> Vec<JobState> {
     q.jobs
         .iter()
         .map(|j| {
@@ -236,7 +245,7 @@ fn load_jobs(q: &QualityRequest, reference: &Arc<Model>) -> Vec<JobState> {
             let model = if j.model == q.reference {
                 Ok(Arc::clone(reference))
             } else {
-                load(&j.model, q.n_gpu_layers, &q.devices).map(|(m, _)| m)
+                load(&j.model, n_gpu_layers, &q.devices).map(|(m, _)| m)
             };
             let seconds = t.elapsed().as_secs_f64();
             match model {
@@ -259,22 +268,25 @@ fn load_jobs(q: &QualityRequest, reference: &Arc<Model>) -> Vec<JobState> {
         .collect()
 }
 
-/// A context that decodes a whole chunk in one batch, with these K and V cache types, flash
-/// attention and rotation of a quantized cache (through the knob table, as a measured candidate's).
+/// A context that decodes a whole chunk of `q` in one batch, with these K and V cache types, `q`'s
+/// flash attention and cache placement, and this rotation of a quantized cache (through the knob
+/// table, as a measured candidate's).
 fn chunk_context(
     m: &Arc<Model>,
     (type_k, type_v): (CacheType, CacheType),
-    n_ctx: u32,
-    (threads, flash_attn, attn_rot): (u32, FlashAttn, AttnRot),
+    q: &QualityRequest,
+    attn_rot: AttnRot,
 ) -> Result<Context, llama::LlamaError> {
+    let n_ctx = q.n_ctx.max(16);
     let c = Candidate {
         type_k,
         type_v,
-        flash_attn,
+        flash_attn: q.flash_attn,
         attn_rot,
+        kv_offload: q.kv_offload,
         n_batch: n_ctx,
         n_ubatch: n_ctx.min(512),
-        ..Candidate::llama_default(threads.max(1), 0)
+        ..Candidate::llama_default(q.threads.max(1), 0)
     };
     Context::new(m, &ContextSettings::for_candidate(&c, n_ctx))
 }
@@ -297,7 +309,6 @@ fn compare_chunk(
     jobs: &mut [JobState],
     ref_ctx: &mut Context,
     window: &Window,
-    n_ctx: u32,
     progress: impl Fn(usize),
 ) -> Result<(), llama::LlamaError> {
     let t = Instant::now();
@@ -310,8 +321,7 @@ fn compare_chunk(
         };
         let t = Instant::now();
         // One context at a time: with a large vocabulary each holds hundreds of MB of logits.
-        let kv = (spec.kv, spec.kv_v.unwrap_or(spec.kv));
-        let outcome = chunk_context(&model, kv, n_ctx, (q.threads, q.flash_attn, q.attn_rot))
+        let outcome = chunk_context(&model, job_kv(spec), q, q.attn_rot)
             .map_err(|e| e.to_string())
             .and_then(|mut ctx| compare_logits(ref_ctx, &mut ctx, window));
         let before = job.acc.len();

@@ -194,6 +194,9 @@ pub struct QualityRequest {
     /// context is made).
     #[serde(default, skip_serializing_if = "search_space::AttnRot::is_on")]
     pub attn_rot: search_space::AttnRot,
+    /// Where every context keeps its cache (`off`: in host memory, `-nkvo`), as the candidate does.
+    #[serde(default, skip_serializing_if = "search_space::KvOffload::is_on")]
+    pub kv_offload: search_space::KvOffload,
     /// Where to write `done/total` (chunks × jobs) while working.
     pub progress: Option<PathBuf>,
     /// A gate each job's mean KL divergence is held to: the evaluation stops after the window
