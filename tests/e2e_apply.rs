@@ -124,6 +124,18 @@ fn exec_check_only_starts_the_server_and_compares_its_speed() {
     assert!((ratio - server_tg / profile_tg).abs() < 1e-9, "{v}");
     assert_eq!(within, (ratio - 1.0).abs() <= tolerance, "{v}");
     assert_eq!(v["command"][0], s(&server));
+    // The profile pins the slots and their cache, which this llama-server would choose itself (4
+    // slots sharing one cache, llama.cpp #28849): said, with the server's own defaults.
+    let overridden: Vec<&str> = (v["overridden"].as_array())
+        .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        overridden
+            .iter()
+            .any(|o| o.starts_with("-np 1 (this llama-server's default: -1"))
+            && overridden.iter().any(|o| o.starts_with("-no-kvu (")),
+        "{v}"
+    );
     // Speeds are not asserted: on a shared 2-core machine both figures move by a factor of two or more
     // from one minute to the next (performance lives in bench scripts, not timed tests). A gross error,
     // e.g. ms taken for s, is still caught.
@@ -223,7 +235,13 @@ fn apply_prints_the_server_command_line() {
         "1",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    // What the command's cache costs in quality, on stderr beside it.
+    // What the profile pins against the server's own choices, and what the command's cache costs
+    // in quality, on stderr beside it.
+    assert!(
+        stderr(&o).contains("pins what llama-server would choose itself: -np 1 ("),
+        "{}",
+        stderr(&o)
+    );
     assert!(
         stderr(&o).contains("autotune: quality kv=f16/f16: lossless"),
         "{}",

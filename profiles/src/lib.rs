@@ -42,7 +42,9 @@ pub use quality::{
     fmt_kld, quality_line, KvQualityCheck, MeasuredWith, QualityFigures, QualityRecord,
 };
 pub use roofline::{DeviceBandwidth, Roofline};
-pub use server_args::{draft_options, server_args, server_options, shell_quote, ServerOption};
+pub use server_args::{
+    draft_options, server_args, server_options, shell_quote, ServerOption, SERVER_CHOICES,
+};
 pub use store::{
     write_atomic, MachineProfiles, Store, StoreEntry, StoreLock, StoredProfile, PROFILE_DIR_ENV,
 };

@@ -43,6 +43,12 @@ pub(crate) fn pinned_since_v1(o: &ServerOption, n_parallel: u32) -> bool {
     }
 }
 
+/// The options by which a profile pins what llama-server would otherwise decide itself (its slots,
+/// their shared cache, its speculation: defaults that move between builds), each with whether it
+/// takes a value. `apply` says where the server's own default differs.
+pub const SERVER_CHOICES: [(&str, bool); 3] =
+    [("-np", true), ("-no-kvu", false), ("--spec-type", true)];
+
 /// `--spec-type`'s value where the profile does not speculate: llama.cpp is making n-gram
 /// speculation the server's default (#28391); what was measured did not speculate.
 pub const NO_SPECULATION: &str = "none";

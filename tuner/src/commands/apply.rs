@@ -3,6 +3,7 @@
 //! the profile speculates, the server's own acceptance figures shown beside the profile's).
 
 mod agreement;
+mod defaults;
 mod report;
 mod server;
 mod speculation;
@@ -33,6 +34,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
     let server = find_server(args.server.as_deref())?;
     let (version, profile_llama, same_build) = build_of(server.as_deref(), p);
     let (argv, port) = server_argv(p, args)?;
+    let overridden = say_overridden(server.as_deref(), &argv, cli.quiet);
 
     if !args.exec {
         print_command(server.as_deref(), argv, p, cli.quiet);
@@ -84,6 +86,7 @@ pub fn run(cli: &Cli, args: &ApplyArgs) -> anyhow::Result<i32> {
         speculation,
         quality: stored::quality_line(p),
         agreement,
+        overridden,
     };
     report::print(&check, args.json)?;
 
@@ -369,8 +372,36 @@ fn find_server(explicit: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
 /// The version line of `llama-server --version` ("version: N (commit)", on stderr), if it gives one
 /// within a few seconds.
 fn server_version(server: &Path) -> Option<String> {
+    let text = run_briefly(server, "--version")?;
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("version:"))?;
+    Some(
+        line.trim()
+            .trim_start_matches("version:")
+            .trim()
+            .to_string(),
+    )
+}
+
+/// What the profile's `argv` pins against this server's own defaults ([`defaults::overridden`]),
+/// said on stderr unless `quiet`.
+fn say_overridden(server: Option<&Path>, argv: &[String], quiet: bool) -> Vec<String> {
+    let help = server.and_then(|s| run_briefly(s, "--help"));
+    let said = help.map_or_else(Vec::new, |h| defaults::overridden(argv, &h));
+    if !quiet && !said.is_empty() {
+        eprintln!(
+            "autotune: the profile pins what llama-server would choose itself: {}",
+            said.join("; ")
+        );
+    }
+    said
+}
+
+/// `server ARG`'s stderr and stdout, where it ends within 10 s.
+fn run_briefly(server: &Path, arg: &str) -> Option<String> {
     let mut child = Command::new(server)
-        .arg("--version")
+        .arg(arg)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -388,15 +419,7 @@ fn server_version(server: &Path) -> Option<String> {
     let mut text = String::new();
     let _ = child.stderr.take()?.read_to_string(&mut text);
     let _ = child.stdout.take()?.read_to_string(&mut text);
-    let line = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("version:"))?;
-    Some(
-        line.trim()
-            .trim_start_matches("version:")
-            .trim()
-            .to_string(),
-    )
+    Some(text)
 }
 
 /// Whether the server's version line names the build the profile was measured with.

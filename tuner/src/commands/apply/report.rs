@@ -43,6 +43,10 @@ pub struct Check {
     /// The server's greedy output against the f16-cache reference (`--check-only`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agreement: Option<super::agreement::Agreement>,
+    /// The options the profile pins where this server's own default differs (`-np 1 (this
+    /// llama-server's default: -1, -1 = auto)`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub overridden: Vec<String>,
 }
 
 fn warn_beyond_tolerance(check: &Check) {
