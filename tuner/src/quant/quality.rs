@@ -849,6 +849,16 @@ mod tests {
         }
     }
 
+    /// `model` with a q8_0 cache, against itself.
+    fn q8_0_task(model: &Subject) -> Task<'_> {
+        Task {
+            kind: Kind::Kv,
+            model,
+            kv: CacheType::Q8_0,
+            kv_v: CacheType::Q8_0,
+        }
+    }
+
     /// A small file in `dir` as a Q4_K_M model to evaluate.
     fn model_in(dir: &Path) -> Subject {
         let file = dir.join("m.gguf");
@@ -867,12 +877,7 @@ mod tests {
     fn a_changed_build_backend_or_flash_attention_measures_again() {
         let dir = tempfile::tempdir().unwrap();
         let model = model_in(dir.path());
-        let task = Task {
-            kind: Kind::Kv,
-            model: &model,
-            kv: CacheType::Q8_0,
-            kv_v: CacheType::Q8_0,
-        };
+        let task = q8_0_task(&model);
         let never = || false;
         let at = |llama: &str, backend: &str, fa: FlashAttn| {
             Evaluator::new(settings(dir.path(), llama, backend, fa), &never)
@@ -918,12 +923,7 @@ mod tests {
     fn the_layers_offloaded_and_the_caches_place_key_a_devices_rows() {
         let dir = tempfile::tempdir().unwrap();
         let model = model_in(dir.path());
-        let task = Task {
-            kind: Kind::Kv,
-            model: &model,
-            kv: CacheType::Q8_0,
-            kv_v: CacheType::Q8_0,
-        };
+        let task = q8_0_task(&model);
         let never = || false;
         let at = |backend: &str, ngl: u32, kvo: search_space::KvOffload| {
             let mut s = settings(dir.path(), "b7400", backend, FlashAttn::Auto);
