@@ -57,6 +57,8 @@ pub(crate) use axes::in_space;
 #[cfg(test)]
 pub(crate) use axes::offloads_host_ops;
 pub(crate) use axes::vary_cache;
+#[cfg(test)]
+pub(crate) use axes::AXES;
 use axes::*;
 #[cfg(test)]
 pub(crate) use backends::backend_of_device;
@@ -380,7 +382,9 @@ impl<'a> Engine<'a> {
         let winner = match ties {
             Ties::LessMemory => tied.copied().min_by(|a, b| tie_break(a, b)),
             Ties::Lossless | Ties::Final => {
-                tie_winner(&tied.copied().collect::<Vec<_>>(), self.settings.offload)
+                let rate = |r: &CandidateResult| r.rate_sample(w).map(|s| s.median());
+                let tied: Vec<&CandidateResult> = tied.copied().collect();
+                tie_winner(&tied, self.settings.offload, &rate, noise)
             }
         };
         winner.map(|r| r.candidate.clone())

@@ -158,6 +158,10 @@ pub struct TimePlan {
     /// What the search is expected to take, at most the budget: every axis with candidates, each
     /// new candidate a visit and its further repetitions, the confirmation rounds.
     pub expected_s: f64,
+    /// What the quality gate's evaluation would add, said apart: it runs only where a quantized
+    /// KV cache would win (on the host alone, seldom), and on a 7B it is minutes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_s: Option<f64>,
     /// The defaults' prompt rate as a share of the prompt's ceiling, where one is known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_share: Option<f64>,

@@ -120,7 +120,6 @@ impl Sample {
     }
 
     /// The measurements in the order they were taken.
-    #[cfg(test)]
     pub fn values(&self) -> &[f64] {
         &self.values
     }

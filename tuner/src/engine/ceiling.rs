@@ -8,19 +8,7 @@
 use super::Engine;
 use crate::measuring::{Ceilings, SkippedAxis, Workload};
 use crate::stats::Sample;
-use search_space::{Candidate, Phases};
-
-/// The phases each axis of the coordinate descent can move: generation's threads (`-t`, the
-/// prompt's held) only generation; the prompt's threads (`-tb`) and the micro-batch only the prompt
-/// (a token generated is a batch of one); every other knob both. An axis not named here counts as
-/// moving both (it is never judged by one ceiling alone).
-pub(crate) fn phases_of(axis: &str) -> Phases {
-    match axis {
-        "threads" => Phases::GENERATION,
-        "prompt threads" | "batch" => Phases::PROMPT,
-        _ => Phases::BOTH,
-    }
-}
+use search_space::{knob, Candidate, Phases};
 
 /// A phase's ceiling where `now` (measured) does not beat it. A measurement above its probe shows
 /// the probe low (a busy moment, a kernel it did not try: one was 30% low), and a ceiling that may
@@ -65,27 +53,34 @@ impl Engine<'_> {
         Some((median(|x| x.pp_tps)?, median(|x| x.tg_tps)?))
     }
 
-    /// The most `axis` could gain over `from` (measured) by the ceilings; `None` where they cannot
-    /// say (see [`at_most`]).
-    pub(crate) fn room_on(&self, axis: &str, from: &Candidate) -> Option<f64> {
+    /// The most an axis's `group` could gain over `from` (measured) by the ceilings of the phases
+    /// the knob table says its differences move (generation's threads only generation, the
+    /// prompt's threads, the micro-batch and op offload only the prompt: a token generated is a
+    /// batch of one); `None` where they cannot say (see [`at_most`]).
+    pub(crate) fn room_on(&self, group: &[Candidate], from: &Candidate) -> Option<f64> {
         let (pp, tg) = self.phase_medians(from)?;
         at_most(
             &self.settings.ceilings,
             pp,
             tg,
-            phases_of(axis),
+            knob::phases_moved(group),
             &self.settings.plan.workload,
         )
     }
 
-    /// `axis` as skipped from `from`, where its best case beats `from` by less than the noise
-    /// threshold and the user did not ask for its values by name. Never in grid mode, nor for the
-    /// placements (they are not descent axes).
-    pub(crate) fn nothing_to_win(&self, axis: &str, from: &Candidate) -> Option<SkippedAxis> {
+    /// `axis` (its candidates `group`) as skipped from `from`, where its best case beats `from`
+    /// by less than the noise threshold and the user did not ask for its values by name. Never in
+    /// grid mode, nor for the placements (they are not descent axes).
+    pub(crate) fn nothing_to_win(
+        &self,
+        axis: &str,
+        group: &[Candidate],
+        from: &Candidate,
+    ) -> Option<SkippedAxis> {
         if self.asked_for(axis) {
             return None;
         }
-        let at_most = self.room_on(axis, from)?;
+        let at_most = self.room_on(group, from)?;
         (at_most < self.settings.plan.noise).then(|| SkippedAxis {
             axis: axis.to_string(),
             at_most: at_most.max(0.0),
@@ -112,9 +107,10 @@ impl Engine<'_> {
     pub(crate) fn skip_if_nothing_to_win(
         &self,
         axis: &str,
+        group: &[Candidate],
         from: &Candidate,
     ) -> Option<SkippedAxis> {
-        let skipped = self.nothing_to_win(axis, from)?;
+        let skipped = self.nothing_to_win(axis, group, from)?;
         if !self.skipped_axes.iter().any(|s| s.axis == skipped.axis) {
             self.progress.skipped(&skipped);
         }
@@ -203,14 +199,5 @@ mod tests {
             ..w(512, 128)
         };
         assert_eq!(at_most(&c, 20.0, 7.2, Phases::BOTH, &four), None);
-    }
-
-    #[test]
-    fn generations_threads_and_the_prompts_knobs_move_one_phase_each() {
-        assert_eq!(phases_of("threads"), Phases::GENERATION);
-        assert_eq!(phases_of("prompt threads"), Phases::PROMPT);
-        assert_eq!(phases_of("batch"), Phases::PROMPT);
-        assert_eq!(phases_of("kv cache"), Phases::BOTH);
-        assert_eq!(phases_of("kernels"), Phases::BOTH);
     }
 }

@@ -68,7 +68,7 @@ impl Engine<'_> {
             return 0.0;
         }
         // Where the ceilings cannot bound an axis, it is taken to have everything to win.
-        let room = self.room_on(axis.name, from).unwrap_or(1.0).max(0.0) * prior(s, &new);
+        let room = self.room_on(&group, from).unwrap_or(1.0).max(0.0) * prior(s, &new);
         let screen = self.screen_for(&group, axis.name);
         let phases = knob::phases_moved(&group);
         let cost: f64 = (new.iter())

@@ -256,10 +256,15 @@ pub(crate) fn rep_seconds(r: &Repetition, w: &Workload) -> f64 {
 /// (`offload`) than every less lossy one tied with it: there the memory it saves buys something
 /// measured (a layer more on a device). Among those left (equal loss, or such a gain), less memory
 /// decides ([`tie_break`]), and on the host alone the configuration closer to llama.cpp's defaults
-/// first. A user who did not ask for less memory does not get a lossy cache for nothing.
+/// first, among those whose median `rate` is within half the `noise` threshold of the best kept
+/// (`None`: unknown, kept). A user who did not ask for less memory does not get a lossy cache for
+/// nothing; nor a configuration measured slower beside a tied one for being simpler (a micro-batch
+/// of 512, llama.cpp's, over 256 measured 3% faster in the same rounds cost a 7B request 2.4%).
 pub(super) fn tie_winner<'r>(
     tied: &[&'r CandidateResult],
     offload: bool,
+    rate: &dyn Fn(&CandidateResult) -> Option<f64>,
+    noise: f64,
 ) -> Option<&'r CandidateResult> {
     let buys_placement = |r: &CandidateResult| {
         let (loss, held) = (kv_loss(&r.candidate), on_devices(&r.candidate));
@@ -271,8 +276,12 @@ pub(super) fn tie_winner<'r>(
     let least = (tied.iter())
         .map(|r| kv_loss(&r.candidate))
         .fold(f64::INFINITY, f64::min);
-    let kept =
-        (tied.iter().copied()).filter(|r| kv_loss(&r.candidate) <= least || buys_placement(r));
+    let kept: Vec<&CandidateResult> = (tied.iter().copied())
+        .filter(|r| kv_loss(&r.candidate) <= least || buys_placement(r))
+        .collect();
+    let best = kept.iter().filter_map(|r| rate(r)).fold(f64::NAN, f64::max);
+    let kept = (kept.into_iter())
+        .filter(|r| rate(r).is_none_or(|x| best.is_nan() || x >= best * (1.0 - noise / 2.0)));
     match offload {
         true => kept.min_by(|a, b| tie_break(a, b)),
         // On the host alone memory buys nothing: the configuration closer to llama.cpp's defaults
@@ -344,7 +353,7 @@ mod tests {
 
     fn winner(rs: &[CandidateResult], offload: bool) -> (u32, CacheType) {
         let refs: Vec<&CandidateResult> = rs.iter().collect();
-        let w = tie_winner(&refs, offload).expect("a winner");
+        let w = tie_winner(&refs, offload, &|_| None, 0.02).expect("a winner");
         (w.candidate.n_gpu_layers, w.candidate.type_k)
     }
 
@@ -358,11 +367,42 @@ mod tests {
         // Of equal loss, less memory decides.
         let equal = [tied(0, F16, 340), tied(0, F16, 320)];
         let refs: Vec<&CandidateResult> = equal.iter().collect();
-        assert_eq!(tie_winner(&refs, false).unwrap().mem_bytes(), 320 << 20);
+        assert_eq!(
+            tie_winner(&refs, false, &|_| None, 0.02)
+                .unwrap()
+                .mem_bytes(),
+            320 << 20
+        );
         // Less lossy first among lossy pairs too.
         assert_eq!(
             winner(&[tied(0, Q4_0, 250), tied(0, Q8_0, 300)], false),
             (0, Q8_0)
+        );
+    }
+
+    #[test]
+    fn on_the_host_a_tie_goes_to_the_defaults_only_within_half_the_threshold_of_the_best() {
+        use CacheType::*;
+        let simpler = tied(0, F16, 340);
+        let mut smaller_batch = tied(0, F16, 330);
+        smaller_batch.candidate.n_ubatch = 256;
+        assert!(smaller_batch.candidate.complexity() > simpler.candidate.complexity());
+        let refs = [&simpler, &smaller_batch];
+        let ub = |r: &CandidateResult| r.candidate.n_ubatch;
+        // Seconds a request: 37.6 for llama.cpp's micro-batch, 36.5 for 256 (3% apart).
+        let apart = |r: &CandidateResult| Some(1.0 / if ub(r) == 256 { 36.5 } else { 37.6 });
+        assert_eq!(ub(tie_winner(&refs, false, &apart, 0.02).unwrap()), 256);
+        // 0.5% apart: within half the 2% threshold, the defaults'.
+        let close = |r: &CandidateResult| Some(1.0 / if ub(r) == 256 { 37.4 } else { 37.6 });
+        assert_eq!(ub(tie_winner(&refs, false, &close, 0.02).unwrap()), 512);
+        // A faster lossy cache is still no winner of a tie, however far ahead its median.
+        let mut lossy = tied(0, Q8_0, 300);
+        lossy.candidate.n_ubatch = 128;
+        let three = [&simpler, &smaller_batch, &lossy];
+        let fast_lossy = |r: &CandidateResult| Some(1.0 / if ub(r) == 128 { 30.0 } else { 37.6 });
+        assert_eq!(
+            ub(tie_winner(&three, false, &fast_lossy, 0.02).unwrap()),
+            512
         );
     }
 

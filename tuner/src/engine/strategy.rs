@@ -191,7 +191,7 @@ impl Strategy for Descend {
             if group.len() < 2 && self.best.is_some() {
                 continue;
             }
-            if let Some(s) = view.skip_if_nothing_to_win(axis, &from) {
+            if let Some(s) = view.skip_if_nothing_to_win(axis, &group, &from) {
                 self.skipped.push(s);
                 continue;
             }

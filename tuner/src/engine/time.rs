@@ -73,7 +73,7 @@ impl Engine<'_> {
         }
         let budget = self.settings.time_budget.as_secs_f64();
         let (shares, room) = self.headroom(&base);
-        let mut plan = TimePlan {
+        let plan = TimePlan {
             request_s: request,
             visit_s: visit,
             repetition_s: repetition,
@@ -83,15 +83,24 @@ impl Engine<'_> {
             tg_tps,
             budget_s: budget,
             expected_s: 0.0,
+            gate_s: None,
             prompt_share: shares.0,
             generation_share: shares.1,
             at_most: room,
             budget_from,
             at_s: self.elapsed().as_secs_f64(),
         };
-        // Priced by the plan's own figures.
+        self.say_plan(plan, &base);
+    }
+
+    /// `plan` with what the run expects to take from `base` (priced by the plan's own figures),
+    /// said and kept.
+    fn say_plan(&mut self, mut plan: TimePlan, base: &Candidate) {
         self.time_plan = Some(plan.clone());
-        plan.expected_s = (plan.at_s + self.expected_seconds(&base)).min(budget);
+        let (search, gate) = self.expected_seconds(base);
+        plan.expected_s = (plan.at_s + search).min(plan.budget_s);
+        let left = plan.budget_s - plan.expected_s;
+        plan.gate_s = gate.filter(|g| *g > 0.0).map(|g| g.min(left));
         self.progress.plan(&plan);
         self.time_plan = Some(plan);
     }
@@ -241,24 +250,25 @@ impl Engine<'_> {
     /// What the run is expected to take after the baseline's first visit: where the host alone
     /// computes, every descent axis's new candidates (those the ceilings leave room for), each a
     /// first visit at the request its axis screens on and its further repetitions up to the
-    /// minimum, the quality gate's evaluation of one quantized cache (two contexts through its text
-    /// at the prompt's rate) and the confirmation. With a device to offload to the placements, the
-    /// cliff and the split depend on what is measured: the budget.
-    fn expected_seconds(&self, base: &Candidate) -> f64 {
+    /// minimum, and the confirmation; and apart, what the quality gate's evaluation of one
+    /// quantized cache would add where one is a candidate (two contexts through its text at the
+    /// prompt's rate). With a device to offload to the placements, the cliff and the split depend
+    /// on what is measured: the budget.
+    fn expected_seconds(&self, base: &Candidate) -> (f64, Option<f64>) {
         let s = &self.settings;
         if s.offload {
-            return s.time_budget.as_secs_f64();
+            return (s.time_budget.as_secs_f64(), None);
         }
         let from = in_space(s, base);
         let mut new: Vec<(Candidate, Option<Screen>, Phases)> = Vec::new();
         for axis in &AXES {
-            if self.nothing_to_win(axis.name, &from).is_some() {
-                continue;
-            }
             let group: Vec<Candidate> = std::iter::once(from.clone())
                 .chain((axis.vary)(s, &from))
                 .filter(|c| c.validate().is_ok())
                 .collect();
+            if self.nothing_to_win(axis.name, &group, &from).is_some() {
+                continue;
+            }
             let screen = self.screen_for(&group, axis.name);
             let phases = search_space::knob::phases_moved(&group);
             for c in group {
@@ -267,19 +277,23 @@ impl Engine<'_> {
                 }
             }
         }
-        let more = f64::from(s.plan.min_reps.saturating_sub(2));
+        // A screen's minimum is its first visit's two repetitions ([`Engine::wants_more`]).
+        let more = |screen: &Option<Screen>| match screen {
+            Some(_) => 0.0,
+            None => f64::from(s.plan.min_reps.saturating_sub(2)),
+        };
         let search: f64 = (new.iter())
             .map(|(c, screen, phases)| {
                 self.step_cost_at(c, true, *phases, *screen)
-                    + more * self.repetition_cost_at(*phases, *screen)
+                    + more(screen) * self.repetition_cost_at(*phases, *screen)
             })
             .sum();
         let gate = match (s.quality.max_kv_kld, self.phase_medians(base)) {
             (Some(_), Some((pp, _))) if new.iter().any(|(c, ..)| c.kv_lossy()) => {
-                2.0 * f64::from(s.quality.max_tokens) / pp
+                Some(2.0 * f64::from(s.quality.max_tokens) / pp)
             }
-            _ => 0.0,
+            _ => None,
         };
-        search + gate + self.confirm_reserve()
+        (search + self.confirm_reserve(), gate)
     }
 }

@@ -53,8 +53,13 @@ impl View<'_, '_> {
         self.engine.margin_over_runner_up(best)
     }
     /// `axis` skipped from `from` where the ceilings leave nothing beyond the noise to win.
-    pub fn skip_if_nothing_to_win(&self, axis: &str, from: &Candidate) -> Option<SkippedAxis> {
-        self.engine.skip_if_nothing_to_win(axis, from)
+    pub fn skip_if_nothing_to_win(
+        &self,
+        axis: &str,
+        group: &[Candidate],
+        from: &Candidate,
+    ) -> Option<SkippedAxis> {
+        self.engine.skip_if_nothing_to_win(axis, group, from)
     }
     /// Which of `axes` would vary `from`.
     pub fn by_gain_per_second(&self, axes: &[Axis], from: &Candidate) -> Vec<Axis> {

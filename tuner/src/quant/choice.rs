@@ -3,12 +3,14 @@
 //! `--json`). Pure data and arithmetic, so the rule is unit-tested without llama.cpp.
 //!
 //! The rule: among rungs whose weights pass the gate (and tuned with only the KV types that pass
-//! it), the lowest modelled seconds per request wins. Two rungs within the noise threshold of each
-//! other are a tie, and a tie goes to the lower KL divergence: the same speed for better quality.
+//! it), the lowest modelled seconds per request wins. Two rungs the decision rule calls tied (their
+//! winners' repetitions, unpaired) are a tie, above or below the best's median, and a tie goes to
+//! the lower KL divergence: the same speed for better quality.
 
 use super::ladder::{Ladder, Rejected};
 use super::quality::{fmt_kld, QualityTable};
 use crate::report::truncate;
+use crate::stats::{self, RoundRate, Verdict};
 use comfy_table::{presets::UTF8_FULL_CONDENSED, Cell, CellAlignment, Table};
 use profiles::Figures;
 use search_space::size::format_size;
@@ -82,6 +84,10 @@ pub struct QuantRow {
     pub placement: Option<Placement>,
     /// `chosen`, `N% slower`, `tie, more drift`, `over the quality gate`, `not measured: …`.
     pub status: String,
+    /// The winner's requests a second, one per repetition that timed the whole request: what the
+    /// decision rule compares rungs on (unpaired: each rung was tuned in a run of its own).
+    #[serde(skip)]
+    pub rates: Vec<f64>,
 }
 
 impl QuantRow {
@@ -93,10 +99,25 @@ impl QuantRow {
     pub fn drift(&self) -> f64 {
         self.total_kld.or(self.kld).unwrap_or(f64::INFINITY)
     }
+
+    /// Whether this rung ties with `best` (or beats it) by the decision rule ([`stats::decide`]:
+    /// the interval of their difference within ±`noise`), above or below its median; where
+    /// either has fewer than two repetitions, by their scores (within `noise` of the best's).
+    pub fn ties_with(&self, best: &QuantRow, noise: f64) -> bool {
+        let rates = |r: &QuantRow| -> Vec<RoundRate> {
+            (r.rates.iter())
+                .map(|&rate| RoundRate { round: None, rate })
+                .collect()
+        };
+        match stats::decide(&rates(self), &rates(best), noise, 0) {
+            Some(c) => c.verdict != Verdict::Slower,
+            None => (self.score().zip(best.score())).is_some_and(|(s, b)| s <= b * (1.0 + noise)),
+        }
+    }
 }
 
-/// Index of the chosen rung: the fastest measured rung that passes the gate; a tie (relative
-/// difference within `noise`) goes to the lower KL divergence of what will run (the weights with
+/// Index of the chosen rung: the fastest measured rung that passes the gate; a tie with it
+/// ([`QuantRow::ties_with`]) goes to the lower KL divergence of what will run (the weights with
 /// the winner's cache: a Q6_K with a q4_0 cache can drift more than a Q5_K_M with f16), then the
 /// smaller file.
 pub fn choose(rows: &[QuantRow], noise: f64) -> Option<usize> {
@@ -109,14 +130,9 @@ pub fn choose(rows: &[QuantRow], noise: f64) -> Option<usize> {
             .unwrap()
             .total_cmp(&rows[b].score().unwrap())
     })?;
-    let best_score = rows[best].score()?;
     measured
         .into_iter()
-        .filter(|&i| {
-            rows[i]
-                .score()
-                .is_some_and(|s| s <= best_score * (1.0 + noise))
-        })
+        .filter(|&i| i == best || rows[i].ties_with(&rows[best], noise))
         .min_by(|&a, &b| {
             let (ka, kb) = (rows[a].drift(), rows[b].drift());
             ka.total_cmp(&kb)
@@ -290,6 +306,7 @@ mod tests {
                 spills,
             }),
             status: String::new(),
+            rates: Vec::new(),
         }
     }
 
@@ -333,6 +350,27 @@ mod tests {
         // Without the cache's figures, the weights' drift decides as before.
         q6.total_kld = None;
         assert_eq!(choose(&[q6, q5], 0.02), Some(0));
+    }
+
+    #[test]
+    fn rungs_tie_by_the_decision_rule_on_their_repetitions_not_by_their_points() {
+        // Q6_K's median is 3% faster, but its repetitions spread 10%: the interval of the
+        // difference reaches inside the noise, a tie, which goes to the drift.
+        let mut q6 = row("Q6_K", 200, 0.004, Some(1.0), false);
+        q6.total_kld = Some(0.03);
+        q6.rates = vec![1.0, 1.1, 0.95, 1.05, 0.97];
+        let mut q5 = row("Q5_K_M", 170, 0.01, Some(1.03), false);
+        q5.total_kld = Some(0.01);
+        q5.rates = vec![0.97, 1.02, 0.93, 0.99, 0.96];
+        assert_eq!(choose(&[q6.clone(), q5.clone()], 0.02), Some(1));
+        // Tight repetitions 3% apart: Q6_K is faster beyond the noise, and wins.
+        q6.rates = vec![1.0, 1.001, 0.999, 1.0005, 0.9995];
+        q5.rates = vec![0.97, 0.971, 0.969, 0.9705, 0.9695];
+        assert_eq!(choose(&[q6.clone(), q5.clone()], 0.02), Some(0));
+        // Tight and 1% apart: a tie, to the less drift, though the points say Q6_K.
+        q5.rates = vec![0.99, 0.991, 0.989, 0.9905, 0.9895];
+        q5.figures.as_mut().unwrap().score_s = 1.01;
+        assert_eq!(choose(&[q6, q5], 0.02), Some(1));
     }
 
     #[test]

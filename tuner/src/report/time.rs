@@ -6,8 +6,14 @@ use crate::measuring::{BudgetFrom, SkippedAxis, TimePlan};
 /// "about 7 min: one request takes 45 s; generation is at 88% of its ceiling, the prompt at 71%
 /// (at most +25% to win); budget 10 min".
 pub fn plan_line(p: &TimePlan) -> String {
+    let gate = (p.gate_s.filter(|g| *g >= 1.0)).map_or(String::new(), |g| {
+        format!(
+            " (+{} where a quantized KV cache would win: its quality measured)",
+            duration(g)
+        )
+    });
     let mut s = format!(
-        "about {}: one request takes {}",
+        "about {}{gate}: one request takes {}",
         duration(p.expected_s),
         duration(p.request_s)
     );
@@ -77,6 +83,7 @@ mod tests {
             tg_tps: 5.0,
             budget_s: 600.0,
             expected_s: 420.0,
+            gate_s: None,
             prompt_share: Some(0.71),
             generation_share: Some(0.88),
             at_most: Some(0.25),
@@ -101,6 +108,14 @@ mod tests {
         assert_eq!(
             plan_line(&bare),
             "about 7 min: one request takes 45 s; budget 10 min (as given)"
+        );
+        let gated = TimePlan {
+            gate_s: Some(170.0),
+            ..bare
+        };
+        assert_eq!(
+            plan_line(&gated),
+            "about 7 min (+2.8 min where a quantized KV cache would win: its quality measured): one request takes 45 s; budget 10 min (as given)"
         );
     }
 

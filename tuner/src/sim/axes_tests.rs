@@ -305,3 +305,28 @@ fn the_prompt_thread_counts_given_are_the_only_ones_measured() {
         .all(|r| r.candidate.batch_threads() == 16));
     assert!(run.results.iter().any(|r| r.candidate.threads != 16));
 }
+
+/// The ceilings bound an axis by the phases the knob table says its candidates' differences move
+/// (no table of axis names beside it): on the host alone generation's threads move generation
+/// alone, the prompt's threads and the micro-batch the prompt alone, the kernels both.
+#[test]
+fn an_axis_moves_the_phases_the_knob_table_gives_what_its_candidates_change() {
+    use search_space::{knob::phases_moved, Phases};
+    let land = gpus(0, 0);
+    let s = settings(&land, 5);
+    let from = crate::engine::in_space(&s, &Candidate::llama_default(16, 0));
+    let moved = |name: &str| {
+        let axis = (crate::engine::AXES.iter())
+            .find(|a| a.name == name)
+            .expect("an axis");
+        let group: Vec<Candidate> = std::iter::once(from.clone())
+            .chain((axis.vary)(&s, &from))
+            .collect();
+        assert!(group.len() > 1, "{name} varies on the host alone");
+        phases_moved(&group)
+    };
+    assert_eq!(moved("threads"), Phases::GENERATION);
+    assert_eq!(moved("prompt threads"), Phases::PROMPT);
+    assert_eq!(moved("batch"), Phases::PROMPT);
+    assert_eq!(moved("kernels"), Phases::BOTH);
+}

@@ -208,6 +208,7 @@ fn quant_row(r: &ladder::Rung, q: Option<&QualityRow>, max_kld: f64) -> QuantRow
         figures: None,
         placement: None,
         status,
+        rates: Vec::new(),
     }
 }
 
@@ -278,6 +279,11 @@ fn fill_from_run(row: &mut QuantRow, t: &Tuned) {
     let board = tuning::report_of(t);
     row.winner = board.winner.clone();
     row.figures = board.winner_figures.clone();
+    let w = &t.run.settings.plan.workload;
+    row.rates = (t.run.results.iter())
+        .find(|r| Some(&r.candidate) == row.winner.as_ref() && r.ok())
+        .and_then(|r| r.timed_whole().rate_sample(w))
+        .map_or(Vec::new(), |s| s.values().to_vec());
     // The gate measured a quantized pair with these weights against the reference: what runs.
     row.total_kld = (row.winner.as_ref())
         .and_then(|w| board.quality.check(w))
@@ -320,12 +326,13 @@ fn not_measured(t: &Tuned) -> String {
 
 /// The statuses of the rows against the chosen one, and the notes on the choice.
 fn conclude(report: &mut JointReport, chosen: usize, noise: f64) {
-    let best_score = report.quants[chosen].score().unwrap_or(f64::NAN);
+    let best = report.quants[chosen].clone();
+    let best_score = best.score().unwrap_or(f64::NAN);
     for (i, r) in report.quants.iter_mut().enumerate() {
         if i == chosen {
             r.status = "chosen".into();
         } else if let Some(s) = r.score() {
-            r.status = if s <= best_score * (1.0 + noise) {
+            r.status = if r.ties_with(&best, noise) {
                 "tie, more drift".into()
             } else {
                 format!("{:.0}% slower", (s / best_score - 1.0) * 100.0)

@@ -19,13 +19,11 @@ pub struct Workers {
 }
 
 impl Workers {
-    pub fn new(pool: WorkerPool) -> Self {
+    /// Workers on the clock that began at `started`: the run's start, so that the budget bounds
+    /// the probes and the link measurements before the engine too.
+    pub fn new(pool: WorkerPool, started: Instant) -> Self {
         let dry = WorkerPool::for_dry_runs(pool.timeout);
-        Workers {
-            pool,
-            dry,
-            started: Instant::now(),
-        }
+        Workers { pool, dry, started }
     }
 }
 

@@ -310,6 +310,8 @@ const MEASUREMENT_PROTOCOL: &str = "protocol 2 (server context)";
 /// Tunes `model` as `plan` says. Call with the profile store locked (the measurement log is shared
 /// with any other run of the same model).
 pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tuned> {
+    // The budget's clock: the probes and the links' measurement count in it.
+    let started = Instant::now();
     let info = session::inspect_model(model)?;
     let model = std::fs::canonicalize(model)
         .with_context(|| format!("{}: cannot resolve path", model.display()))?;
@@ -347,11 +349,10 @@ pub fn tune(plan: &Plan, model: &Path, stop: &AtomicBool) -> anyhow::Result<Tune
         bar: &bar,
         quiet: plan.quiet,
     };
-    let started = Instant::now();
     let measuring = Watch::start(&plan.rpc);
     let run = Engine::new(
         settings,
-        Box::new(Workers::new(pool)),
+        Box::new(Workers::new(pool, started)),
         Some(&mut log),
         &stop_fn,
         &told,
@@ -480,7 +481,7 @@ fn choose_context(
     let pool = WorkerPool::new(1, plan.trial_timeout);
     let mut engine = Engine::new(
         settings.clone(),
-        Box::new(Workers::new(pool)),
+        Box::new(Workers::new(pool, Instant::now())),
         None,
         &stop_fn,
         &silent,
