@@ -50,7 +50,7 @@ mod strategy;
 mod time;
 mod view;
 #[cfg(test)]
-pub use rounds::{GIVE_UP_FACTOR, ONE_REPETITION_FACTOR};
+pub use rounds::{GATE_WOULD_OVERRUN, GIVE_UP_FACTOR, ONE_REPETITION_FACTOR};
 
 pub use axes::grid;
 pub(crate) use axes::in_space;

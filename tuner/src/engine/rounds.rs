@@ -38,6 +38,10 @@ pub const ONE_REPETITION_FACTOR: f64 = 1.5;
 /// screen) each took a second 14-s repetition to be judged.
 pub const SCREEN_ONE_REPETITION_NOISES: f64 = 6.0;
 
+/// Why a lossy candidate was not measured: its gate could not have run.
+pub const GATE_WOULD_OVERRUN: &str =
+    "not measured: the quality gate's evaluation of its cache would not end within the budget";
+
 /// The signal a kill sends (the OOM killer's, a user's): not a crash to measure on after.
 const SIGKILL: i32 = 9;
 
@@ -109,6 +113,13 @@ impl Engine<'_> {
                 if axis != "grid" && self.would_overrun(cost, true) {
                     self.budget_spent = true;
                     break;
+                }
+                if axis != "grid"
+                    && first
+                    && self.gate_would_overrun(&self.results[i].candidate, cost)
+                {
+                    self.results[i].skipped = Some(GATE_WOULD_OVERRUN.to_string());
+                    continue;
                 }
                 // A candidate's first visit takes the two repetitions it needs to be judged at all,
                 // on one load: with loads that cost seconds (a GPU's gigabytes, an RPC upload) a

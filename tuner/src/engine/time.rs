@@ -132,29 +132,63 @@ impl Engine<'_> {
         RESERVED_FINALISTS * f64::from(CONFIRM_ROUNDS) * self.confirm_cost()
     }
 
-    /// Whether the fastest candidate measured so far (by its median) changes the model's output
-    /// and has a lossless twin the user allows, which the confirmation would measure beside it.
-    fn leader_is_lossy(&self) -> bool {
+    /// The fastest candidate measured so far (by its median), the gate's refusals left out.
+    fn leader(&self) -> Option<&super::CandidateResult> {
         let w = &self.settings.plan.workload;
         let rate = |r: &super::CandidateResult| r.rate_sample(w).map(|s| s.median());
-        let leader = (self.results.iter())
+        (self.results.iter())
             .filter(|r| r.ok() && !self.refused(&r.candidate))
-            .filter_map(|r| Some((rate(r)?, &r.candidate)))
-            .max_by(|a, b| a.0.total_cmp(&b.0));
-        leader.is_some_and(|(_, c)| {
-            let twin = search_space::knob::lossless_twin(c);
-            twin != *c && self.settings.kv_pairs.contains(&(twin.type_k, twin.type_v))
+            .filter_map(|r| Some((rate(r)?, r)))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, r)| r)
+    }
+
+    /// Whether the fastest candidate measured so far changes the model's output and has a
+    /// lossless twin the user allows, which the confirmation would measure beside it.
+    fn leader_is_lossy(&self) -> bool {
+        self.leader().is_some_and(|r| {
+            let twin = search_space::knob::lossless_twin(&r.candidate);
+            twin != r.candidate && self.settings.kv_pairs.contains(&(twin.type_k, twin.type_v))
         })
     }
 
     /// One confirming repetition: a load, its warm-up and the confirmation's request
-    /// ([`Engine::confirm_screen`]), at the defaults' figures.
+    /// ([`Engine::confirm_screen`]), at the figures of the fastest candidate so far where it
+    /// was measured in both phases (the finalists are it and its closest rivals: on a 7B on two
+    /// cores a plain load took 0.3 s and a repacked one, llama.cpp's default, 11.8), else at the
+    /// defaults'.
     pub(super) fn confirm_cost(&self) -> f64 {
         let Some(p) = &self.time_plan else {
             return 0.0;
         };
         let screen = self.confirm_screen();
-        p.load_s + self.fresh_warm_up_s() + self.repetition_cost_at(Phases::BOTH, screen)
+        let at_defaults = p.load_s + self.repetition_cost_at(Phases::BOTH, screen);
+        let leader = self.leader().and_then(|r| {
+            let (pp, tg) = self.phase_medians(&r.candidate)?;
+            let load = r.load.as_ref()?.load_seconds;
+            Some(load + self.repetition_at_rates(Phases::BOTH, screen, pp, tg))
+        });
+        self.fresh_warm_up_s() + leader.map_or(at_defaults, |l| l.min(at_defaults))
+    }
+
+    /// What the quality gate's evaluation of one K/V pair takes: two contexts (the pair's and
+    /// the f16 reference's) through the text at the defaults' prompt rate.
+    pub(super) fn gate_cost(&self) -> f64 {
+        let pp = self.time_plan.as_ref().map_or(0.0, |p| p.pp_tps);
+        match self.settings.quality.max_kv_kld {
+            Some(_) if pp > 0.0 => 2.0 * f64::from(self.settings.quality.max_tokens) / pp,
+            _ => 0.0,
+        }
+    }
+
+    /// Whether a first visit of the lossy `c` (costing `cost`), then the gate's evaluation of its
+    /// K/V pair (not yet measured in this run) and the confirmation, would end past the budget:
+    /// it could not win then (an unmeasured pair never does), and its visit is time the axes
+    /// after it need.
+    pub(super) fn gate_would_overrun(&self, c: &Candidate, cost: f64) -> bool {
+        search_space::knob::lossy(c)
+            && self.kv_check(c).is_none()
+            && self.would_overrun(cost + self.gate_cost(), true)
     }
 
     /// What measuring `c` once more costs at the request size decided at, timing `phases`: its
@@ -211,9 +245,14 @@ impl Engine<'_> {
         let Some(p) = &self.time_plan else {
             return 0.0;
         };
+        self.repetition_at_rates(phases, screen, p.pp_tps, p.tg_tps)
+    }
+
+    /// One repetition at the request size `screen`, timing `phases`, at the rates `pp` and `tg`.
+    fn repetition_at_rates(&self, phases: Phases, screen: Option<Screen>, pp: f64, tg: f64) -> f64 {
         let w = self.workload_at(screen);
         let np = f64::from(w.n_parallel.max(1));
-        let (pp, tg) = (p.pp_tps.max(1e-9), p.tg_tps.max(1e-9));
+        let (pp, tg) = (pp.max(1e-9), tg.max(1e-9));
         let prompt = if phases.prompt {
             f64::from(w.n_prompt) / pp
         } else {
@@ -272,7 +311,10 @@ impl Engine<'_> {
             let screen = self.screen_for(&group, axis.name);
             let phases = search_space::knob::phases_moved(&group);
             for c in group {
-                if c != from && !new.iter().any(|(n, ..)| *n == c) {
+                let first = self.step_cost_at(&c, true, phases, screen);
+                // A lossy candidate whose gate could not run is not measured (`measure_group`).
+                let futile = c.kv_lossy() && self.would_overrun(first + self.gate_cost(), true);
+                if c != from && !futile && !new.iter().any(|(n, ..)| *n == c) {
                     new.push((c, screen, phases));
                 }
             }
@@ -288,12 +330,7 @@ impl Engine<'_> {
                     + more(screen) * self.repetition_cost_at(*phases, *screen)
             })
             .sum();
-        let gate = match (s.quality.max_kv_kld, self.phase_medians(base)) {
-            (Some(_), Some((pp, _))) if new.iter().any(|(c, ..)| c.kv_lossy()) => {
-                Some(2.0 * f64::from(s.quality.max_tokens) / pp)
-            }
-            _ => None,
-        };
+        let gate = (new.iter().any(|(c, ..)| c.kv_lossy())).then(|| self.gate_cost());
         (search + self.confirm_reserve(), gate)
     }
 }
