@@ -81,6 +81,9 @@ impl Engine<'_> {
         self.lent = self.lent_for(&idx, axis);
         let mut spent = vec![Duration::ZERO; idx.len()];
         let mut dropped = vec![false; idx.len()];
+        if axis != "grid" {
+            self.skip_futile_lossy(&idx);
+        }
         // A group whose comparison cannot be measured before the budget's end is not begun: its
         // first visit alone would be time spent on nothing to compare.
         if axis != "grid" && !self.room_to_compare(&idx) {
@@ -114,6 +117,8 @@ impl Engine<'_> {
                     self.budget_spent = true;
                     break;
                 }
+                // Here too: the time said (and so the check) may come within the group, once
+                // llama.cpp's defaults in it are measured.
                 if axis != "grid"
                     && first
                     && self.gate_would_overrun(&self.results[i].candidate, cost)
@@ -151,6 +156,22 @@ impl Engine<'_> {
     }
 
     /// Where the budget or a stop ended a group, its candidates measured at no size say why.
+    /// Skips the group's quantized candidates not yet visited whose visit, their pair's quality
+    /// evaluation and the confirmation would end past the budget ([`Engine::gate_would_overrun`]).
+    fn skip_futile_lossy(&mut self, idx: &[usize]) {
+        let timed = self.lent.as_ref().map_or(Phases::BOTH, |l| l.timed);
+        for &i in idx {
+            let r = &self.results[i];
+            if !r.reps.is_empty() || r.failure.is_some() || r.skipped.is_some() {
+                continue;
+            }
+            let cost = self.step_cost(&r.candidate, true, timed);
+            if self.gate_would_overrun(&r.candidate, cost) {
+                self.results[i].skipped = Some(GATE_WOULD_OVERRUN.to_string());
+            }
+        }
+    }
+
     fn mark_unmeasured(&mut self, idx: &[usize]) {
         if !self.budget_spent && !self.interrupted {
             return;

@@ -162,13 +162,10 @@ impl Engine<'_> {
             return 0.0;
         };
         let screen = self.confirm_screen();
-        let at_defaults = p.load_s + self.repetition_cost_at(Phases::BOTH, screen);
-        let leader = self.leader().and_then(|r| {
-            let (pp, tg) = self.phase_medians(&r.candidate)?;
-            let load = r.load.as_ref()?.load_seconds;
-            Some(load + self.repetition_at_rates(Phases::BOTH, screen, pp, tg))
-        });
-        self.fresh_warm_up_s() + leader.map_or(at_defaults, |l| l.min(at_defaults))
+        let load = (self.leader())
+            .and_then(|r| Some(r.load.as_ref()?.load_seconds))
+            .map_or(p.load_s, |l| l.min(p.load_s));
+        load + self.fresh_warm_up_s() + self.repetition_cost_at(Phases::BOTH, screen)
     }
 
     /// What the quality gate's evaluation of one K/V pair takes: two contexts (the pair's and
@@ -240,12 +237,20 @@ impl Engine<'_> {
         (np * (prompt + steps)).min(p.warm_up_s)
     }
 
-    /// One repetition at the request size `screen`, timing `phases`, at the defaults' rates.
+    /// One repetition at the request size `screen`, timing `phases`, at the rates of the fastest
+    /// candidate measured so far in both phases where it is faster than llama.cpp's defaults (an
+    /// axis varies it, and a candidate much slower is stopped early: [`super::GIVE_UP_FACTOR`]),
+    /// else at the defaults'. On the 7B on two cores the defaults' rates priced a repetition of
+    /// the plain kernels' groups 45% over what it took, and the budget refused two axes for it.
     fn repetition_cost_at(&self, phases: Phases, screen: Option<Screen>) -> f64 {
         let Some(p) = &self.time_plan else {
             return 0.0;
         };
-        self.repetition_at_rates(phases, screen, p.pp_tps, p.tg_tps)
+        let at_defaults = self.repetition_at_rates(phases, screen, p.pp_tps, p.tg_tps);
+        let leader = (self.leader())
+            .and_then(|r| self.phase_medians(&r.candidate))
+            .map(|(pp, tg)| self.repetition_at_rates(phases, screen, pp, tg));
+        leader.map_or(at_defaults, |l| l.min(at_defaults))
     }
 
     /// One repetition at the request size `screen`, timing `phases`, at the rates `pp` and `tg`.

@@ -81,18 +81,26 @@ fn a_budget_spent_before_the_gate_lets_no_unmeasured_pair_win() {
     let run = tune(land.clone(), short.clone(), None, Mode::Search);
     let win = run.winner.clone().expect("a winner");
     assert!(!win.kv_lossy(), "{}", win.label());
-    assert!(run.quality.checks.is_empty(), "{:?}", run.quality.checks);
+    // Each quantized candidate was skipped so, or measured when its evaluation seemed to fit,
+    // and then the evaluation was begun and cut at the budget: its pair unmeasured, said so in
+    // the quality record.
     let lossy: Vec<_> = (run.results.iter())
         .filter(|r| r.candidate.kv_lossy())
         .collect();
-    assert!(!lossy.is_empty());
-    for r in lossy {
-        assert_eq!(
-            r.skipped.as_deref(),
-            Some(GATE_WOULD_OVERRUN),
-            "{}",
-            r.candidate.label()
-        );
+    let skipped =
+        |r: &&crate::engine::CandidateResult| r.skipped.as_deref() == Some(GATE_WOULD_OVERRUN);
+    assert!(lossy.iter().any(skipped), "none skipped for its gate");
+    for r in lossy.iter().filter(|r| !skipped(r)) {
+        let check = run.quality.check(&r.candidate);
+        let cut = check.is_some_and(|c| {
+            !c.passed
+                && c.figures.is_none()
+                && c.error
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("time budget")
+        });
+        assert!(cut || !r.ok(), "{}: {check:?}", r.candidate.label());
     }
 }
 
