@@ -292,50 +292,65 @@ impl Engine<'_> {
     }
 
     /// What the run is expected to take after the baseline's first visit: where the host alone
-    /// computes, every descent axis's new candidates (those the ceilings leave room for), each a
-    /// first visit at the request its axis screens on and its further repetitions up to the
-    /// minimum, and the confirmation; and apart, what the quality gate's evaluation of one
-    /// quantized cache would add where one is a candidate (two contexts through its text at the
-    /// prompt's rate). With a device to offload to the placements, the cliff and the split depend
-    /// on what is measured: the budget.
+    /// computes, every descent axis's new candidates (those the ceilings leave room for) in the
+    /// axes' order, each a first visit at the request its axis screens on and its further
+    /// repetitions up to the minimum (the best so far measured again where that request is a new
+    /// size), less what would end past the budget (a quantized candidate with its pair's quality
+    /// evaluation: it is not visited then), and the confirmation; and apart, what that evaluation
+    /// of one quantized cache would add where one is visited. With a device to offload to the
+    /// placements, the cliff and the split depend on what is measured: the budget.
     fn expected_seconds(&self, base: &Candidate) -> (f64, Option<f64>) {
         let s = &self.settings;
         if s.offload {
             return (s.time_budget.as_secs_f64(), None);
         }
         let from = in_space(s, base);
-        let mut new: Vec<(Candidate, Option<Screen>, Phases)> = Vec::new();
+        let (budget, at) = (s.time_budget.as_secs_f64(), self.elapsed().as_secs_f64());
+        let (reserve, gate) = (self.confirm_reserve(), self.gate_cost());
+        let mut seen: Vec<Candidate> = vec![from.clone()];
+        let (mut spent, mut size, mut lossy) = (0.0, Some(self.fidelity), false);
         for axis in &AXES {
             let group: Vec<Candidate> = std::iter::once(from.clone())
                 .chain((axis.vary)(s, &from))
                 .filter(|c| c.validate().is_ok())
                 .collect();
-            if self.nothing_to_win(axis.name, &group, &from).is_some() {
+            if group.len() < 2 || self.nothing_to_win(axis.name, &group, &from).is_some() {
                 continue;
             }
             let screen = self.screen_for(&group, axis.name);
             let phases = search_space::knob::phases_moved(&group);
+            // The best so far measured again where the group's request is a new size.
+            if size != Some(screen) {
+                spent += 2.0 * self.repetition_cost_at(phases, screen);
+                size = Some(screen);
+            }
             for c in group {
-                let first = self.step_cost_at(&c, true, phases, screen);
-                // A lossy candidate whose gate could not run is not measured (`measure_group`).
-                let futile = c.kv_lossy() && self.would_overrun(first + self.gate_cost(), true);
-                if c != from && !futile && !new.iter().any(|(n, ..)| *n == c) {
-                    new.push((c, screen, phases));
+                if seen.contains(&c) {
+                    continue;
                 }
+                let cost = self.visit_cost(&c, phases, screen);
+                // A lossy candidate whose gate could not run is not measured (`measure_group`),
+                // nor anything that would end past the budget.
+                let gated = if c.kv_lossy() { gate } else { 0.0 };
+                if at + spent + cost + gated + reserve > budget {
+                    continue;
+                }
+                lossy |= c.kv_lossy();
+                spent += cost;
+                seen.push(c);
             }
         }
-        // A screen's minimum is its first visit's two repetitions ([`Engine::wants_more`]).
-        let more = |screen: &Option<Screen>| match screen {
+        (spent + reserve, lossy.then_some(gate))
+    }
+
+    /// A new candidate's first visit at the request `screen`, timing `phases`, and its further
+    /// repetitions up to the minimum (a screen's minimum is its first visit's two:
+    /// [`Engine::wants_more`]).
+    fn visit_cost(&self, c: &Candidate, phases: Phases, screen: Option<Screen>) -> f64 {
+        let more = match screen {
             Some(_) => 0.0,
-            None => f64::from(s.plan.min_reps.saturating_sub(2)),
+            None => f64::from(self.settings.plan.min_reps.saturating_sub(2)),
         };
-        let search: f64 = (new.iter())
-            .map(|(c, screen, phases)| {
-                self.step_cost_at(c, true, *phases, *screen)
-                    + more(screen) * self.repetition_cost_at(*phases, *screen)
-            })
-            .sum();
-        let gate = (new.iter().any(|(c, ..)| c.kv_lossy())).then(|| self.gate_cost());
-        (search + self.confirm_reserve(), gate)
+        self.step_cost_at(c, true, phases, screen) + more * self.repetition_cost_at(phases, screen)
     }
 }

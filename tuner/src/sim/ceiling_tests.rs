@@ -129,6 +129,12 @@ fn the_time_is_said_once_the_defaults_are_measured_and_before_anything_else() {
     assert_eq!(plan.budget_s, budget);
     assert!(elapsed <= budget + plan.visit_s, "{elapsed} of {budget}");
     assert!(plan.expected_s <= plan.budget_s && plan.expected_s > plan.visit_s);
+    // The time said is about the time taken (here 1,261 s said, 1,008 taken).
+    assert!(
+        elapsed > 0.7 * plan.expected_s && elapsed < 1.3 * plan.expected_s,
+        "said {} s, took {elapsed} s",
+        plan.expected_s
+    );
     let truth = land.true_seconds(&Candidate::llama_default(16, 0), &s.plan.workload);
     assert!(
         (plan.request_s / truth - 1.0).abs() < 0.05,
