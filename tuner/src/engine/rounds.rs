@@ -119,11 +119,7 @@ impl Engine<'_> {
                 }
                 // Here too: the time said (and so the check) may come within the group, once
                 // llama.cpp's defaults in it are measured.
-                if axis != "grid"
-                    && first
-                    && self.gate_would_overrun(&self.results[i].candidate, cost)
-                {
-                    self.results[i].skipped = Some(GATE_WOULD_OVERRUN.to_string());
+                if axis != "grid" && first && self.skip_if_gate_would_overrun(i, cost) {
                     continue;
                 }
                 // A candidate's first visit takes the two repetitions it needs to be judged at all,
@@ -155,7 +151,6 @@ impl Engine<'_> {
         self.mark_unmeasured(&idx);
     }
 
-    /// Where the budget or a stop ended a group, its candidates measured at no size say why.
     /// Skips the group's quantized candidates not yet visited whose visit, their pair's quality
     /// evaluation and the confirmation would end past the budget ([`Engine::gate_would_overrun`]).
     fn skip_futile_lossy(&mut self, idx: &[usize]) {
@@ -166,12 +161,21 @@ impl Engine<'_> {
                 continue;
             }
             let cost = self.step_cost(&r.candidate, true, timed);
-            if self.gate_would_overrun(&r.candidate, cost) {
-                self.results[i].skipped = Some(GATE_WOULD_OVERRUN.to_string());
-            }
+            self.skip_if_gate_would_overrun(i, cost);
         }
     }
 
+    /// Marks candidate `i` (a first visit costing `cost`) skipped where its gate could not run;
+    /// whether it did.
+    fn skip_if_gate_would_overrun(&mut self, i: usize, cost: f64) -> bool {
+        let futile = self.gate_would_overrun(&self.results[i].candidate, cost);
+        if futile {
+            self.results[i].skipped = Some(GATE_WOULD_OVERRUN.to_string());
+        }
+        futile
+    }
+
+    /// Where the budget or a stop ended a group, its candidates measured at no size say why.
     fn mark_unmeasured(&mut self, idx: &[usize]) {
         if !self.budget_spent && !self.interrupted {
             return;
